@@ -1,0 +1,232 @@
+//! Builds the mlx-c bindings mlx-rs expects, against a pinned prebuilt libmlx.
+//!
+//! 1. libmlx: the PyPI wheel for this platform (mlx-cpu on Linux, mlx-metal on macOS), pinned by
+//!    version and sha256, downloaded with pip into a shared cache and unpacked with its layout kept
+//!    (libmlx.so's RPATH `$ORIGIN/../../mlx_cpu.libs` finds the bundled BLAS). `WEFT_MLX_PREFIX`
+//!    overrides it with an installed `site-packages/mlx` directory of the same version.
+//! 2. mlx-c: the sources inside the registry `mlx-sys` 0.7.0 package, which cargo downloads and
+//!    checksum-verifies via the tiny locked manifest in `fetch/`. Compiled with cmake against (1).
+//! 3. bindgen over `mlx/c/*.h`, with `shim/weft_mlx_shim.h` force-included to bridge the header
+//!    gaps listed in that file.
+
+use std::env;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The MLX version mlx-c 0.7.0 targets (MLX 0.32.3 changed `gather_qmm`'s signature).
+const MLX_VERSION: &str = "0.32.2";
+
+struct Wheel {
+    package: &'static str,
+    platform: &'static str,
+    sha256: &'static str,
+}
+
+fn pinned_wheel() -> Option<Wheel> {
+    let os = env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
+    let arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
+    match (os.as_str(), arch.as_str()) {
+        ("linux", "x86_64") => Some(Wheel {
+            package: "mlx-cpu",
+            platform: "manylinux_2_35_x86_64",
+            sha256: "fc5d31b90fc4f457b2f9614ed45651a567d22a6a11a03d114a90a4e10bdd8878",
+        }),
+        ("linux", "aarch64") => Some(Wheel {
+            package: "mlx-cpu",
+            platform: "manylinux_2_35_aarch64",
+            sha256: "d0f94625588b51a878786dd51cec5617894ce586cf3c94645ce1b64e24c27c0b",
+        }),
+        // Untested here (no Mac in CI): same layout as the CPU wheel plus mlx.metallib.
+        ("macos", "aarch64") => Some(Wheel {
+            package: "mlx-metal",
+            platform: "macosx_14_0_arm64",
+            sha256: "3825fff379dbc107dd3413e564a06caeaa24819910ec49c0439e454c06a1b9b8",
+        }),
+        _ => None,
+    }
+}
+
+fn fail(msg: impl AsRef<str>) -> ! {
+    eprintln!("mlx-sys build error: {}", msg.as_ref());
+    panic!("mlx-sys: {}", msg.as_ref());
+}
+
+fn run(cmd: &mut Command, what: &str) {
+    let status = cmd
+        .status()
+        .unwrap_or_else(|e| fail(format!("{what}: could not start {cmd:?}: {e}")));
+    if !status.success() {
+        fail(format!("{what} failed ({status}): {cmd:?}"));
+    }
+}
+
+fn python() -> String {
+    env::var("WEFT_PYTHON").unwrap_or_else(|_| "python3".to_string())
+}
+
+fn cache_root() -> PathBuf {
+    if let Some(dir) = env::var_os("WEFT_BUILD_CACHE") {
+        return PathBuf::from(dir);
+    }
+    let home = env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/tmp"));
+    home.join(".cache").join("weft").join("build")
+}
+
+/// Returns the `mlx` package directory (holding include/, lib/, share/cmake/MLX).
+fn mlx_prefix() -> PathBuf {
+    println!("cargo:rerun-if-env-changed=WEFT_MLX_PREFIX");
+    if let Some(prefix) = env::var_os("WEFT_MLX_PREFIX") {
+        let prefix = PathBuf::from(prefix);
+        if !prefix.join("share/cmake/MLX/MLXConfig.cmake").exists() {
+            fail(format!("WEFT_MLX_PREFIX={} has no share/cmake/MLX/MLXConfig.cmake", prefix.display()));
+        }
+        return prefix;
+    }
+    let wheel = pinned_wheel().unwrap_or_else(|| {
+        fail("no pinned MLX wheel for this target; set WEFT_MLX_PREFIX to an installed site-packages/mlx")
+    });
+    let unpacked = cache_root().join(format!("{}-{}-{}", wheel.package, MLX_VERSION, wheel.platform));
+    let prefix = unpacked.join("mlx");
+    if prefix.join("share/cmake/MLX/MLXConfig.cmake").exists() {
+        return prefix;
+    }
+    let download = cache_root().join("download");
+    fs::create_dir_all(&download).unwrap();
+    // pip verifies the hash (--require-hashes) before anything is unpacked.
+    let requirements = download.join(format!("{}-{}.txt", wheel.package, wheel.platform));
+    fs::write(
+        &requirements,
+        format!("{}=={} --hash=sha256:{}\n", wheel.package, MLX_VERSION, wheel.sha256),
+    )
+    .unwrap();
+    run(
+        Command::new(python())
+            .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--require-hashes"])
+            .args(["--disable-pip-version-check", "--quiet", "--platform", wheel.platform])
+            .arg("-r")
+            .arg(&requirements)
+            .arg("-d")
+            .arg(&download),
+        "downloading the pinned MLX wheel",
+    );
+    let file = format!(
+        "{}-{}-py3-none-{}.whl",
+        wheel.package.replace('-', "_"),
+        MLX_VERSION,
+        wheel.platform
+    );
+    let staging = cache_root().join(format!("{}.partial", unpacked.file_name().unwrap().to_string_lossy()));
+    let _ = fs::remove_dir_all(&staging);
+    run(
+        Command::new(python()).args(["-m", "zipfile", "-e"]).arg(download.join(&file)).arg(&staging),
+        "unpacking the MLX wheel",
+    );
+    let _ = fs::remove_dir_all(&unpacked);
+    fs::rename(&staging, &unpacked).unwrap();
+    prefix
+}
+
+/// Locates the mlx-c sources inside the registry mlx-sys package (downloaded by cargo).
+fn mlx_c_sources() -> PathBuf {
+    let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
+    let fetch_manifest = manifest_dir.join("fetch/Cargo.toml");
+    println!("cargo:rerun-if-changed={}", fetch_manifest.display());
+    println!("cargo:rerun-if-changed={}", manifest_dir.join("fetch/Cargo.lock").display());
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+    let output = Command::new(cargo)
+        .args(["metadata", "--locked", "--format-version", "1", "--manifest-path"])
+        .arg(&fetch_manifest)
+        // The outer build's target settings must not leak into this metadata query.
+        .env_remove("CARGO_TARGET_DIR")
+        .output()
+        .unwrap_or_else(|e| fail(format!("cargo metadata: {e}")));
+    if !output.status.success() {
+        fail(format!(
+            "cargo metadata on {} failed: {}",
+            fetch_manifest.display(),
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    let text = String::from_utf8_lossy(&output.stdout);
+    // Find the manifest_path of the registry mlx-sys 0.7.0 package without a JSON dependency.
+    let marker = "\"manifest_path\":\"";
+    for chunk in text.split(marker).skip(1) {
+        let path = &chunk[..chunk.find('"').unwrap_or(0)];
+        let path = path.replace("\\\\", "\\");
+        if path.contains("mlx-sys-0.7.0") && path.ends_with("Cargo.toml") {
+            let root = Path::new(&path).parent().unwrap().join("src/mlx-c");
+            if root.join("CMakeLists.txt").exists() {
+                return root;
+            }
+        }
+    }
+    fail("could not locate the registry mlx-sys 0.7.0 sources via cargo metadata")
+}
+
+fn main() {
+    let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
+    let shim_dir = manifest_dir.join("shim");
+    let shim = shim_dir.join("weft_mlx_shim.h");
+    println!("cargo:rerun-if-changed={}", shim.display());
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-env-changed=WEFT_PYTHON");
+    println!("cargo:rerun-if-env-changed=WEFT_BUILD_CACHE");
+
+    let prefix = mlx_prefix();
+    let mlx_c = mlx_c_sources();
+    let target_os = env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
+
+    // --- mlx-c (static) against the prebuilt libmlx ---
+    let force_include = format!("-include {}", shim.display());
+    let mut config = cmake::Config::new(&mlx_c);
+    config
+        .define("MLX_C_USE_SYSTEM_MLX", "ON")
+        .define("MLX_DIR", prefix.join("share/cmake/MLX"))
+        .define("MLX_C_BUILD_EXAMPLES", "OFF")
+        .define("BUILD_SHARED_LIBS", "OFF")
+        .define("CMAKE_INSTALL_LIBDIR", "lib")
+        .define("CMAKE_BUILD_TYPE", "Release")
+        .cxxflag(&force_include)
+        .build_target("mlxc");
+    let dst = config.build();
+    let lib_dir = dst.join("build");
+    if !lib_dir.join("libmlxc.a").exists() {
+        fail(format!("libmlxc.a not produced in {}", lib_dir.display()));
+    }
+
+    println!("cargo:rustc-link-search=native={}", lib_dir.display());
+    println!("cargo:rustc-link-lib=static=mlxc");
+    let mlx_lib = prefix.join("lib");
+    println!("cargo:rustc-link-search=native={}", mlx_lib.display());
+    println!("cargo:rustc-link-lib=dylib=mlx");
+    if target_os == "macos" {
+        println!("cargo:rustc-link-lib=dylib=c++");
+    } else {
+        println!("cargo:rustc-link-lib=dylib=stdc++");
+    }
+    // Dependents read DEP_MLX_LIBDIR to set an rpath (link args don't propagate to them).
+    println!("cargo::metadata=libdir={}", mlx_lib.display());
+    println!("cargo::metadata=prefix={}", prefix.display());
+
+    // --- bindings ---
+    let mut headers: Vec<PathBuf> = fs::read_dir(mlx_c.join("mlx/c"))
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "h"))
+        .collect();
+    headers.sort();
+    let builder = headers.iter().fold(
+        bindgen::Builder::default()
+            .rust_target("1.73.0".parse().expect("rust-version"))
+            .clang_arg(format!("-I{}", mlx_c.display()))
+            .clang_arg("-include")
+            .clang_arg(shim.display().to_string())
+            .blocklist_function("malloc")
+            .blocklist_function("realloc"),
+        |b, h| b.header(h.to_string_lossy()),
+    );
+    let bindings = builder.generate().unwrap_or_else(|e| fail(format!("bindgen: {e}")));
+    let out = PathBuf::from(env::var("OUT_DIR").unwrap());
+    bindings.write_to_file(out.join("bindings.rs")).expect("write bindings.rs");
+}

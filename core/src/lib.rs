@@ -1,0 +1,13 @@
+//! Weft: an embeddable LLM inference engine on MLX.
+//!
+//! Layers, bottom-up: [`loading`] (configs, weights, GGUF) → [`nn`] shared layers →
+//! [`models`] one file per architecture → [`cache`] KV caches behind one trait →
+//! [`sampling`] → [`generate`] single-sequence generation. Tokenization and chat templates live in
+//! [`tokenizer`]; the default model is fetched by [`model_store`].
+
+pub mod error;
+pub mod gguf;
+pub mod model_store;
+pub mod tokenizer;
+
+pub use error::{Error, Result};

@@ -1,0 +1,1 @@
+//! C ABI (see issue: stable C ABI). Intentionally empty for now.
