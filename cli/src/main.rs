@@ -1,1 +1,53 @@
-fn main(){ println!("{:?}", weft::smoke()); }
+//! `weft`: run models from the command line.
+//!
+//! Subcommands: `generate` (one completion; `--json` parity output), `chat` (interactive),
+//! `run` (answer a prompt, or chat when none is given), `bench` (decode speed), `pull` (fetch
+//! the default model). Every failure prints `error: ...` and exits non-zero; no panics.
+
+mod bench;
+mod chat;
+mod common;
+mod generate_cmd;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "weft", version, about = "Weft: LLM inference on MLX")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate a completion for a prompt (chat-templated unless --raw) or for token ids.
+    Generate(generate_cmd::GenerateArgs),
+    /// Interactive chat with the model.
+    Chat(chat::ChatArgs),
+    /// Answer PROMPT, or start an interactive chat when no prompt is given.
+    Run(chat::RunArgs),
+    /// Measure single-sequence decode speed.
+    Bench(bench::BenchArgs),
+    /// Download (or verify) the default model.
+    Pull,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Generate(a) => generate_cmd::run(a),
+        Command::Chat(a) => chat::chat(a),
+        Command::Run(a) => chat::run(a),
+        Command::Bench(a) => bench::run(a),
+        Command::Pull => common::resolve_model_path(None).map(|p| println!("{}", p.display())),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

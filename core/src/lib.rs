@@ -5,9 +5,16 @@
 //! [`sampling`] → [`generate`] single-sequence generation. Tokenization and chat templates live in
 //! [`tokenizer`]; the default model is fetched by [`model_store`].
 
+pub mod cache;
 pub mod error;
+pub mod generate;
 pub mod gguf;
+pub mod loading;
 pub mod model_store;
+pub mod models;
+pub mod nn;
+pub mod sampling;
+pub mod stop;
 pub mod tokenizer;
 
 pub use error::{Error, Result};

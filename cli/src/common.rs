@@ -1,0 +1,97 @@
+//! Model resolution and sampling flags shared by the subcommands.
+
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use weft::loading::{self, LoadedModel};
+use weft::model_store::{print_progress_bar, ModelStore};
+use weft::sampling::SamplingParams;
+use weft::{Error, Result};
+
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// Model: an mlx-lm / Hugging Face directory or a .gguf file. Default: $WEFT_MODEL, else the
+    /// built-in default model (SmolLM2-135M-Instruct, downloaded on first use).
+    #[arg(long, short = 'm')]
+    pub model: Option<PathBuf>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct SamplingArgs {
+    /// Sampling temperature (0 = greedy). Default: the model's generation_config, else 0.
+    #[arg(long = "temp", alias = "temperature")]
+    pub temperature: Option<f32>,
+    /// Nucleus sampling threshold in (0, 1].
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// Sample from the k most likely tokens (0 = off).
+    #[arg(long)]
+    pub top_k: Option<u32>,
+    /// Drop tokens below min_p × p(most likely).
+    #[arg(long)]
+    pub min_p: Option<f32>,
+    /// Penalize recently seen tokens (>1 discourages repeats).
+    #[arg(long)]
+    pub repetition_penalty: Option<f32>,
+    /// How many recent tokens the repetition penalty considers.
+    #[arg(long, default_value_t = 20)]
+    pub repetition_context_size: usize,
+    /// Additive logit bias, as TOKEN_ID=BIAS (repeatable).
+    #[arg(long = "logit-bias", value_parser = parse_bias)]
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Random seed for sampling.
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+fn parse_bias(s: &str) -> std::result::Result<(u32, f32), String> {
+    let (id, b) = s.split_once('=').ok_or_else(|| format!("expected TOKEN_ID=BIAS, got {s:?}"))?;
+    Ok((
+        id.trim().parse().map_err(|_| format!("bad token id in {s:?}"))?,
+        b.trim().parse().map_err(|_| format!("bad bias in {s:?}"))?,
+    ))
+}
+
+impl SamplingArgs {
+    pub fn params(&self, model: &LoadedModel) -> SamplingParams {
+        let d = &model.defaults;
+        SamplingParams {
+            temperature: self.temperature.or(d.temperature).unwrap_or(0.0),
+            top_p: self.top_p.or(d.top_p).unwrap_or(1.0),
+            top_k: self.top_k.or(d.top_k.map(|k| k.max(0) as u32)).unwrap_or(0),
+            min_p: self.min_p.or(d.min_p).unwrap_or(0.0),
+            repetition_penalty: self.repetition_penalty.or(d.repetition_penalty),
+            penalty_context: self.repetition_context_size,
+            logit_bias: self.logit_bias.clone(),
+            seed: self.seed,
+            ..SamplingParams::default()
+        }
+    }
+}
+
+/// `--model`, else `$WEFT_MODEL`, else the default model (downloaded with a progress bar).
+pub fn resolve_model_path(model: Option<&Path>) -> Result<PathBuf> {
+    if let Some(p) = model {
+        return Ok(p.to_path_buf());
+    }
+    if let Some(p) = std::env::var_os("WEFT_MODEL").filter(|p| !p.is_empty()) {
+        return Ok(PathBuf::from(p));
+    }
+    let store = ModelStore::from_env();
+    let mut bar = print_progress_bar();
+    store.default_model_path(&mut bar)
+}
+
+pub fn load_model(args: &ModelArgs) -> Result<LoadedModel> {
+    let path = resolve_model_path(args.model.as_deref())?;
+    loading::load(&path)
+}
+
+pub fn require_tokenizer(model: &LoadedModel) -> Result<&weft::tokenizer::Tokenizer> {
+    model.tokenizer.as_ref().ok_or_else(|| {
+        Error::InvalidRequest(format!(
+            "{} has no tokenizer; pass --prompt-ids instead of text",
+            model.source.display()
+        ))
+    })
+}

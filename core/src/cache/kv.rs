@@ -1,0 +1,99 @@
+//! The single-sequence full-attention KV cache (mlx-lm `KVCache`): storage grows in 256-slot
+//! steps and new keys are written in place, so a decode step copies one slot, not the history.
+
+use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
+use mlx_rs::ops::{concatenate, zeros_dtype};
+use mlx_rs::Array;
+
+use super::{causal_mask, AttentionMask, KvCache, RopeOffset};
+use crate::Result;
+
+const STEP: i32 = 256;
+
+#[derive(Default)]
+pub struct KvCacheSingle {
+    keys: Option<Array>,
+    values: Option<Array>,
+    offset: i32,
+}
+
+impl KvCacheSingle {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The cached keys and values (`[B, H, len, D]`), if any.
+    pub fn keys_values(&self) -> Option<(Array, Array)> {
+        let (k, v) = (self.keys.as_ref()?, self.values.as_ref()?);
+        Some((k.index((.., .., ..self.offset, ..)), v.index((.., .., ..self.offset, ..))))
+    }
+
+    /// Drops the last `n` positions (the storage is kept and overwritten later).
+    pub fn trim(&mut self, n: usize) -> usize {
+        let n = (n as i32).min(self.offset);
+        self.offset -= n;
+        n as usize
+    }
+}
+
+impl KvCache for KvCacheSingle {
+    fn rope_offset(&self) -> RopeOffset {
+        RopeOffset::Scalar(self.offset)
+    }
+
+    fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
+        let prev = self.offset;
+        let new = keys.dim(2);
+        let capacity = self.keys.as_ref().map_or(0, |k| k.dim(2));
+        if self.keys.is_none() || prev + new > capacity {
+            let (b, h, dk) = (keys.dim(0), keys.dim(1), keys.dim(3));
+            let dv = values.dim(3);
+            let n_steps = (STEP + new - 1) / STEP;
+            let new_k = zeros_dtype(&[b, h, n_steps * STEP, dk], keys.dtype())?;
+            let new_v = zeros_dtype(&[b, h, n_steps * STEP, dv], values.dtype())?;
+            match (self.keys.take(), self.values.take()) {
+                (Some(mut k), Some(mut v)) => {
+                    if prev % STEP != 0 {
+                        k = k.index((.., .., ..prev, ..));
+                        v = v.index((.., .., ..prev, ..));
+                    }
+                    self.keys = Some(concatenate(&[k, new_k], 2)?);
+                    self.values = Some(concatenate(&[v, new_v], 2)?);
+                }
+                _ => {
+                    self.keys = Some(new_k);
+                    self.values = Some(new_v);
+                }
+            }
+        }
+        self.offset += new;
+        let (k, v) = (self.keys.as_mut().unwrap(), self.values.as_mut().unwrap());
+        k.try_index_mut((.., .., prev..self.offset, ..), keys)?;
+        v.try_index_mut((.., .., prev..self.offset, ..), values)?;
+        if self.offset < k.dim(2) {
+            Ok((k.index((.., .., ..self.offset, ..)), v.index((.., .., ..self.offset, ..))))
+        } else {
+            Ok((k.clone(), v.clone()))
+        }
+    }
+
+    fn make_mask(&self, n: i32, window: Option<i32>) -> Result<AttentionMask> {
+        Ok(match window {
+            Some(w) => AttentionMask::Array(causal_mask(n, self.offset, Some(w))?),
+            None if n == 1 => AttentionMask::None,
+            None => AttentionMask::Causal,
+        })
+    }
+
+    fn len(&self) -> usize {
+        self.offset as usize
+    }
+
+    fn nbytes(&self) -> usize {
+        self.keys.as_ref().map_or(0, |k| k.nbytes()) + self.values.as_ref().map_or(0, |v| v.nbytes())
+    }
+
+    fn state(&self) -> Vec<Array> {
+        self.keys.iter().chain(self.values.iter()).cloned().collect()
+    }
+}

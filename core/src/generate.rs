@@ -1,0 +1,252 @@
+//! Single-sequence generation with mlx-lm's conventions: the prompt minus its last token is
+//! prefilled in chunks of `prefill_step_size` (cache evaluated after each), then the last token
+//! produces the first logits; plain-greedy decode is pipelined one step ahead (the next step's
+//! graph is built from the unread token and evaluated asynchronously while this one is read).
+
+use std::time::Instant;
+
+use mlx_rs::transforms::{async_eval, eval};
+use mlx_rs::Array;
+
+use crate::cache::KvCache;
+use crate::models::LanguageModel;
+use crate::nn::last_position;
+use crate::sampling::{Sampler, SamplingParams};
+use crate::stop::{StopMatcher, TextStream};
+use crate::tokenizer::Tokenizer;
+use crate::{Error, Result};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FinishReason {
+    /// EOS / stop token or stop string.
+    Stop,
+    /// `max_tokens` or the context limit.
+    Length,
+    Cancelled,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Cancelled => "cancelled",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct GenerateOptions {
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Token ids that end generation (not included in the output).
+    pub stop_token_ids: Vec<u32>,
+    /// Strings that end generation (the text is cut before them).
+    pub stop_strings: Vec<String>,
+    pub prefill_step_size: usize,
+    /// Keep this many leading raw logits of the first step (parity checks).
+    pub capture_first_logits: usize,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        GenerateOptions {
+            max_tokens: 256,
+            sampling: SamplingParams::default(),
+            stop_token_ids: Vec::new(),
+            stop_strings: Vec::new(),
+            prefill_step_size: 2048,
+            capture_first_logits: 0,
+        }
+    }
+}
+
+/// One generated token as it streams out.
+#[derive(Debug, Clone)]
+pub struct TokenEvent<'a> {
+    pub token_id: u32,
+    /// UTF-8 text this token completes (may be empty; never a partial character).
+    pub text: &'a str,
+}
+
+#[derive(Debug, Clone)]
+pub struct Generation {
+    pub tokens: Vec<u32>,
+    pub text: String,
+    pub finish_reason: FinishReason,
+    pub prompt_tokens: usize,
+    pub first_logits: Vec<f32>,
+    /// Seconds from start to the first token being available.
+    pub ttft_s: f64,
+    /// Seconds spent producing tokens after the first.
+    pub decode_s: f64,
+}
+
+/// Checks prompt ids against the model: non-empty, in-vocabulary, within the context.
+pub fn validate_prompt(model: &dyn LanguageModel, prompt: &[u32]) -> Result<()> {
+    let info = model.info();
+    if prompt.is_empty() {
+        return Err(Error::InvalidRequest("the prompt is empty".into()));
+    }
+    if let Some(&bad) = prompt.iter().find(|&&t| t as i64 >= info.vocab_size as i64) {
+        return Err(Error::InvalidRequest(format!(
+            "prompt token id {bad} is outside the vocabulary (size {})",
+            info.vocab_size
+        )));
+    }
+    if let Some(ctx) = info.max_position_embeddings {
+        if prompt.len() > ctx {
+            return Err(Error::InvalidRequest(format!(
+                "the prompt has {} tokens, more than the model's context of {ctx}",
+                prompt.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Reads a one-element token array (argmax yields uint32).
+pub fn read_token(a: &Array) -> Result<u32> {
+    a.eval()?;
+    a.try_item_cast::<u32>().map_err(|e| Error::Mlx(format!("reading a token: {e}")))
+}
+
+/// Host view of an evaluated float32 array.
+pub fn as_f32_slice(a: &Array) -> Result<&[f32]> {
+    a.try_as_slice::<f32>().map_err(|e| Error::Mlx(format!("reading logits: {e}")))
+}
+
+fn tokens_array(ids: &[u32]) -> Array {
+    let v: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
+    Array::from_slice(&v, &[1, v.len() as i32])
+}
+
+/// Runs the prompt through the model except its last token, in chunks, materializing the cache.
+pub fn prefill(
+    model: &dyn LanguageModel,
+    caches: &mut [Box<dyn KvCache>],
+    prompt_without_last: &[u32],
+    step: usize,
+) -> Result<()> {
+    for chunk in prompt_without_last.chunks(step.max(1)) {
+        model.forward(&tokens_array(chunk), caches)?;
+        let state: Vec<Array> = caches.iter().flat_map(|c| c.state()).collect();
+        eval(&state)?;
+    }
+    Ok(())
+}
+
+/// Generates from `prompt`. `on_token` sees each token as it is produced; returning `false`
+/// cancels. The tokenizer, when given, provides streamed text and stop-string matching.
+pub fn generate(
+    model: &dyn LanguageModel,
+    tokenizer: Option<&Tokenizer>,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    mut on_token: impl FnMut(TokenEvent) -> bool,
+) -> Result<Generation> {
+    validate_prompt(model, prompt)?;
+    opts.sampling.validate(model.info().vocab_size as usize)?;
+    if !opts.stop_strings.is_empty() && tokenizer.is_none() {
+        return Err(Error::InvalidRequest("stop strings need a model with a tokenizer".into()));
+    }
+    let start = Instant::now();
+    let max_tokens = match model.info().max_position_embeddings {
+        Some(ctx) => opts.max_tokens.min(ctx.saturating_sub(prompt.len())),
+        None => opts.max_tokens,
+    };
+    let mut caches = model.make_caches();
+    let mut sampler = Sampler::new(opts.sampling.clone());
+    sampler.observe(prompt);
+    let pipelined = sampler.params().is_plain_greedy();
+
+    let (head, last) = prompt.split_at(prompt.len() - 1);
+    prefill(model, &mut caches, head, opts.prefill_step_size)?;
+
+    let mut text = TextStream::new(tokenizer, StopMatcher::new(&opts.stop_strings));
+    let mut out = Generation {
+        tokens: Vec::new(),
+        text: String::new(),
+        finish_reason: FinishReason::Length,
+        prompt_tokens: prompt.len(),
+        first_logits: Vec::new(),
+        ttft_s: 0.0,
+        decode_s: 0.0,
+    };
+
+    // One decode step: logits of the last position → (token array [1], logits [1, V]).
+    let step = |input: &Array, caches: &mut [Box<dyn KvCache>], sampler: &Sampler| -> Result<(Array, Array)> {
+        let logits = last_position(&model.forward(input, caches)?)?;
+        let processed = sampler.process_logits(&logits)?;
+        let logprobs = Sampler::logprobs(&processed)?;
+        Ok((logprobs, logits))
+    };
+
+    let mut input = tokens_array(last);
+    let mut pending: Option<(Array, Array)> = None; // (token or logprobs, raw logits) in flight
+    let mut first_token_at = None;
+    let mut stopped_by_string = false;
+    for n in 0..max_tokens {
+        // Produce token n.
+        let (token_id, logits) = if pipelined {
+            let (tok, logits) = match pending.take() {
+                Some(p) => p,
+                None => {
+                    let (lp, logits) = step(&input, &mut caches, &sampler)?;
+                    (Sampler::argmax(&lp)?, logits)
+                }
+            };
+            // Build step n+1 from the unread token before reading it.
+            if n + 1 < max_tokens {
+                let (lp, next_logits) = step(&tok.reshape(&[1, 1])?, &mut caches, &sampler)?;
+                let next_tok = Sampler::argmax(&lp)?;
+                async_eval([&next_tok])?;
+                pending = Some((next_tok, next_logits));
+            }
+            (read_token(&tok)?, logits)
+        } else {
+            let (lp, logits) = step(&input, &mut caches, &sampler)?;
+            let lp = lp.as_dtype(mlx_rs::Dtype::Float32)?;
+            eval([&lp])?;
+            let id = sampler.sample_host(as_f32_slice(&lp)?);
+            (id, logits)
+        };
+        if n == 0 {
+            first_token_at = Some(Instant::now());
+            out.ttft_s = start.elapsed().as_secs_f64();
+            if opts.capture_first_logits > 0 {
+                let row = logits.as_dtype(mlx_rs::Dtype::Float32)?;
+                eval([&row])?;
+                let v = as_f32_slice(&row)?;
+                out.first_logits = v[..opts.capture_first_logits.min(v.len())].to_vec();
+            }
+        }
+        if opts.stop_token_ids.contains(&token_id) {
+            out.finish_reason = FinishReason::Stop;
+            break;
+        }
+        out.tokens.push(token_id);
+        sampler.observe(&[token_id]);
+        input = tokens_array(&[token_id]);
+        let (delta, hit_stop) = text.push(token_id)?;
+        let keep_going = on_token(TokenEvent { token_id, text: &delta });
+        out.text.push_str(&delta);
+        if hit_stop {
+            stopped_by_string = true;
+            out.finish_reason = FinishReason::Stop;
+            break;
+        }
+        if !keep_going {
+            out.finish_reason = FinishReason::Cancelled;
+            break;
+        }
+    }
+    if !stopped_by_string {
+        out.text.push_str(&text.finish()?);
+    }
+    if let Some(t) = first_token_at {
+        out.decode_s = t.elapsed().as_secs_f64();
+    }
+    Ok(out)
+}

@@ -1,0 +1,190 @@
+//! GGUF checkpoints: architecture config from the metadata, tensors through MLX's own GGUF reader
+//! (Q4_0 / Q4_1 / Q8_0 arrive as MLX affine-quantized triples), renamed to the Hugging Face
+//! layout our architectures load, with llama.cpp's q/k row permutation undone.
+//!
+//! Conversion decisions (the goldens script does the same in Python):
+//! - Q4_0 / Q4_1 → 4-bit, group 32; Q8_0 → 8-bit, group 32 (one quantization override per module).
+//! - Scales, biases and unquantized float tensors are cast to float32: on CPU, fp16 quantized
+//!   matmuls are ~50x slower than fp32.
+//! - `output.weight` absent → tied embeddings.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use mlx_rs::{Array, Dtype};
+use serde_json::json;
+
+use super::{build_model, push_unique, GenerationDefaults, LoadedModel};
+use crate::gguf::GgufHeader;
+use crate::tokenizer::Tokenizer;
+use crate::{Error, Result};
+
+pub fn load(path: &Path) -> Result<LoadedModel> {
+    let header = GgufHeader::read(path)?;
+    header.check_supported_tensor_types()?;
+    let arch = header
+        .get_str("general.architecture")
+        .ok_or_else(|| Error::ModelLoad("GGUF has no general.architecture".into()))?
+        .to_string();
+    let mut config = config_from_metadata(&header, &arch)?;
+
+    let file = mlx_rs::io::GgufFile::load(path)
+        .map_err(|e| Error::ModelLoad(format!("reading GGUF tensors from {}: {e}", path.display())))?;
+    let raw = file
+        .arrays()
+        .map_err(|e| Error::ModelLoad(format!("reading GGUF tensors from {}: {e}", path.display())))?;
+
+    let heads = config["num_attention_heads"].as_i64().unwrap_or(0) as i32;
+    let kv_heads = config["num_key_value_heads"].as_i64().unwrap_or(0) as i32;
+    // llama.cpp interleaves q/k rows for its RoPE only in llama-style conversions.
+    let permuted_qk = matches!(arch.as_str(), "llama" | "mistral");
+
+    let mut quantization = serde_json::Map::new();
+    let mut tensors = HashMap::with_capacity(raw.len());
+    for (name, array) in raw {
+        let (base, suffix) = split_suffix(&name);
+        let module = hf_module_name(base).ok_or_else(|| {
+            Error::Unsupported(format!("GGUF tensor {name:?} has no known mapping for {arch}"))
+        })?;
+        let mut array = if array.dtype() == Dtype::Uint32 { array } else { array.as_dtype(Dtype::Float32)? };
+        if permuted_qk {
+            if module.ends_with("self_attn.q_proj") {
+                array = unpermute_rows(&array, heads)?;
+            } else if module.ends_with("self_attn.k_proj") {
+                array = unpermute_rows(&array, kv_heads)?;
+            }
+        }
+        if suffix == "scales" {
+            quantization.insert(module.clone(), json!({ "group_size": 32, "bits": 0 }));
+        }
+        tensors.insert(format!("{module}.{suffix}"), array);
+    }
+    // Bits follow from the GGUF tensor type of each quantized weight.
+    for t in &header.tensors {
+        let (base, _) = split_suffix(&t.name);
+        if let Some(module) = hf_module_name(base) {
+            if let Some(q) = quantization.get_mut(&module) {
+                q["bits"] = json!(match t.type_name() {
+                    "Q8_0" => 8,
+                    _ => 4,
+                });
+            }
+        }
+    }
+    if !quantization.is_empty() {
+        config["quantization"] = serde_json::Value::Object(quantization);
+    }
+    if !tensors.contains_key("lm_head.weight") {
+        config["tie_word_embeddings"] = json!(true);
+    }
+    let model = build_model(&config, tensors)?;
+
+    let tokenizer = Tokenizer::from_gguf(&header)?;
+    let mut eos = Vec::new();
+    push_unique(&mut eos, tokenizer.eos_token_ids().iter().copied());
+    Ok(LoadedModel {
+        model,
+        tokenizer: Some(tokenizer),
+        eos_token_ids: eos,
+        defaults: GenerationDefaults::default(),
+        source: path.to_path_buf(),
+    })
+}
+
+/// A config.json equivalent for the architectures we implement, from `<arch>.*` metadata.
+fn config_from_metadata(h: &GgufHeader, arch: &str) -> Result<serde_json::Value> {
+    let model_type = match arch {
+        "llama" | "mistral" => "llama",
+        "qwen2" => "qwen2",
+        "qwen3" => "qwen3",
+        other => {
+            return Err(Error::Unsupported(format!(
+                "GGUF architecture {other:?} (supported: llama, mistral, qwen2, qwen3)"
+            )))
+        }
+    };
+    let int = |k: &str| -> Result<u64> {
+        h.get_u64(&format!("{arch}.{k}"))
+            .ok_or_else(|| Error::ModelLoad(format!("GGUF metadata is missing {arch}.{k}")))
+    };
+    let hidden = int("embedding_length")?;
+    let heads = int("attention.head_count")?;
+    let kv_heads = h.get_u64(&format!("{arch}.attention.head_count_kv")).unwrap_or(heads);
+    let head_dim = h.get_u64(&format!("{arch}.attention.key_length")).unwrap_or(hidden / heads.max(1));
+    let vocab = match h.get_u64(&format!("{arch}.vocab_size")) {
+        Some(v) => v,
+        None => h
+            .get_str_array("tokenizer.ggml.tokens")
+            .map(|t| t.len() as u64)
+            .ok_or_else(|| Error::ModelLoad("GGUF has neither vocab_size nor tokenizer.ggml.tokens".into()))?,
+    };
+    let mut cfg = json!({
+        "model_type": model_type,
+        "hidden_size": hidden,
+        "num_hidden_layers": int("block_count")?,
+        "intermediate_size": int("feed_forward_length")?,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "vocab_size": vocab,
+        "rms_norm_eps": h.get_f64(&format!("{arch}.attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
+        "rope_theta": h.get_f64(&format!("{arch}.rope.freq_base")).unwrap_or(10000.0),
+        "tie_word_embeddings": false,
+    });
+    if let Some(ctx) = h.get_u64(&format!("{arch}.context_length")) {
+        cfg["max_position_embeddings"] = json!(ctx);
+    }
+    Ok(cfg)
+}
+
+/// `blk.3.attn_q.weight` → (`blk.3.attn_q`, `weight`).
+fn split_suffix(name: &str) -> (&str, &str) {
+    match name.rsplit_once('.') {
+        Some((base, suffix @ ("weight" | "bias" | "scales" | "biases"))) => (base, suffix),
+        _ => (name, "weight"),
+    }
+}
+
+/// GGUF module names → Hugging Face module names.
+fn hf_module_name(base: &str) -> Option<String> {
+    match base {
+        "token_embd" => return Some("model.embed_tokens".into()),
+        "output_norm" => return Some("model.norm".into()),
+        "output" => return Some("lm_head".into()),
+        _ => {}
+    }
+    let rest = base.strip_prefix("blk.")?;
+    let (layer, part) = rest.split_once('.')?;
+    let layer: usize = layer.parse().ok()?;
+    let part = match part {
+        "attn_q" => "self_attn.q_proj",
+        "attn_k" => "self_attn.k_proj",
+        "attn_v" => "self_attn.v_proj",
+        "attn_output" => "self_attn.o_proj",
+        "attn_q_norm" => "self_attn.q_norm",
+        "attn_k_norm" => "self_attn.k_norm",
+        "ffn_gate" => "mlp.gate_proj",
+        "ffn_up" => "mlp.up_proj",
+        "ffn_down" => "mlp.down_proj",
+        "attn_norm" => "input_layernorm",
+        "ffn_norm" => "post_attention_layernorm",
+        _ => return None,
+    };
+    Some(format!("model.layers.{layer}.{part}"))
+}
+
+/// Inverse of llama.cpp's `permute`: per head, rows were reordered from [2, half] to
+/// [half, 2]; reshape to `[n_head, half, 2, ...]`, swap axes 1 and 2, reshape back. Applies to
+/// packed weights, scales and biases alike (all are row-major over output rows).
+fn unpermute_rows(a: &Array, n_head: i32) -> Result<Array> {
+    let shape = a.shape().to_vec();
+    let rows = shape[0];
+    if n_head <= 0 || rows % (2 * n_head) != 0 {
+        return Err(Error::ModelLoad(format!(
+            "cannot un-permute {rows} rows over {n_head} heads"
+        )));
+    }
+    let mut split = vec![n_head, rows / n_head / 2, 2];
+    split.extend_from_slice(&shape[1..]);
+    Ok(a.reshape(&split)?.swap_axes(1, 2)?.reshape(&shape)?)
+}

@@ -1,0 +1,94 @@
+//! Turning a model path (an mlx-lm / Hugging Face directory or a `.gguf` file) into a runnable
+//! model, its tokenizer and its generation defaults.
+
+mod gguf_model;
+mod safetensors_dir;
+
+use std::path::{Path, PathBuf};
+
+use mlx_rs::{Array, Dtype};
+
+use crate::models::{self, LanguageModel};
+use crate::tokenizer::Tokenizer;
+use crate::{Error, Result};
+
+/// Sampling defaults a checkpoint ships in `generation_config.json`.
+#[derive(Debug, Clone, Default)]
+pub struct GenerationDefaults {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i32>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+}
+
+pub struct LoadedModel {
+    pub model: Box<dyn LanguageModel>,
+    /// `None` for checkpoints without tokenizer files (e.g. the tiny parity models).
+    pub tokenizer: Option<Tokenizer>,
+    /// End-of-sequence ids from config.json, generation_config.json and the tokenizer.
+    pub eos_token_ids: Vec<u32>,
+    pub defaults: GenerationDefaults,
+    pub source: PathBuf,
+}
+
+impl std::fmt::Debug for LoadedModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedModel").field("source", &self.source).finish_non_exhaustive()
+    }
+}
+
+/// Loads a model from a directory (config.json + safetensors) or a `.gguf` file.
+pub fn load(path: &Path) -> Result<LoadedModel> {
+    let meta = std::fs::metadata(path)
+        .map_err(|e| Error::ModelLoad(format!("cannot open model path {}: {e}", path.display())))?;
+    if meta.is_dir() {
+        safetensors_dir::load(path)
+    } else if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
+        gguf_model::load(path)
+    } else {
+        Err(Error::ModelLoad(format!(
+            "{} is neither a model directory nor a .gguf file",
+            path.display()
+        )))
+    }
+}
+
+/// Token ids listed under `key` in a JSON object: an integer or a list of integers.
+pub(crate) fn ids_from_json(v: Option<&serde_json::Value>) -> Vec<u32> {
+    match v {
+        Some(serde_json::Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
+        Some(serde_json::Value::Array(a)) => a.iter().filter_map(|x| x.as_u64()).map(|x| x as u32).collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn push_unique(into: &mut Vec<u32>, ids: impl IntoIterator<Item = u32>) {
+    for id in ids {
+        if !into.contains(&id) {
+            into.push(id);
+        }
+    }
+}
+
+/// The dtype activations run in: that of the embedding table (its scales when quantized).
+fn activation_dtype(weights: &std::collections::HashMap<String, Array>) -> Dtype {
+    for name in ["model.embed_tokens.scales", "model.embed_tokens.weight"] {
+        if let Some(a) = weights.get(name) {
+            return a.dtype();
+        }
+    }
+    Dtype::Float32
+}
+
+fn build_model(
+    config: &serde_json::Value,
+    tensors: std::collections::HashMap<String, Array>,
+) -> Result<Box<dyn LanguageModel>> {
+    let quant = match config.get("quantization").or_else(|| config.get("quantization_config")) {
+        Some(q) if !q.is_null() => Some(crate::nn::QuantConfig::from_json(q)?),
+        _ => None,
+    };
+    let dtype = activation_dtype(&tensors);
+    models::build(config, crate::nn::Weights::new(tensors, quant), dtype)
+}

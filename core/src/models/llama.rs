@@ -1,0 +1,48 @@
+//! Llama (also SmolLM2, Mistral-style configs): GQA attention with optional biases, SwiGLU MLP.
+//! Mirrors mlx-lm `models/llama.py` (full-attention layers; sliding `layer_types` are rejected).
+
+use mlx_rs::Dtype;
+
+use super::{ConfigReader, ModelInfo};
+use crate::nn::{AttentionOptions, DenseDecoder, DenseDecoderSpec, Weights};
+use crate::{Error, Result};
+
+pub fn load(cfg: &ConfigReader, weights: Weights, dtype: Dtype) -> Result<DenseDecoder> {
+    let hidden = cfg.req_i32("hidden_size")?;
+    let heads = cfg.req_i32("num_attention_heads")?;
+    let kv_heads = cfg.opt_i32("num_key_value_heads")?.unwrap_or(heads);
+    let head_dim = cfg.opt_i32("head_dim")?.unwrap_or(hidden / heads);
+    if let Some(types) = cfg.get("layer_types").and_then(|t| t.as_array()) {
+        if types.iter().any(|t| t.as_str() != Some("full_attention")) {
+            return Err(Error::Unsupported("llama with sliding-window layer_types".into()));
+        }
+    }
+    let attention_bias = cfg.bool_or("attention_bias", false)?;
+    let spec = DenseDecoderSpec {
+        info: ModelInfo {
+            model_type: "llama".into(),
+            vocab_size: cfg.req_i32("vocab_size")?,
+            hidden_size: hidden,
+            num_layers: cfg.req_i32("num_hidden_layers")? as usize,
+            kv_heads,
+            head_dim,
+            max_position_embeddings: cfg.opt_i32("max_position_embeddings")?.map(|n| n as usize),
+            activation_dtype: dtype,
+        },
+        intermediate: cfg.req_i32("intermediate_size")?,
+        rms_norm_eps: cfg.req_f32("rms_norm_eps")?,
+        mlp_bias: cfg.bool_or("mlp_bias", false)?,
+        tie_word_embeddings: cfg.bool_or("tie_word_embeddings", true)?,
+        attention: AttentionOptions {
+            hidden,
+            heads,
+            kv_heads,
+            head_dim,
+            qkv_bias: attention_bias,
+            o_bias: attention_bias,
+            qk_norm_eps: None,
+            rope: cfg.rope(head_dim, Some(10000.0), cfg.bool_or("rope_traditional", false)?)?,
+        },
+    };
+    DenseDecoder::load(weights, spec)
+}

@@ -1,0 +1,43 @@
+//! Qwen3: the Llama stack with per-head RMSNorm on queries and keys before RoPE, an explicit
+//! `head_dim`, and no projection biases. Mirrors mlx-lm `models/qwen3.py`.
+
+use mlx_rs::Dtype;
+
+use super::{ConfigReader, ModelInfo};
+use crate::nn::{AttentionOptions, DenseDecoder, DenseDecoderSpec, Weights};
+use crate::Result;
+
+pub fn load(cfg: &ConfigReader, weights: Weights, dtype: Dtype) -> Result<DenseDecoder> {
+    let hidden = cfg.req_i32("hidden_size")?;
+    let heads = cfg.req_i32("num_attention_heads")?;
+    let kv_heads = cfg.req_i32("num_key_value_heads")?;
+    let head_dim = cfg.req_i32("head_dim")?;
+    let eps = cfg.req_f32("rms_norm_eps")?;
+    let spec = DenseDecoderSpec {
+        info: ModelInfo {
+            model_type: "qwen3".into(),
+            vocab_size: cfg.req_i32("vocab_size")?,
+            hidden_size: hidden,
+            num_layers: cfg.req_i32("num_hidden_layers")? as usize,
+            kv_heads,
+            head_dim,
+            max_position_embeddings: cfg.opt_i32("max_position_embeddings")?.map(|n| n as usize),
+            activation_dtype: dtype,
+        },
+        intermediate: cfg.req_i32("intermediate_size")?,
+        rms_norm_eps: eps,
+        mlp_bias: false,
+        tie_word_embeddings: cfg.bool_or("tie_word_embeddings", true)?,
+        attention: AttentionOptions {
+            hidden,
+            heads,
+            kv_heads,
+            head_dim,
+            qkv_bias: false,
+            o_bias: false,
+            qk_norm_eps: Some(eps),
+            rope: cfg.rope(head_dim, None, false)?,
+        },
+    };
+    DenseDecoder::load(weights, spec)
+}

@@ -1,0 +1,103 @@
+//! Linear / embedding / RMSNorm layers, dense or affine-quantized.
+
+use mlx_rs::ops::{addmm, dequantize, quantized_matmul};
+use mlx_rs::Array;
+
+use super::weights::{QuantSpec, Weights};
+use crate::Result;
+
+/// `y = x W^T (+ b)`; quantized weights use `quantized_matmul(transpose=true)` as mlx's
+/// `QuantizedLinear`.
+pub enum Linear {
+    Dense { weight: Array, bias: Option<Array> },
+    Quantized { weight: Array, scales: Array, biases: Array, bias: Option<Array>, spec: QuantSpec },
+}
+
+impl Linear {
+    pub fn load(w: &mut Weights, prefix: &str, in_dim: i32, out_dim: i32, bias: bool) -> Result<Self> {
+        let bias = if bias {
+            Some(w.take(&format!("{prefix}.bias"), &[out_dim])?)
+        } else {
+            None
+        };
+        Ok(match w.quant_spec(prefix)? {
+            Some(spec) => {
+                let (weight, scales, biases) = w.take_quantized(prefix, out_dim, in_dim, spec)?;
+                Linear::Quantized { weight, scales, biases, bias, spec }
+            }
+            None => {
+                Linear::Dense { weight: w.take(&format!("{prefix}.weight"), &[out_dim, in_dim])?, bias }
+            }
+        })
+    }
+
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        Ok(match self {
+            Linear::Dense { weight, bias: None } => x.matmul(weight.t())?,
+            Linear::Dense { weight, bias: Some(b) } => addmm(b, x, weight.t(), None, None)?,
+            Linear::Quantized { weight, scales, biases, bias, spec } => {
+                let y = quantized_matmul(x, weight, scales, biases, true, spec.group_size, spec.bits)?;
+                match bias {
+                    Some(b) => y.add(b)?,
+                    None => y,
+                }
+            }
+        })
+    }
+}
+
+/// Token embedding table; `as_linear` is the tied output projection.
+pub enum Embedding {
+    Dense { weight: Array },
+    Quantized { weight: Array, scales: Array, biases: Array, spec: QuantSpec },
+}
+
+impl Embedding {
+    pub fn load(w: &mut Weights, prefix: &str, vocab: i32, dim: i32) -> Result<Self> {
+        Ok(match w.quant_spec(prefix)? {
+            Some(spec) => {
+                let (weight, scales, biases) = w.take_quantized(prefix, vocab, dim, spec)?;
+                Embedding::Quantized { weight, scales, biases, spec }
+            }
+            None => Embedding::Dense { weight: w.take(&format!("{prefix}.weight"), &[vocab, dim])? },
+        })
+    }
+
+    pub fn forward(&self, ids: &Array) -> Result<Array> {
+        Ok(match self {
+            Embedding::Dense { weight } => weight.take_axis(ids, 0)?,
+            Embedding::Quantized { weight, scales, biases, spec } => dequantize(
+                weight.take_axis(ids, 0)?,
+                scales.take_axis(ids, 0)?,
+                &biases.take_axis(ids, 0)?,
+                spec.group_size,
+                spec.bits,
+            )?,
+        })
+    }
+
+    pub fn as_linear(&self, x: &Array) -> Result<Array> {
+        Ok(match self {
+            Embedding::Dense { weight } => x.matmul(weight.t())?,
+            Embedding::Quantized { weight, scales, biases, spec } => {
+                quantized_matmul(x, weight, scales, biases, true, spec.group_size, spec.bits)?
+            }
+        })
+    }
+}
+
+/// `mx.fast.rms_norm` with a learned scale.
+pub struct RmsNorm {
+    pub weight: Array,
+    pub eps: f32,
+}
+
+impl RmsNorm {
+    pub fn load(w: &mut Weights, prefix: &str, dim: i32, eps: f32) -> Result<Self> {
+        Ok(RmsNorm { weight: w.take(&format!("{prefix}.weight"), &[dim])?, eps })
+    }
+
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        Ok(mlx_rs::fast::rms_norm(x, Some(&self.weight), self.eps)?)
+    }
+}

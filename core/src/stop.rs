@@ -1,0 +1,107 @@
+//! Streamed text with stop strings: text is released as soon as it cannot be the start of a
+//! stop string, so a client never sees text that a stop string later removes.
+
+use crate::tokenizer::{StreamDecoder, Tokenizer};
+use crate::Result;
+
+#[derive(Debug, Clone, Default)]
+pub struct StopMatcher {
+    stops: Vec<String>,
+    held: String,
+}
+
+impl StopMatcher {
+    pub fn new(stops: &[String]) -> Self {
+        StopMatcher { stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(), held: String::new() }
+    }
+
+    /// Feeds new text; returns the text safe to emit and whether a stop string was reached
+    /// (the emitted text then ends just before it).
+    pub fn push(&mut self, new: &str) -> (String, bool) {
+        self.held.push_str(new);
+        if self.stops.is_empty() {
+            return (std::mem::take(&mut self.held), false);
+        }
+        if let Some(pos) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
+            let out = self.held[..pos].to_string();
+            self.held.clear();
+            return (out, true);
+        }
+        // Hold back the longest suffix that is a proper prefix of some stop string.
+        let mut hold_from = self.held.len();
+        for (i, _) in self.held.char_indices() {
+            let tail = &self.held[i..];
+            if self.stops.iter().any(|s| s.starts_with(tail)) {
+                hold_from = i;
+                break;
+            }
+        }
+        let out = self.held[..hold_from].to_string();
+        self.held.drain(..hold_from);
+        (out, false)
+    }
+
+    /// Text still held back when generation ends without a stop string.
+    pub fn finish(&mut self) -> String {
+        std::mem::take(&mut self.held)
+    }
+}
+
+/// Token ids → streamed UTF-8 text (whole characters only) → stop-string matching.
+pub struct TextStream<'t> {
+    decoder: Option<StreamDecoder<'t>>,
+    stops: StopMatcher,
+}
+
+impl<'t> TextStream<'t> {
+    pub fn new(tokenizer: Option<&'t Tokenizer>, stops: StopMatcher) -> Self {
+        TextStream { decoder: tokenizer.map(|t| t.stream_decoder()), stops }
+    }
+
+    /// Returns the text to emit for this token and whether a stop string ended the output.
+    pub fn push(&mut self, token: u32) -> Result<(String, bool)> {
+        let Some(decoder) = self.decoder.as_mut() else {
+            return Ok((String::new(), false));
+        };
+        let new = decoder.step(token)?.unwrap_or_default();
+        Ok(self.stops.push(&new))
+    }
+
+    /// Flushes what is left at the end (an incomplete trailing character becomes U+FFFD).
+    pub fn finish(&mut self) -> Result<String> {
+        let Some(decoder) = self.decoder.as_mut() else {
+            return Ok(String::new());
+        };
+        let rest = decoder.flush()?;
+        let (mut out, _) = self.stops.push(&rest);
+        out.push_str(&self.stops.finish());
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StopMatcher;
+
+    #[test]
+    fn holds_back_possible_stop_prefixes() {
+        let mut m = StopMatcher::new(&["END".to_string()]);
+        assert_eq!(m.push("abc E"), ("abc ".to_string(), false));
+        assert_eq!(m.push("N"), (String::new(), false));
+        assert_eq!(m.push("D tail"), (String::new(), true));
+    }
+
+    #[test]
+    fn releases_held_text_when_it_diverges() {
+        let mut m = StopMatcher::new(&["END".to_string()]);
+        assert_eq!(m.push("E"), (String::new(), false));
+        assert_eq!(m.push("x"), ("Ex".to_string(), false));
+        assert_eq!(m.finish(), "");
+    }
+
+    #[test]
+    fn earliest_of_several_stops_wins() {
+        let mut m = StopMatcher::new(&["bb".to_string(), "a".to_string()]);
+        assert_eq!(m.push("xxbba"), ("xx".to_string(), true));
+    }
+}

@@ -1,0 +1,316 @@
+//! Chat templates rendered the way Hugging Face transformers renders them (`apply_chat_template`):
+//! Jinja with `trim_blocks` and `lstrip_blocks`, loop controls, Python string methods, a
+//! `tojson` that prints what Python's `json.dumps` prints, `raise_exception` and `strftime_now`,
+//! and the variables `messages`, `add_generation_prompt`, `bos_token`, `eos_token`, `tools` and
+//! `documents` (both none).
+
+use std::fmt::Write as _;
+
+use minijinja::value::{Kwargs, ValueKind};
+use minijinja::{Environment, ErrorKind, Value};
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result};
+
+const TEMPLATE_NAME: &str = "chat_template";
+
+/// One turn of a conversation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self { role: role.into(), content: content.into() }
+    }
+}
+
+/// A compiled chat template plus the special-token strings it may reference.
+#[derive(Clone)]
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    source: String,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("source", &self.source)
+            .field("bos_token", &self.bos_token)
+            .field("eos_token", &self.eos_token)
+            .finish()
+    }
+}
+
+impl ChatTemplate {
+    /// Compiles `source`; syntax errors are reported here rather than at the first render.
+    pub fn new(source: &str, bos_token: Option<String>, eos_token: Option<String>) -> Result<Self> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_filter("tojson", tojson);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
+        env.add_template_owned(TEMPLATE_NAME, without_generation_tags(source))
+            .map_err(|e| Error::Tokenizer(format!("invalid chat template: {}", describe(&e))))?;
+        Ok(Self { env, source: source.to_string(), bos_token, eos_token })
+    }
+
+    /// The template text as given to [`ChatTemplate::new`].
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        let mut context = vec![
+            ("messages", Value::from_serialize(messages)),
+            ("add_generation_prompt", Value::from(add_generation_prompt)),
+            ("tools", Value::from(())),
+            ("documents", Value::from(())),
+        ];
+        // transformers passes only the special tokens the tokenizer has, so a missing one stays
+        // undefined rather than none.
+        if let Some(bos) = &self.bos_token {
+            context.push(("bos_token", Value::from(bos.as_str())));
+        }
+        if let Some(eos) = &self.eos_token {
+            context.push(("eos_token", Value::from(eos.as_str())));
+        }
+        let template = self.env.get_template(TEMPLATE_NAME).map_err(|e| Error::Tokenizer(describe(&e)))?;
+        template.render(Value::from_iter(context)).map_err(|e| match raised_message(&e) {
+            // The template author's own words (e.g. "Conversation roles must alternate"), as is.
+            Some(message) => Error::Tokenizer(message.to_string()),
+            None => Error::Tokenizer(format!("chat template failed: {}", describe(&e))),
+        })
+    }
+}
+
+fn raised_message(error: &minijinja::Error) -> Option<&str> {
+    if error.kind() != ErrorKind::InvalidOperation {
+        return None;
+    }
+    error.detail()?.strip_prefix(RAISED_PREFIX)
+}
+
+fn describe(error: &minijinja::Error) -> String {
+    match error.line() {
+        Some(line) => format!("{error} (template line {line})"),
+        None => error.to_string(),
+    }
+}
+
+const RAISED_PREFIX: &str = "raise_exception: ";
+
+fn raise_exception(message: String) -> std::result::Result<Value, minijinja::Error> {
+    Err(minijinja::Error::new(ErrorKind::InvalidOperation, format!("{RAISED_PREFIX}{message}")))
+}
+
+/// The local time formatted with a C `strftime` format, as Python's `datetime.now().strftime`.
+fn strftime_now(format: String) -> std::result::Result<String, minijinja::Error> {
+    use chrono::format::{Item, StrftimeItems};
+    let items: Vec<Item> = StrftimeItems::new(&format).collect();
+    if items.iter().any(|item| matches!(item, Item::Error)) {
+        return Err(minijinja::Error::new(
+            ErrorKind::InvalidOperation,
+            format!("strftime_now: invalid format string {format:?}"),
+        ));
+    }
+    Ok(chrono::Local::now().format_with_items(items.into_iter()).to_string())
+}
+
+/// transformers' `{% generation %}` blocks only mark assistant text for training masks; they
+/// render their body unchanged, which `{% if true %}` does too (keeping any `-` whitespace
+/// control on the tags).
+fn without_generation_tags(source: &str) -> String {
+    static OPEN: once_cell::sync::Lazy<regex::Regex> =
+        once_cell::sync::Lazy::new(|| regex::Regex::new(r"\{%([-+]?)\s*generation\s*([-+]?)%\}").expect("valid regex"));
+    static CLOSE: once_cell::sync::Lazy<regex::Regex> = once_cell::sync::Lazy::new(|| {
+        regex::Regex::new(r"\{%([-+]?)\s*endgeneration\s*([-+]?)%\}").expect("valid regex")
+    });
+    let opened = OPEN.replace_all(source, "{%${1} if true ${2}%}");
+    CLOSE.replace_all(&opened, "{%${1} endif ${2}%}").into_owned()
+}
+
+/// `tojson` as transformers defines it: Python's `json.dumps(x, ensure_ascii=False, indent=None,
+/// separators=None, sort_keys=False)`. Unlike minijinja's built-in it does not HTML-escape, and it
+/// spaces separators the Python way (`{"a": 1, "b": 2}`).
+fn tojson(value: Value, kwargs: Kwargs) -> std::result::Result<String, minijinja::Error> {
+    let indent = match kwargs.get::<Option<Value>>("indent")? {
+        None => None,
+        Some(v) if v.is_none() => None,
+        Some(v) => match v.as_i64() {
+            Some(n) => Some(" ".repeat(usize::try_from(n).unwrap_or(0))),
+            None => {
+                Some(v.as_str().map(str::to_string).ok_or_else(|| bad_argument("indent must be an int or a string"))?)
+            }
+        },
+    };
+    let (item_separator, key_separator) = match kwargs.get::<Option<Vec<String>>>("separators")? {
+        Some(pair) => match <[String; 2]>::try_from(pair) {
+            Ok([item, key]) => (item, key),
+            Err(_) => return Err(bad_argument("separators must be a pair of strings")),
+        },
+        None if indent.is_some() => (",".to_string(), ": ".to_string()),
+        None => (", ".to_string(), ": ".to_string()),
+    };
+    let writer = PythonJson {
+        indent,
+        item_separator,
+        key_separator,
+        sort_keys: kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false),
+        ensure_ascii: kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false),
+    };
+    kwargs.assert_all_used()?;
+    let mut out = String::new();
+    writer.write(&mut out, &value, 0)?;
+    Ok(out)
+}
+
+fn bad_argument(message: &str) -> minijinja::Error {
+    minijinja::Error::new(ErrorKind::InvalidOperation, format!("tojson: {message}"))
+}
+
+struct PythonJson {
+    indent: Option<String>,
+    item_separator: String,
+    key_separator: String,
+    sort_keys: bool,
+    ensure_ascii: bool,
+}
+
+impl PythonJson {
+    fn write(&self, out: &mut String, value: &Value, depth: usize) -> std::result::Result<(), minijinja::Error> {
+        match value.kind() {
+            ValueKind::Undefined | ValueKind::None => out.push_str("null"),
+            ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
+            ValueKind::Number => out.push_str(&python_number(value)),
+            ValueKind::String => self.write_string(out, value.as_str().unwrap_or_default()),
+            ValueKind::Map => {
+                let mut entries = Vec::new();
+                for key in value.try_iter()? {
+                    let item = value.get_item(&key)?;
+                    entries.push((self.key_string(&key)?, item));
+                }
+                if self.sort_keys {
+                    entries.sort_by(|a, b| a.0.cmp(&b.0));
+                }
+                self.write_container(out, ('{', '}'), entries.len(), depth, |out, i| {
+                    let (key, item) = &entries[i];
+                    self.write_string(out, key);
+                    out.push_str(&self.key_separator);
+                    self.write(out, item, depth + 1)
+                })?;
+            }
+            ValueKind::Seq | ValueKind::Iterable => {
+                let items: Vec<Value> = value.try_iter()?.collect();
+                self.write_container(out, ('[', ']'), items.len(), depth, |out, i| {
+                    self.write(out, &items[i], depth + 1)
+                })?;
+            }
+            _ => {
+                return Err(minijinja::Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!("tojson: cannot serialize a value of kind {}", value.kind()),
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    fn write_container(
+        &self,
+        out: &mut String,
+        (open, close): (char, char),
+        len: usize,
+        depth: usize,
+        mut write_item: impl FnMut(&mut String, usize) -> std::result::Result<(), minijinja::Error>,
+    ) -> std::result::Result<(), minijinja::Error> {
+        out.push(open);
+        if len == 0 {
+            out.push(close);
+            return Ok(());
+        }
+        for i in 0..len {
+            if i > 0 {
+                out.push_str(&self.item_separator);
+            }
+            if let Some(indent) = &self.indent {
+                out.push('\n');
+                out.push_str(&indent.repeat(depth + 1));
+            }
+            write_item(out, i)?;
+        }
+        if let Some(indent) = &self.indent {
+            out.push('\n');
+            out.push_str(&indent.repeat(depth));
+        }
+        out.push(close);
+        Ok(())
+    }
+
+    /// Python converts non-string keys to strings: `1` → `"1"`, `True` → `"true"`.
+    fn key_string(&self, key: &Value) -> std::result::Result<String, minijinja::Error> {
+        match key.kind() {
+            ValueKind::String => Ok(key.as_str().unwrap_or_default().to_string()),
+            ValueKind::Number => Ok(python_number(key)),
+            ValueKind::Bool => Ok(if key.is_true() { "true" } else { "false" }.to_string()),
+            ValueKind::None => Ok("null".to_string()),
+            kind => Err(minijinja::Error::new(
+                ErrorKind::InvalidOperation,
+                format!("tojson: keys must be strings, not {kind}"),
+            )),
+        }
+    }
+
+    fn write_string(&self, out: &mut String, s: &str) {
+        // serde_json escapes exactly what Python does with ensure_ascii=False.
+        let quoted = serde_json::to_string(s).unwrap_or_default();
+        if !self.ensure_ascii {
+            out.push_str(&quoted);
+            return;
+        }
+        for c in quoted.chars() {
+            if c.is_ascii() {
+                out.push(c);
+            } else {
+                let mut units = [0u16; 2];
+                for unit in c.encode_utf16(&mut units) {
+                    let _ = write!(out, "\\u{unit:04x}");
+                }
+            }
+        }
+    }
+}
+
+/// A number the way Python's `json.dumps` prints it: integers as they are, floats as `repr` does
+/// (`1.0`, `1e-05`, `1e+20`, `NaN`, `Infinity`).
+fn python_number(value: &Value) -> String {
+    if value.is_integer() {
+        return value.to_string();
+    }
+    let float = f64::try_from(value.clone()).unwrap_or(f64::NAN);
+    if float.is_nan() {
+        return "NaN".to_string();
+    }
+    if float.is_infinite() {
+        return if float > 0.0 { "Infinity" } else { "-Infinity" }.to_string();
+    }
+    // Rust's `{:?}` picks the same shortest digits and the same switch to exponent notation as
+    // Python's repr; only the exponent is spelled differently (`1e-5` vs `1e-05`).
+    let debug = format!("{float:?}");
+    match debug.split_once('e') {
+        None => debug,
+        Some((mantissa, exponent)) => {
+            let (sign, digits) = match exponent.strip_prefix('-') {
+                Some(digits) => ('-', digits),
+                None => ('+', exponent),
+            };
+            format!("{mantissa}e{sign}{digits:0>2}")
+        }
+    }
+}
