@@ -69,11 +69,13 @@ fn raise_exception_message_reaches_the_caller() {
 
 #[test]
 fn syntax_and_runtime_errors_are_tokenizer_errors() {
+    let err = ChatTemplate::new("{% for %}", None, None).unwrap_err();
+    assert!(matches!(&err, Error::Tokenizer(m) if m.starts_with("invalid chat template")), "{err}");
+    let err = render("\n{{ messages[0].content.no_such_method() }}", &user("x")).unwrap_err();
     assert!(
-        matches!(ChatTemplate::new("{% for %}", None, None), Err(Error::Tokenizer(m)) if m.starts_with("invalid chat template"))
+        matches!(&err, Error::Tokenizer(m) if m.starts_with("chat template failed") && m.contains("no_such_method") && m.contains(":2)")),
+        "{err}"
     );
-    let err = render("{{ messages[0].content.no_such_method() }}", &user("x")).unwrap_err();
-    assert!(matches!(&err, Error::Tokenizer(m) if m.starts_with("chat template failed")), "{err}");
 }
 
 #[test]

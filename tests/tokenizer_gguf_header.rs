@@ -4,7 +4,7 @@
 mod tokenizer_support;
 
 use tokenizer_support::{write_str, GgufWriter, Meta, TempDir};
-use weft::gguf::{GgmlType, GgufHeader, GgufValue};
+use weft::gguf::{GgmlType, GgufArray, GgufHeader, GgufValue};
 use weft::Error;
 
 fn every_value_type() -> GgufWriter {
@@ -73,10 +73,12 @@ fn reads_every_value_type() {
     assert_eq!(h.get_i64_array("v.ints"), Some(vec![3, -1, 7]));
     assert_eq!(h.get_i64_array("v.u8s"), Some(vec![1, 255]));
     assert_eq!(h.get_f64_array("v.floats"), Some(vec![0.5, -2.0]));
-    assert_eq!(h.get("v.bools"), Some(&GgufValue::Array(vec![GgufValue::Bool(false), GgufValue::Bool(true)])));
+    assert_eq!(h.get("v.bools"), Some(&GgufValue::Array(GgufArray::Bool(vec![false, true]))));
+    assert_eq!(h.get("v.u8s"), Some(&GgufValue::Array(GgufArray::U8(vec![1, 255]))));
+    assert_eq!(h.get("v.floats").and_then(GgufValue::as_array), Some(&GgufArray::F32(vec![0.5, -2.0])));
     assert_eq!(
         h.get("v.nested"),
-        Some(&GgufValue::Array(vec![GgufValue::Array(vec![GgufValue::U32(1)]), GgufValue::Array(vec![])]))
+        Some(&GgufValue::Array(GgufArray::Array(vec![GgufArray::U32(vec![1]), GgufArray::U32(vec![])])))
     );
     assert_eq!(h.get_str_array("v.empty"), Some(vec![]));
 }

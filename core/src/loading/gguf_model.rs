@@ -79,12 +79,20 @@ pub fn load(path: &Path) -> Result<LoadedModel> {
     }
     let model = build_model(&config, tensors)?;
 
-    let tokenizer = Tokenizer::from_gguf(&header)?;
+    // A GGUF without tokenizer metadata (e.g. a bare test checkpoint) still runs on token ids.
+    let tokenizer = match header.get_str("tokenizer.ggml.model") {
+        Some(_) => Some(Tokenizer::from_gguf(&header)?),
+        None => None,
+    };
     let mut eos = Vec::new();
-    push_unique(&mut eos, tokenizer.eos_token_ids().iter().copied());
+    if let Some(t) = &tokenizer {
+        push_unique(&mut eos, t.eos_token_ids().iter().copied());
+    } else if let Some(id) = header.get_u64("tokenizer.ggml.eos_token_id") {
+        eos.push(id as u32);
+    }
     Ok(LoadedModel {
         model,
-        tokenizer: Some(tokenizer),
+        tokenizer,
         eos_token_ids: eos,
         defaults: GenerationDefaults::default(),
         source: path.to_path_buf(),

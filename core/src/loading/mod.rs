@@ -90,5 +90,7 @@ fn build_model(
         _ => None,
     };
     let dtype = activation_dtype(&tensors);
+    // Materialize now (casts, un-permutations, mmapped reads) so no forward pass redoes them.
+    mlx_rs::transforms::eval(tensors.values())?;
     models::build(config, crate::nn::Weights::new(tensors, quant), dtype)
 }

@@ -57,7 +57,7 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_template_owned(TEMPLATE_NAME, without_generation_tags(source))
-            .map_err(|e| Error::Tokenizer(format!("invalid chat template: {}", describe(&e))))?;
+            .map_err(|e| Error::Tokenizer(format!("invalid chat template: {e}")))?;
         Ok(Self { env, source: source.to_string(), bos_token, eos_token })
     }
 
@@ -81,11 +81,12 @@ impl ChatTemplate {
         if let Some(eos) = &self.eos_token {
             context.push(("eos_token", Value::from(eos.as_str())));
         }
-        let template = self.env.get_template(TEMPLATE_NAME).map_err(|e| Error::Tokenizer(describe(&e)))?;
+        let template = self.env.get_template(TEMPLATE_NAME).map_err(|e| Error::Tokenizer(e.to_string()))?;
         template.render(Value::from_iter(context)).map_err(|e| match raised_message(&e) {
             // The template author's own words (e.g. "Conversation roles must alternate"), as is.
             Some(message) => Error::Tokenizer(message.to_string()),
-            None => Error::Tokenizer(format!("chat template failed: {}", describe(&e))),
+            // minijinja's message names the template line: "... (in chat_template:3)".
+            None => Error::Tokenizer(format!("chat template failed: {e}")),
         })
     }
 }
@@ -95,13 +96,6 @@ fn raised_message(error: &minijinja::Error) -> Option<&str> {
         return None;
     }
     error.detail()?.strip_prefix(RAISED_PREFIX)
-}
-
-fn describe(error: &minijinja::Error) -> String {
-    match error.line() {
-        Some(line) => format!("{error} (template line {line})"),
-        None => error.to_string(),
-    }
 }
 
 const RAISED_PREFIX: &str = "raise_exception: ";

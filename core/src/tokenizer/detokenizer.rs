@@ -8,7 +8,8 @@
 //! U+FFFD (the mark of an incomplete character).
 //!
 //! Every window starts where a previous chunk ended, on a complete character, so the chunks
-//! concatenate to the decoding of the whole sequence.
+//! concatenate to the decoding of the whole sequence whenever it is valid UTF-8 (and, with
+//! byte-level BPE, always).
 
 use super::Tokenizer;
 use crate::{Error, Result};
@@ -47,7 +48,8 @@ impl<'t> StreamDecoder<'t> {
         if text.len() <= self.context_text.len() || text.ends_with(REPLACEMENT) {
             return Ok(None);
         }
-        self.emit(text).map(Some)
+        let new_text = self.emit(&text)?;
+        Ok(Some(new_text).filter(|t| !t.is_empty()))
     }
 
     /// Returns whatever is still pending at the end of the stream (possibly nothing), with
@@ -57,22 +59,19 @@ impl<'t> StreamDecoder<'t> {
         if text.len() <= self.context_text.len() {
             return Ok(String::new());
         }
-        self.emit(text)
+        self.emit(&text)
     }
 
     /// Cuts the new text off `window_text` (the decoding of the whole window) and makes the
     /// tokens just emitted the context for the next chunk.
-    fn emit(&mut self, window_text: String) -> Result<String> {
-        let Some(new_text) = window_text.strip_prefix(self.context_text.as_str()) else {
-            return Err(Error::Tokenizer(format!(
-                "stream decoding: the text of the last tokens {:?} changed once more tokens followed \
-                 ({:?} became {:?}); this tokenizer's decoder cannot be streamed",
-                &self.window[..self.context_len],
-                self.context_text,
-                window_text
-            )));
+    fn emit(&mut self, window_text: &str) -> Result<String> {
+        let new_text = match window_text.strip_prefix(self.context_text.as_str()) {
+            Some(new_text) => new_text.to_string(),
+            // Only invalid UTF-8 gets here: `ByteFallback` turns a whole run of byte tokens into
+            // U+FFFD once a later byte makes the run invalid, rewriting text already emitted.
+            // That cannot be taken back; skip as many characters as were emitted.
+            None => window_text.chars().skip(self.context_text.chars().count()).collect(),
         };
-        let new_text = new_text.to_string();
         self.window.drain(..self.context_len);
         self.context_len = self.window.len();
         self.context_text = self.decode(&self.window)?;

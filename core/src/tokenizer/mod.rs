@@ -51,59 +51,45 @@ impl Tokenizer {
             .map_err(|e| Error::Tokenizer(format!("{}: {e}", tokenizer_path.display())))?;
 
         let config = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or(Json::Null);
-        let token_setting = |key: &str| config.get(key).and_then(token_content).map(str::to_string);
-        let bos_token = token_setting("bos_token");
-        let eos_token = token_setting("eos_token");
-        let known_id = |token: &Option<String>| -> Result<Option<u32>> {
-            match token {
-                None => Ok(None),
-                Some(token) => inner.token_to_id(token).map(Some).ok_or_else(|| {
-                    Error::ModelLoad(format!(
-                        "tokenizer_config.json names special token {token:?}, which is not in tokenizer.json"
-                    ))
-                }),
+        let mut warnings = Vec::new();
+        let mut special_token = |key: &str| -> Option<(u32, String)> {
+            let token = config.get(key).and_then(token_content)?;
+            let id = inner.token_to_id(token);
+            if id.is_none() {
+                warnings.push(format!("tokenizer_config.json: {key} {token:?} is not in tokenizer.json; ignoring it"));
             }
+            Some((id?, token.to_string()))
         };
-        let bos_token_id = known_id(&bos_token)?;
-        let eos_token_id = known_id(&eos_token)?;
+        let bos = special_token("bos_token");
+        let eos = special_token("eos_token");
 
         let add_bos = config.get("add_bos_token").and_then(Json::as_bool);
         let add_eos = config.get("add_eos_token").and_then(Json::as_bool);
         if add_bos.is_some() || add_eos.is_some() {
-            let with = |flag: Option<bool>, id: Option<u32>, token: &Option<String>| {
-                flag.unwrap_or(false).then(|| id.zip(token.clone())).flatten()
-            };
-            inner.with_post_processor(Some(special_tokens_processor(
-                with(add_bos, bos_token_id, &bos_token),
-                with(add_eos, eos_token_id, &eos_token),
-            )?));
-        }
-
-        let mut eos_token_ids: Vec<u32> = eos_token_id.into_iter().collect();
-        for file in ["generation_config.json", "config.json"] {
-            let path = dir.join(file);
-            if let Some(json) = read_json(&path)? {
-                eos_token_ids.extend(eos_ids_in(&json).map_err(|what| {
-                    Error::ModelLoad(format!(
-                        "{}: eos_token_id must be an id or a list of ids, found {what}",
-                        path.display()
-                    ))
-                })?);
-            }
+            let added =
+                |flag: Option<bool>, token: &Option<(u32, String)>| token.clone().filter(|_| flag == Some(true));
+            inner.with_post_processor(Some(special_tokens_processor(added(add_bos, &bos), added(add_eos, &eos))?));
         }
 
         let chat_template = match chat_template_source(dir, &config)? {
-            Some(source) => Some(ChatTemplate::new(&source, bos_token, eos_token)?),
+            Some(source) => Some(ChatTemplate::new(
+                &source,
+                bos.as_ref().map(|(_, t)| t.clone()),
+                eos.as_ref().map(|(_, t)| t.clone()),
+            )?),
             None => None,
         };
         let mut tokenizer = Self {
             inner: Arc::new(inner),
-            bos_token_id,
+            bos_token_id: bos.map(|(id, _)| id),
             eos_token_ids: Vec::new(),
             chat_template,
-            warnings: Vec::new(),
+            warnings,
         };
-        tokenizer.add_eos_token_ids(eos_token_ids);
+        tokenizer.add_eos_token_ids(eos.map(|(id, _)| id));
+        for file in ["generation_config.json", "config.json"] {
+            tokenizer.add_eos_token_ids(configured_eos_ids(&dir.join(file))?);
+        }
         Ok(tokenizer)
     }
 
@@ -252,9 +238,13 @@ fn read_json(path: &Path) -> Result<Option<Json>> {
         .map_err(|e| Error::ModelLoad(format!("{} is not valid JSON: {e}", path.display())))
 }
 
-/// `eos_token_id` in a config: absent/null, one id, or a list of ids. `Err` describes anything else.
-fn eos_ids_in(config: &Json) -> std::result::Result<Vec<u32>, String> {
-    let as_id = |v: &Json| v.as_u64().and_then(|id| u32::try_from(id).ok()).ok_or_else(|| v.to_string());
+/// `eos_token_id` in a model config file, if the file exists: absent/null, one id, or a list of ids.
+fn configured_eos_ids(path: &Path) -> Result<Vec<u32>> {
+    let Some(config) = read_json(path)? else { return Ok(Vec::new()) };
+    let invalid = |v: &Json| {
+        Error::ModelLoad(format!("{}: eos_token_id must be an id or a list of ids, found {v}", path.display()))
+    };
+    let as_id = |v: &Json| v.as_u64().and_then(|id| u32::try_from(id).ok()).ok_or_else(|| invalid(v));
     match config.get("eos_token_id") {
         None | Some(Json::Null) => Ok(Vec::new()),
         Some(Json::Array(ids)) => ids.iter().map(as_id).collect(),

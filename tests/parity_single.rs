@@ -1,0 +1,110 @@
+//! Single-sequence parity with mlx-lm: greedy trajectories and first-step logits of every tiny
+//! golden model, and the default model's chat goldens (tokenization, template, tokens, logits).
+
+mod support;
+
+use support::*;
+use weft::generate::{generate, FinishReason, GenerateOptions};
+use weft::loading;
+use weft::tokenizer::ChatMessage;
+
+#[test]
+fn tiny_models_match_mlx_lm_trajectories_and_first_logits() {
+    for name in TINY_MODELS {
+        let g = golden(name);
+        let loaded = loading::load(&tiny_model_dir(name)).unwrap();
+        let vocab = loaded.model.info().vocab_size as usize;
+        for case in g["single"].as_array().unwrap() {
+            let prompt = ids(&case["prompt_ids"]);
+            let want = ids(&case["tokens"]);
+            let opts = GenerateOptions {
+                max_tokens: want.len(),
+                prefill_step_size: case["prefill_step_size"].as_u64().unwrap() as usize,
+                capture_first_logits: vocab,
+                ..GenerateOptions::default()
+            };
+            let out = generate(loaded.model.as_ref(), None, &prompt, &opts, |_| true).unwrap();
+            assert_eq!(out.tokens, want, "{name}: tokens for a {}-token prompt", prompt.len());
+            assert_eq!(out.finish_reason, FinishReason::Length);
+            let logits = floats(&case["first_logits"]);
+            assert_eq!(out.first_logits.len(), logits.len());
+            // Bit-exact: same ops in the same order as mlx-lm on the same libmlx.
+            let diffs = out.first_logits.iter().zip(&logits).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            assert_eq!(diffs, 0, "{name}: {diffs} of {vocab} first-step logits differ ({}-token prompt)", prompt.len());
+        }
+    }
+}
+
+#[test]
+fn generation_stops_at_eos_from_generation_config() {
+    // llama-fp32's generation_config.json lists eos [2, 5]; config.json says 2.
+    let loaded = loading::load(&tiny_model_dir("llama-fp32")).unwrap();
+    assert_eq!(loaded.eos_token_ids, vec![2, 5]);
+    let g = golden("llama-fp32");
+    for case in g["single"].as_array().unwrap() {
+        let want = ids(&case["tokens"]);
+        let Some(cut) = want.iter().position(|t| loaded.eos_token_ids.contains(t)) else { continue };
+        let opts = GenerateOptions {
+            max_tokens: want.len(),
+            stop_token_ids: loaded.eos_token_ids.clone(),
+            ..GenerateOptions::default()
+        };
+        let out = generate(loaded.model.as_ref(), None, &ids(&case["prompt_ids"]), &opts, |_| true).unwrap();
+        assert_eq!(out.tokens, want[..cut]);
+        assert_eq!(out.finish_reason, FinishReason::Stop);
+        return;
+    }
+    panic!("no llama-fp32 golden trajectory contains an EOS id; the test would be vacuous");
+}
+
+#[test]
+fn cancelling_from_the_token_callback_stops_generation() {
+    let loaded = loading::load(&tiny_model_dir("qwen3")).unwrap();
+    let opts = GenerateOptions { max_tokens: 20, ..GenerateOptions::default() };
+    let mut seen = 0;
+    let out = generate(loaded.model.as_ref(), None, &[1, 2, 3], &opts, |_| {
+        seen += 1;
+        seen < 3
+    })
+    .unwrap();
+    assert_eq!(out.tokens.len(), 3);
+    assert_eq!(out.finish_reason, FinishReason::Cancelled);
+}
+
+#[test]
+fn default_model_chats_match_mlx_lm() {
+    let Some(path) = default_model() else { return };
+    let loaded = loading::load(&path).unwrap();
+    let tok = loaded.tokenizer.as_ref().expect("the GGUF carries a tokenizer");
+    let g = golden("smollm2");
+    assert_eq!(loaded.eos_token_ids, vec![2]);
+    for chat in g["chats"].as_array().unwrap() {
+        let messages: Vec<ChatMessage> = serde_json::from_value(chat["messages"].clone()).unwrap();
+        let text = tok.chat_template().unwrap().render(&messages, true).unwrap();
+        assert_eq!(text, chat["prompt_text"].as_str().unwrap());
+        let prompt = tok.apply_chat_template(&messages, true).unwrap();
+        assert_eq!(prompt, ids(&chat["prompt_ids"]));
+
+        let want = ids(&chat["tokens"]);
+        let opts = GenerateOptions {
+            max_tokens: 48,
+            stop_token_ids: loaded.eos_token_ids.clone(),
+            capture_first_logits: 64,
+            ..GenerateOptions::default()
+        };
+        let mut streamed = String::new();
+        let out = generate(loaded.model.as_ref(), Some(tok), &prompt, &opts, |ev| {
+            streamed.push_str(ev.text);
+            true
+        })
+        .unwrap();
+        assert_eq!(out.tokens, want, "chat {:?}", messages.last().unwrap().content);
+        assert_eq!(out.finish_reason.as_str(), chat["finish_reason"].as_str().unwrap());
+        assert_eq!(out.text, chat["text"].as_str().unwrap());
+        assert!(out.text.starts_with(&streamed));
+        let logits = floats(&chat["first_logits"]);
+        assert_eq!(out.first_logits, logits, "first-step logits");
+    }
+    let first = &g["chats"][0];
+    assert!(first["text"].as_str().unwrap().contains("Paris"));
+}

@@ -1,0 +1,55 @@
+//! Shared by the model tests: golden files, tiny-model paths and the default model.
+#![allow(dead_code)] // each test crate uses its own subset
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use weft::model_store::{DefaultModel, ModelStore};
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+pub fn goldens_dir() -> PathBuf {
+    repo_root().join("goldens")
+}
+
+/// The golden JSON recorded by goldens/make_goldens.py for `name`.
+pub fn golden(name: &str) -> Value {
+    let path = goldens_dir().join(format!("{name}.json"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+pub fn tiny_model_dir(name: &str) -> PathBuf {
+    goldens_dir().join("models").join(name)
+}
+
+/// The tiny random-weight models with single-sequence goldens.
+pub const TINY_MODELS: &[&str] = &["llama-fp32", "llama-bf16", "llama-4bit", "qwen3", "qwen2", "mistral-fp32"];
+
+pub fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+pub fn floats(v: &Value) -> Vec<f32> {
+    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
+}
+
+/// The default model (SmolLM2 GGUF) if it is installed in the model store (`weft pull`), or
+/// `$WEFT_TEST_SMOLLM2_GGUF`. With `WEFT_REQUIRE_DEFAULT_MODEL=1` (CI) its absence fails.
+pub fn default_model() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("WEFT_TEST_SMOLLM2_GGUF").filter(|p| !p.is_empty()) {
+        return Some(PathBuf::from(p));
+    }
+    if let Some(p) = ModelStore::from_env().cached(&DefaultModel::smollm2()) {
+        return Some(p);
+    }
+    let message = "the default model is not installed (run `weft pull`)";
+    if std::env::var("WEFT_REQUIRE_DEFAULT_MODEL").as_deref() == Ok("1") {
+        panic!("{message}; required because WEFT_REQUIRE_DEFAULT_MODEL=1");
+    }
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "\n!!!!!!!! SKIPPING: {message} !!!!!!!!\n");
+    None
+}
