@@ -5,7 +5,8 @@
 mod tokenizer_support;
 
 use tokenizer_support::{
-    check_stream, check_stream_exact, random_ids, tiny_tokenizer_gguf, GgufWriter, Meta, TempDir, TINY_TEMPLATE,
+    check_stream, check_stream_exact, random_ids, tiny_tokenizer_gguf, tiny_vocab, GgufWriter, Meta, TempDir,
+    TINY_TEMPLATE,
 };
 use weft::gguf::GgufHeader;
 use weft::tokenizer::{ChatMessage, StreamDecoder, Tokenizer};
@@ -35,6 +36,29 @@ fn encodes_with_merges_and_whole_special_tokens() {
     assert_eq!(t.encode("é中", false).unwrap(), ids(&t, &["Ã©", "ä", "¸", "Ń"]));
     // A user-defined token is matched whole too.
     assert_eq!(t.encode("<think>hello", false).unwrap(), ids(&t, &["<think>", "hello"]));
+}
+
+#[test]
+fn added_tokens_outside_the_byte_alphabet_keep_their_ids() {
+    // DeepSeek-style control tokens and user-defined tokens with real spaces are stored as plain
+    // text; they must be matched verbatim and map to their own ids, not grow the vocabulary.
+    let (mut tokens, merges, mut types) = tiny_vocab();
+    tokens.extend(["<｜begin▁of▁sentence｜>".to_string(), "<tool call>".to_string()]);
+    types.extend([3, 4]);
+    let dir = TempDir::new("vocab-raw-added");
+    let writer = GgufWriter::default()
+        .kv("tokenizer.ggml.model", Meta::str("gpt2"))
+        .kv("tokenizer.ggml.tokens", Meta::strs(&tokens))
+        .kv("tokenizer.ggml.merges", Meta::strs(&merges))
+        .kv("tokenizer.ggml.token_type", Meta::i32s(&types));
+    let t = Tokenizer::from_gguf(&GgufHeader::read(writer.write(&dir.path("raw.gguf"))).unwrap()).unwrap();
+    let (begin, tool) = (tokens.len() as u32 - 2, tokens.len() as u32 - 1);
+    assert_eq!(t.vocab_size(), tokens.len());
+    let text = "<｜begin▁of▁sentence｜>hello<tool call>";
+    let encoded = t.encode(text, false).unwrap();
+    assert_eq!(encoded, [vec![begin], ids(&t, &["hello"]), vec![tool]].concat());
+    assert_eq!(t.decode(&encoded, false).unwrap(), text);
+    assert_eq!(t.decode(&encoded, true).unwrap(), "hello<tool call>");
 }
 
 #[test]

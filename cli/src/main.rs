@@ -36,18 +36,21 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command {
+    // A bug must still end in one clear line and a failure code, not a backtrace.
+    std::panic::set_hook(Box::new(|info| eprintln!("error: internal error: {info}")));
+    let result = std::panic::catch_unwind(|| match cli.command {
         Command::Generate(a) => generate_cmd::run(a),
         Command::Chat(a) => chat::chat(a),
         Command::Run(a) => chat::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Pull => common::resolve_model_path(None).map(|p| println!("{}", p.display())),
-    };
+    });
     match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
+        Ok(Ok(())) => ExitCode::SUCCESS,
+        Ok(Err(e)) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }
+        Err(_) => ExitCode::FAILURE,
     }
 }

@@ -53,3 +53,21 @@ pub fn default_model() -> Option<PathBuf> {
     let _ = writeln!(std::io::stderr(), "\n!!!!!!!! SKIPPING: {message} !!!!!!!!\n");
     None
 }
+
+/// A copy of a tiny model directory in a fresh temp dir, to break in a test.
+pub fn copy_model(name: &str) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(tiny_model_dir(name)).unwrap() {
+        let p = entry.unwrap().path();
+        std::fs::copy(&p, tmp.path().join(p.file_name().unwrap())).unwrap();
+    }
+    tmp
+}
+
+/// Rewrites `config.json` in `dir` through `edit`.
+pub fn edit_config(dir: &Path, edit: impl FnOnce(&mut Value)) {
+    let path = dir.join("config.json");
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut v);
+    std::fs::write(&path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+}

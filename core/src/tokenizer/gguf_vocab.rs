@@ -1,6 +1,7 @@
-//! Building a byte-level BPE tokenizer from a GGUF file's `tokenizer.ggml.*` metadata, the way
-//! transformers does for `AutoTokenizer.from_pretrained(..., gguf_file=...)` and llama.cpp does
-//! when it runs the file.
+//! Building a byte-level BPE tokenizer from a GGUF file's `tokenizer.ggml.*` metadata. It encodes
+//! like transformers' `AutoTokenizer.from_pretrained(..., gguf_file=...)` and, where the two
+//! differ, like llama.cpp running the file: digits split for `smollm`-style vocabularies, and
+//! added tokens spelled outside the byte alphabet kept under their own ids.
 
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{Vocab, BPE};
@@ -126,11 +127,23 @@ pub(super) fn build(header: &GgufHeader) -> Result<GgufTokenizer> {
         }
     };
 
+    let bos_id = token_id("tokenizer.ggml.bos_token_id")?;
+    let eos_id = token_id("tokenizer.ggml.eos_token_id")?;
+    let special_ids =
+        [bos_id, eos_id, token_id("tokenizer.ggml.unknown_token_id")?, token_id("tokenizer.ggml.padding_token_id")?];
+    let type_of = |id: usize| token_types.as_ref().map(|types| types[id]);
+    let is_special = |id: usize| type_of(id) == Some(TOKEN_TYPE_CONTROL) || special_ids.contains(&Some(id as u32));
+    let is_user_defined = |id: usize| type_of(id) == Some(TOKEN_TYPE_USER_DEFINED);
+
+    // Ordinary tokens are spelled in the byte alphabet, which BPE works in. Added tokens (control
+    // and user-defined) are plain text that llama.cpp matches verbatim in the input, e.g.
+    // `<|im_start|>` or DeepSeek's `<｜begin▁of▁sentence｜>`, so they are keyed by that text.
     let bytes = ByteAlphabet::new();
     let mut vocab = Vocab::with_capacity(tokens.len());
     for (id, token) in tokens.iter().enumerate() {
+        let key = if is_special(id) || is_user_defined(id) { token.to_string() } else { bytes.spell(token) };
         // A later duplicate wins, as in transformers' dict of the vocabulary.
-        vocab.insert(bytes.spell(token), id as u32);
+        vocab.insert(key, id as u32);
     }
     let merges = merges
         .iter()
@@ -162,30 +175,14 @@ pub(super) fn build(header: &GgufHeader) -> Result<GgufTokenizer> {
     tokenizer.with_pre_tokenizer(Some(pre_tokenization.build()?));
     tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
 
-    let bos_id = token_id("tokenizer.ggml.bos_token_id")?;
-    let eos_id = token_id("tokenizer.ggml.eos_token_id")?;
-    let special_ids =
-        [bos_id, eos_id, token_id("tokenizer.ggml.unknown_token_id")?, token_id("tokenizer.ggml.padding_token_id")?];
-
-    // Control tokens (and the named special ones) are matched whole in the input and skipped by
-    // `decode(skip_special = true)`; user-defined ones are matched whole but decoded as text. A
-    // token spelled outside the byte alphabet is not a real vocabulary entry (llama.cpp mislabels
-    // some), so like transformers we leave it out rather than grow the vocabulary.
-    let type_of = |id: usize| token_types.as_ref().map(|types| types[id]);
-    let mut special = Vec::new();
-    let mut user_defined = Vec::new();
-    for (id, token) in tokens.iter().enumerate() {
-        if !bytes.spells(token) {
-            continue;
-        }
-        if type_of(id) == Some(TOKEN_TYPE_CONTROL) || special_ids.contains(&Some(id as u32)) {
-            special.push(AddedToken::from(token.to_string(), true).normalized(false));
-        } else if type_of(id) == Some(TOKEN_TYPE_USER_DEFINED) {
-            user_defined.push(AddedToken::from(token.to_string(), false).normalized(false));
-        }
-    }
-    tokenizer.add_special_tokens(&special);
-    tokenizer.add_tokens(&user_defined);
+    // Added tokens are matched whole in the input; only the special ones are dropped by
+    // `decode(skip_special = true)`.
+    let added_tokens = |keep: &dyn Fn(usize) -> bool, special: bool| -> Vec<AddedToken> {
+        let kept = tokens.iter().enumerate().filter(|&(id, _)| keep(id));
+        kept.map(|(_, token)| AddedToken::from(token.to_string(), special).normalized(false)).collect()
+    };
+    tokenizer.add_special_tokens(&added_tokens(&is_special, true));
+    tokenizer.add_tokens(&added_tokens(&|id| is_user_defined(id) && !is_special(id), false));
 
     let token_text = |id: u32| tokens[id as usize].to_string();
     let flag = |key: &str| header.get_bool(key).unwrap_or(false);
