@@ -95,3 +95,32 @@ pub fn require_tokenizer(model: &LoadedModel) -> Result<&weft::tokenizer::Tokeni
         ))
     })
 }
+
+/// Continuous-batching engine settings.
+#[derive(Args, Debug, Clone)]
+pub struct EngineArgs {
+    /// Most rows decoding together (mlx_lm.server's --decode-concurrency).
+    #[arg(long, default_value_t = 8)]
+    pub max_batch: usize,
+    /// Most requests prefilling at once.
+    #[arg(long, default_value_t = 8)]
+    pub prompt_concurrency: usize,
+    /// KV budget in bytes for admitted requests (prompt + max_tokens, projected); none by default.
+    #[arg(long)]
+    pub kv_budget_bytes: Option<u64>,
+    /// Bytes of finished requests' KV kept for prompt-prefix reuse (0 = off).
+    #[arg(long, default_value_t = 0)]
+    pub prompt_cache_bytes: u64,
+}
+
+impl EngineArgs {
+    pub fn config(&self, prefill_step_size: usize) -> weft::engine::EngineConfig {
+        weft::engine::EngineConfig {
+            max_batch: self.max_batch,
+            prompt_concurrency: self.prompt_concurrency,
+            prefill_step_size,
+            kv_budget_bytes: self.kv_budget_bytes,
+            prompt_cache_bytes: self.prompt_cache_bytes,
+        }
+    }
+}

@@ -4,11 +4,13 @@ use std::io::Write;
 
 use clap::Args;
 use serde_json::json;
+use weft::engine::{Input, Request};
 use weft::generate::{generate, GenerateOptions, Generation};
 use weft::tokenizer::ChatMessage;
 use weft::{Error, Result};
 
-use crate::common::{load_model, require_tokenizer, ModelArgs, SamplingArgs};
+use crate::batch::Collector;
+use crate::common::{load_model, require_tokenizer, EngineArgs, ModelArgs, SamplingArgs};
 
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
@@ -43,6 +45,8 @@ pub struct GenerateArgs {
     pub prefill_step_size: usize,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
 }
 
 fn parse_ids(s: &str) -> std::result::Result<Vec<u32>, String> {
@@ -74,26 +78,20 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let model = loaded.model.as_ref();
     let tokenizer = loaded.tokenizer.as_ref();
 
-    if !args.prompt_ids.is_empty() {
-        let mut rows = Vec::new();
-        for ids in &args.prompt_ids {
-            rows.push(generate(model, tokenizer, ids, &opts, |_| true)?);
-        }
-        if !args.json {
-            for g in &rows {
-                print_plain(g);
-            }
-            return Ok(());
-        }
-        let out = if rows.len() == 1 {
-            let g = &rows[0];
-            json!({"tokens": g.tokens, "first_logits": g.first_logits,
-                   "prompt_tokens": g.prompt_tokens, "finish_reason": g.finish_reason.as_str()})
+    if args.prompt_ids.len() > 1 {
+        return run_rows(args, loaded, opts);
+    }
+    if let Some(ids) = args.prompt_ids.first() {
+        let g = generate(model, tokenizer, ids, &opts, |_| true)?;
+        if args.json {
+            println!(
+                "{}",
+                json!({"tokens": g.tokens, "first_logits": g.first_logits,
+                       "prompt_tokens": g.prompt_tokens, "finish_reason": g.finish_reason.as_str()})
+            );
         } else {
-            json!({"rows": rows.iter().map(|g| json!({"tokens": g.tokens, "first_logits": g.first_logits,
-                   "prompt_tokens": g.prompt_tokens, "finish_reason": g.finish_reason.as_str()})).collect::<Vec<_>>()})
-        };
-        println!("{out}");
+            print_plain(&g.tokens, g.finish_reason.as_str());
+        }
         return Ok(());
     }
 
@@ -137,9 +135,42 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     Ok(())
 }
 
-fn print_plain(g: &Generation) {
-    let ids: Vec<String> = g.tokens.iter().map(|t| t.to_string()).collect();
-    println!("{} ({})", ids.join(","), g.finish_reason.as_str());
+fn print_plain(tokens: &[u32], finish: &str) {
+    let ids: Vec<String> = tokens.iter().map(|t| t.to_string()).collect();
+    println!("{} ({finish})", ids.join(","));
+}
+
+/// Several `--prompt-ids`: all submitted at once to the continuous-batching engine.
+fn run_rows(args: GenerateArgs, loaded: weft::loading::LoadedModel, opts: GenerateOptions) -> Result<()> {
+    let mut engine = Collector::new(loaded, args.engine.config(opts.prefill_step_size))?;
+    for ids in &args.prompt_ids {
+        engine.submit(Request {
+            input: Input::Tokens(ids.clone()),
+            max_tokens: opts.max_tokens,
+            sampling: opts.sampling.clone(),
+            stop: opts.stop_strings.clone(),
+            ignore_eos: args.no_eos,
+            capture_first_logits: FIRST_LOGITS,
+        })?;
+    }
+    engine.run_to_completion();
+    let rows = engine.results();
+    if let Some(err) = rows.iter().find_map(|(_, r)| r.error.clone()) {
+        return Err(Error::Mlx(err));
+    }
+    if args.json {
+        let rows: Vec<_> = rows
+            .iter()
+            .map(|(_, r)| json!({"tokens": r.tokens, "first_logits": r.first_logits,
+                                 "prompt_tokens": r.prompt_tokens, "finish_reason": r.finish_str()}))
+            .collect();
+        println!("{}", json!({ "rows": rows }));
+    } else {
+        for (_, r) in &rows {
+            print_plain(&r.tokens, r.finish_str());
+        }
+    }
+    Ok(())
 }
 
 pub fn tokens_per_second(g: &Generation) -> f64 {

@@ -4,10 +4,12 @@
 //! `run` (answer a prompt, or chat when none is given), `bench` (decode speed), `pull` (fetch
 //! the default model). Every failure prints `error: ...` and exits non-zero; no panics.
 
+mod batch;
 mod bench;
 mod chat;
 mod common;
 mod generate_cmd;
+mod replay;
 
 use std::process::ExitCode;
 
@@ -28,7 +30,9 @@ enum Command {
     Chat(chat::ChatArgs),
     /// Answer PROMPT, or start an interactive chat when no prompt is given.
     Run(chat::RunArgs),
-    /// Measure single-sequence decode speed.
+    /// Run a join/leave schedule through the batching engine (parity tooling).
+    Replay(replay::ReplayArgs),
+    /// Measure generation speed at several batch sizes.
     Bench(bench::BenchArgs),
     /// Download (or verify) the default model.
     Pull,
@@ -42,6 +46,7 @@ fn main() -> ExitCode {
         Command::Generate(a) => generate_cmd::run(a),
         Command::Chat(a) => chat::chat(a),
         Command::Run(a) => chat::run(a),
+        Command::Replay(a) => replay::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Pull => common::resolve_model_path(None).map(|p| println!("{}", p.display())),
     });

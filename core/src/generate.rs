@@ -85,7 +85,11 @@ pub struct Generation {
 
 /// Checks prompt ids against the model: non-empty, in-vocabulary, within the context.
 pub fn validate_prompt(model: &dyn LanguageModel, prompt: &[u32]) -> Result<()> {
-    let info = model.info();
+    validate_prompt_ids(model.info(), prompt)
+}
+
+/// [`validate_prompt`] from the model's shape facts alone.
+pub fn validate_prompt_ids(info: &crate::models::ModelInfo, prompt: &[u32]) -> Result<()> {
     if prompt.is_empty() {
         return Err(Error::InvalidRequest("the prompt is empty".into()));
     }
@@ -248,5 +252,8 @@ pub fn generate(
     if let Some(t) = first_token_at {
         out.decode_s = t.elapsed().as_secs_f64();
     }
+    // A pipelined step may still be computing; don't let it outlive its caches.
+    drop(pending);
+    crate::nn::synchronize();
     Ok(out)
 }

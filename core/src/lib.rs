@@ -7,6 +7,7 @@
 
 pub mod cache;
 pub mod error;
+pub mod engine;
 pub mod generate;
 pub mod gguf;
 pub mod loading;

@@ -3,8 +3,11 @@
 //! ops exactly as mlx-lm applies them; greedy is `argmax(logprobs)` (first index on ties). The
 //! stochastic path (temperature, top-p, min-p, top-k) runs on the host over the logprobs row with
 //! a per-request RNG, so every request carries its own seed without serializing anything.
+//!
+//! Parity with mlx-lm 0.32 (`mlx_lm/sample_utils.py`) is checked by `tests/sampling.rs` against
+//! `goldens/sampling/` (greedy trajectories through the processors; filter kept-sets).
 
-use mlx_rs::ops::indexing::{argmax_axis, IndexOp, TryIndexMutOp};
+use mlx_rs::ops::indexing::{argmax_axis, IndexOp, TryIndexMutOp, TryIndexUpdateOp, UpdateMode};
 use mlx_rs::Array;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -77,6 +80,10 @@ impl SamplingParams {
                 return bad(format!("{name} must be a finite number"));
             }
         }
+        // mlx-lm slices `tokens[-context_size:]`, so 0 would silently mean "the whole history".
+        if self.penalty_context == 0 && self.has_penalties() {
+            return bad("penalty_context must be >= 1 when a repetition, presence or frequency penalty is set".into());
+        }
         for &(id, b) in &self.logit_bias {
             if id as usize >= vocab_size {
                 return bad(format!("logit_bias token id {id} is outside the vocabulary (size {vocab_size})"));
@@ -88,11 +95,14 @@ impl SamplingParams {
         Ok(())
     }
 
-    fn has_processors(&self) -> bool {
-        !self.logit_bias.is_empty()
-            || self.repetition_penalty.is_some_and(|p| p != 1.0)
+    fn has_penalties(&self) -> bool {
+        self.repetition_penalty.is_some_and(|p| p != 1.0)
             || self.presence_penalty.is_some_and(|p| p != 0.0)
             || self.frequency_penalty.is_some_and(|p| p != 0.0)
+    }
+
+    fn has_processors(&self) -> bool {
+        !self.logit_bias.is_empty() || self.has_penalties()
     }
 
     /// Greedy with nothing touching the logits: the token can be chosen on the device and the
@@ -133,7 +143,15 @@ impl Sampler {
     }
 
     /// mlx-lm's logits processors, in its order: bias, repetition, presence, frequency.
-    /// `logits`: `[1, V]`.
+    /// `logits`: `[1, V]`. Same MLX ops as mlx-lm, so the result is bit-identical:
+    /// - bias: `logits.at[:, ids].add(values)` (a scatter-add; values cast to the logits dtype;
+    ///   a repeated id accumulates),
+    /// - repetition: `sel = logits[:, ctx]; logits[:, ctx] = where(sel < 0, sel * p, sel / p)`,
+    /// - presence: `logits[:, ctx] -= p` (once per distinct id),
+    /// - frequency: `logits.at[:, ctx].subtract(p)` (once per occurrence: a scatter-add),
+    ///
+    /// where `ctx` is the last `penalty_context` observed tokens (prompt included) and scalars
+    /// are cast to the logits dtype first (MLX's weak scalar typing).
     pub fn process_logits(&self, logits: &Array) -> Result<Array> {
         let p = &self.params;
         let mut logits = logits.clone();
@@ -142,17 +160,18 @@ impl Sampler {
             let vals: Vec<f32> = p.logit_bias.iter().map(|(_, b)| *b).collect();
             let ids = Array::from_slice(&ids, &[ids.len() as i32]);
             let vals = Array::from_slice(&vals, &[vals.len() as i32]).as_dtype(logits.dtype())?;
-            let selected = logits.index((.., &ids)).add(&vals)?;
-            logits.try_index_mut((.., &ids), &selected)?;
+            logits = scatter_add(&logits, &ids, &vals)?;
         }
-        if self.recent.is_empty() {
+        if self.recent.is_empty() || !p.has_penalties() {
             return Ok(logits);
         }
         let ids: Vec<i32> = self.recent.iter().map(|&t| t as i32).collect();
         let ids = Array::from_slice(&ids, &[ids.len() as i32]);
+        let dtype = logits.dtype();
+        let scalar = |x: f32| Array::from_f32(x).as_dtype(dtype);
         if let Some(pen) = p.repetition_penalty.filter(|&x| x != 1.0) {
             let sel = logits.index((.., &ids));
-            let pen_a = Array::from_f32(pen).as_dtype(sel.dtype())?;
+            let pen_a = scalar(pen)?;
             let sel = mlx_rs::ops::select(
                 &sel.lt(Array::from_f32(0.0))?,
                 &sel.multiply(&pen_a)?,
@@ -160,11 +179,13 @@ impl Sampler {
             )?;
             logits.try_index_mut((.., &ids), &sel)?;
         }
-        for pen in [p.presence_penalty, p.frequency_penalty].into_iter().flatten() {
-            if pen != 0.0 {
-                let sel = logits.index((.., &ids)).subtract(Array::from_f32(pen).as_dtype(logits.dtype())?)?;
-                logits.try_index_mut((.., &ids), &sel)?;
-            }
+        if let Some(pen) = p.presence_penalty.filter(|&x| x != 0.0) {
+            let sel = logits.index((.., &ids)).subtract(scalar(pen)?)?;
+            logits.try_index_mut((.., &ids), &sel)?;
+        }
+        if let Some(pen) = p.frequency_penalty.filter(|&x| x != 0.0) {
+            // `.at[].subtract(p)` is scatter_add(-p): every occurrence subtracts once more.
+            logits = scatter_add(&logits, &ids, &scalar(pen)?.negative()?)?;
         }
         Ok(logits)
     }
@@ -179,50 +200,15 @@ impl Sampler {
         Ok(argmax_axis(logprobs, -1, None)?)
     }
 
-    /// Chooses a token from one row of log-probabilities on the host.
+    /// Chooses a token from one row of log-probabilities on the host: greedy at temperature 0,
+    /// else [`filter_logprobs`] then a draw from `softmax(logprobs / temperature)` over the kept
+    /// tokens with this request's RNG.
     pub fn sample_host(&mut self, logprobs: &[f32]) -> u32 {
         let p = &self.params;
         if p.temperature == 0.0 {
             return first_argmax(logprobs);
         }
-        let mut keep: Vec<bool> = logprobs.iter().map(|x| *x > f32::NEG_INFINITY).collect();
-        let mut order: Vec<usize> = (0..logprobs.len()).collect();
-        order.sort_by(|&a, &b| logprobs[a].total_cmp(&logprobs[b]));
-        if p.top_p > 0.0 && p.top_p < 1.0 {
-            // mlx-lm's apply_top_p: ascending sort; drop the tokens whose probability mass
-            // strictly above them (exclusive) already reaches top_p of the total.
-            let probs: Vec<f64> = order.iter().map(|&i| (logprobs[i] as f64).exp()).collect();
-            let total: f64 = probs.iter().sum();
-            let mut above = 0.0f64;
-            let mut mass_above = vec![0.0f64; probs.len()];
-            for k in (0..probs.len()).rev() {
-                mass_above[k] = above;
-                above += probs[k];
-            }
-            let dropped = mass_above.iter().filter(|&&m| m >= p.top_p as f64 * total).count();
-            if dropped < order.len() {
-                let threshold = logprobs[order[dropped]];
-                for (i, &lp) in logprobs.iter().enumerate() {
-                    if lp < threshold {
-                        keep[i] = false;
-                    }
-                }
-            }
-        }
-        if p.min_p > 0.0 {
-            let top = logprobs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let cut = top + p.min_p.ln();
-            for (i, &lp) in logprobs.iter().enumerate() {
-                if lp < cut {
-                    keep[i] = false;
-                }
-            }
-        }
-        if p.top_k > 0 && (p.top_k as usize) < logprobs.len() {
-            for &i in order.iter().rev().skip(p.top_k as usize) {
-                keep[i] = false;
-            }
-        }
+        let keep = filter_logprobs(logprobs, p);
         let inv_t = 1.0 / p.temperature as f64;
         let max = (0..logprobs.len())
             .filter(|&i| keep[i])
@@ -246,6 +232,74 @@ impl Sampler {
         }
         weights.iter().rposition(|w| *w > 0.0).unwrap_or(0) as u32
     }
+}
+
+/// `a.at[:, ids].add(updates)` for `a` of shape `[1, V]` (updates broadcast to `[1, len(ids)]`).
+fn scatter_add(a: &Array, ids: &Array, updates: &Array) -> Result<Array> {
+    a.try_index_update((.., ids), updates, UpdateMode::Add)
+        .map_err(|e| Error::Mlx(format!("scatter-add into the logits: {e}")))
+}
+
+/// mlx-lm's sampling filters over one row of log-probabilities, in `make_sampler`'s order
+/// (`apply_top_p` if `0 < top_p < 1`, `apply_min_p` if `min_p > 0`, `apply_top_k` if
+/// `0 < top_k < V`), returning which tokens survive (`true` = kept; `-inf` entries never are).
+/// The arithmetic follows mlx-lm's in float32:
+/// - top-p: sort ascending; `mass_above[k]` = exclusive reverse cumulative sum of `exp(sorted)`
+///   (accumulated from the top down, as MLX's scan does); `total = mass_above[0] + p[0]`;
+///   `num_dropped = #{k : mass_above[k] >= top_p * total}`; drop `logprobs < sorted[num_dropped]`.
+/// - min-p: drop `logprobs < max + f32(ln(min_p))`.
+/// - top-k: keep the k largest; among equal values at the boundary the lower index wins (so
+///   `top_k = 1` keeps exactly the greedy token; mlx-lm's argpartition leaves that choice open).
+///
+/// Because each filter keeps everything at or above some value, applying them one after another
+/// (as mlx-lm does) and intersecting them on the original row select the same set.
+pub fn filter_logprobs(logprobs: &[f32], params: &SamplingParams) -> Vec<bool> {
+    let n = logprobs.len();
+    let mut keep: Vec<bool> = logprobs.iter().map(|x| *x > f32::NEG_INFINITY).collect();
+    let top_p = params.top_p > 0.0 && params.top_p < 1.0;
+    let top_k = params.top_k > 0 && (params.top_k as usize) < n;
+    let mut order: Vec<usize> = Vec::new();
+    if top_p || top_k {
+        // Ascending by value; equal values: higher index first, so the top end of `order`
+        // prefers lower indices.
+        order = (0..n).collect();
+        order.sort_by(|&a, &b| logprobs[a].total_cmp(&logprobs[b]).then(b.cmp(&a)));
+    }
+    if top_p {
+        let probs: Vec<f32> = order.iter().map(|&i| logprobs[i].exp()).collect();
+        let mut mass_above = vec![0.0f32; n];
+        let mut acc = 0.0f32;
+        for k in (0..n).rev() {
+            mass_above[k] = acc;
+            acc += probs[k];
+        }
+        let target = params.top_p * acc;
+        let dropped = mass_above.iter().filter(|&&m| m >= target).count();
+        if dropped < n {
+            let threshold = logprobs[order[dropped]];
+            for (k, &lp) in keep.iter_mut().zip(logprobs) {
+                if lp < threshold {
+                    *k = false;
+                }
+            }
+        }
+    }
+    if params.min_p > 0.0 {
+        let top = logprobs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        // mlx-lm: `top + math.log(min_p)`, the float64 log rounded to float32.
+        let cut = top + (params.min_p as f64).ln() as f32;
+        for (k, &lp) in keep.iter_mut().zip(logprobs) {
+            if lp < cut {
+                *k = false;
+            }
+        }
+    }
+    if top_k {
+        for &i in order.iter().rev().skip(params.top_k as usize) {
+            keep[i] = false;
+        }
+    }
+    keep
 }
 
 /// Index of the largest value, the first one on ties (as MLX's argmax).

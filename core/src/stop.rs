@@ -48,13 +48,13 @@ impl StopMatcher {
 }
 
 /// Token ids → streamed UTF-8 text (whole characters only) → stop-string matching.
-pub struct TextStream<'t> {
-    decoder: Option<StreamDecoder<'t>>,
+pub struct TextStream {
+    decoder: Option<StreamDecoder>,
     stops: StopMatcher,
 }
 
-impl<'t> TextStream<'t> {
-    pub fn new(tokenizer: Option<&'t Tokenizer>, stops: StopMatcher) -> Self {
+impl TextStream {
+    pub fn new(tokenizer: Option<&Tokenizer>, stops: StopMatcher) -> Self {
         TextStream { decoder: tokenizer.map(|t| t.stream_decoder()), stops }
     }
 

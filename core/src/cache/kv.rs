@@ -5,12 +5,12 @@ use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
 use mlx_rs::ops::{concatenate, zeros_dtype};
 use mlx_rs::Array;
 
-use super::{causal_mask, AttentionMask, KvCache, RopeOffset};
+use super::{causal_mask, AttentionMask, BatchKvCache, KvCache, RopeOffset};
 use crate::Result;
 
 const STEP: i32 = 256;
 
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct KvCacheSingle {
     keys: Option<Array>,
     values: Option<Array>,
@@ -28,11 +28,10 @@ impl KvCacheSingle {
         Some((k.index((.., .., ..self.offset, ..)), v.index((.., .., ..self.offset, ..))))
     }
 
-    /// Drops the last `n` positions (the storage is kept and overwritten later).
-    pub fn trim(&mut self, n: usize) -> usize {
-        let n = (n as i32).min(self.offset);
-        self.offset -= n;
-        n as usize
+    /// A cache holding exactly these `[B, H, len, D]` keys and values.
+    pub fn from_keys_values(keys: Array, values: Array) -> Self {
+        let offset = keys.dim(2);
+        KvCacheSingle { keys: Some(keys), values: Some(values), offset }
     }
 }
 
@@ -95,5 +94,24 @@ impl KvCache for KvCacheSingle {
 
     fn state(&self) -> Vec<Array> {
         self.keys.iter().chain(self.values.iter()).cloned().collect()
+    }
+
+    fn into_batched(self: Box<Self>) -> Result<Box<dyn KvCache>> {
+        Ok(Box::new(BatchKvCache::from_single(*self)?))
+    }
+
+    /// Drops the last `n` positions (the storage is kept and overwritten later).
+    fn trim(&mut self, n: usize) -> usize {
+        let n = (n as i32).min(self.offset);
+        self.offset -= n;
+        n as usize
+    }
+
+    fn duplicate(&self) -> Box<dyn KvCache> {
+        Box::new(self.clone())
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any> {
+        self
     }
 }

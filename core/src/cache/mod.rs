@@ -2,13 +2,17 @@
 //! offset (a scalar for one sequence, a per-row array for a left-padded batch), the attention
 //! mask, and storage for the step's keys and values.
 
+mod batch_kv;
 mod kv;
 
+pub use batch_kv::BatchKvCache;
 pub use kv::KvCacheSingle;
+
+use std::any::Any;
 
 use mlx_rs::Array;
 
-use crate::Result;
+use crate::{Error, Result};
 
 /// Position of the first new token, for RoPE.
 #[derive(Debug, Clone)]
@@ -45,6 +49,37 @@ pub trait KvCache: Send {
     fn nbytes(&self) -> usize;
     /// Arrays to evaluate so the cache is materialized (after a prefill chunk).
     fn state(&self) -> Vec<Array>;
+
+    // --- batch surgery: single-sequence caches convert into one-row batches, batched caches
+    // --- join, drop and hand back rows. Defaults say the operation does not apply.
+
+    /// Rows held (1 for single-sequence caches).
+    fn rows(&self) -> usize {
+        1
+    }
+    /// This single-sequence cache as a one-row batched cache.
+    fn into_batched(self: Box<Self>) -> Result<Box<dyn KvCache>> {
+        Err(Error::Unsupported("this cache cannot join a batch".into()))
+    }
+    /// Appends the rows of `other` (a batched cache of the same kind) after this one's.
+    fn extend_rows(&mut self, _other: Box<dyn KvCache>) -> Result<()> {
+        Err(Error::Unsupported("this cache is not batched".into()))
+    }
+    /// Keeps only rows `keep` (in that order).
+    fn filter_rows(&mut self, _keep: &[usize]) -> Result<()> {
+        Err(Error::Unsupported("this cache is not batched".into()))
+    }
+    /// Row `row` as a single-sequence cache.
+    fn extract_row(&self, _row: usize) -> Result<Box<dyn KvCache>> {
+        Err(Error::Unsupported("this cache is not batched".into()))
+    }
+    /// Drops the last `n` positions; returns how many were dropped.
+    fn trim(&mut self, _n: usize) -> usize {
+        0
+    }
+    /// A copy that shares storage (arrays are immutable; writes replace them).
+    fn duplicate(&self) -> Box<dyn KvCache>;
+    fn into_any(self: Box<Self>) -> Box<dyn Any>;
 }
 
 /// mlx-lm's `create_causal_mask`: `mask[i, j] = j <= offset + i` (∧ `offset + i - j < window`).

@@ -27,6 +27,8 @@ pub fn load(path: &Path) -> Result<LoadedModel> {
         .ok_or_else(|| Error::ModelLoad("GGUF has no general.architecture".into()))?
         .to_string();
     let mut config = config_from_metadata(&header, &arch)?;
+    check_tensor_extents(&header, path)?;
+    check_tensor_names(&header, &arch, config["num_hidden_layers"].as_u64().unwrap_or(0))?;
 
     let file = mlx_rs::io::GgufFile::load(path)
         .map_err(|e| Error::ModelLoad(format!("reading GGUF tensors from {}: {e}", path.display())))?;
@@ -143,6 +145,97 @@ fn config_from_metadata(h: &GgufHeader, arch: &str) -> Result<serde_json::Value>
         cfg["max_position_embeddings"] = json!(ctx);
     }
     Ok(cfg)
+}
+
+/// Every tensor's data must lie inside the file (a truncated download otherwise reads past the
+/// end), and quantized rows must be whole 32-element blocks.
+fn check_tensor_extents(h: &GgufHeader, path: &Path) -> Result<()> {
+    let file_len = std::fs::metadata(path).map_err(|e| Error::io(path, e))?.len();
+    for t in &h.tensors {
+        // (elements per block, bytes per block) of the types check_supported_tensor_types allows.
+        let (block, block_bytes) = match t.type_name() {
+            "F32" => (1, 4),
+            "F16" => (1, 2),
+            "Q4_0" => (32, 18),
+            "Q4_1" => (32, 20),
+            "Q8_0" => (32, 34),
+            other => return Err(Error::Unsupported(format!("GGUF tensor '{}' has type {other}", t.name))),
+        };
+        let row = t.dims.first().copied().unwrap_or(1);
+        if row % block != 0 {
+            return Err(Error::ModelLoad(format!(
+                "GGUF tensor '{}' ({}) has rows of {row} elements, not whole {block}-element blocks",
+                t.name,
+                t.type_name()
+            )));
+        }
+        let end = t
+            .dims
+            .iter()
+            .try_fold(1u64, |n, &d| n.checked_mul(d))
+            .and_then(|n| (n / block).checked_mul(block_bytes))
+            .and_then(|bytes| h.data_offset.checked_add(t.offset)?.checked_add(bytes));
+        match end {
+            Some(end) if end <= file_len => {}
+            _ => {
+                return Err(Error::ModelLoad(format!(
+                    "{}: GGUF tensor '{}' extends past the end of the file ({file_len} bytes); \
+                     the file is truncated or corrupt",
+                    path.display(),
+                    t.name
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks the tensor table by GGUF names (MLX splits quantized tensors into weight / scales /
+/// biases, and model building knows only Hugging Face names): every tensor maps to a module of a
+/// block below `layers`, and every tensor `arch` requires is there. `output.weight` is optional
+/// (tied embeddings).
+fn check_tensor_names(h: &GgufHeader, arch: &str, layers: u64) -> Result<()> {
+    for t in &h.tensors {
+        let (base, _) = split_suffix(&t.name);
+        if hf_module_name(base).is_none() {
+            return Err(Error::Unsupported(format!("GGUF tensor '{}' has no known mapping for {arch}", t.name)));
+        }
+        let block = base.strip_prefix("blk.").and_then(|r| r.split('.').next()?.parse::<u64>().ok());
+        if block.is_some_and(|b| b >= layers) {
+            return Err(Error::ModelLoad(format!(
+                "GGUF tensor '{}' belongs to a block beyond {arch}.block_count = {layers}",
+                t.name
+            )));
+        }
+    }
+    let mut per_block = vec![
+        "attn_norm.weight",
+        "attn_q.weight",
+        "attn_k.weight",
+        "attn_v.weight",
+        "attn_output.weight",
+        "ffn_norm.weight",
+        "ffn_gate.weight",
+        "ffn_up.weight",
+        "ffn_down.weight",
+    ];
+    match arch {
+        "qwen2" => per_block.extend(["attn_q.bias", "attn_k.bias", "attn_v.bias"]),
+        "qwen3" => per_block.extend(["attn_q_norm.weight", "attn_k_norm.weight"]),
+        _ => {}
+    }
+    let present: std::collections::HashSet<&str> = h.tensors.iter().map(|t| t.name.as_str()).collect();
+    let required = ["token_embd.weight".to_string(), "output_norm.weight".to_string()]
+        .into_iter()
+        .chain((0..layers).flat_map(|i| per_block.iter().map(move |p| format!("blk.{i}.{p}"))));
+    for name in required {
+        if !present.contains(name.as_str()) {
+            return Err(Error::ModelLoad(format!(
+                "GGUF is missing tensor '{name}' (required for {arch} with {layers} blocks)"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// `blk.3.attn_q.weight` → (`blk.3.attn_q`, `weight`).

@@ -58,6 +58,16 @@ pub fn sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: &AttentionMask) -
     })
 }
 
+/// Waits for all work queued on the default stream. Needed before tearing down state that
+/// asynchronous evaluations may still be computing (e.g. an unread pipelined step at exit):
+/// MLX's worker must not outlive what it writes into.
+pub fn synchronize() {
+    // SAFETY: no arguments; only blocks until the default stream is idle.
+    unsafe {
+        mlx_sys::mlx_synchronize_default();
+    }
+}
+
 /// The logits of the last position: `[B, L, V] -> [B, V]`.
 pub fn last_position(logits: &Array) -> Result<Array> {
     let l = logits.dim(1);

@@ -11,6 +11,8 @@
 //! concatenate to the decoding of the whole sequence whenever it is valid UTF-8 (and, with
 //! byte-level BPE, always).
 
+use std::sync::Arc;
+
 use super::Tokenizer;
 use crate::{Error, Result};
 
@@ -18,8 +20,9 @@ const REPLACEMENT: char = '\u{FFFD}';
 
 /// Turns a stream of token ids into text chunks; see the module docs.
 #[derive(Debug, Clone)]
-pub struct StreamDecoder<'t> {
-    tokenizer: &'t tokenizers::Tokenizer,
+pub struct StreamDecoder {
+    /// Shared, so a decoder can live as long as the request it serves.
+    tokenizer: Arc<tokenizers::Tokenizer>,
     skip_special_tokens: bool,
     /// The context tokens (`..context_len`, already emitted) then the pending ones.
     window: Vec<u32>,
@@ -28,11 +31,11 @@ pub struct StreamDecoder<'t> {
     context_text: String,
 }
 
-impl<'t> StreamDecoder<'t> {
+impl StreamDecoder {
     /// `skip_special_tokens` as in [`Tokenizer::decode`].
-    pub fn new(tokenizer: &'t Tokenizer, skip_special_tokens: bool) -> Self {
+    pub fn new(tokenizer: &Tokenizer, skip_special_tokens: bool) -> Self {
         Self {
-            tokenizer: tokenizer.inner(),
+            tokenizer: tokenizer.shared_inner(),
             skip_special_tokens,
             window: Vec::new(),
             context_len: 0,

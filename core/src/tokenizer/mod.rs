@@ -144,7 +144,7 @@ impl Tokenizer {
 
     /// A decoder for streaming generated ids as text, keeping special tokens like
     /// `decode(ids, false)`; see [`StreamDecoder`] (and [`StreamDecoder::new`] to skip them).
-    pub fn stream_decoder(&self) -> StreamDecoder<'_> {
+    pub fn stream_decoder(&self) -> StreamDecoder {
         StreamDecoder::new(self, false)
     }
 
@@ -198,6 +198,10 @@ impl Tokenizer {
     }
 
     /// The underlying `tokenizers` tokenizer, e.g. to save it as `tokenizer.json`.
+    pub(crate) fn shared_inner(&self) -> Arc<tokenizers::Tokenizer> {
+        Arc::clone(&self.inner)
+    }
+
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
     }

@@ -1,0 +1,208 @@
+//! The batched full-attention KV cache (mlx-lm `BatchKVCache` semantics). Rows are left-padded
+//! so they share one column index `idx`: row `b` holds real keys in columns
+//! `left_padding[b]..idx`, its RoPE position is `idx - left_padding[b]`, and the mask is
+//! causal ∧ `key >= left_padding[b]`.
+
+use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
+use mlx_rs::ops::{concatenate, zeros_dtype};
+use mlx_rs::Array;
+
+use super::{AttentionMask, KvCache, KvCacheSingle, RopeOffset};
+use crate::{Error, Result};
+
+const STEP: i32 = 256;
+
+pub struct BatchKvCache {
+    /// `[B, H, capacity, D]`; columns `idx..` are free.
+    keys: Option<Array>,
+    values: Option<Array>,
+    left_padding: Vec<i32>,
+    idx: i32,
+}
+
+impl BatchKvCache {
+    /// A one-row batch holding a single sequence's cache.
+    pub fn from_single(single: KvCacheSingle) -> Result<Self> {
+        match single.keys_values() {
+            Some((k, v)) => {
+                let idx = k.dim(2);
+                Ok(BatchKvCache { keys: Some(k), values: Some(v), left_padding: vec![0], idx })
+            }
+            None => Ok(BatchKvCache { keys: None, values: None, left_padding: vec![0], idx: 0 }),
+        }
+    }
+
+    pub fn left_padding(&self) -> &[i32] {
+        &self.left_padding
+    }
+
+    /// Pads `[B, H, T, D]` with zero columns: `left` before, up to `width` columns in total.
+    fn pad_columns(a: &Array, left: i32, width: i32) -> Result<Array> {
+        let (b, h, t, d) = (a.dim(0), a.dim(1), a.dim(2), a.dim(3));
+        let mut parts = Vec::new();
+        if left > 0 {
+            parts.push(zeros_dtype(&[b, h, left, d], a.dtype())?);
+        }
+        parts.push(a.clone());
+        let right = width - left - t;
+        if right > 0 {
+            parts.push(zeros_dtype(&[b, h, right, d], a.dtype())?);
+        }
+        Ok(if parts.len() == 1 { parts.pop().unwrap() } else { concatenate(&parts, 2)? })
+    }
+}
+
+impl KvCache for BatchKvCache {
+    fn rope_offset(&self) -> RopeOffset {
+        let offsets: Vec<i32> = self.left_padding.iter().map(|lp| self.idx - lp).collect();
+        RopeOffset::PerRow(Array::from_slice(&offsets, &[offsets.len() as i32]))
+    }
+
+    fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
+        let prev = self.idx;
+        let new = keys.dim(2);
+        let capacity = self.keys.as_ref().map_or(0, |k| k.dim(2));
+        if self.keys.is_none() || prev + new > capacity {
+            let (b, h, dk, dv) = (keys.dim(0), keys.dim(1), keys.dim(3), values.dim(3));
+            let n_steps = (STEP + new - 1) / STEP;
+            let new_k = zeros_dtype(&[b, h, n_steps * STEP, dk], keys.dtype())?;
+            let new_v = zeros_dtype(&[b, h, n_steps * STEP, dv], values.dtype())?;
+            match (self.keys.take(), self.values.take()) {
+                (Some(mut k), Some(mut v)) => {
+                    if prev % STEP != 0 {
+                        k = k.index((.., .., ..prev, ..));
+                        v = v.index((.., .., ..prev, ..));
+                    }
+                    self.keys = Some(concatenate(&[k, new_k], 2)?);
+                    self.values = Some(concatenate(&[v, new_v], 2)?);
+                }
+                _ => {
+                    self.keys = Some(new_k);
+                    self.values = Some(new_v);
+                }
+            }
+        }
+        self.idx += new;
+        let (k, v) = (self.keys.as_mut().unwrap(), self.values.as_mut().unwrap());
+        k.try_index_mut((.., .., prev..self.idx, ..), keys)?;
+        v.try_index_mut((.., .., prev..self.idx, ..), values)?;
+        Ok((k.index((.., .., ..self.idx, ..)), v.index((.., .., ..self.idx, ..))))
+    }
+
+    /// `mask[b, 0, i, j] = j <= idx + i ∧ j >= left_padding[b]` (∧ `idx + i - j < window`).
+    fn make_mask(&self, n: i32, window: Option<i32>) -> Result<AttentionMask> {
+        let total = self.idx + n;
+        let rows = self.left_padding.len() as i32;
+        let cols = Array::from_iter(0..total, &[1, 1, 1, total]);
+        let queries = Array::from_iter(self.idx..total, &[1, 1, n, 1]);
+        let lp = Array::from_slice(&self.left_padding, &[rows, 1, 1, 1]);
+        let mut mask = queries.ge(&cols)?.logical_and(&lp.le(&cols)?)?;
+        if let Some(w) = window {
+            mask = mask.logical_and(&queries.lt(&cols.add(Array::from_int(w))?)?)?;
+        }
+        Ok(AttentionMask::Array(mask))
+    }
+
+    fn len(&self) -> usize {
+        self.idx as usize
+    }
+
+    fn nbytes(&self) -> usize {
+        self.keys.as_ref().map_or(0, |k| k.nbytes()) + self.values.as_ref().map_or(0, |v| v.nbytes())
+    }
+
+    fn state(&self) -> Vec<Array> {
+        self.keys.iter().chain(self.values.iter()).cloned().collect()
+    }
+
+    fn rows(&self) -> usize {
+        self.left_padding.len()
+    }
+
+    /// Right-aligns both batches to the larger column index (left-padding the shorter).
+    fn extend_rows(&mut self, other: Box<dyn KvCache>) -> Result<()> {
+        let other = other
+            .into_any()
+            .downcast::<BatchKvCache>()
+            .map_err(|_| Error::Unsupported("joining caches of different kinds".into()))?;
+        let max_idx = self.idx.max(other.idx);
+        let pad = |c: &BatchKvCache| -> Result<Option<(Array, Array, Vec<i32>)>> {
+            let left = max_idx - c.idx;
+            let lp: Vec<i32> = c.left_padding.iter().map(|p| p + left).collect();
+            Ok(match (&c.keys, &c.values) {
+                (Some(k), Some(v)) => {
+                    let k = k.index((.., .., ..c.idx, ..));
+                    let v = v.index((.., .., ..c.idx, ..));
+                    Some((Self::pad_columns(&k, left, max_idx)?, Self::pad_columns(&v, left, max_idx)?, lp))
+                }
+                _ => None,
+            })
+        };
+        match (pad(self)?, pad(&other)?) {
+            (Some((k1, v1, lp1)), Some((k2, v2, lp2))) => {
+                self.keys = Some(concatenate(&[k1, k2], 0)?);
+                self.values = Some(concatenate(&[v1, v2], 0)?);
+                self.left_padding = lp1.into_iter().chain(lp2).collect();
+            }
+            _ if self.idx == 0 && other.idx == 0 => {
+                self.left_padding.extend(other.left_padding.iter().copied());
+            }
+            _ => return Err(Error::Unsupported("joining an empty cache to a filled batch".into())),
+        }
+        self.idx = max_idx;
+        Ok(())
+    }
+
+    /// Keeps `keep` rows, then drops the left-padding columns every remaining row shares.
+    fn filter_rows(&mut self, keep: &[usize]) -> Result<()> {
+        let idx: Vec<i32> = keep.iter().map(|&i| i as i32).collect();
+        let idx_arr = Array::from_slice(&idx, &[idx.len() as i32]);
+        self.left_padding = keep.iter().map(|&i| self.left_padding[i]).collect();
+        if let (Some(k), Some(v)) = (&self.keys, &self.values) {
+            self.keys = Some(k.take_axis(&idx_arr, 0)?);
+            self.values = Some(v.take_axis(&idx_arr, 0)?);
+        }
+        let shared = self.left_padding.iter().copied().min().unwrap_or(0);
+        if shared > 0 {
+            if let (Some(k), Some(v)) = (&self.keys, &self.values) {
+                self.keys = Some(k.index((.., .., shared.., ..)));
+                self.values = Some(v.index((.., .., shared.., ..)));
+            }
+            self.idx -= shared;
+            for p in &mut self.left_padding {
+                *p -= shared;
+            }
+        }
+        Ok(())
+    }
+
+    fn extract_row(&self, row: usize) -> Result<Box<dyn KvCache>> {
+        let lp = self.left_padding[row];
+        let r = row as i32;
+        let (Some(k), Some(v)) = (&self.keys, &self.values) else {
+            return Ok(Box::new(KvCacheSingle::new()));
+        };
+        let k = k.index((r..r + 1, .., lp..self.idx, ..)).contiguous()?;
+        let v = v.index((r..r + 1, .., lp..self.idx, ..)).contiguous()?;
+        Ok(Box::new(KvCacheSingle::from_keys_values(k, v)))
+    }
+
+    fn trim(&mut self, n: usize) -> usize {
+        let n = (n as i32).min(self.idx);
+        self.idx -= n;
+        n as usize
+    }
+
+    fn duplicate(&self) -> Box<dyn KvCache> {
+        Box::new(BatchKvCache {
+            keys: self.keys.clone(),
+            values: self.values.clone(),
+            left_padding: self.left_padding.clone(),
+            idx: self.idx,
+        })
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any> {
+        self
+    }
+}

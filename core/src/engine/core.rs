@@ -1,0 +1,103 @@
+//! The engine's single-threaded loop body: admission (policy) then execution.
+
+use super::executor::Executor;
+use super::scheduler::{projected_kv_bytes, Load, Scheduler};
+use super::{EngineConfig, EngineStats, Event, RequestId, Submission};
+use crate::loading::LoadedModel;
+
+pub struct EngineCore {
+    scheduler: Scheduler,
+    executor: Executor,
+}
+
+impl EngineCore {
+    pub fn new(model: LoadedModel, config: EngineConfig) -> Self {
+        let executor = Executor::new(model.model, model.tokenizer, config.prefill_step_size, config.prompt_cache_bytes);
+        EngineCore { scheduler: Scheduler::new(config), executor }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        self.scheduler.config()
+    }
+
+    pub fn model_info(&self) -> &crate::models::ModelInfo {
+        self.executor.model().info()
+    }
+
+    pub fn enqueue(&mut self, sub: Submission) {
+        self.scheduler.push(sub);
+    }
+
+    /// Nothing queued, prefilling or decoding.
+    pub fn is_idle(&self) -> bool {
+        self.scheduler.waiting() == 0 && self.executor.prefilling() == 0 && self.executor.decoding() == 0
+    }
+
+    /// Decode steps run so far.
+    pub fn decode_steps(&self) -> u64 {
+        self.executor.decode_steps
+    }
+
+    pub fn cancel(&mut self, id: RequestId) {
+        if let Some(sub) = self.scheduler.remove(id) {
+            let mut sink = sub.sink;
+            let usage = super::Usage { prompt_tokens: sub.prompt.len(), ..Default::default() };
+            sink(&Event::Done {
+                finish_reason: crate::generate::FinishReason::Cancelled,
+                usage,
+                first_logits: Vec::new(),
+            });
+            self.executor.finished += 1;
+            return;
+        }
+        self.executor.cancel(id);
+    }
+
+    pub fn cancel_all(&mut self) {
+        let queued: Vec<RequestId> = self.scheduler.drain().map(|s| {
+            let id = s.id;
+            let mut sink = s.sink;
+            sink(&Event::Done {
+                finish_reason: crate::generate::FinishReason::Cancelled,
+                usage: super::Usage { prompt_tokens: s.prompt.len(), ..Default::default() },
+                first_logits: Vec::new(),
+            });
+            id
+        }).collect();
+        self.executor.finished += queued.len() as u64;
+        self.executor.cancel_all();
+    }
+
+    /// One scheduling iteration: admit what fits, run one prefill chunk (so decoding rows stall
+    /// at most one chunk), then one decode step of the running batch.
+    pub fn iterate(&mut self) {
+        let load = Load {
+            decoding: self.executor.decoding(),
+            prefilling: self.executor.prefilling(),
+            projected_kv_bytes: self.executor.projected_kv_bytes(),
+        };
+        let info = self.executor.model().info().clone();
+        for sub in self.scheduler.admit(&info, load) {
+            let need = projected_kv_bytes(&info, sub.prompt.len(), sub.request.max_tokens);
+            self.executor.admit(sub, need);
+        }
+        self.executor.prefill_step();
+        self.executor.decode_step();
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        EngineStats {
+            active_rows: self.executor.decoding(),
+            queued_rows: self.scheduler.waiting(),
+            prefilling_rows: self.executor.prefilling(),
+            kv_bytes_in_use: self.executor.kv_bytes_in_use(),
+            kv_budget_bytes: self.config().kv_budget_bytes,
+            prompt_cache_bytes: self.executor.prompt_cache.bytes(),
+            prompt_cache_entries: self.executor.prompt_cache.len(),
+            prompt_cache_hits: self.executor.prompt_cache.hits,
+            tokens_generated: self.executor.tokens_generated,
+            decode_steps: self.executor.decode_steps,
+            requests_finished: self.executor.finished,
+        }
+    }
+}

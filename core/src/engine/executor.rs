@@ -1,0 +1,541 @@
+//! MLX execution for the engine: rows prefill alone in chunks (their own single-sequence
+//! caches, exactly mlx-lm's single-sequence numerics), produce their first token from the last
+//! prompt token, then join the running batch (`into_batched` + `extend_rows`). The batch decodes
+//! one token per row per step; finished rows leave through `filter_rows`.
+//!
+//! Pipelining: when every row is plain greedy, step n+1 is built from step n's unread token
+//! array and evaluated asynchronously before step n's tokens are read. Joins append rows after
+//! the in-flight ones and evictions filter the in-flight array too, so neither needs a flush; a
+//! row with host-side sampling makes the step synchronous.
+
+use std::collections::VecDeque;
+
+use mlx_rs::ops::concatenate;
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::transforms::{async_eval, eval};
+use mlx_rs::{Array, Dtype};
+
+use super::prompt_cache::PromptCache;
+use super::{Event, RequestId, Sink, Submission, Usage};
+use crate::cache::KvCache;
+use crate::generate::{as_f32_slice, prefill, FinishReason};
+use crate::models::LanguageModel;
+use crate::nn::last_position;
+use crate::sampling::{first_argmax, Sampler};
+use crate::stop::{StopMatcher, TextStream};
+use crate::tokenizer::Tokenizer;
+use crate::{Error, Result};
+
+/// One request from admission to its final event.
+pub(super) struct Row {
+    pub id: RequestId,
+    prompt: Vec<u32>,
+    generated: Vec<u32>,
+    max_tokens: usize,
+    stop_token_ids: Vec<u32>,
+    sampler: Sampler,
+    text: TextStream,
+    sink: Sink,
+    cached_tokens: usize,
+    capture_first_logits: usize,
+    first_logits: Vec<f32>,
+    pub projected_kv_bytes: u64,
+    /// The last token, not yet forwarded (host-known rows only; in-flight rows have it on device).
+    next_input: Option<u32>,
+    finish: Option<FinishReason>,
+    /// The stop token that ended the row, if one did.
+    end_token: Option<u32>,
+    stopped_by_string: bool,
+}
+
+impl Row {
+    fn emit(&mut self, ev: Event) -> bool {
+        (self.sink)(&ev)
+    }
+
+    /// Applies a sampled token: stop checks, text streaming, the consumer's verdict.
+    fn accept(&mut self, token: u32, context_left: usize) -> Result<()> {
+        if self.stop_token_ids.contains(&token) {
+            self.finish = Some(FinishReason::Stop);
+            self.end_token = Some(token);
+            return Ok(());
+        }
+        self.generated.push(token);
+        self.sampler.observe(&[token]);
+        self.next_input = Some(token);
+        let (mut text, hit_stop) = self.text.push(token)?;
+        if hit_stop {
+            self.stopped_by_string = true;
+            self.finish = Some(FinishReason::Stop);
+        } else if self.generated.len() >= self.max_tokens || context_left == 0 {
+            self.finish = Some(FinishReason::Length);
+            // The last token carries whatever text was still held back.
+            text.push_str(&self.text.finish()?);
+        }
+        if !self.emit(Event::Token { token_id: token, text }) {
+            self.finish = Some(FinishReason::Cancelled);
+        }
+        Ok(())
+    }
+
+    /// Sends the final `Done`. When a stop token ended the row, text still held back (a
+    /// possible stop-string prefix, an incomplete character) goes out first in a last `Token`
+    /// event carrying that stop token's id, which is not counted as a completion token.
+    fn finish(mut self, reason: FinishReason) {
+        if let (FinishReason::Stop, Some(end)) = (reason, self.end_token) {
+            if let Ok(rest) = self.text.finish() {
+                if !rest.is_empty() {
+                    self.emit(Event::Token { token_id: end, text: rest });
+                }
+            }
+        }
+        let usage = Usage {
+            prompt_tokens: self.prompt.len(),
+            completion_tokens: self.generated.len(),
+            cached_tokens: self.cached_tokens,
+        };
+        let first_logits = std::mem::take(&mut self.first_logits);
+        self.emit(Event::Done { finish_reason: reason, usage, first_logits });
+    }
+
+    fn fail(mut self, message: String) {
+        self.emit(Event::Error { message });
+    }
+
+    /// The tokens whose KV a cache of `len` positions holds for this row.
+    fn cached_sequence(&self, len: usize) -> Vec<u32> {
+        self.prompt.iter().chain(&self.generated).take(len).copied().collect()
+    }
+}
+
+struct Prefilling {
+    row: Row,
+    caches: Vec<Box<dyn KvCache>>,
+    /// Prompt positions already in `caches`.
+    done: usize,
+}
+
+/// Tokens of a decode step still being computed, for the first `rows` rows of the batch.
+struct InFlight {
+    tokens: Array,
+    rows: usize,
+}
+
+pub(super) struct Executor {
+    model: Box<dyn LanguageModel>,
+    tokenizer: Option<Tokenizer>,
+    prefill_step_size: usize,
+    prefilling: VecDeque<Prefilling>,
+    rows: Vec<Row>,
+    /// Per-layer batched caches of `rows` (None when no row is decoding).
+    batch: Option<Vec<Box<dyn KvCache>>>,
+    in_flight: Option<InFlight>,
+    pub prompt_cache: PromptCache,
+    pub decode_steps: u64,
+    pub tokens_generated: u64,
+    pub finished: u64,
+}
+
+impl Executor {
+    pub fn new(
+        model: Box<dyn LanguageModel>,
+        tokenizer: Option<Tokenizer>,
+        prefill_step_size: usize,
+        prompt_cache_bytes: u64,
+    ) -> Self {
+        Executor {
+            model,
+            tokenizer,
+            prefill_step_size,
+            prefilling: VecDeque::new(),
+            rows: Vec::new(),
+            batch: None,
+            in_flight: None,
+            prompt_cache: PromptCache::new(prompt_cache_bytes),
+            decode_steps: 0,
+            tokens_generated: 0,
+            finished: 0,
+        }
+    }
+
+    pub fn model(&self) -> &dyn LanguageModel {
+        self.model.as_ref()
+    }
+
+    pub fn decoding(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn prefilling(&self) -> usize {
+        self.prefilling.len()
+    }
+
+    pub fn projected_kv_bytes(&self) -> u64 {
+        self.rows.iter().map(|r| r.projected_kv_bytes).sum::<u64>()
+            + self.prefilling.iter().map(|p| p.row.projected_kv_bytes).sum::<u64>()
+    }
+
+    pub fn kv_bytes_in_use(&self) -> u64 {
+        let batch: usize = self.batch.iter().flatten().map(|c| c.nbytes()).sum();
+        let solo: usize = self.prefilling.iter().flat_map(|p| &p.caches).map(|c| c.nbytes()).sum();
+        (batch + solo) as u64
+    }
+
+    /// Starts a request: reuses a cached prefix if there is one, then queues its prefill.
+    pub fn admit(&mut self, sub: Submission, projected_kv_bytes: u64) {
+        let Submission { id, prompt, request, stop_token_ids, sink } = sub;
+        let mut sampler = Sampler::new(request.sampling.clone());
+        sampler.observe(&prompt);
+        let row = Row {
+            id,
+            generated: Vec::new(),
+            max_tokens: request.max_tokens,
+            stop_token_ids,
+            sampler,
+            text: TextStream::new(self.tokenizer.as_ref(), StopMatcher::new(&request.stop)),
+            sink,
+            cached_tokens: 0,
+            capture_first_logits: request.capture_first_logits,
+            first_logits: Vec::new(),
+            projected_kv_bytes,
+            next_input: None,
+            finish: None,
+            end_token: None,
+            stopped_by_string: false,
+            prompt,
+        };
+        let reuse = if self.prompt_cache.enabled() {
+            self.prompt_cache.lookup(&row.prompt, row.prompt.len() - 1)
+        } else {
+            None
+        };
+        let (caches, done) = match reuse {
+            Some((caches, n)) => (caches, n),
+            None => (self.model.make_caches(), 0),
+        };
+        let mut p = Prefilling { row, caches, done };
+        p.row.cached_tokens = done;
+        self.prefilling.push_back(p);
+    }
+
+    /// Cancels a request that is prefilling or decoding. Returns false if it is not here.
+    pub fn cancel(&mut self, id: RequestId) -> bool {
+        if let Some(pos) = self.prefilling.iter().position(|p| p.row.id == id) {
+            let p = self.prefilling.remove(pos).unwrap();
+            self.finished += 1;
+            p.row.finish(FinishReason::Cancelled);
+            return true;
+        }
+        if let Some(pos) = self.rows.iter().position(|r| r.id == id) {
+            self.rows[pos].finish = Some(FinishReason::Cancelled);
+            if let Err(e) = self.evict_finished() {
+                self.fail_batch(&e);
+            }
+            return true;
+        }
+        false
+    }
+
+    pub fn cancel_all(&mut self) {
+        let ids: Vec<RequestId> =
+            self.prefilling.iter().map(|p| p.row.id).chain(self.rows.iter().map(|r| r.id)).collect();
+        for id in ids {
+            self.cancel(id);
+        }
+    }
+
+    /// Runs one prefill chunk of the oldest prefilling row; when its prompt is in, produces its
+    /// first token and moves it into the batch (or finishes it).
+    pub fn prefill_step(&mut self) {
+        let Some(mut p) = self.prefilling.pop_front() else { return };
+        let target = p.row.prompt.len() - 1;
+        if p.done < target {
+            let end = (p.done + self.prefill_step_size).min(target);
+            match prefill(self.model.as_ref(), &mut p.caches, &p.row.prompt[p.done..end], end - p.done) {
+                Ok(()) => p.done = end,
+                Err(e) => {
+                    self.finished += 1;
+                    p.row.fail(format!("prefill failed: {e}"));
+                    return;
+                }
+            }
+            if p.done < target {
+                self.prefilling.push_front(p);
+                return;
+            }
+        }
+        // Errors were already reported to the row (and the batch) inside.
+        let _ = self.first_token(p);
+    }
+
+    /// Forwards the last prompt token alone (mlx-lm's convention), samples the first token and
+    /// joins the batch.
+    fn first_token(&mut self, mut p: Prefilling) -> Result<()> {
+        let last = *p.row.prompt.last().unwrap();
+        let result = (|| -> Result<(u32, Array)> {
+            let input = Array::from_slice(&[last], &[1, 1]);
+            let logits = last_position(&self.model.forward(&input, &mut p.caches)?)?;
+            let lp = Sampler::logprobs(&p.row.sampler.process_logits(&logits)?)?.as_dtype(Dtype::Float32)?;
+            eval([&lp])?;
+            Ok((p.row.sampler.sample_host(as_f32_slice(&lp)?), logits))
+        })();
+        let (token, logits) = match result {
+            Ok(x) => x,
+            Err(e) => {
+                self.finished += 1;
+                p.row.fail(format!("generation failed: {e}"));
+                return Err(e);
+            }
+        };
+        if p.row.capture_first_logits > 0 {
+            if let Ok(row) = logits.as_dtype(Dtype::Float32) {
+                if row.eval().is_ok() {
+                    if let Ok(v) = as_f32_slice(&row) {
+                        p.row.first_logits = v[..p.row.capture_first_logits.min(v.len())].to_vec();
+                    }
+                }
+            }
+        }
+        let context_left = self.context_left(&p.row);
+        self.tokens_generated += 1;
+        if let Err(e) = p.row.accept(token, context_left) {
+            self.finished += 1;
+            p.row.fail(e.to_string());
+            return Err(e);
+        }
+        if let Some(reason) = p.row.finish {
+            self.save_prompt_cache(&p.row, p.caches);
+            self.finished += 1;
+            p.row.finish(reason);
+            return Ok(());
+        }
+        // Join: this row's cache becomes one more row of the batch.
+        let joined = (|| -> Result<Vec<Box<dyn KvCache>>> {
+            p.caches.into_iter().map(|c| c.into_batched()).collect()
+        })();
+        let row_caches = match joined {
+            Ok(c) => c,
+            Err(e) => {
+                self.finished += 1;
+                p.row.fail(e.to_string());
+                return Err(e);
+            }
+        };
+        let merged = match self.batch.take() {
+            None => Ok(row_caches),
+            Some(mut batch) => batch
+                .iter_mut()
+                .zip(row_caches)
+                .try_for_each(|(b, r)| b.extend_rows(r))
+                .map(|_| batch),
+        };
+        match merged {
+            Ok(batch) => {
+                self.batch = Some(batch);
+                self.rows.push(p.row);
+                Ok(())
+            }
+            Err(e) => {
+                self.finished += 1;
+                p.row.fail(e.to_string());
+                self.fail_batch(&e);
+                Err(e)
+            }
+        }
+    }
+
+    fn context_left(&self, row: &Row) -> usize {
+        match self.model.info().max_position_embeddings {
+            Some(ctx) => ctx.saturating_sub(row.prompt.len() + row.generated.len() + 1),
+            None => usize::MAX,
+        }
+    }
+
+    /// One batched decode step.
+    pub fn decode_step(&mut self) {
+        if self.rows.is_empty() {
+            return;
+        }
+        if let Err(e) = self.try_decode_step() {
+            self.fail_batch(&e);
+        }
+    }
+
+    fn try_decode_step(&mut self) -> Result<()> {
+        let pipelined = self.rows.iter().all(|r| r.sampler.params().is_plain_greedy());
+        if !pipelined {
+            self.read_in_flight()?;
+            if self.rows.is_empty() {
+                return Ok(());
+            }
+        }
+        let inputs = self.step_inputs()?;
+        let batch = self.batch.as_mut().ok_or_else(|| Error::Mlx("decoding rows without a batch cache".into()))?;
+        let logits = last_position(&self.model.forward(&inputs, batch)?)?;
+        self.decode_steps += 1;
+        for r in &mut self.rows {
+            r.next_input = None;
+        }
+        if pipelined {
+            let next = Sampler::argmax(&Sampler::logprobs(&logits)?)?;
+            async_eval([&next])?;
+            let previous = self.in_flight.replace(InFlight { tokens: next, rows: self.rows.len() });
+            if let Some(prev) = previous {
+                self.deliver(&prev)?;
+            }
+        } else {
+            let mut chosen = Vec::with_capacity(self.rows.len());
+            let lps: Vec<Array> = self
+                .rows
+                .iter()
+                .enumerate()
+                .map(|(b, r)| {
+                    let row_logits = logits.index(b as i32..b as i32 + 1);
+                    Sampler::logprobs(&r.sampler.process_logits(&row_logits)?)?.as_dtype(Dtype::Float32).map_err(Error::from)
+                })
+                .collect::<Result<_>>()?;
+            eval(&lps)?;
+            for (r, lp) in self.rows.iter_mut().zip(&lps) {
+                let v = as_f32_slice(lp)?;
+                chosen.push(if r.sampler.params().temperature == 0.0 { first_argmax(v) } else { r.sampler.sample_host(v) });
+            }
+            for (b, token) in chosen.into_iter().enumerate() {
+                let left = self.context_left(&self.rows[b]);
+                self.tokens_generated += 1;
+                self.rows[b].accept(token, left)?;
+            }
+            self.evict_finished()?;
+        }
+        Ok(())
+    }
+
+    /// `[B, 1]` inputs: the in-flight tokens (on device) for the rows they cover, then the
+    /// host-known last tokens of rows that joined after.
+    fn step_inputs(&self) -> Result<Array> {
+        let covered = self.in_flight.as_ref().map_or(0, |f| f.rows);
+        let host: Vec<u32> = self.rows[covered..]
+            .iter()
+            .map(|r| r.next_input.ok_or_else(|| Error::Mlx("a decoding row has no input token".into())))
+            .collect::<Result<_>>()?;
+        let host = Array::from_slice(&host, &[host.len() as i32]);
+        let tokens = match &self.in_flight {
+            Some(f) if host.size() == 0 => f.tokens.clone(),
+            Some(f) => concatenate(&[f.tokens.clone(), host], 0)?,
+            None => host,
+        };
+        Ok(tokens.reshape(&[-1, 1])?)
+    }
+
+    /// Reads an in-flight step's tokens and hands them to their rows.
+    fn deliver(&mut self, flight: &InFlight) -> Result<()> {
+        flight.tokens.eval()?;
+        let tokens = flight
+            .tokens
+            .try_as_slice::<u32>()
+            .map_err(|e| Error::Mlx(format!("reading tokens: {e}")))?
+            .to_vec();
+        for (b, token) in tokens.into_iter().enumerate().take(flight.rows) {
+            if self.rows[b].finish.is_some() {
+                continue;
+            }
+            let left = self.context_left(&self.rows[b]);
+            self.tokens_generated += 1;
+            self.rows[b].accept(token, left)?;
+        }
+        self.evict_finished()
+    }
+
+    /// Reads the pending step (if any) so every row's last token is known on the host.
+    fn read_in_flight(&mut self) -> Result<()> {
+        if let Some(f) = self.in_flight.take() {
+            self.deliver(&f)?;
+            // The rows it covered now hold their input on the host (set by `accept`).
+        }
+        Ok(())
+    }
+
+    /// Removes finished rows from the batch (caches and in-flight tokens), saving their KV to
+    /// the prompt cache and sending their final events.
+    fn evict_finished(&mut self) -> Result<()> {
+        if self.rows.iter().all(|r| r.finish.is_none()) {
+            return Ok(());
+        }
+        let keep: Vec<usize> = (0..self.rows.len()).filter(|&i| self.rows[i].finish.is_none()).collect();
+        if self.prompt_cache.enabled() {
+            for i in 0..self.rows.len() {
+                if self.rows[i].finish.is_some() {
+                    if let Some(batch) = &self.batch {
+                        let caches: Result<Vec<_>> = batch.iter().map(|c| c.extract_row(i)).collect();
+                        if let Ok(caches) = caches {
+                            let len = caches.first().map_or(0, |c| c.len());
+                            let tokens = self.rows[i].cached_sequence(len);
+                            self.prompt_cache.insert(tokens, caches);
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(f) = self.in_flight.as_mut() {
+            let kept: Vec<u32> = keep.iter().filter(|&&i| i < f.rows).map(|&i| i as u32).collect();
+            if kept.is_empty() {
+                self.in_flight = None;
+            } else {
+                let idx = Array::from_slice(&kept, &[kept.len() as i32]);
+                f.tokens = f.tokens.take_axis(&idx, 0)?;
+                f.rows = kept.len();
+            }
+        }
+        let rows = std::mem::take(&mut self.rows);
+        let mut finished = Vec::new();
+        for r in rows {
+            if r.finish.is_some() {
+                finished.push(r);
+            } else {
+                self.rows.push(r);
+            }
+        }
+        if self.rows.is_empty() {
+            self.batch = None;
+            self.in_flight = None;
+        } else if let Some(batch) = self.batch.as_mut() {
+            for c in batch.iter_mut() {
+                c.filter_rows(&keep)?;
+            }
+        }
+        for r in finished {
+            let reason = r.finish.unwrap();
+            self.finished += 1;
+            r.finish(reason);
+        }
+        Ok(())
+    }
+
+    /// A failed batched step fails every row in it (each gets an error event); the engine
+    /// keeps serving the queue.
+    fn fail_batch(&mut self, e: &Error) {
+        self.batch = None;
+        self.in_flight = None;
+        for r in std::mem::take(&mut self.rows) {
+            self.finished += 1;
+            match r.finish {
+                Some(reason) => r.finish(reason),
+                None => r.fail(format!("generation failed: {e}")),
+            }
+        }
+    }
+
+    fn save_prompt_cache(&mut self, row: &Row, caches: Vec<Box<dyn KvCache>>) {
+        if self.prompt_cache.enabled() {
+            let len = caches.first().map_or(0, |c| c.len());
+            self.prompt_cache.insert(row.cached_sequence(len), caches);
+        }
+    }
+}
+
+impl Drop for Executor {
+    fn drop(&mut self) {
+        // An unread pipelined step may still be computing into the batch caches.
+        self.in_flight = None;
+        crate::nn::synchronize();
+    }
+}

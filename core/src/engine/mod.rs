@@ -1,0 +1,346 @@
+//! The continuous-batching engine.
+//!
+//! - [`Engine`]: the thread-safe handle apps use. One driver thread owns the model and MLX;
+//!   requests cross into it through a channel and events leave through per-request sinks.
+//! - [`EngineCore`]: the single-threaded heart (scheduler + executor), also driven directly by
+//!   tools that need step-exact control (`weft replay`).
+//! - [`scheduler`]: policy (queue, admission by rows / prompt concurrency / KV budget).
+//! - [`executor`]: MLX execution (solo chunked prefill, join, batched decode, evict).
+//! - [`prompt_cache`]: reuse of KV for shared token prefixes.
+
+mod core;
+mod executor;
+mod prompt_cache;
+mod scheduler;
+
+pub use self::core::EngineCore;
+pub use prompt_cache::PromptCache;
+pub use scheduler::Scheduler;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use parking_lot::Mutex;
+
+use crate::generate::FinishReason;
+use crate::loading::LoadedModel;
+use crate::models::ModelInfo;
+use crate::sampling::SamplingParams;
+use crate::tokenizer::{ChatMessage, Tokenizer};
+use crate::{Error, Result};
+
+pub type RequestId = u64;
+
+/// What to generate from.
+#[derive(Debug, Clone)]
+pub enum Input {
+    /// Raw text, tokenized as-is (special tokens added per the tokenizer's config).
+    Prompt(String),
+    /// A conversation rendered with the model's chat template (generation prompt added).
+    Messages(Vec<ChatMessage>),
+    /// Token ids.
+    Tokens(Vec<u32>),
+}
+
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub input: Input,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Stop strings (cut from the output).
+    pub stop: Vec<String>,
+    /// Do not stop at the model's end-of-sequence tokens.
+    pub ignore_eos: bool,
+    /// Report this many leading raw logits of the first step in `Done` (parity tooling).
+    pub capture_first_logits: usize,
+}
+
+impl Request {
+    pub fn new(input: Input) -> Self {
+        Request {
+            input,
+            max_tokens: 256,
+            sampling: SamplingParams::default(),
+            stop: Vec::new(),
+            ignore_eos: false,
+            capture_first_logits: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Prompt tokens whose KV came from the prompt cache instead of being prefilled.
+    pub cached_tokens: usize,
+}
+
+/// A request's stream: tokens, then exactly one `Done` or `Error`.
+#[derive(Debug, Clone)]
+pub enum Event {
+    Token { token_id: u32, text: String },
+    Done { finish_reason: FinishReason, usage: Usage, first_logits: Vec<f32> },
+    Error { message: String },
+}
+
+impl Event {
+    pub fn is_final(&self) -> bool {
+        !matches!(self, Event::Token { .. })
+    }
+}
+
+/// Receives a request's events on the engine's driver thread. Returning `false` means the
+/// consumer is gone or failed: the request is cancelled (its row alone is evicted).
+pub type Sink = Box<dyn FnMut(&Event) -> bool + Send>;
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Rows decoding together (mlx_lm.server's `--decode-concurrency`).
+    pub max_batch: usize,
+    /// Requests admitted to prefill at once.
+    pub prompt_concurrency: usize,
+    /// Prompt tokens per prefill chunk; decode steps interleave between chunks.
+    pub prefill_step_size: usize,
+    /// Projected KV bytes (prompt + max_tokens) allowed across admitted rows; `None` = no limit.
+    pub kv_budget_bytes: Option<u64>,
+    /// Bytes of finished rows' KV kept for prefix reuse; 0 disables the prompt cache.
+    pub prompt_cache_bytes: u64,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            max_batch: 8,
+            prompt_concurrency: 8,
+            prefill_step_size: 2048,
+            kv_budget_bytes: None,
+            prompt_cache_bytes: 0,
+        }
+    }
+}
+
+impl EngineConfig {
+    pub fn validate(&self) -> Result<()> {
+        if self.max_batch == 0 || self.prompt_concurrency == 0 || self.prefill_step_size == 0 {
+            return Err(Error::InvalidRequest(
+                "max_batch, prompt_concurrency and prefill_step_size must be at least 1".into(),
+            ));
+        }
+        if self.kv_budget_bytes == Some(0) {
+            return Err(Error::InvalidRequest("kv_budget_bytes must be positive when set".into()));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct EngineStats {
+    pub active_rows: usize,
+    pub queued_rows: usize,
+    pub prefilling_rows: usize,
+    pub kv_bytes_in_use: u64,
+    pub kv_budget_bytes: Option<u64>,
+    pub prompt_cache_bytes: u64,
+    pub prompt_cache_entries: usize,
+    pub prompt_cache_hits: u64,
+    pub tokens_generated: u64,
+    pub decode_steps: u64,
+    pub requests_finished: u64,
+}
+
+/// A validated, tokenized request ready for the core.
+pub struct Submission {
+    pub id: RequestId,
+    pub prompt: Vec<u32>,
+    pub request: Request,
+    pub stop_token_ids: Vec<u32>,
+    pub sink: Sink,
+}
+
+enum Command {
+    Submit(Submission),
+    Cancel(RequestId),
+    Shutdown,
+}
+
+/// Thread-safe handle to a running engine. Dropping it cancels outstanding requests (each gets
+/// its final event) and joins the driver thread.
+pub struct Engine {
+    tx: Sender<Command>,
+    stats: Arc<Mutex<EngineStats>>,
+    driver: Option<JoinHandle<()>>,
+    tokenizer: Option<Tokenizer>,
+    info: ModelInfo,
+    eos_token_ids: Vec<u32>,
+    config: EngineConfig,
+    next_id: AtomicU64,
+}
+
+impl Engine {
+    pub fn start(model: LoadedModel, config: EngineConfig) -> Result<Engine> {
+        config.validate()?;
+        let stats = Arc::new(Mutex::new(EngineStats {
+            kv_budget_bytes: config.kv_budget_bytes,
+            ..EngineStats::default()
+        }));
+        let (tx, rx) = mpsc::channel();
+        let tokenizer = model.tokenizer.clone();
+        let info = model.model.info().clone();
+        let eos_token_ids = model.eos_token_ids.clone();
+        let core_config = config.clone();
+        let shared_stats = Arc::clone(&stats);
+        let driver = std::thread::Builder::new()
+            .name("weft-engine".into())
+            .spawn(move || drive(EngineCore::new(model, core_config), rx, shared_stats))
+            .map_err(|e| Error::Mlx(format!("cannot start the engine thread: {e}")))?;
+        Ok(Engine {
+            tx,
+            stats,
+            driver: Some(driver),
+            tokenizer,
+            info,
+            eos_token_ids,
+            config,
+            next_id: AtomicU64::new(1),
+        })
+    }
+
+    pub fn tokenizer(&self) -> Option<&Tokenizer> {
+        self.tokenizer.as_ref()
+    }
+
+    pub fn model_info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Validates and tokenizes `request` on the caller's thread (so bad requests fail here,
+    /// synchronously), then queues it. Events go to `sink` on the engine thread.
+    pub fn submit(&self, request: Request, sink: Sink) -> Result<RequestId> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let sub = prepare(id, request, sink, self.tokenizer.as_ref(), &self.info, &self.eos_token_ids, &self.config)?;
+        self.tx
+            .send(Command::Submit(sub))
+            .map_err(|_| Error::InvalidRequest("the engine has shut down".into()))?;
+        Ok(id)
+    }
+
+    /// Like [`Engine::submit`], delivering events through a channel. Dropping the receiver
+    /// cancels the request.
+    pub fn submit_channel(&self, request: Request) -> Result<(RequestId, Receiver<Event>)> {
+        let (tx, rx) = mpsc::channel();
+        let id = self.submit(request, Box::new(move |ev: &Event| tx.send(ev.clone()).is_ok()))?;
+        Ok((id, rx))
+    }
+
+    /// Cancels a queued, prefilling or decoding request; its sink gets `Done(cancelled)`.
+    /// Unknown or finished ids are ignored.
+    pub fn cancel(&self, id: RequestId) {
+        let _ = self.tx.send(Command::Cancel(id));
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        self.stats.lock().clone()
+    }
+
+    /// Cancels everything outstanding, delivers final events and joins the driver thread.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        let _ = self.tx.send(Command::Shutdown);
+        if let Some(driver) = self.driver.take() {
+            let _ = driver.join();
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Turns a request into token ids and checks it against the model and the engine's limits.
+pub fn prepare(
+    id: RequestId,
+    request: Request,
+    sink: Sink,
+    tokenizer: Option<&Tokenizer>,
+    info: &ModelInfo,
+    eos_token_ids: &[u32],
+    config: &EngineConfig,
+) -> Result<Submission> {
+    let need_tokenizer = || {
+        tokenizer.ok_or_else(|| Error::InvalidRequest("this model has no tokenizer; send token ids".into()))
+    };
+    let prompt = match &request.input {
+        Input::Tokens(ids) => ids.clone(),
+        Input::Prompt(text) => need_tokenizer()?.encode(text, true)?,
+        Input::Messages(messages) => need_tokenizer()?.apply_chat_template(messages, true)?,
+    };
+    if request.max_tokens == 0 {
+        return Err(Error::InvalidRequest("max_tokens must be at least 1".into()));
+    }
+    if !request.stop.is_empty() && tokenizer.is_none() {
+        return Err(Error::InvalidRequest("stop strings need a model with a tokenizer".into()));
+    }
+    crate::generate::validate_prompt_ids(info, &prompt)?;
+    request.sampling.validate(info.vocab_size as usize)?;
+    if let Some(budget) = config.kv_budget_bytes {
+        let need = scheduler::projected_kv_bytes(info, prompt.len(), request.max_tokens);
+        if need > budget {
+            return Err(Error::InvalidRequest(format!(
+                "this request needs {need} bytes of KV cache ({} prompt + {} max tokens), more than the \
+                 engine's whole KV budget of {budget} bytes",
+                prompt.len(),
+                request.max_tokens
+            )));
+        }
+    }
+    let stop_token_ids = if request.ignore_eos { Vec::new() } else { eos_token_ids.to_vec() };
+    Ok(Submission { id, prompt, request, stop_token_ids, sink })
+}
+
+fn drive(mut core: EngineCore, rx: Receiver<Command>, stats: Arc<Mutex<EngineStats>>) {
+    let mut shutting_down = false;
+    loop {
+        // Block only when there is nothing to compute.
+        let first = if core.is_idle() && !shutting_down {
+            match rx.recv() {
+                Ok(c) => Some(c),
+                Err(_) => break,
+            }
+        } else {
+            None
+        };
+        for cmd in first.into_iter().chain(std::iter::from_fn(|| rx.try_recv().ok())) {
+            match cmd {
+                Command::Submit(sub) => {
+                    if shutting_down {
+                        let mut sink = sub.sink;
+                        sink(&Event::Error { message: "the engine is shutting down".into() });
+                    } else {
+                        core.enqueue(sub);
+                    }
+                }
+                Command::Cancel(id) => core.cancel(id),
+                Command::Shutdown => shutting_down = true,
+            }
+        }
+        if shutting_down {
+            core.cancel_all();
+            *stats.lock() = core.stats();
+            break;
+        }
+        core.iterate();
+        *stats.lock() = core.stats();
+    }
+}

@@ -1,0 +1,95 @@
+//! Byte-capped LRU of per-layer KV caches keyed by the token prefix they hold. A new request
+//! reuses the longest cached prefix of its prompt and prefills only the rest; reuse is exact
+//! because chunked prefill is (mlx-lm's goldens show chunk boundaries don't change logits).
+
+use crate::cache::KvCache;
+
+struct Entry {
+    tokens: Vec<u32>,
+    caches: Vec<Box<dyn KvCache>>,
+    bytes: u64,
+    last_used: u64,
+}
+
+pub struct PromptCache {
+    capacity_bytes: u64,
+    entries: Vec<Entry>,
+    bytes: u64,
+    clock: u64,
+    pub hits: u64,
+}
+
+impl PromptCache {
+    pub fn new(capacity_bytes: u64) -> Self {
+        PromptCache { capacity_bytes, entries: Vec::new(), bytes: 0, clock: 0, hits: 0 }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.capacity_bytes > 0
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Stores caches holding KV for exactly `tokens`. An entry whose tokens are a prefix of
+    /// these is replaced; entries are evicted least-recently-used first to stay under the cap.
+    pub fn insert(&mut self, tokens: Vec<u32>, caches: Vec<Box<dyn KvCache>>) {
+        if !self.enabled() || tokens.is_empty() {
+            return;
+        }
+        let bytes: u64 = caches.iter().map(|c| (c.nbytes()) as u64).sum();
+        if bytes > self.capacity_bytes {
+            return;
+        }
+        let before = self.entries.len();
+        self.entries.retain(|e| !tokens.starts_with(&e.tokens));
+        if self.entries.len() != before {
+            self.bytes = self.entries.iter().map(|e| e.bytes).sum();
+        }
+        self.clock += 1;
+        self.bytes += bytes;
+        self.entries.push(Entry { tokens, caches, bytes, last_used: self.clock });
+        while self.bytes > self.capacity_bytes {
+            let lru = (0..self.entries.len()).min_by_key(|&i| self.entries[i].last_used).unwrap();
+            let e = self.entries.swap_remove(lru);
+            self.bytes -= e.bytes;
+        }
+    }
+
+    /// Copies of the caches for the longest cached prefix of `prompt` not longer than
+    /// `max_len`, trimmed to the shared length; `None` when nothing useful is cached.
+    pub fn lookup(&mut self, prompt: &[u32], max_len: usize) -> Option<(Vec<Box<dyn KvCache>>, usize)> {
+        let (best, shared) = self
+            .entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (i, common_prefix(&e.tokens, prompt).min(max_len)))
+            .max_by_key(|&(_, n)| n)?;
+        if shared == 0 {
+            return None;
+        }
+        self.clock += 1;
+        self.hits += 1;
+        let entry = &mut self.entries[best];
+        entry.last_used = self.clock;
+        let mut caches: Vec<Box<dyn KvCache>> = entry.caches.iter().map(|c| c.duplicate()).collect();
+        let extra = entry.tokens.len() - shared;
+        for c in &mut caches {
+            c.trim(extra);
+        }
+        Some((caches, shared))
+    }
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
