@@ -7,6 +7,8 @@
 //! - Scales, biases and unquantized float tensors are cast to float32: on CPU, fp16 quantized
 //!   matmuls are ~50x slower than fp32.
 //! - `output.weight` absent → tied embeddings.
+//! - Before MLX reads any tensor data, the tensor table is checked by GGUF names: supported types,
+//!   data inside the file (truncated downloads), every name mapped, every required tensor present.
 
 use std::collections::HashMap;
 use std::path::Path;

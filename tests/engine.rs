@@ -1,0 +1,519 @@
+//! The continuous-batching engine against mlx-lm: batch_generate and BatchGenerator schedules
+//! token-exact, first-step logits equal to single-sequence, prefix reuse exact, cancellation
+//! and failures contained to their rows, KV-budget admission, and a bounded stress run.
+
+mod support;
+
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use support::*;
+use weft::engine::{prepare, Engine, EngineConfig, EngineCore, Event, Input, Request, Usage};
+use weft::generate::{generate, FinishReason, GenerateOptions};
+use weft::loading::{self, LoadedModel};
+use weft::sampling::SamplingParams;
+
+const BATCHED_MODELS: &[&str] = &["llama-fp32", "llama-bf16", "llama-4bit", "qwen3"];
+
+fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
+    Request {
+        input: Input::Tokens(prompt),
+        max_tokens,
+        sampling: SamplingParams::greedy(),
+        stop: Vec::new(),
+        ignore_eos: true,
+        capture_first_logits: 0,
+    }
+}
+
+#[derive(Debug, Default, Clone)]
+struct Outcome {
+    tokens: Vec<u32>,
+    finish: Option<FinishReason>,
+    usage: Usage,
+    first_logits: Vec<f32>,
+    error: Option<String>,
+    finals: usize,
+}
+
+/// Drains a request's channel until its final event (bounded wait: a hang fails the test).
+fn collect(rx: &Receiver<Event>) -> Outcome {
+    let mut o = Outcome::default();
+    loop {
+        let ev = rx.recv_timeout(Duration::from_secs(120)).expect("no final event within 120 s");
+        match ev {
+            Event::Token { token_id, .. } => o.tokens.push(token_id),
+            Event::Done { finish_reason, usage, first_logits } => {
+                o.finish = Some(finish_reason);
+                o.usage = usage;
+                o.first_logits = first_logits;
+                o.tokens.truncate(usage.completion_tokens);
+                o.finals += 1;
+                return o;
+            }
+            Event::Error { message } => {
+                o.error = Some(message);
+                o.finals += 1;
+                return o;
+            }
+        }
+    }
+}
+
+/// Stats are published after each engine iteration; wait (bounded) for them to settle.
+fn settled_stats(engine: &Engine, done: impl Fn(&weft::engine::EngineStats) -> bool) -> weft::engine::EngineStats {
+    for _ in 0..200 {
+        let s = engine.stats();
+        if done(&s) {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    engine.stats()
+}
+
+fn start(name: &str, config: EngineConfig) -> Engine {
+    Engine::start(loading::load(&tiny_model_dir(name)).unwrap(), config).unwrap()
+}
+
+#[test]
+fn batch_generate_goldens_match_with_single_sequence_first_logits() {
+    for name in BATCHED_MODELS {
+        let g = golden(name);
+        let single = loading::load(&tiny_model_dir(name)).unwrap();
+        let vocab = single.model.info().vocab_size as usize;
+        let engine = start(name, EngineConfig::default());
+        for batch in g["batch"].as_array().unwrap() {
+            let rows = batch["rows"].as_array().unwrap();
+            let streams: Vec<_> = rows
+                .iter()
+                .map(|r| {
+                    let mut req = greedy(ids(&r["prompt_ids"]), r["max_tokens"].as_u64().unwrap() as usize);
+                    req.capture_first_logits = vocab;
+                    engine.submit_channel(req).unwrap().1
+                })
+                .collect();
+            for (r, rx) in rows.iter().zip(&streams) {
+                let out = collect(rx);
+                assert_eq!(out.tokens, ids(&r["tokens"]), "{name}: batch of {}", rows.len());
+                assert_eq!(out.finish, Some(FinishReason::Length));
+                // First-step logits equal the single-sequence ones (within 1e-5; bit-equal here).
+                let opts = GenerateOptions { max_tokens: 1, capture_first_logits: vocab, ..Default::default() };
+                let solo = generate(single.model.as_ref(), None, &ids(&r["prompt_ids"]), &opts, |_| true).unwrap();
+                let worst = solo.first_logits.iter().zip(&out.first_logits).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+                assert_eq!(out.first_logits.len(), vocab);
+                assert!(worst <= 1e-5, "{name}: first logits differ by {worst}");
+            }
+        }
+    }
+}
+
+/// Drives a `BatchGenerator`-style schedule step by step: row `at_step` k is submitted just
+/// before the engine's k-th decode step.
+fn replay(model: LoadedModel, schedule: &Value, max_batch: usize) -> Vec<Outcome> {
+    let prefill = schedule["prefill_step_size"].as_u64().unwrap() as usize;
+    let config = EngineConfig { max_batch, prompt_concurrency: max_batch, prefill_step_size: prefill, ..Default::default() };
+    let info = model.model.info().clone();
+    let mut core = EngineCore::new(model, config.clone());
+    let rows = schedule["rows"].as_array().unwrap();
+    let mut pending: Vec<(u64, usize)> = rows.iter().enumerate().map(|(i, r)| (r["at_step"].as_u64().unwrap(), i)).collect();
+    pending.sort();
+    let outs: Vec<Arc<Mutex<Outcome>>> = rows.iter().map(|_| Arc::default()).collect();
+    let mut next = 0;
+    let mut guard = 0;
+    loop {
+        while next < pending.len() && (pending[next].0 <= core.decode_steps() || core.is_idle()) {
+            let i = pending[next].1;
+            let r = &rows[i];
+            let out = Arc::clone(&outs[i]);
+            let sink = Box::new(move |ev: &Event| {
+                let mut o = out.lock().unwrap();
+                match ev {
+                    Event::Token { token_id, .. } => o.tokens.push(*token_id),
+                    Event::Done { finish_reason, usage, .. } => {
+                        o.finish = Some(*finish_reason);
+                        o.tokens.truncate(usage.completion_tokens);
+                        o.finals += 1;
+                    }
+                    Event::Error { message } => {
+                        o.error = Some(message.clone());
+                        o.finals += 1;
+                    }
+                }
+                true
+            });
+            let req = greedy(ids(&r["prompt_ids"]), r["max_tokens"].as_u64().unwrap() as usize);
+            core.enqueue(prepare(i as u64 + 1, req, sink, None, &info, &[], &config).unwrap());
+            next += 1;
+        }
+        if next == pending.len() && core.is_idle() {
+            break;
+        }
+        core.iterate();
+        guard += 1;
+        assert!(guard < 10_000, "schedule did not finish");
+    }
+    outs.iter().map(|o| o.lock().unwrap().clone()).collect()
+}
+
+#[test]
+fn continuous_schedules_match_batch_generator() {
+    for name in BATCHED_MODELS {
+        let g = golden(name);
+        for key in ["schedule", "schedule_chunked"] {
+            let schedule = &g[key];
+            let outs = replay(loading::load(&tiny_model_dir(name)).unwrap(), schedule, 8);
+            for (r, out) in schedule["rows"].as_array().unwrap().iter().zip(&outs) {
+                assert_eq!(out.finals, 1, "{name}/{key}: exactly one final event");
+                assert_eq!(out.tokens, ids(&r["tokens"]), "{name}/{key}: row {}", r["id"]);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_row_cap_smaller_than_the_schedule_queues_without_changing_tokens() {
+    let g = golden("llama-fp32");
+    let outs = replay(loading::load(&tiny_model_dir("llama-fp32")).unwrap(), &g["schedule"], 2);
+    for (r, out) in g["schedule"]["rows"].as_array().unwrap().iter().zip(&outs) {
+        assert_eq!(out.tokens, ids(&r["tokens"]));
+    }
+}
+
+#[test]
+fn prefix_reuse_continues_exactly_like_never_batching() {
+    // A row's KV is extracted from the batch into the prompt cache when it finishes; a second
+    // request whose prompt extends that row's prompt + output reuses it and must continue the
+    // single-sequence golden trajectory exactly.
+    let g = golden("llama-fp32");
+    let case = &g["single"][2];
+    let prompt = ids(&case["prompt_ids"]);
+    let want = ids(&case["tokens"]);
+    let engine = start("llama-fp32", EngineConfig { prompt_cache_bytes: 64 << 20, ..Default::default() });
+    // Run it inside a batch with a companion so the extract comes from a multi-row cache.
+    let (_, companion) = engine.submit_channel(greedy(ids(&g["single"][3]["prompt_ids"]), 12)).unwrap();
+    let (_, first) = engine.submit_channel(greedy(prompt.clone(), 8)).unwrap();
+    let a = collect(&first);
+    collect(&companion);
+    assert_eq!(a.tokens, want[..8]);
+
+    let mut extended = prompt.clone();
+    extended.extend_from_slice(&want[..8]);
+    let (_, second) = engine.submit_channel(greedy(extended, 8)).unwrap();
+    let b = collect(&second);
+    assert!(b.usage.cached_tokens > prompt.len(), "cached {} of {}", b.usage.cached_tokens, prompt.len() + 8);
+    assert_eq!(b.tokens, want[8..16]);
+    let stats = settled_stats(&engine, |s| s.prompt_cache_hits >= 1);
+    assert!(stats.prompt_cache_hits >= 1 && stats.prompt_cache_bytes > 0, "{stats:?}");
+}
+
+#[test]
+fn cancelling_rows_leaves_the_others_unchanged() {
+    let g = golden("qwen3");
+    let engine = start("qwen3", EngineConfig::default());
+    let cases: Vec<&Value> = g["single"].as_array().unwrap().iter().take(4).collect();
+    // Row 1's consumer gives up after 3 tokens (sink returns false); row 2 is cancelled by id.
+    let mut streams = Vec::new();
+    for (i, c) in cases.iter().enumerate() {
+        let req = greedy(ids(&c["prompt_ids"]), 24);
+        if i == 1 {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let mut seen = 0;
+            engine
+                .submit(req, Box::new(move |ev: &Event| {
+                    if matches!(ev, Event::Token { .. }) {
+                        seen += 1;
+                    }
+                    let _ = tx.send(ev.clone());
+                    seen < 3 || ev.is_final()
+                }))
+                .unwrap();
+            streams.push((0, rx));
+        } else {
+            streams.push(engine.submit_channel(req).unwrap());
+        }
+    }
+    let victim = streams[2].0;
+    let first = streams[2].1.recv_timeout(Duration::from_secs(60)).unwrap();
+    assert!(matches!(first, Event::Token { .. }));
+    engine.cancel(victim);
+    for (i, ((_, rx), c)) in streams.iter().zip(&cases).enumerate() {
+        let out = collect(rx);
+        assert_eq!(out.finals, 1);
+        let want = ids(&c["tokens"]);
+        match i {
+            1 | 2 => {
+                assert_eq!(out.finish, Some(FinishReason::Cancelled), "row {i}");
+                assert!(out.tokens.len() < want.len() && want.starts_with(&out.tokens), "row {i}");
+            }
+            _ => assert_eq!(out.tokens, want, "row {i}"),
+        }
+    }
+    assert_eq!(settled_stats(&engine, |s| s.active_rows == 0).active_rows, 0);
+}
+
+#[test]
+fn dropping_a_receiver_cancels_its_row_only() {
+    let g = golden("llama-bf16");
+    let engine = start("llama-bf16", EngineConfig::default());
+    let keep = engine.submit_channel(greedy(ids(&g["single"][1]["prompt_ids"]), 24)).unwrap();
+    let gone = engine.submit_channel(greedy(ids(&g["single"][2]["prompt_ids"]), 24)).unwrap();
+    drop(gone.1);
+    assert_eq!(collect(&keep.1).tokens, ids(&g["single"][1]["tokens"]));
+}
+
+#[test]
+fn kv_budget_admission_waits_fifo_and_rejects_what_never_fits() {
+    let loaded = loading::load(&tiny_model_dir("llama-fp32")).unwrap();
+    let per_token = loaded.model.info().kv_bytes_per_token() as u64;
+    // Room for one 10-token-prompt, 10-token request at a time.
+    let budget = per_token * 20;
+    let engine = Engine::start(loaded, EngineConfig { kv_budget_bytes: Some(budget), ..Default::default() }).unwrap();
+
+    let too_big = engine.submit_channel(greedy(vec![1; 15], 10)).unwrap_err().to_string();
+    assert!(too_big.contains(&format!("needs {} bytes", per_token * 25)), "{too_big}");
+
+    let g = golden("llama-fp32");
+    let prompts: Vec<Vec<u32>> =
+        (0..3).map(|i| ids(&g["single"][1]["prompt_ids"]).into_iter().map(|t| (t + i) % 512).collect()).collect();
+    // One log of (request, is_final) in the order the engine emitted them.
+    let log: Arc<Mutex<Vec<(usize, bool)>>> = Arc::default();
+    let streams: Vec<_> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let log = Arc::clone(&log);
+            let sink = Box::new(move |ev: &Event| {
+                log.lock().unwrap().push((i, ev.is_final()));
+                tx.send(ev.clone()).is_ok()
+            });
+            engine.submit(greedy(p.clone(), 10), sink).unwrap();
+            rx
+        })
+        .collect();
+    let outs: Vec<Outcome> = streams.iter().map(collect).collect();
+    // Each request ran alone: its final event precedes the next request's first token.
+    let log = log.lock().unwrap();
+    for i in 0..2 {
+        let done = log.iter().position(|&(r, fin)| r == i && fin).unwrap();
+        let next_first = log.iter().position(|&(r, _)| r == i + 1).unwrap();
+        assert!(done < next_first, "request {} started before request {i} finished", i + 1);
+    }
+    let single = loading::load(&tiny_model_dir("llama-fp32")).unwrap();
+    for (p, out) in prompts.iter().zip(&outs) {
+        let opts = GenerateOptions { max_tokens: 10, ..Default::default() };
+        let solo = generate(single.model.as_ref(), None, p, &opts, |_| true).unwrap();
+        assert_eq!(out.tokens, solo.tokens);
+    }
+}
+
+#[test]
+fn seeded_sampling_is_the_same_inside_a_batch_and_alone() {
+    let engine = start("llama-fp32", EngineConfig::default());
+    let sampled = |seed| Request {
+        sampling: SamplingParams { temperature: 0.9, top_p: 0.95, seed: Some(seed), ..Default::default() },
+        ..greedy(vec![3, 14, 15, 92, 65], 16)
+    };
+    let alone = collect(&engine.submit_channel(sampled(7)).unwrap().1);
+    let others: Vec<_> = (0..3).map(|i| engine.submit_channel(greedy(vec![i + 1, 2, 3], 16)).unwrap().1).collect();
+    let batched = collect(&engine.submit_channel(sampled(7)).unwrap().1);
+    for rx in &others {
+        collect(rx);
+    }
+    assert_eq!(alone.tokens, batched.tokens);
+    let other_seed = collect(&engine.submit_channel(sampled(8)).unwrap().1);
+    assert_ne!(alone.tokens, other_seed.tokens, "different seeds should diverge over 16 tokens");
+}
+
+#[test]
+fn bad_requests_fail_at_submit_with_clear_errors() {
+    let engine = start("llama-fp32", EngineConfig::default());
+    let err = |r: Request| engine.submit_channel(r).unwrap_err().to_string();
+    assert!(err(greedy(vec![], 4)).contains("empty"));
+    assert!(err(greedy(vec![1, 100_000], 4)).contains("outside the vocabulary"));
+    assert!(err(greedy(vec![1], 0)).contains("max_tokens"));
+    assert!(err(Request::new(Input::Prompt("hi".into()))).contains("no tokenizer"));
+    let bad_temp = Request { sampling: SamplingParams { temperature: f32::NAN, ..Default::default() }, ..greedy(vec![1], 4) };
+    assert!(err(bad_temp).contains("temperature"));
+    assert!(EngineConfig { max_batch: 0, ..Default::default() }.validate().is_err());
+}
+
+#[test]
+fn shutdown_cancels_outstanding_requests_with_final_events() {
+    let engine = start("llama-fp32", EngineConfig { max_batch: 1, ..Default::default() });
+    let streams: Vec<_> = (0..4).map(|i| engine.submit_channel(greedy(vec![i + 1; 5], 200)).unwrap().1).collect();
+    engine.shutdown();
+    for rx in &streams {
+        let out = collect(rx);
+        assert_eq!(out.finals, 1);
+        assert!(matches!(out.finish, Some(FinishReason::Cancelled) | Some(FinishReason::Length)));
+    }
+}
+
+#[test]
+fn stress_many_requests_random_params_and_cancellations() {
+    // 64 requests through max_batch 8: random prompt lengths and max_tokens, a third sampled
+    // with random params, ~30% cancelled at a random point. Every request must end with exactly
+    // one final event and greedy survivors must equal their single-sequence result.
+    let engine = start("llama-4bit", EngineConfig { max_batch: 8, prefill_step_size: 16, ..Default::default() });
+    let single = loading::load(&tiny_model_dir("llama-4bit")).unwrap();
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    let mut jobs = Vec::new();
+    for i in 0..64u64 {
+        let len = 1 + next(40) as usize;
+        let prompt: Vec<u32> = (0..len).map(|_| next(512) as u32).collect();
+        let max_tokens = 1 + next(24) as usize;
+        let sampled = next(3) == 0;
+        let mut req = greedy(prompt.clone(), max_tokens);
+        if sampled {
+            req.sampling = SamplingParams {
+                temperature: 0.2 + next(10) as f32 / 10.0,
+                top_p: 0.5 + next(50) as f32 / 100.0,
+                top_k: next(20) as u32,
+                min_p: next(2) as f32 * 0.05,
+                repetition_penalty: Some(1.0 + next(5) as f32 / 10.0),
+                seed: Some(i),
+                ..Default::default()
+            };
+        }
+        let cancel_after = if next(10) < 3 { Some(next(max_tokens as u64) as usize) } else { None };
+        let (id, rx) = engine.submit_channel(req).unwrap();
+        jobs.push((id, rx, prompt, max_tokens, sampled, cancel_after));
+    }
+    // One consumer thread per request, cancelling from its own thread when its turn comes.
+    let engine = Arc::new(engine);
+    let consumers: Vec<_> = jobs
+        .into_iter()
+        .map(|(id, rx, prompt, max_tokens, sampled, cancel_after)| {
+            let engine = Arc::clone(&engine);
+            let handle = std::thread::spawn(move || {
+                if cancel_after == Some(0) {
+                    engine.cancel(id);
+                }
+                let mut tokens = Vec::new();
+                loop {
+                    match rx.recv_timeout(Duration::from_secs(120)).expect("stress: no event within 120 s (hang?)") {
+                        Event::Token { token_id, .. } => {
+                            tokens.push(token_id);
+                            if Some(tokens.len()) == cancel_after {
+                                engine.cancel(id);
+                            }
+                        }
+                        Event::Done { finish_reason, usage, .. } => {
+                            tokens.truncate(usage.completion_tokens);
+                            assert!(rx.recv_timeout(Duration::from_millis(20)).is_err(), "events after the final one");
+                            return (tokens, finish_reason);
+                        }
+                        Event::Error { message } => panic!("request {id} failed: {message}"),
+                    }
+                }
+            });
+            (handle, id, prompt, max_tokens, sampled)
+        })
+        .collect();
+    let mut cancelled = 0;
+    for (handle, id, prompt, max_tokens, sampled) in consumers {
+        let (tokens, finish) = handle.join().expect("consumer thread");
+        if finish == FinishReason::Cancelled {
+            cancelled += 1;
+            continue;
+        }
+        assert_eq!(tokens.len(), max_tokens);
+        if !sampled {
+            let opts = GenerateOptions { max_tokens, ..Default::default() };
+            let solo = generate(single.model.as_ref(), None, &prompt, &opts, |_| true).unwrap();
+            assert_eq!(tokens, solo.tokens, "greedy request {id}");
+        }
+    }
+    assert!(cancelled > 5, "only {cancelled} cancellations happened");
+    let stats = settled_stats(&engine, |s| s.requests_finished == 64);
+    assert_eq!((stats.active_rows, stats.prefilling_rows, stats.queued_rows), (0, 0, 0), "{stats:?}");
+    assert_eq!(stats.requests_finished, 64);
+}
+
+/// A model that fails whenever a forward pass carries `fail_rows` rows.
+struct FailsAtBatchSize {
+    inner: Box<dyn weft::models::LanguageModel>,
+    fail_rows: i32,
+}
+
+impl weft::models::LanguageModel for FailsAtBatchSize {
+    fn forward(&self, tokens: &mlx_rs::Array, caches: &mut [Box<dyn weft::cache::KvCache>]) -> weft::Result<mlx_rs::Array> {
+        if tokens.dim(0) == self.fail_rows {
+            return Err(weft::Error::Mlx("injected failure".into()));
+        }
+        self.inner.forward(tokens, caches)
+    }
+    fn make_caches(&self) -> Vec<Box<dyn weft::cache::KvCache>> {
+        self.inner.make_caches()
+    }
+    fn info(&self) -> &weft::models::ModelInfo {
+        self.inner.info()
+    }
+}
+
+#[test]
+fn a_failed_forward_fails_its_rows_and_the_engine_keeps_serving() {
+    let mut loaded = loading::load(&tiny_model_dir("llama-fp32")).unwrap();
+    loaded.model = Box::new(FailsAtBatchSize { inner: loaded.model, fail_rows: 3 });
+    let engine = Engine::start(loaded, EngineConfig::default()).unwrap();
+    let streams: Vec<_> = (0..3).map(|i| engine.submit_channel(greedy(vec![i + 1, 7, 9], 30)).unwrap().1).collect();
+    let outs: Vec<Outcome> = streams.iter().map(collect).collect();
+    for o in &outs {
+        assert_eq!(o.finals, 1);
+        assert!(o.error.as_deref().is_some_and(|m| m.contains("injected failure")), "{o:?}");
+    }
+    // The engine is still serving.
+    let g = golden("llama-fp32");
+    let after = collect(&engine.submit_channel(greedy(ids(&g["single"][1]["prompt_ids"]), 24)).unwrap().1);
+    assert_eq!(after.tokens, ids(&g["single"][1]["tokens"]));
+}
+
+#[test]
+fn default_model_chat_with_stop_string_through_the_engine() {
+    let Some(path) = default_model() else { return };
+    let engine = Engine::start(loading::load(&path).unwrap(), EngineConfig::default()).unwrap();
+    let messages = vec![weft::tokenizer::ChatMessage::new("user", "What is the capital of France?")];
+    let plain = Request { max_tokens: 32, ..Request::new(Input::Messages(messages.clone())) };
+    let stopped = Request { stop: vec!["Paris".into()], ..plain.clone() };
+    let texts: Vec<(String, Outcome)> = [plain, stopped]
+        .into_iter()
+        .map(|r| engine.submit_channel(r).unwrap().1)
+        .collect::<Vec<_>>()
+        .iter()
+        .map(|rx| {
+            let mut text = String::new();
+            let mut o = Outcome::default();
+            loop {
+                match rx.recv_timeout(Duration::from_secs(120)).unwrap() {
+                    Event::Token { text: t, token_id } => {
+                        text.push_str(&t);
+                        o.tokens.push(token_id);
+                    }
+                    Event::Done { finish_reason, usage, .. } => {
+                        o.finish = Some(finish_reason);
+                        o.usage = usage;
+                        break;
+                    }
+                    Event::Error { message } => panic!("{message}"),
+                }
+            }
+            (text, o)
+        })
+        .collect();
+    let g = golden("smollm2");
+    assert_eq!(texts[0].0, g["chats"][0]["text"].as_str().unwrap());
+    assert_eq!(texts[0].1.finish, Some(FinishReason::Stop));
+    assert_eq!(texts[0].1.usage.prompt_tokens, ids(&g["chats"][0]["prompt_ids"]).len());
+    assert_eq!(texts[1].0, "The capital of France is ");
+    assert_eq!(texts[1].1.finish, Some(FinishReason::Stop));
+}
