@@ -1,27 +1,37 @@
-//! `weft bench`: single-sequence prefill and decode speed on random prompt ids, median of runs.
-//! The mlx-lm side of the comparison is benches/compare_mlx_lm.py.
+//! `weft bench`: generation speed at several batch sizes on random prompt ids (EOS ignored),
+//! through the continuous-batching engine, median of several runs. The mlx-lm side of the
+//! comparison lives in benches/ (same shapes, same run).
+
+use std::time::Instant;
 
 use clap::Args;
 use serde_json::json;
-use weft::generate::{generate, GenerateOptions};
-use weft::Result;
+use weft::engine::{EngineConfig, Input, Request};
+use weft::sampling::SamplingParams;
+use weft::{Error, Result};
 
-use crate::common::{load_model, ModelArgs};
-use crate::generate_cmd::tokens_per_second;
+use crate::batch::Collector;
+use crate::common::{resolve_model_path, ModelArgs};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    /// Batch sizes to measure, comma-separated (each is submitted all at once).
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pub batch: Vec<usize>,
     /// Prompt length in tokens (random ids).
     #[arg(long, default_value_t = 32)]
     pub prompt_len: usize,
-    /// Tokens to generate per run (EOS ignored).
+    /// Tokens to generate per request.
     #[arg(long, default_value_t = 128)]
     pub gen: usize,
-    /// Measured runs (after one warm-up); the median is reported.
+    /// Measured runs per batch size (after one warm-up); medians are reported.
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
+    /// Prompt tokens per prefill chunk.
+    #[arg(long, default_value_t = 2048)]
+    pub prefill_step_size: usize,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -30,46 +40,117 @@ pub struct BenchArgs {
     pub seed: u64,
 }
 
-pub fn run(args: BenchArgs) -> Result<()> {
-    let loaded = load_model(&args.model)?;
-    let model = loaded.model.as_ref();
-    let vocab = model.info().vocab_size as u64;
-    // A fixed xorshift stream: the same prompt for every run and for the mlx-lm script.
-    let mut state = args.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let prompt: Vec<u32> = (0..args.prompt_len.max(1))
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state % vocab) as u32
-        })
-        .collect();
-    let opts = GenerateOptions { max_tokens: args.gen.max(2), ..GenerateOptions::default() };
-    generate(model, None, &prompt, &GenerateOptions { max_tokens: 4, ..opts.clone() }, |_| true)?;
-    let mut decode = Vec::new();
-    let mut ttft = Vec::new();
-    for _ in 0..args.runs.max(1) {
-        let g = generate(model, None, &prompt, &opts, |_| true)?;
-        decode.push(tokens_per_second(&g));
-        ttft.push(g.ttft_s * 1000.0);
-    }
-    let (decode, ttft) = (median(&mut decode), median(&mut ttft));
-    let prefill = prompt.len() as f64 / (ttft / 1000.0);
-    if args.json {
-        println!(
-            "{}",
-            json!({"results": [{"batch": 1, "prompt_len": prompt.len(), "gen": opts.max_tokens,
-                   "decode_tok_s": decode, "prefill_tok_s": prefill, "ttft_ms": ttft, "runs": args.runs}]})
-        );
-    } else {
-        println!("model: {}", loaded.source.display());
-        println!("{:>6} {:>10} {:>5} {:>14} {:>15} {:>10}", "batch", "prompt_len", "gen", "decode tok/s", "prefill tok/s", "ttft ms");
-        println!("{:>6} {:>10} {:>5} {:>14.1} {:>15.1} {:>10.1}", 1, prompt.len(), opts.max_tokens, decode, prefill, ttft);
-    }
-    Ok(())
+#[derive(Debug, Clone, Copy, Default)]
+struct Measure {
+    agg_tok_s: f64,
+    decode_tok_s: f64,
+    prefill_tok_s: f64,
+    ttft_ms: f64,
 }
 
-fn median(xs: &mut [f64]) -> f64 {
+/// The same xorshift stream benches/ scripts use, so both sides see identical prompts.
+pub fn random_prompts(seed: u64, count: usize, len: usize, vocab: u64) -> Vec<Vec<u32>> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..count)
+        .map(|_| {
+            (0..len)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    (state % vocab) as u32
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn run_once(path: &std::path::Path, args: &BenchArgs, batch: usize, gen: usize) -> Result<Measure> {
+    let model = weft::loading::load(path)?;
+    let vocab = model.model.info().vocab_size as u64;
+    let config = EngineConfig {
+        max_batch: batch,
+        prompt_concurrency: batch,
+        prefill_step_size: args.prefill_step_size.max(1),
+        ..EngineConfig::default()
+    };
+    let mut engine = Collector::new(model, config)?;
+    let prompts = random_prompts(args.seed, batch, args.prompt_len.max(1), vocab);
+    let start = Instant::now();
+    for p in prompts {
+        engine.submit(Request {
+            input: Input::Tokens(p),
+            max_tokens: gen,
+            sampling: SamplingParams::greedy(),
+            stop: Vec::new(),
+            ignore_eos: true,
+            capture_first_logits: 0,
+        })?;
+    }
+    engine.run_to_completion();
+    let wall = start.elapsed().as_secs_f64();
+    let rows = engine.results();
+    if let Some(e) = rows.iter().find_map(|(_, r)| r.error.clone()) {
+        return Err(Error::Mlx(e));
+    }
+    let tokens: usize = rows.iter().map(|(_, r)| r.tokens.len()).sum();
+    let mut ttfts: Vec<f64> = rows.iter().filter_map(|(_, r)| r.ttft_s).collect();
+    ttfts.sort_by(|a, b| a.total_cmp(b));
+    let last_first = *ttfts.last().unwrap_or(&wall);
+    let m = Measure {
+        agg_tok_s: tokens as f64 / wall,
+        decode_tok_s: (tokens.saturating_sub(batch)) as f64 / (wall - last_first).max(1e-9),
+        prefill_tok_s: (batch * args.prompt_len) as f64 / last_first.max(1e-9),
+        ttft_ms: ttfts[ttfts.len() / 2] * 1000.0,
+    };
+    Ok(m)
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(|a, b| a.total_cmp(b));
     xs[xs.len() / 2]
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    if args.batch.iter().any(|&b| b == 0) || args.gen < 2 {
+        return Err(Error::InvalidRequest("--batch sizes must be >= 1 and --gen >= 2".into()));
+    }
+    let source = resolve_model_path(args.model.model.as_deref())?;
+    let mut results = Vec::new();
+    for &b in &args.batch {
+        run_once(&source, &args, b, 4)?; // warm-up
+        let mut runs = Vec::new();
+        for _ in 0..args.runs.max(1) {
+            runs.push(run_once(&source, &args, b, args.gen)?);
+        }
+        let pick = |f: fn(&Measure) -> f64| median(runs.iter().map(f).collect());
+        results.push((
+            b,
+            Measure {
+                agg_tok_s: pick(|m| m.agg_tok_s),
+                decode_tok_s: pick(|m| m.decode_tok_s),
+                prefill_tok_s: pick(|m| m.prefill_tok_s),
+                ttft_ms: pick(|m| m.ttft_ms),
+            },
+        ));
+    }
+    if args.json {
+        let rows: Vec<_> = results
+            .iter()
+            .map(|(b, m)| json!({"batch": b, "agg_tok_s": m.agg_tok_s, "decode_tok_s": m.decode_tok_s,
+                                 "prefill_tok_s": m.prefill_tok_s, "ttft_ms": m.ttft_ms}))
+            .collect();
+        println!(
+            "{}",
+            json!({"model": source.display().to_string(), "prompt_len": args.prompt_len, "gen": args.gen,
+                   "runs": args.runs, "results": rows})
+        );
+    } else {
+        println!("model: {}  prompt_len: {}  gen: {}  runs: {} (medians)", source.display(), args.prompt_len, args.gen, args.runs);
+        println!("{:>6} {:>12} {:>14} {:>15} {:>10}", "batch", "agg tok/s", "decode tok/s", "prefill tok/s", "ttft ms");
+        for (b, m) in &results {
+            println!("{:>6} {:>12.1} {:>14.1} {:>15.1} {:>10.1}", b, m.agg_tok_s, m.decode_tok_s, m.prefill_tok_s, m.ttft_ms);
+        }
+    }
+    Ok(())
 }

@@ -119,36 +119,42 @@ impl KvCache for BatchKvCache {
         self.left_padding.len()
     }
 
-    /// Right-aligns both batches to the larger column index (left-padding the shorter).
+    /// Right-aligns both batches to the larger column index (left-padding the shorter). A side
+    /// with nothing cached yet (a one-token prompt) becomes all padding.
     fn extend_rows(&mut self, other: Box<dyn KvCache>) -> Result<()> {
         let other = other
             .into_any()
             .downcast::<BatchKvCache>()
             .map_err(|_| Error::Unsupported("joining caches of different kinds".into()))?;
         let max_idx = self.idx.max(other.idx);
-        let pad = |c: &BatchKvCache| -> Result<Option<(Array, Array, Vec<i32>)>> {
+        let shape_of = |c: &BatchKvCache| c.keys.as_ref().zip(c.values.as_ref()).map(|(k, v)| (k.dim(1), k.dim(3), v.dim(3), k.dtype()));
+        let Some((heads, dk, dv, dtype)) = shape_of(self).or_else(|| shape_of(&other)) else {
+            // Neither side holds keys yet: only the row bookkeeping grows.
+            self.left_padding.extend(other.left_padding.iter().copied());
+            return Ok(());
+        };
+        let pad = |c: &BatchKvCache| -> Result<(Array, Array, Vec<i32>)> {
             let left = max_idx - c.idx;
             let lp: Vec<i32> = c.left_padding.iter().map(|p| p + left).collect();
+            let rows = c.left_padding.len() as i32;
             Ok(match (&c.keys, &c.values) {
                 (Some(k), Some(v)) => {
                     let k = k.index((.., .., ..c.idx, ..));
                     let v = v.index((.., .., ..c.idx, ..));
-                    Some((Self::pad_columns(&k, left, max_idx)?, Self::pad_columns(&v, left, max_idx)?, lp))
+                    (Self::pad_columns(&k, left, max_idx)?, Self::pad_columns(&v, left, max_idx)?, lp)
                 }
-                _ => None,
+                _ => (
+                    zeros_dtype(&[rows, heads, max_idx, dk], dtype)?,
+                    zeros_dtype(&[rows, heads, max_idx, dv], dtype)?,
+                    lp,
+                ),
             })
         };
-        match (pad(self)?, pad(&other)?) {
-            (Some((k1, v1, lp1)), Some((k2, v2, lp2))) => {
-                self.keys = Some(concatenate(&[k1, k2], 0)?);
-                self.values = Some(concatenate(&[v1, v2], 0)?);
-                self.left_padding = lp1.into_iter().chain(lp2).collect();
-            }
-            _ if self.idx == 0 && other.idx == 0 => {
-                self.left_padding.extend(other.left_padding.iter().copied());
-            }
-            _ => return Err(Error::Unsupported("joining an empty cache to a filled batch".into())),
-        }
+        let (k1, v1, lp1) = pad(self)?;
+        let (k2, v2, lp2) = pad(&other)?;
+        self.keys = Some(concatenate(&[k1, k2], 0)?);
+        self.values = Some(concatenate(&[v1, v2], 0)?);
+        self.left_padding = lp1.into_iter().chain(lp2).collect();
         self.idx = max_idx;
         Ok(())
     }

@@ -26,6 +26,15 @@ use crate::stop::{StopMatcher, TextStream};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 
+/// The first `n` values of a logits row, as float32 (empty if it cannot be read).
+fn leading_values(row: &Array, n: usize) -> Vec<f32> {
+    let Ok(row) = row.as_dtype(Dtype::Float32) else { return Vec::new() };
+    if row.eval().is_err() {
+        return Vec::new();
+    }
+    as_f32_slice(&row).map(|v| v[..n.min(v.len())].to_vec()).unwrap_or_default()
+}
+
 /// One request from admission to its final event.
 pub(super) struct Row {
     pub id: RequestId,
@@ -45,6 +54,8 @@ pub(super) struct Row {
     finish: Option<FinishReason>,
     /// The stop token that ended the row, if one did.
     end_token: Option<u32>,
+    /// Set when the row failed (reported instead of `Done`).
+    error: Option<String>,
     stopped_by_string: bool,
 }
 
@@ -96,6 +107,15 @@ impl Row {
         };
         let first_logits = std::mem::take(&mut self.first_logits);
         self.emit(Event::Done { finish_reason: reason, usage, first_logits });
+    }
+
+    /// Sends the final event this row has earned: its error if it failed, else `Done`.
+    fn close(self) {
+        match (self.error.clone(), self.finish) {
+            (Some(message), _) => self.fail(message),
+            (None, Some(reason)) => self.finish(reason),
+            (None, None) => self.fail("the row ended without a finish reason".into()),
+        }
     }
 
     fn fail(mut self, message: String) {
@@ -201,6 +221,7 @@ impl Executor {
             next_input: None,
             finish: None,
             end_token: None,
+            error: None,
             stopped_by_string: false,
             prompt,
         };
@@ -244,102 +265,138 @@ impl Executor {
         }
     }
 
-    /// Runs one prefill chunk of the oldest prefilling row; when its prompt is in, produces its
-    /// first token and moves it into the batch (or finishes it).
+    /// Prefills up to one chunk (`prefill_step_size` tokens) of waiting prompts, oldest first,
+    /// so decoding rows stall at most one chunk; rows whose prompt is in then take their first
+    /// step together and join the batch.
     pub fn prefill_step(&mut self) {
-        let Some(mut p) = self.prefilling.pop_front() else { return };
-        let target = p.row.prompt.len() - 1;
-        if p.done < target {
-            let end = (p.done + self.prefill_step_size).min(target);
-            match prefill(self.model.as_ref(), &mut p.caches, &p.row.prompt[p.done..end], end - p.done) {
-                Ok(()) => p.done = end,
-                Err(e) => {
+        let mut budget = self.prefill_step_size;
+        let mut ready = Vec::new();
+        while let Some(mut p) = self.prefilling.pop_front() {
+            let target = p.row.prompt.len() - 1;
+            if p.done < target {
+                if budget == 0 {
+                    self.prefilling.push_front(p);
+                    break;
+                }
+                let end = (p.done + budget).min(target);
+                if let Err(e) = prefill(self.model.as_ref(), &mut p.caches, &p.row.prompt[p.done..end], end - p.done) {
                     self.finished += 1;
                     p.row.fail(format!("prefill failed: {e}"));
-                    return;
+                    continue;
+                }
+                budget -= end - p.done;
+                p.done = end;
+                if p.done < target {
+                    self.prefilling.push_front(p);
+                    break;
                 }
             }
-            if p.done < target {
-                self.prefilling.push_front(p);
-                return;
-            }
+            ready.push(p);
         }
-        // Errors were already reported to the row (and the batch) inside.
-        let _ = self.first_token(p);
+        if !ready.is_empty() {
+            self.first_tokens(ready);
+        }
     }
 
-    /// Forwards the last prompt token alone (mlx-lm's convention), samples the first token and
-    /// joins the batch.
-    fn first_token(&mut self, mut p: Prefilling) -> Result<()> {
-        let last = *p.row.prompt.last().unwrap();
-        let result = (|| -> Result<(u32, Array)> {
-            let input = Array::from_slice(&[last], &[1, 1]);
-            let logits = last_position(&self.model.forward(&input, &mut p.caches)?)?;
-            let lp = Sampler::logprobs(&p.row.sampler.process_logits(&logits)?)?.as_dtype(Dtype::Float32)?;
-            eval([&lp])?;
-            Ok((p.row.sampler.sample_host(as_f32_slice(&lp)?), logits))
-        })();
-        let (token, logits) = match result {
-            Ok(x) => x,
-            Err(e) => {
-                self.finished += 1;
-                p.row.fail(format!("generation failed: {e}"));
-                return Err(e);
+    /// Forwards each ready row's last prompt token (mlx-lm's convention) in one batched step,
+    /// samples first tokens, and moves the rows that continue into the running batch.
+    fn first_tokens(&mut self, group: Vec<Prefilling>) {
+        let mut rows = Vec::with_capacity(group.len());
+        let mut caches: Option<Vec<Box<dyn KvCache>>> = None;
+        let mut merge = |row_caches: Vec<Box<dyn KvCache>>| -> Result<()> {
+            let batched: Vec<Box<dyn KvCache>> = row_caches.into_iter().map(|c| c.into_batched()).collect::<Result<_>>()?;
+            match caches.as_mut() {
+                None => caches = Some(batched),
+                Some(cs) => cs.iter_mut().zip(batched).try_for_each(|(c, b)| c.extend_rows(b))?,
             }
+            Ok(())
         };
-        if p.row.capture_first_logits > 0 {
-            if let Ok(row) = logits.as_dtype(Dtype::Float32) {
-                if row.eval().is_ok() {
-                    if let Ok(v) = as_f32_slice(&row) {
-                        p.row.first_logits = v[..p.row.capture_first_logits.min(v.len())].to_vec();
-                    }
+        for p in group {
+            match merge(p.caches) {
+                Ok(()) => rows.push(p.row),
+                Err(e) => {
+                    self.finished += 1;
+                    p.row.fail(format!("joining the batch failed: {e}"));
                 }
             }
         }
-        let context_left = self.context_left(&p.row);
-        self.tokens_generated += 1;
-        if let Err(e) = p.row.accept(token, context_left) {
-            self.finished += 1;
-            p.row.fail(e.to_string());
-            return Err(e);
-        }
-        if let Some(reason) = p.row.finish {
-            self.save_prompt_cache(&p.row, p.caches);
-            self.finished += 1;
-            p.row.finish(reason);
-            return Ok(());
-        }
-        // Join: this row's cache becomes one more row of the batch.
-        let joined = (|| -> Result<Vec<Box<dyn KvCache>>> {
-            p.caches.into_iter().map(|c| c.into_batched()).collect()
+        let Some(mut caches) = caches else { return };
+        let result = (|| -> Result<Vec<(u32, Array)>> {
+            let last: Vec<u32> = rows.iter().map(|r| *r.prompt.last().unwrap()).collect();
+            let input = Array::from_slice(&last, &[last.len() as i32, 1]);
+            let logits = last_position(&self.model.forward(&input, &mut caches)?)?;
+            let per_row: Vec<(Array, Array)> = rows
+                .iter()
+                .enumerate()
+                .map(|(b, r)| {
+                    let row_logits = logits.index(b as i32..b as i32 + 1);
+                    let lp = Sampler::logprobs(&r.sampler.process_logits(&row_logits)?)?.as_dtype(Dtype::Float32)?;
+                    Ok((lp, row_logits))
+                })
+                .collect::<Result<_>>()?;
+            eval(per_row.iter().map(|(lp, _)| lp))?;
+            rows.iter_mut()
+                .zip(per_row)
+                .map(|(r, (lp, row_logits))| Ok((r.sampler.sample_host(as_f32_slice(&lp)?), row_logits)))
+                .collect()
         })();
-        let row_caches = match joined {
+        let chosen = match result {
             Ok(c) => c,
             Err(e) => {
-                self.finished += 1;
-                p.row.fail(e.to_string());
-                return Err(e);
+                for r in rows {
+                    self.finished += 1;
+                    r.fail(format!("generation failed: {e}"));
+                }
+                return;
             }
         };
-        let merged = match self.batch.take() {
-            None => Ok(row_caches),
-            Some(mut batch) => batch
-                .iter_mut()
-                .zip(row_caches)
-                .try_for_each(|(b, r)| b.extend_rows(r))
-                .map(|_| batch),
-        };
-        match merged {
-            Ok(batch) => {
-                self.batch = Some(batch);
-                self.rows.push(p.row);
-                Ok(())
+        for (r, (token, row_logits)) in rows.iter_mut().zip(chosen) {
+            if r.capture_first_logits > 0 {
+                r.first_logits = leading_values(&row_logits, r.capture_first_logits);
             }
+            let left = self.context_left(r);
+            self.tokens_generated += 1;
+            if let Err(e) = r.accept(token, left) {
+                r.error = Some(e.to_string());
+                r.finish = Some(FinishReason::Stop);
+            }
+        }
+        // Rows done after one token leave now (their KV goes to the prompt cache).
+        let keep: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].finish.is_none()).collect();
+        for (i, r) in rows.iter().enumerate() {
+            if r.finish.is_some() && self.prompt_cache.enabled() {
+                if let Ok(row_caches) = caches.iter().map(|c| c.extract_row(i)).collect::<Result<Vec<_>>>() {
+                    let len = row_caches.first().map_or(0, |c| c.len());
+                    self.prompt_cache.insert(r.cached_sequence(len), row_caches);
+                }
+            }
+        }
+        let (staying, leaving): (Vec<Row>, Vec<Row>) = rows.into_iter().partition(|r| r.finish.is_none());
+        for r in leaving {
+            self.finished += 1;
+            r.close();
+        }
+        if staying.is_empty() {
+            return;
+        }
+        let joined = (|| -> Result<()> {
+            if keep.len() < caches.first().map_or(0, |c| c.rows()) {
+                caches.iter_mut().try_for_each(|c| c.filter_rows(&keep))?;
+            }
+            match self.batch.as_mut() {
+                None => self.batch = Some(caches),
+                Some(batch) => batch.iter_mut().zip(caches).try_for_each(|(b, c)| b.extend_rows(c))?,
+            }
+            Ok(())
+        })();
+        match joined {
+            Ok(()) => self.rows.extend(staying),
             Err(e) => {
-                self.finished += 1;
-                p.row.fail(e.to_string());
+                for r in staying {
+                    self.finished += 1;
+                    r.fail(format!("joining the batch failed: {e}"));
+                }
                 self.fail_batch(&e);
-                Err(e)
             }
         }
     }
@@ -400,13 +457,22 @@ impl Executor {
                 chosen.push(if r.sampler.params().temperature == 0.0 { first_argmax(v) } else { r.sampler.sample_host(v) });
             }
             for (b, token) in chosen.into_iter().enumerate() {
-                let left = self.context_left(&self.rows[b]);
-                self.tokens_generated += 1;
-                self.rows[b].accept(token, left)?;
+                self.accept_at(b, token);
             }
             self.evict_finished()?;
         }
         Ok(())
+    }
+
+    /// Gives batch row `b` its token; a row whose text handling fails is failed alone.
+    fn accept_at(&mut self, b: usize, token: u32) {
+        let left = self.context_left(&self.rows[b]);
+        self.tokens_generated += 1;
+        let row = &mut self.rows[b];
+        if let Err(e) = row.accept(token, left) {
+            row.error = Some(e.to_string());
+            row.finish = Some(FinishReason::Stop);
+        }
     }
 
     /// `[B, 1]` inputs: the in-flight tokens (on device) for the rows they cover, then the
@@ -438,9 +504,7 @@ impl Executor {
             if self.rows[b].finish.is_some() {
                 continue;
             }
-            let left = self.context_left(&self.rows[b]);
-            self.tokens_generated += 1;
-            self.rows[b].accept(token, left)?;
+            self.accept_at(b, token);
         }
         self.evict_finished()
     }
@@ -503,9 +567,8 @@ impl Executor {
             }
         }
         for r in finished {
-            let reason = r.finish.unwrap();
             self.finished += 1;
-            r.finish(reason);
+            r.close();
         }
         Ok(())
     }
@@ -517,19 +580,13 @@ impl Executor {
         self.in_flight = None;
         for r in std::mem::take(&mut self.rows) {
             self.finished += 1;
-            match r.finish {
-                Some(reason) => r.finish(reason),
-                None => r.fail(format!("generation failed: {e}")),
+            match (r.finish, &r.error) {
+                (Some(_), _) => r.close(),
+                (None, _) => r.fail(format!("generation failed: {e}")),
             }
         }
     }
 
-    fn save_prompt_cache(&mut self, row: &Row, caches: Vec<Box<dyn KvCache>>) {
-        if self.prompt_cache.enabled() {
-            let len = caches.first().map_or(0, |c| c.len());
-            self.prompt_cache.insert(row.cached_sequence(len), caches);
-        }
-    }
 }
 
 impl Drop for Executor {
