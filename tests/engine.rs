@@ -25,6 +25,7 @@ fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
         stop: Vec::new(),
         ignore_eos: true,
         capture_first_logits: 0,
+        logprobs: None,
     }
 }
 
@@ -495,7 +496,7 @@ fn default_model_chat_with_stop_string_through_the_engine() {
             let mut o = Outcome::default();
             loop {
                 match rx.recv_timeout(Duration::from_secs(120)).unwrap() {
-                    Event::Token { text: t, token_id } => {
+                    Event::Token { text: t, token_id, .. } => {
                         text.push_str(&t);
                         o.tokens.push(token_id);
                     }
@@ -516,4 +517,33 @@ fn default_model_chat_with_stop_string_through_the_engine() {
     assert_eq!(texts[0].1.usage.prompt_tokens, ids(&g["chats"][0]["prompt_ids"]).len());
     assert_eq!(texts[1].0, "The capital of France is ");
     assert_eq!(texts[1].1.finish, Some(FinishReason::Stop));
+}
+
+#[test]
+fn token_logprobs_match_mlx_lm_first_step() {
+    let g = golden("llama-fp32");
+    let case = &g["single"][2];
+    let want_lp = floats(&case["first_logprobs"]);
+    let engine = start("llama-fp32", EngineConfig::default());
+    // A companion row keeps the batch busy so the logprobs row goes through batched decode too.
+    let _companion = engine.submit_channel(greedy(vec![4, 5, 6], 24)).unwrap();
+    let req = Request { logprobs: Some(3), ..greedy(ids(&case["prompt_ids"]), 6) };
+    let (_, rx) = engine.submit_channel(req).unwrap();
+    let mut seen = Vec::new();
+    loop {
+        match rx.recv_timeout(Duration::from_secs(60)).unwrap() {
+            Event::Token { token_id, logprobs, .. } => seen.push((token_id, logprobs.expect("logprobs requested"))),
+            Event::Done { .. } => break,
+            Event::Error { message } => panic!("{message}"),
+        }
+    }
+    assert_eq!(seen.iter().map(|(t, _)| *t).collect::<Vec<_>>(), ids(&case["tokens"])[..6]);
+    let (first, lp) = &seen[0];
+    assert_eq!(lp.logprob, want_lp[*first as usize]);
+    assert_eq!(lp.top.len(), 3);
+    for (t, lp) in &seen {
+        // Greedy: the chosen token is the most likely one, and alternatives come best first.
+        assert_eq!(lp.top[0], (*t, lp.logprob));
+        assert!(lp.top.windows(2).all(|w| w[0].1 >= w[1].1));
+    }
 }

@@ -77,7 +77,7 @@ impl Collector {
                 let mut r = RowResult::default();
                 for (ev, at) in rx.try_iter() {
                     match ev {
-                        Event::Token { token_id, text } => {
+                        Event::Token { token_id, text, .. } => {
                             if r.ttft_s.is_none() {
                                 r.ttft_s = Some(at.duration_since(submitted).as_secs_f64());
                             }

@@ -85,6 +85,7 @@ fn run_once(path: &std::path::Path, args: &BenchArgs, batch: usize, gen: usize) 
             stop: Vec::new(),
             ignore_eos: true,
             capture_first_logits: 0,
+            logprobs: None,
         })?;
     }
     engine.run_to_completion();

@@ -151,6 +151,7 @@ fn run_rows(args: GenerateArgs, loaded: weft::loading::LoadedModel, opts: Genera
             stop: opts.stop_strings.clone(),
             ignore_eos: args.no_eos,
             capture_first_logits: FIRST_LOGITS,
+            logprobs: None,
         })?;
     }
     engine.run_to_completion();

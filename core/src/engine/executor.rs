@@ -16,7 +16,7 @@ use mlx_rs::transforms::{async_eval, eval};
 use mlx_rs::{Array, Dtype};
 
 use super::prompt_cache::PromptCache;
-use super::{Event, RequestId, Sink, Submission, Usage};
+use super::{Event, RequestId, Sink, Submission, TokenLogprobs, Usage};
 use crate::cache::KvCache;
 use crate::generate::{as_f32_slice, prefill, FinishReason};
 use crate::models::LanguageModel;
@@ -25,6 +25,23 @@ use crate::sampling::{first_argmax, Sampler};
 use crate::stop::{StopMatcher, TextStream};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
+
+/// The chosen token's log-probability and the `k` best alternatives (first index on ties).
+fn token_logprobs(row: &[f32], token: u32, k: usize) -> TokenLogprobs {
+    let mut order: Vec<usize> = (0..row.len()).collect();
+    let k = k.min(row.len());
+    if k > 0 {
+        order.select_nth_unstable_by(k - 1, |&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+        order.truncate(k);
+        order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+    } else {
+        order.clear();
+    }
+    TokenLogprobs {
+        logprob: row.get(token as usize).copied().unwrap_or(f32::NEG_INFINITY),
+        top: order.into_iter().map(|i| (i as u32, row[i])).collect(),
+    }
+}
 
 /// The first `n` values of a logits row, as float32 (empty if it cannot be read).
 fn leading_values(row: &Array, n: usize) -> Vec<f32> {
@@ -48,6 +65,8 @@ pub(super) struct Row {
     cached_tokens: usize,
     capture_first_logits: usize,
     first_logits: Vec<f32>,
+    /// Top alternatives to report with each token's log-probability, if requested.
+    logprobs: Option<usize>,
     pub projected_kv_bytes: u64,
     /// The last token, not yet forwarded (host-known rows only; in-flight rows have it on device).
     next_input: Option<u32>,
@@ -65,7 +84,8 @@ impl Row {
     }
 
     /// Applies a sampled token: stop checks, text streaming, the consumer's verdict.
-    fn accept(&mut self, token: u32, context_left: usize) -> Result<()> {
+    /// `logprobs` is the step's log-probability row when the request asked for them.
+    fn accept(&mut self, token: u32, context_left: usize, logprobs: Option<&[f32]>) -> Result<()> {
         if self.stop_token_ids.contains(&token) {
             self.finish = Some(FinishReason::Stop);
             self.end_token = Some(token);
@@ -83,7 +103,11 @@ impl Row {
             // The last token carries whatever text was still held back.
             text.push_str(&self.text.finish()?);
         }
-        if !self.emit(Event::Token { token_id: token, text }) {
+        let logprobs = match (self.logprobs, logprobs) {
+            (Some(k), Some(row)) => Some(token_logprobs(row, token, k)),
+            _ => None,
+        };
+        if !self.emit(Event::Token { token_id: token, text, logprobs }) {
             self.finish = Some(FinishReason::Cancelled);
         }
         Ok(())
@@ -96,7 +120,7 @@ impl Row {
         if let (FinishReason::Stop, Some(end)) = (reason, self.end_token) {
             if let Ok(rest) = self.text.finish() {
                 if !rest.is_empty() {
-                    self.emit(Event::Token { token_id: end, text: rest });
+                    self.emit(Event::Token { token_id: end, text: rest, logprobs: None });
                 }
             }
         }
@@ -216,6 +240,7 @@ impl Executor {
             sink,
             cached_tokens: 0,
             capture_first_logits: request.capture_first_logits,
+            logprobs: request.logprobs,
             first_logits: Vec::new(),
             projected_kv_bytes,
             next_input: None,
@@ -321,7 +346,7 @@ impl Executor {
             }
         }
         let Some(mut caches) = caches else { return };
-        let result = (|| -> Result<Vec<(u32, Array)>> {
+        let result = (|| -> Result<Vec<(u32, Array, Array)>> {
             let last: Vec<u32> = rows.iter().map(|r| *r.prompt.last().unwrap()).collect();
             let input = Array::from_slice(&last, &[last.len() as i32, 1]);
             let logits = last_position(&self.model.forward(&input, &mut caches)?)?;
@@ -337,7 +362,7 @@ impl Executor {
             eval(per_row.iter().map(|(lp, _)| lp))?;
             rows.iter_mut()
                 .zip(per_row)
-                .map(|(r, (lp, row_logits))| Ok((r.sampler.sample_host(as_f32_slice(&lp)?), row_logits)))
+                .map(|(r, (lp, row_logits))| Ok((r.sampler.sample_host(as_f32_slice(&lp)?), lp, row_logits)))
                 .collect()
         })();
         let chosen = match result {
@@ -350,13 +375,14 @@ impl Executor {
                 return;
             }
         };
-        for (r, (token, row_logits)) in rows.iter_mut().zip(chosen) {
+        for (r, (token, lp, row_logits)) in rows.iter_mut().zip(chosen) {
             if r.capture_first_logits > 0 {
                 r.first_logits = leading_values(&row_logits, r.capture_first_logits);
             }
             let left = self.context_left(r);
             self.tokens_generated += 1;
-            if let Err(e) = r.accept(token, left) {
+            let lp = as_f32_slice(&lp).ok();
+            if let Err(e) = r.accept(token, left, lp) {
                 r.error = Some(e.to_string());
                 r.finish = Some(FinishReason::Stop);
             }
@@ -419,7 +445,8 @@ impl Executor {
     }
 
     fn try_decode_step(&mut self) -> Result<()> {
-        let pipelined = self.rows.iter().all(|r| r.sampler.params().is_plain_greedy());
+        // Rows wanting log-probabilities need their row on the host, as sampled rows do.
+        let pipelined = self.rows.iter().all(|r| r.sampler.params().is_plain_greedy() && r.logprobs.is_none());
         if !pipelined {
             self.read_in_flight()?;
             if self.rows.is_empty() {
@@ -457,7 +484,8 @@ impl Executor {
                 chosen.push(if r.sampler.params().temperature == 0.0 { first_argmax(v) } else { r.sampler.sample_host(v) });
             }
             for (b, token) in chosen.into_iter().enumerate() {
-                self.accept_at(b, token);
+                let lp = as_f32_slice(&lps[b]).ok();
+                self.accept_at(b, token, lp);
             }
             self.evict_finished()?;
         }
@@ -465,11 +493,11 @@ impl Executor {
     }
 
     /// Gives batch row `b` its token; a row whose text handling fails is failed alone.
-    fn accept_at(&mut self, b: usize, token: u32) {
+    fn accept_at(&mut self, b: usize, token: u32, logprobs: Option<&[f32]>) {
         let left = self.context_left(&self.rows[b]);
         self.tokens_generated += 1;
         let row = &mut self.rows[b];
-        if let Err(e) = row.accept(token, left) {
+        if let Err(e) = row.accept(token, left, logprobs) {
             row.error = Some(e.to_string());
             row.finish = Some(FinishReason::Stop);
         }
@@ -504,7 +532,7 @@ impl Executor {
             if self.rows[b].finish.is_some() {
                 continue;
             }
-            self.accept_at(b, token);
+            self.accept_at(b, token, None);
         }
         self.evict_finished()
     }

@@ -55,6 +55,9 @@ pub struct Request {
     pub ignore_eos: bool,
     /// Report this many leading raw logits of the first step in `Done` (parity tooling).
     pub capture_first_logits: usize,
+    /// Report each token's log-probability and this many top alternatives (OpenAI `logprobs`
+    /// / `top_logprobs`); `None` = no log-probabilities.
+    pub logprobs: Option<usize>,
 }
 
 impl Request {
@@ -66,8 +69,17 @@ impl Request {
             stop: Vec::new(),
             ignore_eos: false,
             capture_first_logits: 0,
+            logprobs: None,
         }
     }
+}
+
+/// Log-probabilities of a generated token (after logits processors, before temperature).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct TokenLogprobs {
+    pub logprob: f32,
+    /// The most likely tokens at this step, best first.
+    pub top: Vec<(u32, f32)>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -81,7 +93,8 @@ pub struct Usage {
 /// A request's stream: tokens, then exactly one `Done` or `Error`.
 #[derive(Debug, Clone)]
 pub enum Event {
-    Token { token_id: u32, text: String },
+    /// `logprobs` is set when the request asked for them.
+    Token { token_id: u32, text: String, logprobs: Option<TokenLogprobs> },
     Done { finish_reason: FinishReason, usage: Usage, first_logits: Vec<f32> },
     Error { message: String },
 }
@@ -286,6 +299,9 @@ pub fn prepare(
         Input::Prompt(text) => need_tokenizer()?.encode(text, true)?,
         Input::Messages(messages) => need_tokenizer()?.apply_chat_template(messages, true)?,
     };
+    if request.logprobs.is_some_and(|k| k > 20) {
+        return Err(Error::InvalidRequest("top logprobs must be at most 20".into()));
+    }
     if request.max_tokens == 0 {
         return Err(Error::InvalidRequest("max_tokens must be at least 1".into()));
     }
