@@ -208,6 +208,7 @@ def main() -> None:
     import mlx.core as mx
     import mlx_lm
 
+    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     model, config = load_mlx_lm(mlx_path)
     vocab = int(config["vocab_size"])
     prompt = prompt_ids(args.seed, args.prompt_len, vocab)
@@ -244,7 +245,8 @@ def main() -> None:
         "git_commit": git_commit(),
         "machine": machine(),
         "ld_preload": os.environ.get("LD_PRELOAD"),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "started": started,
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     if args.json:
         print(json.dumps(result, indent=2))

@@ -46,6 +46,10 @@ struct Measure {
     decode_tok_s: f64,
     prefill_tok_s: f64,
     ttft_ms: f64,
+    /// Per decode step: host graph building, waiting on MLX, host work after the tokens arrive.
+    build_ms: f64,
+    wait_ms: f64,
+    host_ms: f64,
 }
 
 /// The same xorshift stream benches/ scripts use, so both sides see identical prompts.
@@ -90,6 +94,8 @@ fn run_once(path: &std::path::Path, args: &BenchArgs, batch: usize, gen: usize) 
     }
     engine.run_to_completion();
     let wall = start.elapsed().as_secs_f64();
+    let stats = engine.core.stats();
+    let per_step = |secs: f64| secs * 1000.0 / stats.decode_steps.max(1) as f64;
     let rows = engine.results();
     if let Some(e) = rows.iter().find_map(|(_, r)| r.error.clone()) {
         return Err(Error::Mlx(e));
@@ -103,6 +109,9 @@ fn run_once(path: &std::path::Path, args: &BenchArgs, batch: usize, gen: usize) 
         decode_tok_s: (tokens.saturating_sub(batch)) as f64 / (wall - last_first).max(1e-9),
         prefill_tok_s: (batch * args.prompt_len) as f64 / last_first.max(1e-9),
         ttft_ms: ttfts[ttfts.len() / 2] * 1000.0,
+        build_ms: per_step(stats.decode_graph_build_s),
+        wait_ms: per_step(stats.decode_eval_wait_s),
+        host_ms: per_step(stats.decode_host_s),
     };
     Ok(m)
 }
@@ -132,6 +141,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 decode_tok_s: pick(|m| m.decode_tok_s),
                 prefill_tok_s: pick(|m| m.prefill_tok_s),
                 ttft_ms: pick(|m| m.ttft_ms),
+                build_ms: pick(|m| m.build_ms),
+                wait_ms: pick(|m| m.wait_ms),
+                host_ms: pick(|m| m.host_ms),
             },
         ));
     }
@@ -139,7 +151,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let rows: Vec<_> = results
             .iter()
             .map(|(b, m)| json!({"batch": b, "agg_tok_s": m.agg_tok_s, "decode_tok_s": m.decode_tok_s,
-                                 "prefill_tok_s": m.prefill_tok_s, "ttft_ms": m.ttft_ms}))
+                                 "prefill_tok_s": m.prefill_tok_s, "ttft_ms": m.ttft_ms,
+                                 "step_ms": {"graph_build": m.build_ms, "eval_wait": m.wait_ms, "host": m.host_ms}}))
             .collect();
         println!(
             "{}",
@@ -148,9 +161,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
         );
     } else {
         println!("model: {}  prompt_len: {}  gen: {}  runs: {} (medians)", source.display(), args.prompt_len, args.gen, args.runs);
-        println!("{:>6} {:>12} {:>14} {:>15} {:>10}", "batch", "agg tok/s", "decode tok/s", "prefill tok/s", "ttft ms");
+        println!(
+            "{:>6} {:>12} {:>14} {:>15} {:>10} | per decode step ms: {:>6} {:>6} {:>6}",
+            "batch", "agg tok/s", "decode tok/s", "prefill tok/s", "ttft ms", "build", "wait", "host"
+        );
         for (b, m) in &results {
-            println!("{:>6} {:>12.1} {:>14.1} {:>15.1} {:>10.1}", b, m.agg_tok_s, m.decode_tok_s, m.prefill_tok_s, m.ttft_ms);
+            println!(
+                "{:>6} {:>12.1} {:>14.1} {:>15.1} {:>10.1} | {:>25.3} {:>6.3} {:>6.3}",
+                b, m.agg_tok_s, m.decode_tok_s, m.prefill_tok_s, m.ttft_ms, m.build_ms, m.wait_ms, m.host_ms
+            );
         }
     }
     Ok(())

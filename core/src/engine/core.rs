@@ -98,6 +98,9 @@ impl EngineCore {
             tokens_generated: self.executor.tokens_generated,
             decode_steps: self.executor.decode_steps,
             requests_finished: self.executor.finished,
+            decode_graph_build_s: self.executor.timing.graph_build.as_secs_f64(),
+            decode_eval_wait_s: self.executor.timing.eval_wait.as_secs_f64(),
+            decode_host_s: self.executor.timing.host.as_secs_f64(),
         }
     }
 }

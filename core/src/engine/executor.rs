@@ -9,6 +9,7 @@
 //! row with host-side sampling makes the step synchronous.
 
 use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
 use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::IndexOp;
@@ -159,6 +160,18 @@ struct Prefilling {
     done: usize,
 }
 
+/// Where decode steps spent their time (cumulative).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StepTiming {
+    /// Building the step's graph on the host (model forward calls, sampling ops).
+    pub graph_build: Duration,
+    /// Submitting the step (`async_eval`) and waiting for its tokens. On MLX's CPU backend the
+    /// submission itself runs most of the computation, so this is where compute time shows up.
+    pub eval_wait: Duration,
+    /// Reading tokens, sampling on the host, detokenizing, stop checks, callbacks, evictions.
+    pub host: Duration,
+}
+
 /// Tokens of a decode step still being computed, for the first `rows` rows of the batch.
 struct InFlight {
     tokens: Array,
@@ -176,6 +189,7 @@ pub(super) struct Executor {
     in_flight: Option<InFlight>,
     pub prompt_cache: PromptCache,
     pub decode_steps: u64,
+    pub timing: StepTiming,
     pub tokens_generated: u64,
     pub finished: u64,
 }
@@ -197,6 +211,7 @@ impl Executor {
             in_flight: None,
             prompt_cache: PromptCache::new(prompt_cache_bytes),
             decode_steps: 0,
+            timing: StepTiming::default(),
             tokens_generated: 0,
             finished: 0,
         }
@@ -453,6 +468,7 @@ impl Executor {
                 return Ok(());
             }
         }
+        let started = Instant::now();
         let inputs = self.step_inputs()?;
         let batch = self.batch.as_mut().ok_or_else(|| Error::Mlx("decoding rows without a batch cache".into()))?;
         let logits = last_position(&self.model.forward(&inputs, batch)?)?;
@@ -462,7 +478,10 @@ impl Executor {
         }
         if pipelined {
             let next = Sampler::argmax(&Sampler::logprobs(&logits)?)?;
+            self.timing.graph_build += started.elapsed();
+            let submit = Instant::now();
             async_eval([&next])?;
+            self.timing.eval_wait += submit.elapsed();
             let previous = self.in_flight.replace(InFlight { tokens: next, rows: self.rows.len() });
             if let Some(prev) = previous {
                 self.deliver(&prev)?;
@@ -478,7 +497,11 @@ impl Executor {
                     Sampler::logprobs(&r.sampler.process_logits(&row_logits)?)?.as_dtype(Dtype::Float32).map_err(Error::from)
                 })
                 .collect::<Result<_>>()?;
+            self.timing.graph_build += started.elapsed();
+            let wait = Instant::now();
             eval(&lps)?;
+            self.timing.eval_wait += wait.elapsed();
+            let host = Instant::now();
             for (r, lp) in self.rows.iter_mut().zip(&lps) {
                 let v = as_f32_slice(lp)?;
                 chosen.push(if r.sampler.params().temperature == 0.0 { first_argmax(v) } else { r.sampler.sample_host(v) });
@@ -488,6 +511,7 @@ impl Executor {
                 self.accept_at(b, token, lp);
             }
             self.evict_finished()?;
+            self.timing.host += host.elapsed();
         }
         Ok(())
     }
@@ -522,7 +546,10 @@ impl Executor {
 
     /// Reads an in-flight step's tokens and hands them to their rows.
     fn deliver(&mut self, flight: &InFlight) -> Result<()> {
+        let wait = Instant::now();
         flight.tokens.eval()?;
+        self.timing.eval_wait += wait.elapsed();
+        let host = Instant::now();
         let tokens = flight
             .tokens
             .try_as_slice::<u32>()
@@ -534,7 +561,9 @@ impl Executor {
             }
             self.accept_at(b, token, None);
         }
-        self.evict_finished()
+        let evicted = self.evict_finished();
+        self.timing.host += host.elapsed();
+        evicted
     }
 
     /// Reads the pending step (if any) so every row's last token is known on the host.

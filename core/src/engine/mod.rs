@@ -162,6 +162,11 @@ pub struct EngineStats {
     pub tokens_generated: u64,
     pub decode_steps: u64,
     pub requests_finished: u64,
+    /// Cumulative seconds decode steps spent building graphs, waiting on MLX, and on host work
+    /// (sampling, detokenizing, callbacks).
+    pub decode_graph_build_s: f64,
+    pub decode_eval_wait_s: f64,
+    pub decode_host_s: f64,
 }
 
 /// A validated, tokenized request ready for the core.

@@ -1,0 +1,120 @@
+//! Status codes, the per-thread last-error message and the guard every `extern "C"` function
+//! runs its body in (no panic crosses the boundary).
+
+use std::cell::RefCell;
+use std::ffi::{c_char, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// Success.
+pub const WEFT_OK: i32 = 0;
+/// A NULL pointer, malformed or invalid JSON, invalid UTF-8, a bad field value, or a call
+/// made where it is not allowed (e.g. from inside an event callback).
+pub const WEFT_ERR_INVALID_ARGUMENT: i32 = -1;
+/// The model could not be found, read, downloaded or parsed.
+pub const WEFT_ERR_MODEL_LOAD: i32 = -2;
+/// No such object, e.g. a request id this engine never issued.
+pub const WEFT_ERR_NOT_FOUND: i32 = -3;
+/// Not enough room: a caller buffer too small, or a request larger than the engine's whole KV
+/// budget.
+pub const WEFT_ERR_CAPACITY: i32 = -4;
+/// The engine has been shut down (weft_engine_shutdown).
+pub const WEFT_ERR_SHUTDOWN: i32 = -5;
+/// A bug or a failure inside the engine or MLX (including a caught Rust panic).
+pub const WEFT_ERR_INTERNAL: i32 = -6;
+/// The model is well formed but uses an architecture or option this engine does not implement.
+pub const WEFT_ERR_UNSUPPORTED: i32 = -7;
+
+pub(crate) fn status_str(status: i32) -> &'static CStr {
+    match status {
+        WEFT_OK => c"ok",
+        WEFT_ERR_INVALID_ARGUMENT => c"invalid argument",
+        WEFT_ERR_MODEL_LOAD => c"model load failed",
+        WEFT_ERR_NOT_FOUND => c"not found",
+        WEFT_ERR_CAPACITY => c"capacity exceeded",
+        WEFT_ERR_SHUTDOWN => c"engine shut down",
+        WEFT_ERR_INTERNAL => c"internal error",
+        WEFT_ERR_UNSUPPORTED => c"unsupported model",
+        _ => c"unknown status",
+    }
+}
+
+/// A failed call: its status code and the message `weft_last_error` returns.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    pub status: i32,
+    pub message: String,
+}
+
+impl Failure {
+    pub fn new(status: i32, message: impl Into<String>) -> Self {
+        Failure { status, message: message.into() }
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Failure::new(WEFT_ERR_INVALID_ARGUMENT, message)
+    }
+}
+
+pub(crate) type FfiResult<T> = Result<T, Failure>;
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+pub(crate) fn set_last_error(message: &str) {
+    // Interior NULs would truncate the C string; the message is for people, so replace them.
+    let c = CString::new(message.replace('\0', "\u{FFFD}")).unwrap_or_default();
+    // `try_with`: during thread teardown the slot may be gone; then there is nowhere to write.
+    let _ = LAST_ERROR.try_with(|slot| *slot.borrow_mut() = c);
+}
+
+pub(crate) fn last_error_ptr() -> *const c_char {
+    LAST_ERROR
+        .try_with(|slot| slot.borrow().as_ptr())
+        .unwrap_or(c"".as_ptr())
+}
+
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic payload".to_string()
+    }
+}
+
+/// Runs an `extern "C"` function's body: a `Failure` becomes its status code and this thread's
+/// last-error message; a panic becomes `WEFT_ERR_INTERNAL`.
+pub(crate) fn guard(name: &str, body: impl FnOnce() -> FfiResult<()>) -> i32 {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => WEFT_OK,
+        Ok(Err(f)) => {
+            set_last_error(&f.message);
+            f.status
+        }
+        Err(payload) => {
+            set_last_error(&format!("{name}: internal error (Rust panic: {})", panic_message(&*payload)));
+            WEFT_ERR_INTERNAL
+        }
+    }
+}
+
+/// Maps an engine error to a status code. `loading`: the error came from opening a model, where
+/// tokenizer and MLX failures mean the model files are at fault.
+pub(crate) fn from_engine_error(e: &weft::Error, loading: bool) -> Failure {
+    use weft::Error as E;
+    let status = match e {
+        E::ModelLoad(_) | E::Io { .. } | E::Download(_) => WEFT_ERR_MODEL_LOAD,
+        E::Unsupported(_) => WEFT_ERR_UNSUPPORTED,
+        E::Tokenizer(_) | E::Mlx(_) if loading => WEFT_ERR_MODEL_LOAD,
+        E::Tokenizer(_) => WEFT_ERR_INVALID_ARGUMENT,
+        // The engine words these two in `Engine::submit` / `engine::prepare`; tests/c_abi.rs
+        // checks both mappings, so a rewording there fails loudly.
+        E::InvalidRequest(m) if m.contains("the engine has shut down") => WEFT_ERR_SHUTDOWN,
+        E::InvalidRequest(m) if m.contains("KV budget") => WEFT_ERR_CAPACITY,
+        E::InvalidRequest(_) => WEFT_ERR_INVALID_ARGUMENT,
+        E::Mlx(_) => WEFT_ERR_INTERNAL,
+    };
+    Failure::new(status, e.to_string())
+}
