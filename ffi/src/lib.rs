@@ -1,1 +1,336 @@
-//! C ABI (see issue: stable C ABI). Intentionally empty for now.
+//! Weft's stable C ABI: the functions and types of `include/weft.h` (generated from this crate
+//! by cbindgen; see docs/c-api.md for the contract in prose).
+//!
+//! Every `extern "C"` function runs its body under [`status::guard`]: failures become status
+//! codes plus a per-thread message, and panics are caught (`WEFT_ERR_INTERNAL`), so no unwinding
+//! crosses the boundary. Every pointer argument is checked.
+//!
+//! The engine is `weft::engine::Engine`; this crate only parses JSON, adapts callbacks and maps
+//! errors.
+
+#![allow(non_camel_case_types)] // C names: weft_engine, weft_event, ...
+
+mod event;
+mod json;
+mod status;
+
+use std::cell::Cell;
+use std::ffi::{c_char, c_void, CStr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use weft::engine::Engine;
+use weft::model_store::ModelStore;
+
+pub use event::{
+    weft_event, weft_event_fn, weft_token_logprob, WEFT_EVENT_DONE, WEFT_EVENT_ERROR, WEFT_EVENT_TOKEN,
+    WEFT_FINISH_CANCELLED, WEFT_FINISH_LENGTH, WEFT_FINISH_STOP,
+};
+pub use status::{
+    WEFT_ERR_CAPACITY, WEFT_ERR_INTERNAL, WEFT_ERR_INVALID_ARGUMENT, WEFT_ERR_MODEL_LOAD, WEFT_ERR_NOT_FOUND,
+    WEFT_ERR_SHUTDOWN, WEFT_ERR_UNSUPPORTED, WEFT_OK,
+};
+
+use status::{from_engine_error, guard, FfiResult, Failure};
+
+/// The ABI version this header describes. It changes only when an existing function, type,
+/// constant or struct field changes incompatibly; additions (new functions, constants, fields
+/// appended to the end of weft_event) keep it. Compare with weft_abi_version() at start-up.
+pub const WEFT_ABI_VERSION: u32 = 1;
+
+static VERSION: &CStr = match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
+    Ok(v) => v,
+    Err(_) => panic!("the package version contains a NUL"),
+};
+
+thread_local! {
+    /// How many weft event callbacks are running on this thread (for refusing calls that would
+    /// deadlock, such as freeing the engine from its own callback).
+    static IN_CALLBACK: Cell<u32> = const { Cell::new(0) };
+}
+
+fn in_callback() -> bool {
+    IN_CALLBACK.try_with(|c| c.get() > 0).unwrap_or(false)
+}
+
+/// A loaded model and its running engine thread (opaque to C).
+pub struct weft_engine {
+    /// `None` once shut down; submits then fail with `WEFT_ERR_SHUTDOWN`.
+    engine: RwLock<Option<Engine>>,
+    /// The highest request id handed out so far (the engine issues ids 1, 2, 3, ...).
+    max_issued: AtomicU64,
+}
+
+impl weft_engine {
+    /// Runs `f` on the engine if it is still running.
+    fn with<T>(&self, f: impl FnOnce(&Engine) -> FfiResult<T>) -> FfiResult<T> {
+        // A poisoned lock only means some thread panicked while holding it (caught at the
+        // boundary); the `Option<Engine>` inside is still consistent.
+        let guard = self.engine.read().unwrap_or_else(|e| e.into_inner());
+        match guard.as_ref() {
+            Some(engine) => f(engine),
+            None => Err(Failure::new(WEFT_ERR_SHUTDOWN, "the engine has been shut down")),
+        }
+    }
+
+    /// Takes the engine out (later calls see `WEFT_ERR_SHUTDOWN`) and drops it outside the lock:
+    /// dropping cancels outstanding requests, delivers their final events and joins the engine
+    /// thread, whose callbacks may themselves call into this handle.
+    fn shutdown(&self) {
+        let engine = self.engine.write().unwrap_or_else(|e| e.into_inner()).take();
+        drop(engine);
+    }
+}
+
+fn engine_ref<'a>(engine: *mut weft_engine, func: &str) -> FfiResult<&'a weft_engine> {
+    if engine.is_null() {
+        return Err(Failure::invalid(format!("{func}: engine is NULL")));
+    }
+    // SAFETY: non-NULL, and per the contract a live handle from weft_engine_new.
+    Ok(unsafe { &*engine })
+}
+
+/// Reads a NUL-terminated UTF-8 string argument.
+fn str_arg<'a>(p: *const c_char, func: &str, name: &str) -> FfiResult<&'a str> {
+    if p.is_null() {
+        return Err(Failure::invalid(format!("{func}: {name} is NULL")));
+    }
+    // SAFETY: non-NULL and NUL-terminated per the contract.
+    let bytes = unsafe { CStr::from_ptr(p) };
+    bytes.to_str().map_err(|e| {
+        Failure::invalid(format!("{func}: {name} is not valid UTF-8 (at byte {})", e.valid_up_to()))
+    })
+}
+
+/// The ABI version of the loaded library (WEFT_ABI_VERSION of the header it was built from).
+/// A program built against a header whose WEFT_ABI_VERSION differs must not use the library.
+#[no_mangle]
+pub extern "C" fn weft_abi_version() -> u32 {
+    WEFT_ABI_VERSION
+}
+
+/// The library's version, e.g. "0.1.0": a static NUL-terminated string (never freed).
+#[no_mangle]
+pub extern "C" fn weft_version() -> *const c_char {
+    VERSION.as_ptr()
+}
+
+/// A static English description of a status code ("unknown status" for codes this library
+/// does not know). Never NULL.
+#[no_mangle]
+pub extern "C" fn weft_status_string(status: i32) -> *const c_char {
+    status::status_str(status).as_ptr()
+}
+
+/// The message of the last call that failed on this thread (a NUL-terminated UTF-8 string;
+/// "" if none has). Successful calls do not clear it. Valid until the next weft_* call on this
+/// thread; copy it to keep it. Never NULL.
+#[no_mangle]
+pub extern "C" fn weft_last_error() -> *const c_char {
+    status::last_error_ptr()
+}
+
+/// Loads a model and starts its engine thread.
+///
+/// options_json: a JSON object (NULL means "{}"), every field optional, null = default:
+///   "model": path of an mlx-lm model directory or a .gguf file; absent/null = the default model
+///            (SmolLM2-135M-Instruct, downloaded to the model store on first use);
+///   "max_batch": rows decoding together (default 8);
+///   "prompt_concurrency": requests prefilling at once (default 8);
+///   "prefill_step_size": prompt tokens per prefill chunk (default 2048);
+///   "kv_budget_bytes": projected KV-cache bytes across running requests (default: no limit);
+///   "prompt_cache_bytes": KV bytes of finished requests kept for prefix reuse (default 0 = off).
+/// Unknown fields are errors (WEFT_ERR_INVALID_ARGUMENT).
+///
+/// On success stores a new handle in *out_engine and returns WEFT_OK; free it with
+/// weft_engine_free. On failure stores NULL (if out_engine is not NULL) and returns
+/// WEFT_ERR_INVALID_ARGUMENT, WEFT_ERR_MODEL_LOAD or WEFT_ERR_UNSUPPORTED. May block for a long
+/// time (model loading, the first download of the default model).
+#[no_mangle]
+pub extern "C" fn weft_engine_new(options_json: *const c_char, out_engine: *mut *mut weft_engine) -> i32 {
+    const F: &str = "weft_engine_new";
+    guard(F, || {
+        if out_engine.is_null() {
+            return Err(Failure::invalid(format!("{F}: out_engine is NULL")));
+        }
+        // SAFETY: checked non-NULL; the caller provides a writable pointer slot.
+        unsafe { *out_engine = std::ptr::null_mut() };
+        let options = if options_json.is_null() {
+            json::parse_options("{}")?
+        } else {
+            json::parse_options(str_arg(options_json, F, "options_json")?)?
+        };
+        options.config.validate().map_err(|e| from_engine_error(&e, false))?;
+        let path = match options.model {
+            Some(p) => p,
+            None => ModelStore::from_env()
+                .default_model_path(&mut |_| {})
+                .map_err(|e| from_engine_error(&e, true))?,
+        };
+        let model = weft::loading::load(&path).map_err(|e| from_engine_error(&e, true))?;
+        let engine = Engine::start(model, options.config).map_err(|e| from_engine_error(&e, false))?;
+        let handle = Box::new(weft_engine { engine: RwLock::new(Some(engine)), max_issued: AtomicU64::new(0) });
+        // SAFETY: as above.
+        unsafe { *out_engine = Box::into_raw(handle) };
+        Ok(())
+    })
+}
+
+/// Stops the engine but keeps the handle valid: cancels every outstanding request (each gets its
+/// final DONE event with WEFT_FINISH_CANCELLED, or an ERROR), waits for those callbacks and joins
+/// the engine thread. Afterwards weft_submit, weft_cancel and weft_engine_stats return
+/// WEFT_ERR_SHUTDOWN, and no callback of this engine runs again. May be called from any thread,
+/// concurrently with other calls on the handle (useful to stop an engine other threads still
+/// use before freeing it), and more than once. Not from inside an event callback:
+/// that returns WEFT_ERR_INVALID_ARGUMENT and does nothing.
+#[no_mangle]
+pub extern "C" fn weft_engine_shutdown(engine: *mut weft_engine) -> i32 {
+    const F: &str = "weft_engine_shutdown";
+    guard(F, || {
+        let e = engine_ref(engine, F)?;
+        if in_callback() {
+            return Err(Failure::invalid(format!("{F} cannot be called from inside an event callback")));
+        }
+        e.shutdown();
+        Ok(())
+    })
+}
+
+/// Shuts the engine down (as weft_engine_shutdown) and frees the handle. No callback runs after
+/// it returns. NULL is a no-op. No other call on this handle may run concurrently or follow.
+/// Must not be called from inside an event callback: there it does nothing (the engine keeps
+/// running), sets this thread's weft_last_error and prints a warning to stderr.
+#[no_mangle]
+pub extern "C" fn weft_engine_free(engine: *mut weft_engine) {
+    const F: &str = "weft_engine_free";
+    let status = guard(F, || {
+        if engine.is_null() {
+            return Ok(());
+        }
+        if in_callback() {
+            let message = format!("{F} cannot be called from inside an event callback; the engine was not freed");
+            eprintln!("weft: {message}");
+            return Err(Failure::invalid(message));
+        }
+        // SAFETY: non-NULL, from weft_engine_new, not freed before (per the contract).
+        let handle = unsafe { Box::from_raw(engine) };
+        handle.shutdown();
+        drop(handle);
+        Ok(())
+    });
+    let _ = status;
+}
+
+/// Submits a request. Validation and tokenization happen here, on the calling thread: a bad
+/// request fails synchronously and then no callback is ever made for it. On WEFT_OK the request
+/// is queued, its id is stored in *out_request_id (if not NULL), and on_event receives its events
+/// on the engine thread: TOKEN events, then exactly one DONE or ERROR, after which on_event is
+/// never called for it again and user_data is no longer used. The first events may arrive
+/// before weft_submit returns.
+///
+/// request_json: a JSON object with exactly one input
+///   "prompt": raw text (tokenized as-is, special tokens per the tokenizer's config), or
+///   "messages": [{"role": "...", "content": "..."}, ...] rendered with the model's chat
+///               template (generation prompt added), or
+///   "prompt_ids": [token ids];
+/// and optionally (null = default): "max_tokens" (>= 1, default 256), "temperature" (default 0 =
+/// greedy), "top_p" (default 1), "top_k" (default 0 = off), "min_p" (default 0), "seed",
+/// "repetition_penalty", "presence_penalty", "frequency_penalty", "penalty_context" (default
+/// 20), "logit_bias" ({"<token id>": bias}), "stop" (a string or an array of strings),
+/// "ignore_eos" (default false), "logprobs" (bool), "top_logprobs" (0..20, needs "logprobs").
+/// Unknown fields are errors.
+///
+/// Returns WEFT_OK, WEFT_ERR_INVALID_ARGUMENT (NULL engine / request_json / on_event, bad JSON,
+/// a bad field, a prompt longer than the model's context, token ids outside the vocabulary,
+/// text input for a model without a tokenizer), WEFT_ERR_CAPACITY (the request alone needs more
+/// KV cache than the engine's kv_budget_bytes) or WEFT_ERR_SHUTDOWN.
+#[no_mangle]
+pub extern "C" fn weft_submit(
+    engine: *mut weft_engine,
+    request_json: *const c_char,
+    on_event: weft_event_fn,
+    user_data: *mut c_void,
+    out_request_id: *mut u64,
+) -> i32 {
+    const F: &str = "weft_submit";
+    guard(F, || {
+        let e = engine_ref(engine, F)?;
+        let text = str_arg(request_json, F, "request_json")?;
+        let Some(func) = on_event else {
+            return Err(Failure::invalid(format!("{F}: on_event is NULL")));
+        };
+        let request = json::parse_request(text)?;
+        let slot = Arc::new(event::IdSlot::default());
+        let sink = event::make_sink(event::Callback { func, user_data }, Arc::clone(&slot));
+        let id = e.with(|engine| engine.submit(request, sink).map_err(|err| from_engine_error(&err, false)))?;
+        e.max_issued.fetch_max(id, Ordering::SeqCst);
+        // The engine thread may already be waiting to deliver this request's first event.
+        slot.publish(id);
+        if !out_request_id.is_null() {
+            // SAFETY: checked non-NULL; a writable uint64_t per the contract.
+            unsafe { *out_request_id = id };
+        }
+        Ok(())
+    })
+}
+
+/// Cancels a request: if it has not finished, it ends soon with a DONE event whose
+/// finish_reason is WEFT_FINISH_CANCELLED (tokens already delivered stay delivered). Returns
+/// WEFT_OK for any id this engine issued, including finished ones (then it does nothing);
+/// WEFT_ERR_NOT_FOUND for an id it never issued; WEFT_ERR_SHUTDOWN after shutdown. Any thread,
+/// also from inside a callback (including for the request being delivered); does not block.
+#[no_mangle]
+pub extern "C" fn weft_cancel(engine: *mut weft_engine, request_id: u64) -> i32 {
+    const F: &str = "weft_cancel";
+    guard(F, || {
+        let e = engine_ref(engine, F)?;
+        e.with(|engine| {
+            if request_id == 0 || request_id > e.max_issued.load(Ordering::SeqCst) {
+                return Err(Failure::new(
+                    WEFT_ERR_NOT_FOUND,
+                    format!("{F}: request id {request_id} was not issued by this engine"),
+                ));
+            }
+            engine.cancel(request_id);
+            Ok(())
+        })
+    })
+}
+
+/// Writes the engine's statistics as a NUL-terminated JSON object into buf:
+///   {"active_rows", "queued_rows", "prefilling_rows", "kv_bytes_in_use", "kv_budget_bytes"
+///    (null = no limit), "prompt_cache_bytes", "prompt_cache_entries", "prompt_cache_hits",
+///    "tokens_generated", "decode_steps", "requests_finished"} (all integers; more may be added).
+/// *out_len (if out_len is not NULL) always receives the JSON's length in bytes, excluding the
+/// NUL. Returns WEFT_OK when it fits (cap >= length + 1), else WEFT_ERR_CAPACITY with buf
+/// untouched: call again with a buffer of *out_len + 1 bytes. buf may be NULL when cap is 0.
+/// Any thread, also from inside a callback.
+#[no_mangle]
+pub extern "C" fn weft_engine_stats(engine: *mut weft_engine, buf: *mut c_char, cap: usize, out_len: *mut usize) -> i32 {
+    const F: &str = "weft_engine_stats";
+    guard(F, || {
+        let e = engine_ref(engine, F)?;
+        if buf.is_null() && cap > 0 {
+            return Err(Failure::invalid(format!("{F}: buf is NULL but cap is {cap}")));
+        }
+        let stats = e.with(|engine| Ok(engine.stats()))?;
+        let json = serde_json::to_string(&stats)
+            .map_err(|err| Failure::new(WEFT_ERR_INTERNAL, format!("{F}: cannot serialize stats: {err}")))?;
+        if !out_len.is_null() {
+            // SAFETY: checked non-NULL; a writable size_t per the contract.
+            unsafe { *out_len = json.len() };
+        }
+        if cap < json.len() + 1 {
+            return Err(Failure::new(
+                WEFT_ERR_CAPACITY,
+                format!("{F}: the stats need {} bytes (with the NUL), the buffer has {cap}", json.len() + 1),
+            ));
+        }
+        // SAFETY: buf is non-NULL (cap > 0 here) with room for cap >= len + 1 bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(json.as_ptr(), buf.cast::<u8>(), json.len());
+            *buf.add(json.len()) = 0;
+        }
+        Ok(())
+    })
+}

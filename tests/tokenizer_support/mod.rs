@@ -220,14 +220,11 @@ pub fn smollm2_gguf() -> Option<PathBuf> {
         assert!(path.is_file(), "WEFT_TEST_SMOLLM2_GGUF={} does not exist", path.display());
         return Some(path);
     }
-    let default = std::env::var_os("HOME").map(|home| {
-        PathBuf::from(home).join(".cache/weft/models/smollm2-135m-instruct-q4_1/SmolLM2-135M-Instruct.Q4_1.gguf")
-    });
-    if let Some(path) = default.filter(|p| p.is_file()) {
+    use weft::model_store::{DefaultModel, ModelStore};
+    if let Some(path) = ModelStore::from_env().cached(&DefaultModel::smollm2()) {
         return Some(path);
     }
-    let message = "SmolLM2 GGUF not found: set WEFT_TEST_SMOLLM2_GGUF or put it at \
-                   ~/.cache/weft/models/smollm2-135m-instruct-q4_1/SmolLM2-135M-Instruct.Q4_1.gguf";
+    let message = "SmolLM2 GGUF not found: run `weft pull` (or set WEFT_TEST_SMOLLM2_GGUF)";
     if std::env::var("WEFT_REQUIRE_DEFAULT_MODEL").as_deref() == Ok("1") {
         panic!("{message} (required because WEFT_REQUIRE_DEFAULT_MODEL=1)");
     }

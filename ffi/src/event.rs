@@ -1,0 +1,210 @@
+//! Delivering engine events to C callbacks.
+
+use std::ffi::{c_char, c_void};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Condvar, Mutex};
+
+use weft::engine::{Event, Sink};
+use weft::generate::FinishReason;
+
+use crate::IN_CALLBACK;
+
+/// A generated token (text delta and id).
+pub const WEFT_EVENT_TOKEN: i32 = 1;
+/// The request finished normally or was cancelled: finish_reason and usage are set. Final.
+pub const WEFT_EVENT_DONE: i32 = 2;
+/// The request failed after it was accepted: message is set. Final.
+pub const WEFT_EVENT_ERROR: i32 = 3;
+
+/// An end-of-sequence token or a stop string ended the request.
+pub const WEFT_FINISH_STOP: i32 = 0;
+/// max_tokens or the model's context length was reached.
+pub const WEFT_FINISH_LENGTH: i32 = 1;
+/// weft_cancel or engine shutdown ended the request.
+pub const WEFT_FINISH_CANCELLED: i32 = 2;
+
+/// One of the most likely tokens at a step (see weft_event.top_logprobs).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct weft_token_logprob {
+    pub token_id: i32,
+    /// Natural-log probability.
+    pub logprob: f32,
+}
+
+/// One event of one request, passed to its weft_event_fn. The struct and everything it points
+/// to are owned by the library and valid only during the callback: copy what you keep. Fields
+/// that do not apply to the event's kind hold the stated neutral values. New fields may be
+/// appended at the end in later versions (same WEFT_ABI_VERSION); never allocate or copy this
+/// struct by value expecting a fixed size.
+#[repr(C)]
+pub struct weft_event {
+    /// The id weft_submit returned for this request.
+    pub request_id: u64,
+    /// WEFT_EVENT_TOKEN, WEFT_EVENT_DONE or WEFT_EVENT_ERROR.
+    pub kind: i32,
+    /// TOKEN: the generated token id; -1 for other kinds.
+    pub token_id: i32,
+    /// TOKEN: the UTF-8 text this token adds. Never a partial code point; may be empty (text
+    /// held back until a character or a possible stop string completes). NUL-terminated for
+    /// convenience, but use text_len (the text may contain NUL bytes). Never NULL ("" for
+    /// other kinds).
+    pub text: *const c_char,
+    /// Length of text in bytes, excluding the terminating NUL.
+    pub text_len: usize,
+    /// DONE: WEFT_FINISH_STOP, WEFT_FINISH_LENGTH or WEFT_FINISH_CANCELLED; -1 for other kinds.
+    pub finish_reason: i32,
+    /// DONE: prompt length in tokens; 0 for other kinds.
+    pub prompt_tokens: u32,
+    /// DONE: tokens generated (a final stop token is not counted); 0 for other kinds.
+    pub completion_tokens: u32,
+    /// DONE: prompt tokens served from the prompt cache; 0 for other kinds.
+    pub cached_tokens: u32,
+    /// ERROR: what went wrong (UTF-8, NUL-terminated, see message_len). Never NULL ("" for
+    /// other kinds).
+    pub message: *const c_char,
+    /// Length of message in bytes, excluding the terminating NUL.
+    pub message_len: usize,
+    /// TOKEN, when the request set "logprobs": true: the token's natural-log probability (after
+    /// logit bias and penalties, before temperature). NaN otherwise.
+    pub logprob: f32,
+    /// TOKEN, with "top_logprobs": n > 0: the n most likely tokens at this step, best first.
+    /// NULL when top_logprobs_len is 0.
+    pub top_logprobs: *const weft_token_logprob,
+    /// Number of entries in top_logprobs.
+    pub top_logprobs_len: usize,
+}
+
+/// Receives a request's events on the engine thread, in order. It must return (not longjmp or
+/// throw); a slow callback delays this engine's other requests too. From inside it you may call
+/// weft_cancel, weft_submit, weft_engine_stats, weft_last_error and the version/status
+/// functions, but not weft_engine_shutdown or weft_engine_free.
+pub type weft_event_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, event: *const weft_event)>;
+
+pub(crate) struct Callback {
+    pub func: unsafe extern "C" fn(*mut c_void, *const weft_event),
+    pub user_data: *mut c_void,
+}
+
+// SAFETY: the C contract says callbacks run on the engine thread; the caller guarantees
+// user_data may be used there.
+unsafe impl Send for Callback {}
+
+/// The request id, published by weft_submit once `Engine::submit` returns it. The engine may
+/// deliver the first event before that, so the sink waits (for as long as the submitting thread
+/// takes to return from the channel send: microseconds).
+#[derive(Default)]
+pub(crate) struct IdSlot {
+    id: Mutex<u64>,
+    ready: Condvar,
+}
+
+impl IdSlot {
+    pub fn publish(&self, id: u64) {
+        *self.id.lock().unwrap_or_else(|e| e.into_inner()) = id;
+        self.ready.notify_all();
+    }
+
+    fn wait(&self) -> u64 {
+        let mut id = self.id.lock().unwrap_or_else(|e| e.into_inner());
+        while *id == 0 {
+            id = self.ready.wait(id).unwrap_or_else(|e| e.into_inner());
+        }
+        *id
+    }
+}
+
+/// Buffers reused across a request's events (NUL-terminated copies of text / message).
+struct Buffers {
+    text: Vec<u8>,
+    message: Vec<u8>,
+    top: Vec<weft_token_logprob>,
+}
+
+fn nul_terminated(buf: &mut Vec<u8>, s: &str) -> (*const c_char, usize) {
+    buf.clear();
+    buf.extend_from_slice(s.as_bytes());
+    buf.push(0);
+    (buf.as_ptr().cast(), s.len())
+}
+
+pub(crate) fn make_sink(cb: Callback, slot: Arc<IdSlot>) -> Sink {
+    let mut id = 0u64;
+    let mut bufs = Buffers { text: Vec::new(), message: Vec::new(), top: Vec::new() };
+    Box::new(move |ev: &Event| {
+        if id == 0 {
+            id = slot.wait();
+        }
+        // The callback is C (an unwind out of it aborts); the Rust around it must not unwind
+        // into the engine thread either.
+        let delivered = catch_unwind(AssertUnwindSafe(|| deliver(&cb, id, ev, &mut bufs)));
+        if let Err(payload) = delivered {
+            eprintln!(
+                "weft: internal error delivering an event of request {id}: {}",
+                crate::status::panic_message(&*payload)
+            );
+            return false; // cancels the row; its final event still comes
+        }
+        // C cancels through weft_cancel, never through this return value.
+        true
+    })
+}
+
+fn deliver(cb: &Callback, id: u64, ev: &Event, bufs: &mut Buffers) {
+    let empty: *const c_char = c"".as_ptr();
+    let mut e = weft_event {
+        request_id: id,
+        kind: 0,
+        token_id: -1,
+        text: empty,
+        text_len: 0,
+        finish_reason: -1,
+        prompt_tokens: 0,
+        completion_tokens: 0,
+        cached_tokens: 0,
+        message: empty,
+        message_len: 0,
+        logprob: f32::NAN,
+        top_logprobs: std::ptr::null(),
+        top_logprobs_len: 0,
+    };
+    let sat = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    match ev {
+        Event::Token { token_id, text, logprobs } => {
+            e.kind = WEFT_EVENT_TOKEN;
+            e.token_id = i32::try_from(*token_id).unwrap_or(i32::MAX);
+            (e.text, e.text_len) = nul_terminated(&mut bufs.text, text);
+            if let Some(lp) = logprobs {
+                e.logprob = lp.logprob;
+                bufs.top.clear();
+                bufs.top.extend(lp.top.iter().map(|&(t, l)| weft_token_logprob {
+                    token_id: i32::try_from(t).unwrap_or(i32::MAX),
+                    logprob: l,
+                }));
+                if !bufs.top.is_empty() {
+                    e.top_logprobs = bufs.top.as_ptr();
+                    e.top_logprobs_len = bufs.top.len();
+                }
+            }
+        }
+        Event::Done { finish_reason, usage, .. } => {
+            e.kind = WEFT_EVENT_DONE;
+            e.finish_reason = match finish_reason {
+                FinishReason::Stop => WEFT_FINISH_STOP,
+                FinishReason::Length => WEFT_FINISH_LENGTH,
+                FinishReason::Cancelled => WEFT_FINISH_CANCELLED,
+            };
+            e.prompt_tokens = sat(usage.prompt_tokens);
+            e.completion_tokens = sat(usage.completion_tokens);
+            e.cached_tokens = sat(usage.cached_tokens);
+        }
+        Event::Error { message } => {
+            e.kind = WEFT_EVENT_ERROR;
+            (e.message, e.message_len) = nul_terminated(&mut bufs.message, message);
+        }
+    }
+    let _ = IN_CALLBACK.try_with(|c| c.set(c.get() + 1));
+    // SAFETY: a valid function pointer from weft_submit; `e` and its buffers outlive the call.
+    unsafe { (cb.func)(cb.user_data, &e) };
+    let _ = IN_CALLBACK.try_with(|c| c.set(c.get() - 1));
+}
