@@ -1,0 +1,34 @@
+/* The `weft` package: Weft's LLM engine for Node.js, Electron and Bun. */
+
+/** What kind of failure a {@link WeftError} is. */
+export type WeftErrorCode =
+  /** An option has the wrong type or value, an unknown option, or a request the model cannot serve. */
+  | 'INVALID_ARGUMENT'
+  /** The model directory / file is missing, unreadable or inconsistent. */
+  | 'MODEL_LOAD'
+  /** The model uses an architecture or option Weft does not implement. */
+  | 'UNSUPPORTED'
+  /** Tokenizer or chat-template failure. */
+  | 'TOKENIZER'
+  /** Downloading or verifying the default model failed. */
+  | 'DOWNLOAD'
+  | 'IO'
+  /** An MLX operation failed. */
+  | 'MLX'
+  /** The engine was closed. */
+  | 'ENGINE_CLOSED'
+  /** A request failed while generating (its stream or `complete` promise reports it). */
+  | 'GENERATION_FAILED'
+  | 'INTERNAL'
+
+/** Every error the Weft API throws or rejects with. */
+export declare class WeftError extends Error {
+  constructor(message: string, code: WeftErrorCode)
+  readonly name: 'WeftError'
+  readonly code: WeftErrorCode
+}
+
+export interface Generation {
+  [Symbol.asyncIterator](): Generation
+}
+

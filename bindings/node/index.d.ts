@@ -1,0 +1,225 @@
+/* The `weft` package: Weft's LLM engine for Node.js, Electron and Bun. */
+
+/** What kind of failure a {@link WeftError} is. */
+export type WeftErrorCode =
+  /** An option has the wrong type or value, an unknown option, or a request the model cannot serve. */
+  | 'INVALID_ARGUMENT'
+  /** The model directory / file is missing, unreadable or inconsistent. */
+  | 'MODEL_LOAD'
+  /** The model uses an architecture or option Weft does not implement. */
+  | 'UNSUPPORTED'
+  /** Tokenizer or chat-template failure. */
+  | 'TOKENIZER'
+  /** Downloading or verifying the default model failed. */
+  | 'DOWNLOAD'
+  | 'IO'
+  /** An MLX operation failed. */
+  | 'MLX'
+  /** The engine was closed. */
+  | 'ENGINE_CLOSED'
+  /** A request failed while generating (its stream or `complete` promise reports it). */
+  | 'GENERATION_FAILED'
+  | 'INTERNAL'
+
+/** Every error the Weft API throws or rejects with. */
+export declare class WeftError extends Error {
+  constructor(message: string, code: WeftErrorCode)
+  readonly name: 'WeftError'
+  readonly code: WeftErrorCode
+}
+
+export interface Generation {
+  [Symbol.asyncIterator](): Generation
+}
+
+/**
+ * A loaded model served by a continuous-batching engine. Create one with {@link Engine.load};
+ * concurrent `generate` / `complete` calls share its batch.
+ */
+export declare class Engine {
+  /**
+   * Loads a model (on a worker thread) and starts its engine.
+   * Invalid options reject with a `WeftError` (`INVALID_ARGUMENT`), a model that cannot be
+   * loaded with `MODEL_LOAD`, `UNSUPPORTED`, `DOWNLOAD`...
+   */
+  static load(options?: LoadOptions): Promise<Engine>
+  /** What was loaded. */
+  get modelInfo(): ModelInfo
+  /** Whether {@link Engine.close} was called. */
+  get closed(): boolean
+  /**
+   * Starts a request and returns its token stream: `for await (const chunk of
+   * engine.generate(...))`. Invalid options throw a `WeftError` here, synchronously.
+   * Leaving the loop early (`break`, `return`, an exception) cancels the request.
+   */
+  generate(options: GenerateOptions): Generation
+  /**
+   * Runs a request to the end and resolves with its text, token ids, finish reason and
+   * usage. Invalid options reject with a `WeftError`.
+   */
+  complete(options: GenerateOptions): Promise<Completion>
+  /** Scheduler state and counters (published after each engine step). */
+  stats(): EngineStats
+  /**
+   * Cancels every outstanding request (their streams end with `finishReason: "cancelled"`),
+   * stops the engine thread and frees the model. Later calls are rejected with
+   * `ENGINE_CLOSED`; closing twice is harmless.
+   */
+  close(): Promise<void>
+}
+
+/**
+ * The token stream of one `generate` call: an async iterator of {@link Chunk}s. Tokens are
+ * buffered per request (never blocking the engine), so a slow consumer only delays itself.
+ */
+export declare class Generation {
+  /**
+   * The next chunk: `{ done: false, value: chunk }`, then once `{ done: true, value:
+   * summary }`. A failure mid-stream rejects with a `WeftError` (code `GENERATION_FAILED`).
+   */
+  next(): Promise<IteratorResult<Chunk, Completion | undefined>>
+  /**
+   * Stops the stream (what `break` in `for await` calls): cancels the request, drops
+   * buffered chunks and resolves once the engine has released the row.
+   */
+  return(value?: unknown): Promise<IteratorResult<Chunk, Completion | undefined>>
+  /**
+   * Cancels the request; chunks already produced can still be read, then the stream ends with
+   * `finishReason: "cancelled"`.
+   */
+  cancel(): void
+  /**
+   * Text, token ids, finish reason and usage once the engine has finished the request (chunks
+   * may still be buffered for the iterator), else `null`.
+   */
+  get summary(): Completion | null
+}
+
+/** One turn of a conversation. */
+export interface ChatMessage {
+  /** `"system"`, `"user"`, `"assistant"`... as the model's chat template expects. */
+  role: string
+  content: string
+}
+
+/** One streamed piece of output. */
+export interface Chunk {
+  /**
+   * Text this token completes (may be empty while a multi-byte character or a possible stop
+   * string is held back).
+   */
+  text: string
+  tokenId: number
+}
+
+/** The result of {@link Engine.complete}, and {@link Generation.summary} once a stream ended. */
+export interface Completion {
+  text: string
+  /** Generated token ids (an end-of-sequence token that stopped generation is not included). */
+  tokenIds: Array<number>
+  finishReason: FinishReason
+  usage: Usage
+}
+
+/** A snapshot of the engine's scheduler and counters. */
+export interface EngineStats {
+  activeRows: number
+  queuedRows: number
+  prefillingRows: number
+  kvBytesInUse: number
+  /** Absent when there is no KV budget. */
+  kvBudgetBytes?: number
+  promptCacheBytes: number
+  promptCacheEntries: number
+  promptCacheHits: number
+  tokensGenerated: number
+  decodeSteps: number
+  requestsFinished: number
+}
+
+/**
+ * Why a request ended: `"stop"` (an end-of-sequence token or a stop string), `"length"`
+ * (`maxTokens` or the model's context length) or `"cancelled"` (`break`, `return()`,
+ * `cancel()`, an aborted signal or `close()`).
+ */
+export type FinishReason = 'stop' | 'length' | 'cancelled'
+
+/**
+ * Options for {@link Engine.generate} and {@link Engine.complete}. Exactly one of `messages`,
+ * `prompt` or `promptIds` is required.
+ */
+export interface GenerateOptions {
+  /** A conversation, rendered with the model's chat template. */
+  messages?: Array<ChatMessage>
+  /** Raw text, tokenized as is. */
+  prompt?: string
+  /** Token ids. */
+  promptIds?: Array<number>
+  /** Most tokens to generate (default 256). */
+  maxTokens?: number
+  /** 0 (the default) is greedy. */
+  temperature?: number
+  /** Nucleus sampling threshold in (0, 1]; 1 (default) disables. */
+  topP?: number
+  /** Keep the k most likely tokens; 0 (default) disables. */
+  topK?: number
+  /** Drop tokens below `minP × p(top token)`; 0 (default) disables. */
+  minP?: number
+  repetitionPenalty?: number
+  presencePenalty?: number
+  frequencyPenalty?: number
+  /** How many recent tokens the penalties look at (default 20). */
+  penaltyContext?: number
+  /** Additive bias per token id. */
+  logitBias?: Record<number, number>
+  /** Makes sampling reproducible. */
+  seed?: number
+  /** Stop strings: generation ends before the first match, which is cut from the text. */
+  stop?: string | string[]
+  /** Keep going past the model's end-of-sequence tokens. */
+  ignoreEos?: boolean
+  /**
+   * Aborting it cancels the request in the engine; the stream then ends normally with
+   * `finishReason: "cancelled"` (nothing is thrown).
+   */
+  signal?: AbortSignal
+}
+
+/** Options for {@link Engine.load}. */
+export interface LoadOptions {
+  /**
+   * An mlx-lm model directory or a `.gguf` file. Omitted: the default model
+   * (SmolLM2-135M-Instruct), downloaded and verified on first use.
+   */
+  model?: string
+  /** Rows decoding together (default 8). */
+  maxBatch?: number
+  /** Requests admitted to prefill at once (default 8). */
+  promptConcurrency?: number
+  /** Prompt tokens per prefill chunk; decode steps interleave between chunks (default 2048). */
+  prefillStepSize?: number
+  /** Projected KV-cache bytes allowed across admitted rows (default: no limit). */
+  kvBudgetBytes?: number
+  /** Bytes of finished rows' KV kept for prompt-prefix reuse (default 0: off). */
+  promptCacheBytes?: number
+}
+
+export interface ModelInfo {
+  /** The resolved model path. */
+  path: string
+  /** `config.json`'s `model_type` (`llama`, `qwen3`...). */
+  modelType: string
+  vocabSize: number
+  numLayers: number
+  /** Longest context the model was trained for, when its config says. */
+  contextLength?: number
+  /** Whether the model has a tokenizer (else only `promptIds` work). */
+  hasTokenizer: boolean
+}
+
+export interface Usage {
+  promptTokens: number
+  completionTokens: number
+  /** Prompt tokens whose KV came from the prompt cache. */
+  cachedTokens: number
+}

@@ -1,0 +1,770 @@
+//! The native half of the `weft` npm package (napi-rs v3): an [`Engine`] class wrapping
+//! `weft::engine::Engine`, and [`Generation`], the async iterator one `generate` call returns.
+//!
+//! Threading: the engine's driver thread calls each request's sink. The sink never waits on
+//! JavaScript: it appends the event to the request's own queue (or hands it straight to a
+//! pending `next()` promise, settled through a threadsafe function), so one slow consumer never
+//! stalls the batch. JavaScript pulls tokens with `next()`; a row's queue is bounded by its
+//! `maxTokens`. Cancellation (`break`, `return()`, `cancel()`, an aborted `signal`, `close()`,
+//! garbage collection of an unfinished `Generation`) reaches the engine's `cancel`, and the sink
+//! also answers `false` from then on so the row is evicted at its next token.
+
+mod js;
+mod options;
+
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use napi::bindgen_prelude::{AsyncTask, Either, ObjectFinalize, PromiseRaw, ToNapiValue, Unknown};
+use napi::{sys, Env, JsDeferred, JsValue, Task};
+use napi_derive::napi;
+use parking_lot::Mutex;
+
+use weft::engine::Event;
+use weft::generate::FinishReason as WeftFinish;
+
+use crate::js::{Fail, JsRef, Raw, Res};
+
+// ---------------------------------------------------------------------------------------------
+// Public object types (also the source of index.d.ts).
+
+/// Options for {@link Engine.load}.
+#[napi(object, object_to_js = false)]
+pub struct LoadOptions {
+    /// An mlx-lm model directory or a `.gguf` file. Omitted: the default model
+    /// (SmolLM2-135M-Instruct), downloaded and verified on first use.
+    pub model: Option<String>,
+    /// Rows decoding together (default 8).
+    pub max_batch: Option<u32>,
+    /// Requests admitted to prefill at once (default 8).
+    pub prompt_concurrency: Option<u32>,
+    /// Prompt tokens per prefill chunk; decode steps interleave between chunks (default 2048).
+    pub prefill_step_size: Option<u32>,
+    /// Projected KV-cache bytes allowed across admitted rows (default: no limit).
+    pub kv_budget_bytes: Option<f64>,
+    /// Bytes of finished rows' KV kept for prompt-prefix reuse (default 0: off).
+    pub prompt_cache_bytes: Option<f64>,
+}
+
+/// One turn of a conversation.
+#[napi(object)]
+pub struct ChatMessage {
+    /// `"system"`, `"user"`, `"assistant"`... as the model's chat template expects.
+    pub role: String,
+    pub content: String,
+}
+
+/// Options for {@link Engine.generate} and {@link Engine.complete}. Exactly one of `messages`,
+/// `prompt` or `promptIds` is required.
+#[napi(object, object_to_js = false)]
+pub struct GenerateOptions {
+    /// A conversation, rendered with the model's chat template.
+    pub messages: Option<Vec<ChatMessage>>,
+    /// Raw text, tokenized as is.
+    pub prompt: Option<String>,
+    /// Token ids.
+    pub prompt_ids: Option<Vec<u32>>,
+    /// Most tokens to generate (default 256).
+    pub max_tokens: Option<u32>,
+    /// 0 (the default) is greedy.
+    pub temperature: Option<f64>,
+    /// Nucleus sampling threshold in (0, 1]; 1 (default) disables.
+    pub top_p: Option<f64>,
+    /// Keep the k most likely tokens; 0 (default) disables.
+    pub top_k: Option<u32>,
+    /// Drop tokens below `minP × p(top token)`; 0 (default) disables.
+    pub min_p: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    /// How many recent tokens the penalties look at (default 20).
+    pub penalty_context: Option<u32>,
+    /// Additive bias per token id.
+    #[napi(ts_type = "Record<number, number>")]
+    pub logit_bias: Option<HashMap<String, f64>>,
+    /// Makes sampling reproducible.
+    pub seed: Option<f64>,
+    /// Stop strings: generation ends before the first match, which is cut from the text.
+    #[napi(ts_type = "string | string[]")]
+    pub stop: Option<Vec<String>>,
+    /// Keep going past the model's end-of-sequence tokens.
+    pub ignore_eos: Option<bool>,
+    /// Aborting it cancels the request in the engine; the stream then ends normally with
+    /// `finishReason: "cancelled"` (nothing is thrown).
+    #[napi(ts_type = "AbortSignal")]
+    pub signal: Option<bool>,
+}
+
+/// One streamed piece of output.
+#[napi(object)]
+pub struct Chunk {
+    /// Text this token completes (may be empty while a multi-byte character or a possible stop
+    /// string is held back).
+    pub text: String,
+    pub token_id: u32,
+}
+
+/// Why a request ended: `"stop"` (an end-of-sequence token or a stop string), `"length"`
+/// (`maxTokens` or the model's context length) or `"cancelled"` (`break`, `return()`,
+/// `cancel()`, an aborted signal or `close()`).
+#[napi(string_enum = "lowercase")]
+pub enum FinishReason {
+    /// An end-of-sequence token or a stop string.
+    Stop,
+    /// `maxTokens` or the model's context length.
+    Length,
+    /// `break`, `return()`, `cancel()`, an aborted signal or `close()`.
+    Cancelled,
+}
+
+#[napi(object)]
+#[derive(Clone)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    /// Prompt tokens whose KV came from the prompt cache.
+    pub cached_tokens: u32,
+}
+
+/// The result of {@link Engine.complete}, and {@link Generation.summary} once a stream ended.
+#[napi(object)]
+pub struct Completion {
+    pub text: String,
+    /// Generated token ids (an end-of-sequence token that stopped generation is not included).
+    pub token_ids: Vec<u32>,
+    pub finish_reason: FinishReason,
+    pub usage: Usage,
+}
+
+/// A snapshot of the engine's scheduler and counters.
+#[napi(object)]
+pub struct EngineStats {
+    pub active_rows: u32,
+    pub queued_rows: u32,
+    pub prefilling_rows: u32,
+    pub kv_bytes_in_use: f64,
+    /// Absent when there is no KV budget.
+    pub kv_budget_bytes: Option<f64>,
+    pub prompt_cache_bytes: f64,
+    pub prompt_cache_entries: u32,
+    pub prompt_cache_hits: f64,
+    pub tokens_generated: f64,
+    pub decode_steps: f64,
+    pub requests_finished: f64,
+}
+
+#[napi(object)]
+#[derive(Clone)]
+pub struct ModelInfo {
+    /// The resolved model path.
+    pub path: String,
+    /// `config.json`'s `model_type` (`llama`, `qwen3`...).
+    pub model_type: String,
+    pub vocab_size: u32,
+    pub num_layers: u32,
+    /// Longest context the model was trained for, when its config says.
+    pub context_length: Option<u32>,
+    /// Whether the model has a tokenizer (else only `promptIds` work).
+    pub has_tokenizer: bool,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Registration hook used by index.js.
+
+/// index.js registers its `WeftError` class so native errors are `instanceof WeftError`.
+#[napi(js_name = "__registerErrorClass", skip_typescript)]
+pub fn register_error_class(env: Env, ctor: Unknown) -> napi::Result<()> {
+    js::register_error_class(env.raw(), ctor.raw()).map_err(|f| js::to_napi(env.raw(), &f))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Engine
+
+struct Shared {
+    engine: Mutex<Option<weft::engine::Engine>>,
+    info: ModelInfo,
+}
+
+impl Shared {
+    fn cancel(&self, id: u64) {
+        if let Some(e) = self.engine.lock().as_ref() {
+            e.cancel(id);
+        }
+    }
+}
+
+/// A loaded model served by a continuous-batching engine. Create one with {@link Engine.load};
+/// concurrent `generate` / `complete` calls share its batch.
+#[napi]
+pub struct Engine {
+    shared: Arc<Shared>,
+}
+
+pub struct LoadTask {
+    params: Option<options::LoadParams>,
+    fail: Option<Fail>,
+}
+
+impl Task for LoadTask {
+    type Output = (weft::engine::Engine, ModelInfo);
+    type JsValue = Engine;
+
+    fn compute(&mut self) -> napi::Result<Self::Output> {
+        let params = self.params.take().expect("load runs once");
+        load_engine(params).map_err(|f| {
+            let e = napi::Error::from_reason(f.message.clone());
+            self.fail = Some(f);
+            e
+        })
+    }
+
+    fn resolve(&mut self, _env: Env, (engine, info): Self::Output) -> napi::Result<Engine> {
+        Ok(Engine { shared: Arc::new(Shared { engine: Mutex::new(Some(engine)), info }) })
+    }
+
+    fn reject(&mut self, env: Env, err: napi::Error) -> napi::Result<Engine> {
+        let fail = self.fail.take().unwrap_or_else(|| Fail::new("INTERNAL", err.reason.clone()));
+        Err(js::to_napi(env.raw(), &fail))
+    }
+}
+
+fn load_engine(params: options::LoadParams) -> Res<(weft::engine::Engine, ModelInfo)> {
+    let path = match params.model {
+        Some(p) => std::path::PathBuf::from(p),
+        None => weft::model_store::ModelStore::from_env().default_model_path(&mut |_| {})?,
+    };
+    let loaded = weft::loading::load(&path)?;
+    let engine = weft::engine::Engine::start(loaded, params.config)?;
+    let i = engine.model_info();
+    let info = ModelInfo {
+        path: path.display().to_string(),
+        model_type: i.model_type.clone(),
+        vocab_size: i.vocab_size.max(0) as u32,
+        num_layers: i.num_layers as u32,
+        context_length: i.max_position_embeddings.map(|n| n.min(u32::MAX as usize) as u32),
+        has_tokenizer: engine.tokenizer().is_some(),
+    };
+    Ok((engine, info))
+}
+
+pub struct CloseTask {
+    engine: Option<weft::engine::Engine>,
+}
+
+impl Task for CloseTask {
+    type Output = ();
+    type JsValue = ();
+
+    fn compute(&mut self) -> napi::Result<()> {
+        if let Some(e) = self.engine.take() {
+            e.shutdown();
+        }
+        Ok(())
+    }
+
+    fn resolve(&mut self, _env: Env, _: ()) -> napi::Result<()> {
+        Ok(())
+    }
+}
+
+#[napi]
+impl Engine {
+    /// Loads a model (on a worker thread) and starts its engine.
+    /// Invalid options reject with a `WeftError` (`INVALID_ARGUMENT`), a model that cannot be
+    /// loaded with `MODEL_LOAD`, `UNSUPPORTED`, `DOWNLOAD`...
+    #[napi(ts_args_type = "options?: LoadOptions", ts_return_type = "Promise<Engine>")]
+    pub fn load(env: Env, options: Option<Unknown>) -> napi::Result<Either<AsyncTask<LoadTask>, Raw>> {
+        match options::load_params(env.raw(), options.map(|o| o.raw())) {
+            Ok(params) => Ok(Either::A(AsyncTask::new(LoadTask { params: Some(params), fail: None }))),
+            Err(f) => Ok(Either::B(rejected(&env, &f)?)),
+        }
+    }
+
+    /// What was loaded.
+    #[napi(getter)]
+    pub fn model_info(&self) -> ModelInfo {
+        self.shared.info.clone()
+    }
+
+    /// Whether {@link Engine.close} was called.
+    #[napi(getter)]
+    pub fn closed(&self) -> bool {
+        self.shared.engine.lock().is_none()
+    }
+
+    /// Starts a request and returns its token stream: `for await (const chunk of
+    /// engine.generate(...))`. Invalid options throw a `WeftError` here, synchronously.
+    /// Leaving the loop early (`break`, `return`, an exception) cancels the request.
+    #[napi(ts_args_type = "options: GenerateOptions")]
+    pub fn generate(&self, env: Env, options: Option<Unknown>) -> napi::Result<Generation> {
+        let raw = env.raw();
+        self.start(raw, options.map(|o| o.raw()), true).map_err(|f| js::to_napi(raw, &f))
+    }
+
+    /// Runs a request to the end and resolves with its text, token ids, finish reason and
+    /// usage. Invalid options reject with a `WeftError`.
+    #[napi(ts_args_type = "options: GenerateOptions", ts_return_type = "Promise<Completion>")]
+    pub fn complete(&self, env: Env, options: Option<Unknown>) -> napi::Result<Raw> {
+        let raw = env.raw();
+        let result = self.start(raw, options.map(|o| o.raw()), false).and_then(|generation| {
+            let mut st = generation.row.state.lock();
+            if let Some(end) = st.end.take() {
+                // Cannot happen (the engine answers on its own thread), but stay correct.
+                drop(st);
+                return settle_now(&env, &generation.row, end).map(|p| p.0);
+            }
+            let (deferred, promise) = env.create_deferred::<CompletionResult, Resolver<CompletionResult>>()?;
+            st.waiters.push_back(Waiter::Complete(deferred));
+            Ok(promise.raw())
+        });
+        match result {
+            Ok(p) => Ok(Raw(p)),
+            Err(f) => rejected(&env, &f),
+        }
+    }
+
+    /// Scheduler state and counters (published after each engine step).
+    #[napi]
+    pub fn stats(&self, env: Env) -> napi::Result<EngineStats> {
+        let guard = self.shared.engine.lock();
+        let Some(e) = guard.as_ref() else { return Err(js::to_napi(env.raw(), &Fail::closed())) };
+        let s = e.stats();
+        Ok(EngineStats {
+            active_rows: s.active_rows as u32,
+            queued_rows: s.queued_rows as u32,
+            prefilling_rows: s.prefilling_rows as u32,
+            kv_bytes_in_use: s.kv_bytes_in_use as f64,
+            kv_budget_bytes: s.kv_budget_bytes.map(|b| b as f64),
+            prompt_cache_bytes: s.prompt_cache_bytes as f64,
+            prompt_cache_entries: s.prompt_cache_entries as u32,
+            prompt_cache_hits: s.prompt_cache_hits as f64,
+            tokens_generated: s.tokens_generated as f64,
+            decode_steps: s.decode_steps as f64,
+            requests_finished: s.requests_finished as f64,
+        })
+    }
+
+    /// Cancels every outstanding request (their streams end with `finishReason: "cancelled"`),
+    /// stops the engine thread and frees the model. Later calls are rejected with
+    /// `ENGINE_CLOSED`; closing twice is harmless.
+    #[napi(ts_return_type = "Promise<void>")]
+    pub fn close(&self) -> AsyncTask<CloseTask> {
+        AsyncTask::new(CloseTask { engine: self.shared.engine.lock().take() })
+    }
+
+    fn start(&self, env: sys::napi_env, options: Option<sys::napi_value>, stream: bool) -> Res<Generation> {
+        let params = options::generate_params(env, options)?;
+        let row = Arc::new(Row {
+            state: Mutex::new(RowState::new(stream)),
+            cancelled: AtomicBool::new(false),
+            serial: NEXT_SERIAL.fetch_add(1, Ordering::Relaxed),
+        });
+        let id = {
+            let guard = self.shared.engine.lock();
+            let engine = guard.as_ref().ok_or_else(Fail::closed)?;
+            let sink_row = Arc::clone(&row);
+            engine.submit(params.request, Box::new(move |ev: &Event| on_event(&sink_row, ev)))?
+        };
+        let generation = Generation { row, shared: Arc::clone(&self.shared), id };
+        if let Some(signal) = params.signal {
+            if let Err(f) = watch_signal(env, signal, &generation) {
+                generation.cancel_row();
+                return Err(f);
+            }
+        }
+        Ok(generation)
+    }
+}
+
+/// A promise rejected with `WeftError(fail)`.
+fn rejected(env: &Env, fail: &Fail) -> napi::Result<Raw> {
+    let raw = env.raw();
+    let err = js::error_value(raw, fail).map_err(|f| js::to_napi(raw, &f))?;
+    Ok(Raw(PromiseRaw::<()>::reject(env, Raw(err))?.raw()))
+}
+
+/// Requests whose stream is not yet fully handed to JavaScript, keyed by serial: the abort
+/// listener to remove from the caller's signal once it is (so one long-lived signal shared by
+/// many requests does not pile up listeners).
+struct Listener {
+    signal: JsRef,
+    func: JsRef,
+}
+
+thread_local! {
+    static LISTENERS: RefCell<HashMap<u64, Listener>> = RefCell::new(HashMap::new());
+}
+
+static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
+
+fn watch_signal(env: sys::napi_env, signal: sys::napi_value, generation: &Generation) -> Res<()> {
+    let row = Arc::downgrade(&generation.row);
+    let shared: Weak<Shared> = Arc::downgrade(&generation.shared);
+    let id = generation.id;
+    if js::as_bool(env, js::get(env, signal, "aborted")?)? {
+        generation.cancel_row();
+        return Ok(());
+    }
+    let env_ = Env::from_raw(env);
+    let func = env_.create_function_from_closure::<(), (), _>("weftAbort", move |_ctx| {
+        if let Some(row) = row.upgrade() {
+            row.cancelled.store(true, Ordering::Relaxed);
+            if let Some(shared) = shared.upgrade() {
+                shared.cancel(id);
+            }
+        }
+        Ok(())
+    })?;
+    let func = func.raw();
+    js::call_method(env, signal, "addEventListener", &[js::string(env, "abort")?, func])?;
+    let listener = Listener { signal: JsRef::new(env, signal)?, func: JsRef::new(env, func)? };
+    LISTENERS.with(|l| l.borrow_mut().insert(generation.row.serial, listener));
+    Ok(())
+}
+
+fn release_listener(env: sys::napi_env, serial: u64) {
+    let Some(l) = LISTENERS.with(|l| l.borrow_mut().remove(&serial)) else { return };
+    if let (Ok(signal), Ok(func), Ok(name)) = (l.signal.value(), l.func.value(), js::string(env, "abort")) {
+        let _ = js::call_method(env, signal, "removeEventListener", &[name, func]);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rows: the per-request queue between the engine thread and JavaScript.
+
+type Resolver<T> = Box<dyn FnOnce(Env) -> napi::Result<T> + Send>;
+
+enum Waiter {
+    /// A pending `next()`.
+    Next(JsDeferred<Step, Resolver<Step>>),
+    /// A pending `return()`: resolves `{ done: true }` once the row ended, even if it failed.
+    Return(JsDeferred<Step, Resolver<Step>>),
+    /// `complete()`'s promise.
+    Complete(JsDeferred<CompletionResult, Resolver<CompletionResult>>),
+}
+
+/// How a row ended (its summary, for `Done`, is in `RowState::summary`).
+enum End {
+    Done,
+    Failed(String),
+}
+
+struct RowState {
+    /// Queue chunks for `next()` (generate) or only accumulate (complete).
+    stream: bool,
+    queue: VecDeque<Chunk>,
+    /// Pending promises, oldest first. Non-empty only while `queue` is empty.
+    waiters: VecDeque<Waiter>,
+    text: String,
+    token_ids: Vec<u32>,
+    /// The final event, once the engine sent it and until it is handed to JavaScript.
+    end: Option<End>,
+    /// The summary, once the engine finished the row successfully.
+    summary: Option<(WeftFinish, weft::engine::Usage)>,
+    /// JavaScript has received the end (or gave up on the stream): later `next()` calls resolve
+    /// `{ done: true, value: undefined }`.
+    delivered: bool,
+}
+
+impl RowState {
+    fn new(stream: bool) -> Self {
+        RowState {
+            stream,
+            queue: VecDeque::new(),
+            waiters: VecDeque::new(),
+            text: String::new(),
+            token_ids: Vec::new(),
+            end: None,
+            summary: None,
+            delivered: false,
+        }
+    }
+
+    fn completion(&self) -> Option<Completion> {
+        let (finish, usage) = self.summary?;
+        Some(Completion {
+            text: self.text.clone(),
+            token_ids: self.token_ids.clone(),
+            finish_reason: match finish {
+                WeftFinish::Stop => FinishReason::Stop,
+                WeftFinish::Length => FinishReason::Length,
+                WeftFinish::Cancelled => FinishReason::Cancelled,
+            },
+            usage: Usage {
+                prompt_tokens: usage.prompt_tokens as u32,
+                completion_tokens: usage.completion_tokens as u32,
+                cached_tokens: usage.cached_tokens as u32,
+            },
+        })
+    }
+}
+
+struct Row {
+    state: Mutex<RowState>,
+    /// Set by any cancellation; the sink then answers `false` so the engine drops the row.
+    cancelled: AtomicBool,
+    serial: u64,
+}
+
+/// A resolved `next()` value: `{ done: false, value: chunk }` or `{ done: true, value }`.
+enum Step {
+    Chunk(Chunk),
+    Done(Option<Completion>),
+}
+
+impl ToNapiValue for Step {
+    unsafe fn to_napi_value(env: sys::napi_env, val: Self) -> napi::Result<sys::napi_value> {
+        let mut obj = std::ptr::null_mut();
+        let status = unsafe { sys::napi_create_object(env, &mut obj) };
+        if status != sys::Status::napi_ok {
+            return Err(napi::Error::from_reason("cannot create an object"));
+        }
+        let (done, value) = match val {
+            Step::Chunk(c) => (false, unsafe { Chunk::to_napi_value(env, c) }?),
+            Step::Done(Some(c)) => (true, unsafe { Completion::to_napi_value(env, c) }?),
+            Step::Done(None) => (true, js::undefined(env).map_err(|f| napi::Error::from_reason(f.message))?),
+        };
+        let done = unsafe { bool::to_napi_value(env, done) }?;
+        unsafe {
+            sys::napi_set_named_property(env, obj, c"done".as_ptr(), done);
+            sys::napi_set_named_property(env, obj, c"value".as_ptr(), value);
+        }
+        Ok(obj)
+    }
+}
+
+/// What `complete()` resolves with.
+struct CompletionResult(Completion);
+
+impl ToNapiValue for CompletionResult {
+    unsafe fn to_napi_value(env: sys::napi_env, val: Self) -> napi::Result<sys::napi_value> {
+        unsafe { Completion::to_napi_value(env, val.0) }
+    }
+}
+
+fn failure(message: &str) -> Fail {
+    Fail::new("GENERATION_FAILED", message.to_string())
+}
+
+/// The sink: runs on the engine thread and never blocks on JavaScript.
+fn on_event(row: &Row, ev: &Event) -> bool {
+    let mut st = row.state.lock();
+    match ev {
+        Event::Token { token_id, text, .. } => {
+            st.text.push_str(text);
+            st.token_ids.push(*token_id);
+            if st.stream {
+                let chunk = Chunk { text: text.clone(), token_id: *token_id };
+                match st.waiters.pop_front() {
+                    Some(Waiter::Next(d)) => d.resolve(Box::new(move |_| Ok(Step::Chunk(chunk)))),
+                    Some(other) => {
+                        // A pending return(): the consumer no longer wants chunks.
+                        st.waiters.push_front(other);
+                    }
+                    None => st.queue.push_back(chunk),
+                }
+            }
+        }
+        Event::Done { finish_reason, usage, .. } => {
+            // A stop token's held-back text arrives as a last Token carrying that token's id; it
+            // is not a completion token.
+            st.token_ids.truncate(usage.completion_tokens);
+            st.summary = Some((*finish_reason, *usage));
+            st.end = Some(End::Done);
+            flush_end(&mut st, row.serial);
+        }
+        Event::Error { message } => {
+            st.end = Some(End::Failed(message.clone()));
+            flush_end(&mut st, row.serial);
+        }
+    }
+    !row.cancelled.load(Ordering::Relaxed)
+}
+
+/// Hands the end to pending waiters (engine thread). Waiters exist only when the queue is empty.
+fn flush_end(st: &mut RowState, serial: u64) {
+    if st.waiters.is_empty() {
+        return;
+    }
+    let end = st.end.take().expect("flush_end after end");
+    let completion = st.completion();
+    st.delivered = true;
+    let mut first = true;
+    while let Some(w) = st.waiters.pop_front() {
+        let gets_end = std::mem::replace(&mut first, false);
+        match w {
+            Waiter::Next(d) if gets_end => match &end {
+                End::Done => {
+                    let c = completion.clone_completion();
+                    d.resolve(Box::new(move |env| {
+                        release_listener(env.raw(), serial);
+                        Ok(Step::Done(c))
+                    }))
+                }
+                End::Failed(m) => {
+                    let m = m.clone();
+                    d.resolve(Box::new(move |env| {
+                        release_listener(env.raw(), serial);
+                        Err(js::to_napi(env.raw(), &failure(&m)))
+                    }))
+                }
+            },
+            Waiter::Next(d) | Waiter::Return(d) => {
+                let c = if gets_end { completion.clone_completion() } else { None };
+                d.resolve(Box::new(move |env| {
+                    release_listener(env.raw(), serial);
+                    Ok(Step::Done(c))
+                }))
+            }
+            Waiter::Complete(d) => {
+                let result = match (&end, completion.clone_completion()) {
+                    (End::Done, Some(c)) => Ok(c),
+                    (End::Failed(m), _) => Err(failure(m)),
+                    (End::Done, None) => Err(Fail::new("INTERNAL", "no summary")),
+                };
+                d.resolve(Box::new(move |env| {
+                    release_listener(env.raw(), serial);
+                    result.map(CompletionResult).map_err(|f| js::to_napi(env.raw(), &f))
+                }))
+            }
+        }
+    }
+}
+
+trait CloneCompletion {
+    fn clone_completion(&self) -> Self;
+}
+
+impl CloneCompletion for Option<Completion> {
+    fn clone_completion(&self) -> Self {
+        self.as_ref().map(|c| Completion {
+            text: c.text.clone(),
+            token_ids: c.token_ids.clone(),
+            finish_reason: match c.finish_reason {
+                FinishReason::Stop => FinishReason::Stop,
+                FinishReason::Length => FinishReason::Length,
+                FinishReason::Cancelled => FinishReason::Cancelled,
+            },
+            usage: c.usage.clone(),
+        })
+    }
+}
+
+/// Settles an end that is already known, on the JS thread (the end was taken from the state).
+fn settle_now(env: &Env, row: &Row, end: End) -> Res<Raw> {
+    let st = row.state.lock();
+    let completion = st.completion();
+    drop(st);
+    release_listener(env.raw(), row.serial);
+    let p = match end {
+        End::Done => match completion {
+            Some(c) => PromiseRaw::resolve(env, CompletionResult(c))?.raw(),
+            None => return Err(Fail::new("INTERNAL", "no summary")),
+        },
+        End::Failed(m) => PromiseRaw::<()>::reject(env, Raw(js::error_value(env.raw(), &failure(&m))?))?.raw(),
+    };
+    Ok(Raw(p))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Generation
+
+/// The token stream of one `generate` call: an async iterator of {@link Chunk}s. Tokens are
+/// buffered per request (never blocking the engine), so a slow consumer only delays itself.
+#[napi(custom_finalize)]
+pub struct Generation {
+    row: Arc<Row>,
+    shared: Arc<Shared>,
+    id: u64,
+}
+
+impl Generation {
+    fn cancel_row(&self) {
+        self.row.cancelled.store(true, Ordering::Relaxed);
+        self.shared.cancel(self.id);
+    }
+
+    fn wait(&self, env: &Env, returning: bool) -> napi::Result<Raw> {
+        let raw = env.raw();
+        let mut st = self.row.state.lock();
+        if returning {
+            st.queue.clear();
+        }
+        if let Some(chunk) = st.queue.pop_front() {
+            return Ok(Raw(PromiseRaw::resolve(env, Step::Chunk(chunk))?.raw()));
+        }
+        if st.delivered {
+            return Ok(Raw(PromiseRaw::resolve(env, Step::Done(None))?.raw()));
+        }
+        if let Some(end) = st.end.take() {
+            st.delivered = true;
+            let completion = st.completion();
+            drop(st);
+            release_listener(raw, self.row.serial);
+            let p = match end {
+                End::Failed(m) if !returning => {
+                    let err = js::error_value(raw, &failure(&m)).map_err(|f| js::to_napi(raw, &f))?;
+                    PromiseRaw::<()>::reject(env, Raw(err))?.raw()
+                }
+                _ => PromiseRaw::resolve(env, Step::Done(completion))?.raw(),
+            };
+            return Ok(Raw(p));
+        }
+        let (deferred, promise) = env.create_deferred::<Step, Resolver<Step>>()?;
+        st.waiters.push_back(if returning { Waiter::Return(deferred) } else { Waiter::Next(deferred) });
+        Ok(Raw(promise.raw()))
+    }
+}
+
+#[napi]
+impl Generation {
+    /// The next chunk: `{ done: false, value: chunk }`, then once `{ done: true, value:
+    /// summary }`. A failure mid-stream rejects with a `WeftError` (code `GENERATION_FAILED`).
+    #[napi(ts_return_type = "Promise<IteratorResult<Chunk, Completion | undefined>>")]
+    pub fn next(&self, env: Env) -> napi::Result<Raw> {
+        self.wait(&env, false)
+    }
+
+    /// Stops the stream (what `break` in `for await` calls): cancels the request, drops
+    /// buffered chunks and resolves once the engine has released the row.
+    #[napi(
+        js_name = "return",
+        ts_args_type = "value?: unknown",
+        ts_return_type = "Promise<IteratorResult<Chunk, Completion | undefined>>"
+    )]
+    pub fn return_(&self, env: Env) -> napi::Result<Raw> {
+        self.cancel_row();
+        self.wait(&env, true)
+    }
+
+    /// Cancels the request; chunks already produced can still be read, then the stream ends with
+    /// `finishReason: "cancelled"`.
+    #[napi]
+    pub fn cancel(&self) {
+        self.cancel_row();
+    }
+
+    /// Text, token ids, finish reason and usage once the engine has finished the request (chunks
+    /// may still be buffered for the iterator), else `null`.
+    #[napi(getter, ts_return_type = "Completion | null")]
+    pub fn summary(&self) -> Option<Completion> {
+        self.row.state.lock().completion()
+    }
+}
+
+impl ObjectFinalize for Generation {
+    fn finalize(self, env: Env) -> napi::Result<()> {
+        // Garbage-collected before the end: nobody can read it any more.
+        let unfinished = {
+            let st = self.row.state.lock();
+            st.end.is_none() && !st.delivered
+        };
+        if unfinished {
+            self.cancel_row();
+        }
+        release_listener(env.raw(), self.row.serial);
+        Ok(())
+    }
+}

@@ -1,0 +1,82 @@
+// Invalid input fails with a WeftError carrying a code and a message that names the problem.
+import { test, before, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { Engine, WeftError } from 'weft'
+import { modelDir } from './support.mjs'
+
+let engine
+before(async () => {
+  engine = await Engine.load({ model: modelDir })
+})
+after(async () => {
+  await engine?.close()
+})
+
+const weft = (code, pattern) => (e) => {
+  assert.ok(e instanceof WeftError, `expected a WeftError, got ${e}`)
+  assert.ok(e instanceof Error)
+  assert.equal(e.name, 'WeftError')
+  assert.equal(e.code, code, e.message)
+  assert.match(e.message, pattern)
+  return true
+}
+
+const cases = [
+  [{ promptIds: [1], max_tokens: 3 }, /unknown option 'max_tokens'.*did you mean 'maxTokens'/],
+  [{ promptIds: [1], maxTokens: 0 }, /maxTokens must be an integer >= 1, got 0/],
+  [{ promptIds: [1], maxTokens: 2.5 }, /maxTokens must be an integer >= 1, got 2\.5/],
+  [{ promptIds: [1], maxTokens: '8' }, /maxTokens must be an integer >= 1, got "8"/],
+  [{ promptIds: [1], temperature: -1 }, /temperature must be a finite number >= 0, got -1/],
+  [{ promptIds: [1], topP: 0 }, /topP must be a number in \(0, 1\], got 0/],
+  [{ promptIds: [1], seed: -3 }, /seed must be an integer >= 0/],
+  [{ promptIds: [1], stop: [''] }, /stop strings must not be empty/],
+  [{ promptIds: [1], stop: [3] }, /stop\[0\] must be a string, got 3/],
+  [{ promptIds: [1], signal: {} }, /signal must be an AbortSignal/],
+  [{ promptIds: [1], logitBias: { x: 1 } }, /logitBias key 'x' is not a token id/],
+  [{ promptIds: [] }, /promptIds must not be empty/],
+  [{ promptIds: [1, -2] }, /promptIds\[1\] must be a token id/],
+  [{ promptIds: 'abc' }, /promptIds must be an array of token ids, got "abc"/],
+  [{}, /pass exactly one of messages, prompt or promptIds \(got none\)/],
+  [{ promptIds: [1], prompt: 'hi' }, /pass exactly one of messages, prompt or promptIds \(got 2\)/],
+  [{ messages: [{ role: 'user' }] }, /messages\[0\]\.content must be a string, got undefined/],
+  [{ messages: [] }, /messages must not be empty/],
+  // Checked by the engine against the model:
+  [{ promptIds: [5000] }, /prompt token id 5000 is outside the vocabulary \(size 1024\)/],
+  [{ prompt: 'hello' }, /no tokenizer; send token ids/],
+  [{ promptIds: [1], logitBias: { 4096: 1 } }, /logit_bias token id 4096 is outside the vocabulary/],
+]
+
+test('generate() throws WeftError INVALID_ARGUMENT synchronously', () => {
+  for (const [options, pattern] of cases) {
+    assert.throws(() => engine.generate(options), weft('INVALID_ARGUMENT', pattern), JSON.stringify(options))
+  }
+  assert.throws(() => engine.generate(), weft('INVALID_ARGUMENT', /generate options are required/))
+  assert.throws(() => engine.generate(42), weft('INVALID_ARGUMENT', /generate options must be an object, got 42/))
+})
+
+test('complete() rejects (never throws) with the same errors', async () => {
+  for (const [options, pattern] of cases) {
+    let p
+    assert.doesNotThrow(() => {
+      p = engine.complete(options)
+    })
+    await assert.rejects(p, weft('INVALID_ARGUMENT', pattern), JSON.stringify(options))
+  }
+})
+
+test('a failed request leaves the engine serving others', async () => {
+  assert.throws(() => engine.generate({ promptIds: [5000] }), WeftError)
+  const r = await engine.complete({ promptIds: [187], maxTokens: 2, ignoreEos: true })
+  assert.deepEqual(r.tokenIds, [91, 24])
+})
+
+test('Engine.load rejects bad paths with MODEL_LOAD and bad options with INVALID_ARGUMENT', async () => {
+  await assert.rejects(Engine.load({ model: '/nonexistent/model' }), weft('MODEL_LOAD', /\/nonexistent\/model/))
+  await assert.rejects(Engine.load({ model: modelDir, maxBatch: 0 }), weft('INVALID_ARGUMENT', /maxBatch must be an integer in \[1, 4096\], got 0/))
+  await assert.rejects(Engine.load({ modle: modelDir }), weft('INVALID_ARGUMENT', /unknown option 'modle'.*did you mean 'model'/))
+  await assert.rejects(Engine.load('x'), weft('INVALID_ARGUMENT', /Engine.load options must be an object, got "x"/))
+})
+
+test('the classes cannot be constructed directly', () => {
+  assert.throws(() => new Engine())
+})

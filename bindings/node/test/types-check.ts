@@ -1,0 +1,52 @@
+// Compiled by `tsc --noEmit` (test/types.test.mjs, test.sh): the public API as a TypeScript
+// user writes it. Never run.
+import { Engine, Generation, WeftError } from 'weft'
+import type { Chunk, Completion, EngineStats, FinishReason, GenerateOptions, WeftErrorCode } from 'weft'
+
+export async function quickStart(): Promise<string> {
+  const engine: Engine = await Engine.load({ model: 'path/to/model', maxBatch: 4 })
+  const controller = new AbortController()
+  const options: GenerateOptions = {
+    messages: [{ role: 'user', content: 'Hi' }],
+    maxTokens: 64,
+    temperature: 0.7,
+    topP: 0.9,
+    seed: 1,
+    stop: ['\n\n'],
+    signal: controller.signal,
+  }
+  let text = ''
+  const generation: Generation = engine.generate(options)
+  for await (const chunk of generation) {
+    const c: Chunk = chunk
+    text += c.text + String(c.tokenId)
+  }
+  const summary: Completion | null = generation.summary
+  const reason: FinishReason | undefined = summary?.finishReason
+  if (reason === 'cancelled' || reason === 'stop' || reason === 'length') text += reason
+
+  const r: Completion = await engine.complete({ promptIds: [1, 2, 3], stop: 'x' })
+  const n: number = r.usage.promptTokens + r.usage.completionTokens + r.usage.cachedTokens
+  const ids: number[] = r.tokenIds
+  const stats: EngineStats = engine.stats()
+  const active: number = stats.activeRows + n + ids.length
+  const step = await engine.generate({ prompt: 'x' }).next()
+  if (!step.done) text += step.value.text
+  else if (step.value) text += step.value.finishReason
+  try {
+    await engine.close()
+  } catch (e) {
+    if (e instanceof WeftError) {
+      const code: WeftErrorCode = e.code
+      text += code + e.message
+    }
+  }
+  return text + active + engine.modelInfo.modelType
+}
+
+// @ts-expect-error promptIds must be numbers
+export const bad1: GenerateOptions = { promptIds: ['1'] }
+// @ts-expect-error unknown option
+export const bad2: GenerateOptions = { max_tokens: 3 }
+// @ts-expect-error finish reasons are a closed set
+export const bad3: FinishReason = 'eos'
