@@ -566,3 +566,26 @@ fn greedy_rows_are_identical_on_the_vectorized_and_per_row_paths() {
     }
     collect(&noise);
 }
+
+#[test]
+fn a_panicking_consumer_fails_running_rows_but_not_the_engine() {
+    let engine = start("llama-fp32", EngineConfig::default());
+    let bomb = Request { ..greedy(vec![1, 2, 3], 10) };
+    let (tx, rx) = std::sync::mpsc::channel();
+    engine
+        .submit(bomb, Box::new(move |ev: &Event| {
+            let _ = tx.send(ev.clone());
+            if matches!(ev, Event::Token { .. }) {
+                panic!("consumer bug");
+            }
+            true
+        }))
+        .unwrap();
+    // The panicking row ends (its error event may not be deliverable through the same sink);
+    // the engine must keep serving new requests.
+    let _ = rx.recv_timeout(Duration::from_secs(30));
+    let g = golden("llama-fp32");
+    let after = collect(&engine.submit_channel(greedy(ids(&g["single"][1]["prompt_ids"]), 24)).unwrap().1);
+    assert_eq!(after.tokens, ids(&g["single"][1]["tokens"]));
+    assert_eq!(settled_stats(&engine, |s| s.active_rows == 0).active_rows, 0);
+}

@@ -68,6 +68,12 @@ impl EngineCore {
         self.executor.cancel_all();
     }
 
+    /// Fails every admitted request (prefilling or decoding) with `message`; queued requests
+    /// stay queued. Used after an unexpected failure left the running state unusable.
+    pub fn fail_running(&mut self, message: &str) {
+        self.executor.fail_all(message);
+    }
+
     /// One scheduling iteration: admit what fits, run one prefill chunk (so decoding rows stall
     /// at most one chunk), then one decode step of the running batch.
     pub fn iterate(&mut self) {

@@ -630,6 +630,15 @@ impl Executor {
         Ok(())
     }
 
+    /// Fails every prefilling and decoding row.
+    pub fn fail_all(&mut self, message: &str) {
+        for p in std::mem::take(&mut self.prefilling) {
+            self.finished += 1;
+            p.row.fail(message.to_string());
+        }
+        self.fail_batch(&Error::Mlx(message.to_string()));
+    }
+
     /// A failed batched step fails every row in it (each gets an error event); the engine
     /// keeps serving the queue.
     fn fail_batch(&mut self, e: &Error) {

@@ -361,7 +361,19 @@ fn drive(mut core: EngineCore, rx: Receiver<Command>, stats: Arc<Mutex<EngineSta
             *stats.lock() = core.stats();
             break;
         }
-        core.iterate();
+        // A bug (or a panicking sink) must not kill the driver and leave every request hanging:
+        // the rows in flight get an error event and the engine keeps serving the queue.
+        let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| core.iterate()));
+        if let Err(panic) = step {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                core.fail_running(&format!("internal error: {what}"))
+            }));
+        }
         *stats.lock() = core.stats();
     }
 }
