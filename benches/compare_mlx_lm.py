@@ -159,7 +159,7 @@ def machine() -> dict:
         pass
     info = {"nproc": os.cpu_count(), "cpu": cpu, "platform": platform.platform()}
     try:
-        info["loadavg_1m"] = os.getloadavg()[0]
+        info["loadavg_1m_at_end"] = os.getloadavg()[0]
     except OSError:
         pass
     return info
@@ -209,6 +209,7 @@ def main() -> None:
     import mlx_lm
 
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     model, config = load_mlx_lm(mlx_path)
     vocab = int(config["vocab_size"])
     prompt = prompt_ids(args.seed, args.prompt_len, vocab)
@@ -243,7 +244,7 @@ def main() -> None:
         "versions": {"mlx": mx.__version__, "mlx_lm": mlx_lm.__version__},
         "weft_binary": str(args.weft),
         "git_commit": git_commit(),
-        "machine": machine(),
+        "machine": {**machine(), "loadavg_1m_at_start": load_start},
         "ld_preload": os.environ.get("LD_PRELOAD"),
         "started": started,
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -2,7 +2,8 @@
 //!
 //! Layers, bottom-up: [`loading`] (configs, weights, GGUF) → [`nn`] shared layers →
 //! [`models`] one file per architecture → [`cache`] KV caches behind one trait →
-//! [`sampling`] → [`generate`] single-sequence generation. Tokenization and chat templates live in
+//! [`sampling`] → [`generate`] single-sequence generation → [`engine`] continuous batching
+//! (the API bindings and the server wrap). Tokenization and chat templates live in
 //! [`tokenizer`]; the default model is fetched by [`model_store`].
 
 pub mod cache;
