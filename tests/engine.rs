@@ -589,3 +589,35 @@ fn a_panicking_consumer_fails_running_rows_but_not_the_engine() {
     assert_eq!(after.tokens, ids(&g["single"][1]["tokens"]));
     assert_eq!(settled_stats(&engine, |s| s.active_rows == 0).active_rows, 0);
 }
+
+#[test]
+fn default_model_second_turn_with_prompt_cache_equals_without() {
+    // Turn 2 of a chat reuses turn 1's KV from the prompt cache; its tokens must equal a cold run.
+    let Some(path) = default_model() else { return };
+    let msg = |role: &str, text: &str| weft::tokenizer::ChatMessage::new(role, text);
+    let run = |engine: &Engine, messages: Vec<weft::tokenizer::ChatMessage>| {
+        let req = Request { max_tokens: 24, ..Request::new(Input::Messages(messages)) };
+        let rx = engine.submit_channel(req).unwrap().1;
+        let mut text = String::new();
+        loop {
+            match rx.recv_timeout(Duration::from_secs(120)).unwrap() {
+                Event::Token { text: t, .. } => text.push_str(&t),
+                Event::Done { usage, .. } => return (text, usage),
+                Event::Error { message } => panic!("{message}"),
+            }
+        }
+    };
+    let cached = Engine::start(loading::load(&path).unwrap(), EngineConfig { prompt_cache_bytes: 256 << 20, ..Default::default() }).unwrap();
+    let first = vec![msg("user", "What is the capital of France?")];
+    let (answer, _) = run(&cached, first.clone());
+    let mut second = first;
+    second.push(msg("assistant", &answer));
+    second.push(msg("user", "And of Italy?"));
+    let (warm, warm_usage) = run(&cached, second.clone());
+    assert!(warm_usage.cached_tokens > 0, "{warm_usage:?}");
+    drop(cached);
+    let cold_engine = Engine::start(loading::load(&path).unwrap(), EngineConfig::default()).unwrap();
+    let (cold, cold_usage) = run(&cold_engine, second);
+    assert_eq!(cold_usage.cached_tokens, 0);
+    assert_eq!(warm, cold);
+}
