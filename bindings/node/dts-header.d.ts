@@ -4,6 +4,8 @@
 export type WeftErrorCode =
   /** An option has the wrong type or value, an unknown option, or a request the model cannot serve. */
   | 'INVALID_ARGUMENT'
+  /** The request can never fit the engine's limits (e.g. more KV than the whole budget). */
+  | 'CAPACITY'
   /** The model directory / file is missing, unreadable or inconsistent. */
   | 'MODEL_LOAD'
   /** The model uses an architecture or option Weft does not implement. */

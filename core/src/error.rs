@@ -19,6 +19,12 @@ pub enum Error {
     /// A request that can never be served as given (bad ids, prompt too long, bad params).
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    /// A request that can never fit the engine's limits (e.g. more KV than the whole budget).
+    #[error("over capacity: {0}")]
+    Capacity(String),
+    /// The engine has shut down and takes no more requests.
+    #[error("the engine has shut down")]
+    Shutdown,
     /// Downloading or verifying the default model.
     #[error("model download error: {0}")]
     Download(String),

@@ -9,19 +9,36 @@ use weft::generate::FinishReason;
 
 use crate::IN_CALLBACK;
 
-/// A generated token (text delta and id).
-pub const WEFT_EVENT_TOKEN: i32 = 1;
-/// The request finished normally or was cancelled: finish_reason and usage are set. Final.
-pub const WEFT_EVENT_DONE: i32 = 2;
-/// The request failed after it was accepted: message is set. Final.
-pub const WEFT_EVENT_ERROR: i32 = 3;
+/// weft_event.kind.
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum weft_event_kind {
+    /// A generated token: token_id and its text delta.
+    WEFT_EVENT_TOKEN = 1,
+    /// The request finished normally or was cancelled: finish_reason and usage. Final.
+    WEFT_EVENT_DONE = 2,
+    /// The request failed after it was accepted: message. Final.
+    WEFT_EVENT_ERROR = 3,
+}
 
-/// An end-of-sequence token or a stop string ended the request.
-pub const WEFT_FINISH_STOP: i32 = 0;
-/// max_tokens or the model's context length was reached.
-pub const WEFT_FINISH_LENGTH: i32 = 1;
-/// weft_cancel or engine shutdown ended the request.
-pub const WEFT_FINISH_CANCELLED: i32 = 2;
+/// weft_event.finish_reason of a DONE event.
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum weft_finish_reason {
+    /// An end-of-sequence token or a stop string ended the request.
+    WEFT_FINISH_STOP = 0,
+    /// max_tokens or the model's context length was reached.
+    WEFT_FINISH_LENGTH = 1,
+    /// weft_cancel or the engine's shutdown ended the request.
+    WEFT_FINISH_CANCELLED = 2,
+}
+
+const WEFT_EVENT_TOKEN: i32 = weft_event_kind::WEFT_EVENT_TOKEN as i32;
+const WEFT_EVENT_DONE: i32 = weft_event_kind::WEFT_EVENT_DONE as i32;
+const WEFT_EVENT_ERROR: i32 = weft_event_kind::WEFT_EVENT_ERROR as i32;
+const WEFT_FINISH_STOP: i32 = weft_finish_reason::WEFT_FINISH_STOP as i32;
+const WEFT_FINISH_LENGTH: i32 = weft_finish_reason::WEFT_FINISH_LENGTH as i32;
+const WEFT_FINISH_CANCELLED: i32 = weft_finish_reason::WEFT_FINISH_CANCELLED as i32;
 
 /// One of the most likely tokens at a step (see weft_event.top_logprobs).
 #[repr(C)]
@@ -41,7 +58,7 @@ pub struct weft_token_logprob {
 pub struct weft_event {
     /// The id weft_submit returned for this request.
     pub request_id: u64,
-    /// WEFT_EVENT_TOKEN, WEFT_EVENT_DONE or WEFT_EVENT_ERROR.
+    /// A weft_event_kind: WEFT_EVENT_TOKEN, WEFT_EVENT_DONE or WEFT_EVENT_ERROR.
     pub kind: i32,
     /// TOKEN: the generated token id; -1 for other kinds.
     pub token_id: i32,
@@ -52,7 +69,8 @@ pub struct weft_event {
     pub text: *const c_char,
     /// Length of text in bytes, excluding the terminating NUL.
     pub text_len: usize,
-    /// DONE: WEFT_FINISH_STOP, WEFT_FINISH_LENGTH or WEFT_FINISH_CANCELLED; -1 for other kinds.
+    /// DONE: a weft_finish_reason (WEFT_FINISH_STOP, WEFT_FINISH_LENGTH or
+    /// WEFT_FINISH_CANCELLED); -1 for other kinds.
     pub finish_reason: i32,
     /// DONE: prompt length in tokens; 0 for other kinds.
     pub prompt_tokens: u32,
@@ -177,10 +195,12 @@ fn deliver(cb: &Callback, id: u64, ev: &Event, bufs: &mut Buffers) {
             if let Some(lp) = logprobs {
                 e.logprob = lp.logprob;
                 bufs.top.clear();
-                bufs.top.extend(lp.top.iter().map(|&(t, l)| weft_token_logprob {
-                    token_id: i32::try_from(t).unwrap_or(i32::MAX),
-                    logprob: l,
-                }));
+                bufs.top.extend(
+                    lp.top.iter().map(|&(t, l)| weft_token_logprob {
+                        token_id: i32::try_from(t).unwrap_or(i32::MAX),
+                        logprob: l,
+                    }),
+                );
                 if !bufs.top.is_empty() {
                     e.top_logprobs = bufs.top.as_ptr();
                     e.top_logprobs_len = bufs.top.len();

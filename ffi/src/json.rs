@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 use weft::engine::{EngineConfig, Input, Request};
 use weft::tokenizer::ChatMessage;
 
-use crate::status::{FfiResult, Failure};
+use crate::status::{Failure, FfiResult};
 
 /// Parses a whole document that must be a JSON object.
 fn parse_object(what: &str, text: &str) -> FfiResult<Map<String, Value>> {
@@ -193,8 +193,9 @@ pub(crate) fn parse_request(text: &str) -> FfiResult<Request> {
     };
 
     let mut req = Request::new(input);
-    if let Some(n) = f.usize_min("max_tokens", 1)? {
-        req.max_tokens = n;
+    // Capped so the engine's KV projection (prompt + max_tokens) cannot overflow.
+    if let Some(n) = f.u64_in("max_tokens", 1, u32::MAX as u64)? {
+        req.max_tokens = n as usize;
     }
     let s = &mut req.sampling;
     if let Some(x) = f.f32("temperature")? {
@@ -213,8 +214,8 @@ pub(crate) fn parse_request(text: &str) -> FfiResult<Request> {
     s.repetition_penalty = f.f32("repetition_penalty")?;
     s.presence_penalty = f.f32("presence_penalty")?;
     s.frequency_penalty = f.f32("frequency_penalty")?;
-    if let Some(n) = f.usize_min("penalty_context", 0)? {
-        s.penalty_context = n;
+    if let Some(n) = f.u64_in("penalty_context", 0, u32::MAX as u64)? {
+        s.penalty_context = n as usize;
     }
     if let Some(v) = f.take("logit_bias") {
         s.logit_bias = parse_logit_bias(&v)?;
@@ -275,9 +276,7 @@ fn parse_messages(v: &Value) -> FfiResult<Vec<ChatMessage>> {
             return Err(Failure::invalid(format!("{what} must be an object, got {}", show(m))));
         };
         if let Some(bad) = map.keys().find(|k| *k != "role" && *k != "content") {
-            return Err(Failure::invalid(format!(
-                "{what}: unknown field \"{bad}\" (known fields: role, content)"
-            )));
+            return Err(Failure::invalid(format!("{what}: unknown field \"{bad}\" (known fields: role, content)")));
         }
         let field = |name: &str| match map.get(name) {
             Some(Value::String(s)) => Ok(s.clone()),
@@ -302,11 +301,9 @@ fn parse_logit_bias(v: &Value) -> FfiResult<Vec<(u32, f32)>> {
         let id: u32 = k.parse().map_err(|_| {
             Failure::invalid(format!("request: \"logit_bias\" key \"{k}\" must be a token id (a decimal integer)"))
         })?;
-        let bias = b
-            .as_f64()
-            .map(|x| x as f32)
-            .filter(|x| x.is_finite())
-            .ok_or_else(|| Failure::invalid(format!("request: \"logit_bias\"[\"{k}\"] must be a finite number, got {}", show(b))))?;
+        let bias = b.as_f64().map(|x| x as f32).filter(|x| x.is_finite()).ok_or_else(|| {
+            Failure::invalid(format!("request: \"logit_bias\"[\"{k}\"] must be a finite number, got {}", show(b)))
+        })?;
         out.push((id, bias));
     }
     Ok(out)
@@ -317,7 +314,7 @@ mod tests {
     use super::*;
 
     fn err(text: &str) -> String {
-        parse_request(text).err().expect("expected an error").message
+        parse_request(text).expect_err("expected an error").message
     }
 
     #[test]
@@ -343,6 +340,7 @@ mod tests {
         assert!(err("[]").contains("expected a JSON object"));
         assert!(err(r#"{"prompt":"a","bogus":1}"#).contains("unknown field \"bogus\""));
         assert!(err(r#"{"prompt":"a","max_tokens":"7"}"#).contains("\"max_tokens\" must be an integer"));
+        assert!(err(r#"{"prompt":"a","max_tokens":99999999999}"#).contains("[1, 4294967295]"));
         assert!(err(r#"{"prompt":"a","max_tokens":0}"#).contains("\"max_tokens\""));
         assert!(err(r#"{"prompt":"a","temperature":"hot"}"#).contains("\"temperature\" must be a finite number"));
         assert!(err(r#"{"prompt_ids":[1,-2]}"#).contains("\"prompt_ids\"[1]"));

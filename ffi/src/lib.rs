@@ -8,7 +8,11 @@
 //! The engine is `weft::engine::Engine`; this crate only parses JSON, adapts callbacks and maps
 //! errors.
 
-#![allow(non_camel_case_types)] // C names: weft_engine, weft_event, ...
+// C names: weft_engine, weft_event, ...
+#![allow(non_camel_case_types)]
+// The exported functions are for C callers and check every pointer they are given; marking
+// them `unsafe` would add nothing for C and put Rust-only "# Safety" sections in the header.
+#![allow(clippy::not_unsafe_ptr_arg_deref)]
 
 mod event;
 mod json;
@@ -22,16 +26,13 @@ use std::sync::{Arc, RwLock};
 use weft::engine::Engine;
 use weft::model_store::ModelStore;
 
-pub use event::{
-    weft_event, weft_event_fn, weft_token_logprob, WEFT_EVENT_DONE, WEFT_EVENT_ERROR, WEFT_EVENT_TOKEN,
-    WEFT_FINISH_CANCELLED, WEFT_FINISH_LENGTH, WEFT_FINISH_STOP,
-};
-pub use status::{
-    WEFT_ERR_CAPACITY, WEFT_ERR_INTERNAL, WEFT_ERR_INVALID_ARGUMENT, WEFT_ERR_MODEL_LOAD, WEFT_ERR_NOT_FOUND,
-    WEFT_ERR_SHUTDOWN, WEFT_ERR_UNSUPPORTED, WEFT_OK,
-};
+pub use event::{weft_event, weft_event_fn, weft_event_kind, weft_finish_reason, weft_token_logprob};
+pub use status::weft_status;
 
-use status::{from_engine_error, guard, FfiResult, Failure};
+use status::{
+    from_engine_error, guard, Failure, FfiResult, WEFT_ERR_CAPACITY, WEFT_ERR_INTERNAL, WEFT_ERR_NOT_FOUND,
+    WEFT_ERR_SHUTDOWN,
+};
 
 /// The ABI version this header describes. It changes only when an existing function, type,
 /// constant or struct field changes incompatibly; additions (new functions, constants, fields
@@ -60,6 +61,12 @@ pub struct weft_engine {
     /// The highest request id handed out so far (the engine issues ids 1, 2, 3, ...).
     max_issued: AtomicU64,
 }
+
+// C calls the functions on one handle from many threads at once.
+const _: () = {
+    const fn shared_across_threads<T: Send + Sync>() {}
+    shared_across_threads::<weft_engine>();
+};
 
 impl weft_engine {
     /// Runs `f` on the engine if it is still running.
@@ -97,9 +104,9 @@ fn str_arg<'a>(p: *const c_char, func: &str, name: &str) -> FfiResult<&'a str> {
     }
     // SAFETY: non-NULL and NUL-terminated per the contract.
     let bytes = unsafe { CStr::from_ptr(p) };
-    bytes.to_str().map_err(|e| {
-        Failure::invalid(format!("{func}: {name} is not valid UTF-8 (at byte {})", e.valid_up_to()))
-    })
+    bytes
+        .to_str()
+        .map_err(|e| Failure::invalid(format!("{func}: {name} is not valid UTF-8 (at byte {})", e.valid_up_to())))
 }
 
 /// The ABI version of the loaded library (WEFT_ABI_VERSION of the header it was built from).
@@ -163,9 +170,7 @@ pub extern "C" fn weft_engine_new(options_json: *const c_char, out_engine: *mut 
         options.config.validate().map_err(|e| from_engine_error(&e, false))?;
         let path = match options.model {
             Some(p) => p,
-            None => ModelStore::from_env()
-                .default_model_path(&mut |_| {})
-                .map_err(|e| from_engine_error(&e, true))?,
+            None => ModelStore::from_env().default_model_path(&mut |_| {}).map_err(|e| from_engine_error(&e, true))?,
         };
         let model = weft::loading::load(&path).map_err(|e| from_engine_error(&e, true))?;
         let engine = Engine::start(model, options.config).map_err(|e| from_engine_error(&e, false))?;
@@ -225,15 +230,15 @@ pub extern "C" fn weft_engine_free(engine: *mut weft_engine) {
 /// request fails synchronously and then no callback is ever made for it. On WEFT_OK the request
 /// is queued, its id is stored in *out_request_id (if not NULL), and on_event receives its events
 /// on the engine thread: TOKEN events, then exactly one DONE or ERROR, after which on_event is
-/// never called for it again and user_data is no longer used. The first events may arrive
-/// before weft_submit returns.
+/// never called for it again and user_data is no longer used. *out_request_id is written before
+/// the first callback runs, though the callbacks may run before weft_submit returns.
 ///
 /// request_json: a JSON object with exactly one input
 ///   "prompt": raw text (tokenized as-is, special tokens per the tokenizer's config), or
 ///   "messages": [{"role": "...", "content": "..."}, ...] rendered with the model's chat
 ///               template (generation prompt added), or
 ///   "prompt_ids": [token ids];
-/// and optionally (null = default): "max_tokens" (>= 1, default 256), "temperature" (default 0 =
+/// and optionally (null = default): "max_tokens" (1..2^32-1, default 256), "temperature" (default 0 =
 /// greedy), "top_p" (default 1), "top_k" (default 0 = off), "min_p" (default 0), "seed",
 /// "repetition_penalty", "presence_penalty", "frequency_penalty", "penalty_context" (default
 /// 20), "logit_bias" ({"<token id>": bias}), "stop" (a string or an array of strings),
@@ -263,13 +268,15 @@ pub extern "C" fn weft_submit(
         let slot = Arc::new(event::IdSlot::default());
         let sink = event::make_sink(event::Callback { func, user_data }, Arc::clone(&slot));
         let id = e.with(|engine| engine.submit(request, sink).map_err(|err| from_engine_error(&err, false)))?;
-        e.max_issued.fetch_max(id, Ordering::SeqCst);
-        // The engine thread may already be waiting to deliver this request's first event.
-        slot.publish(id);
+        // Everything here happens before the first callback: the engine thread waits for the id
+        // to be published before delivering (so *out_request_id may live in memory that the
+        // final callback frees).
         if !out_request_id.is_null() {
             // SAFETY: checked non-NULL; a writable uint64_t per the contract.
             unsafe { *out_request_id = id };
         }
+        e.max_issued.fetch_max(id, Ordering::SeqCst);
+        slot.publish(id);
         Ok(())
     })
 }
@@ -297,16 +304,22 @@ pub extern "C" fn weft_cancel(engine: *mut weft_engine, request_id: u64) -> i32 
     })
 }
 
-/// Writes the engine's statistics as a NUL-terminated JSON object into buf:
-///   {"active_rows", "queued_rows", "prefilling_rows", "kv_bytes_in_use", "kv_budget_bytes"
-///    (null = no limit), "prompt_cache_bytes", "prompt_cache_entries", "prompt_cache_hits",
-///    "tokens_generated", "decode_steps", "requests_finished"} (all integers; more may be added).
+/// Writes the engine's statistics as a NUL-terminated JSON object into buf, e.g. "active_rows",
+/// "queued_rows", "prefilling_rows", "kv_bytes_in_use", "kv_budget_bytes" (null = no limit),
+/// "prompt_cache_bytes", "prompt_cache_entries", "prompt_cache_hits", "tokens_generated",
+/// "decode_steps", "requests_finished" (integers) and cumulative decode timings in seconds
+/// (numbers ending in "_s"); see docs/c-api.md. Fields may be added; parse by name.
 /// *out_len (if out_len is not NULL) always receives the JSON's length in bytes, excluding the
 /// NUL. Returns WEFT_OK when it fits (cap >= length + 1), else WEFT_ERR_CAPACITY with buf
 /// untouched: call again with a buffer of *out_len + 1 bytes. buf may be NULL when cap is 0.
 /// Any thread, also from inside a callback.
 #[no_mangle]
-pub extern "C" fn weft_engine_stats(engine: *mut weft_engine, buf: *mut c_char, cap: usize, out_len: *mut usize) -> i32 {
+pub extern "C" fn weft_engine_stats(
+    engine: *mut weft_engine,
+    buf: *mut c_char,
+    cap: usize,
+    out_len: *mut usize,
+) -> i32 {
     const F: &str = "weft_engine_stats";
     guard(F, || {
         let e = engine_ref(engine, F)?;

@@ -5,24 +5,40 @@ use std::cell::RefCell;
 use std::ffi::{c_char, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-/// Success.
-pub const WEFT_OK: i32 = 0;
-/// A NULL pointer, malformed or invalid JSON, invalid UTF-8, a bad field value, or a call
-/// made where it is not allowed (e.g. from inside an event callback).
-pub const WEFT_ERR_INVALID_ARGUMENT: i32 = -1;
-/// The model could not be found, read, downloaded or parsed.
-pub const WEFT_ERR_MODEL_LOAD: i32 = -2;
-/// No such object, e.g. a request id this engine never issued.
-pub const WEFT_ERR_NOT_FOUND: i32 = -3;
-/// Not enough room: a caller buffer too small, or a request larger than the engine's whole KV
-/// budget.
-pub const WEFT_ERR_CAPACITY: i32 = -4;
-/// The engine has been shut down (weft_engine_shutdown).
-pub const WEFT_ERR_SHUTDOWN: i32 = -5;
-/// A bug or a failure inside the engine or MLX (including a caught Rust panic).
-pub const WEFT_ERR_INTERNAL: i32 = -6;
-/// The model is well formed but uses an architecture or option this engine does not implement.
-pub const WEFT_ERR_UNSUPPORTED: i32 = -7;
+/// Status codes returned by the int32_t functions: WEFT_OK (0) or a negative error. The enum
+/// only names the values; functions return int32_t so that codes added later stay ABI-stable.
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum weft_status {
+    /// Success.
+    WEFT_OK = 0,
+    /// A NULL pointer, malformed JSON, invalid UTF-8, an unknown field, a bad field value, or a
+    /// call made where it is not allowed (e.g. from inside an event callback).
+    WEFT_ERR_INVALID_ARGUMENT = -1,
+    /// The model could not be found, read, downloaded or parsed.
+    WEFT_ERR_MODEL_LOAD = -2,
+    /// No such object, e.g. a request id this engine never issued.
+    WEFT_ERR_NOT_FOUND = -3,
+    /// Not enough room: a caller buffer too small, or a request larger than the engine's whole
+    /// KV budget.
+    WEFT_ERR_CAPACITY = -4,
+    /// The engine has been shut down (weft_engine_shutdown).
+    WEFT_ERR_SHUTDOWN = -5,
+    /// A bug or a failure inside the engine or MLX (including a caught Rust panic).
+    WEFT_ERR_INTERNAL = -6,
+    /// The model is well formed but uses an architecture or option this engine does not
+    /// implement.
+    WEFT_ERR_UNSUPPORTED = -7,
+}
+
+pub(crate) const WEFT_OK: i32 = weft_status::WEFT_OK as i32;
+pub(crate) const WEFT_ERR_INVALID_ARGUMENT: i32 = weft_status::WEFT_ERR_INVALID_ARGUMENT as i32;
+pub(crate) const WEFT_ERR_MODEL_LOAD: i32 = weft_status::WEFT_ERR_MODEL_LOAD as i32;
+pub(crate) const WEFT_ERR_NOT_FOUND: i32 = weft_status::WEFT_ERR_NOT_FOUND as i32;
+pub(crate) const WEFT_ERR_CAPACITY: i32 = weft_status::WEFT_ERR_CAPACITY as i32;
+pub(crate) const WEFT_ERR_SHUTDOWN: i32 = weft_status::WEFT_ERR_SHUTDOWN as i32;
+pub(crate) const WEFT_ERR_INTERNAL: i32 = weft_status::WEFT_ERR_INTERNAL as i32;
+pub(crate) const WEFT_ERR_UNSUPPORTED: i32 = weft_status::WEFT_ERR_UNSUPPORTED as i32;
 
 pub(crate) fn status_str(status: i32) -> &'static CStr {
     match status {
@@ -69,9 +85,7 @@ pub(crate) fn set_last_error(message: &str) {
 }
 
 pub(crate) fn last_error_ptr() -> *const c_char {
-    LAST_ERROR
-        .try_with(|slot| slot.borrow().as_ptr())
-        .unwrap_or(c"".as_ptr())
+    LAST_ERROR.try_with(|slot| slot.borrow().as_ptr()).unwrap_or(c"".as_ptr())
 }
 
 pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
@@ -109,12 +123,59 @@ pub(crate) fn from_engine_error(e: &weft::Error, loading: bool) -> Failure {
         E::Unsupported(_) => WEFT_ERR_UNSUPPORTED,
         E::Tokenizer(_) | E::Mlx(_) if loading => WEFT_ERR_MODEL_LOAD,
         E::Tokenizer(_) => WEFT_ERR_INVALID_ARGUMENT,
-        // The engine words these two in `Engine::submit` / `engine::prepare`; tests/c_abi.rs
-        // checks both mappings, so a rewording there fails loudly.
-        E::InvalidRequest(m) if m.contains("the engine has shut down") => WEFT_ERR_SHUTDOWN,
-        E::InvalidRequest(m) if m.contains("KV budget") => WEFT_ERR_CAPACITY,
+        E::Shutdown => WEFT_ERR_SHUTDOWN,
+        E::Capacity(_) => WEFT_ERR_CAPACITY,
         E::InvalidRequest(_) => WEFT_ERR_INVALID_ARGUMENT,
         E::Mlx(_) => WEFT_ERR_INTERNAL,
     };
     Failure::new(status, e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guard_turns_failures_and_panics_into_codes_and_messages() {
+        assert_eq!(guard("f", || Ok(())), WEFT_OK);
+        assert_eq!(guard("f", || Err(Failure::new(WEFT_ERR_NOT_FOUND, "no such id"))), WEFT_ERR_NOT_FOUND);
+        let msg = unsafe { CStr::from_ptr(last_error_ptr()) }.to_str().unwrap().to_string();
+        assert_eq!(msg, "no such id");
+        assert_eq!(guard("f", || panic!("boom")), WEFT_ERR_INTERNAL);
+        let msg = unsafe { CStr::from_ptr(last_error_ptr()) }.to_str().unwrap().to_string();
+        assert!(msg.contains("f: internal error") && msg.contains("boom"), "{msg}");
+        // Success leaves the last message in place (errno-style).
+        assert_eq!(guard("f", || Ok(())), WEFT_OK);
+        assert!(unsafe { CStr::from_ptr(last_error_ptr()) }.to_bytes().ends_with(b"boom)"));
+        // Interior NULs do not truncate the message.
+        set_last_error("a\0b");
+        assert_eq!(unsafe { CStr::from_ptr(last_error_ptr()) }.to_str().unwrap(), "a\u{FFFD}b");
+    }
+
+    #[test]
+    fn engine_errors_map_to_codes() {
+        use weft::Error as E;
+        let code = |e: E, loading| from_engine_error(&e, loading).status;
+        assert_eq!(code(E::ModelLoad("x".into()), true), WEFT_ERR_MODEL_LOAD);
+        assert_eq!(code(E::Download("x".into()), true), WEFT_ERR_MODEL_LOAD);
+        assert_eq!(code(E::Unsupported("x".into()), true), WEFT_ERR_UNSUPPORTED);
+        assert_eq!(code(E::Tokenizer("x".into()), true), WEFT_ERR_MODEL_LOAD);
+        assert_eq!(code(E::Tokenizer("x".into()), false), WEFT_ERR_INVALID_ARGUMENT);
+        assert_eq!(code(E::Mlx("x".into()), false), WEFT_ERR_INTERNAL);
+        assert_eq!(code(E::InvalidRequest("the prompt is empty".into()), false), WEFT_ERR_INVALID_ARGUMENT);
+        assert_eq!(code(E::Shutdown, false), WEFT_ERR_SHUTDOWN);
+        assert_eq!(code(E::Capacity("needs 9 bytes".into()), false), WEFT_ERR_CAPACITY);
+        for s in [
+            WEFT_OK,
+            WEFT_ERR_INVALID_ARGUMENT,
+            WEFT_ERR_MODEL_LOAD,
+            WEFT_ERR_NOT_FOUND,
+            WEFT_ERR_CAPACITY,
+            WEFT_ERR_SHUTDOWN,
+            WEFT_ERR_INTERNAL,
+            WEFT_ERR_UNSUPPORTED,
+        ] {
+            assert_ne!(status_str(s).to_bytes(), b"unknown status", "{s}");
+        }
+    }
 }

@@ -39,6 +39,8 @@ impl From<weft::Error> for Fail {
             E::Unsupported(m) => Fail::new("UNSUPPORTED", m),
             E::Tokenizer(m) => Fail::new("TOKENIZER", m),
             E::InvalidRequest(m) => Fail::new("INVALID_ARGUMENT", m),
+            E::Capacity(m) => Fail::new("CAPACITY", m),
+            E::Shutdown => Fail::new("ENGINE_CLOSED", "the engine has shut down"),
             E::Download(m) => Fail::new("DOWNLOAD", m),
             E::Mlx(m) => Fail::new("MLX", m),
             e @ E::Io { .. } => Fail::new("IO", e.to_string()),

@@ -245,7 +245,7 @@ impl Engine {
         let sub = prepare(id, request, sink, self.tokenizer.as_ref(), &self.info, &self.eos_token_ids, &self.config)?;
         self.tx
             .send(Command::Submit(sub))
-            .map_err(|_| Error::InvalidRequest("the engine has shut down".into()))?;
+            .map_err(|_| Error::Shutdown)?;
         Ok(id)
     }
 
@@ -318,7 +318,7 @@ pub fn prepare(
     if let Some(budget) = config.kv_budget_bytes {
         let need = scheduler::projected_kv_bytes(info, prompt.len(), request.max_tokens);
         if need > budget {
-            return Err(Error::InvalidRequest(format!(
+            return Err(Error::Capacity(format!(
                 "this request needs {need} bytes of KV cache ({} prompt + {} max tokens), more than the \
                  engine's whole KV budget of {budget} bytes",
                 prompt.len(),

@@ -9,10 +9,10 @@ use crate::models::ModelInfo;
 /// KV bytes a request may grow to: every prompt and generated position, all layers.
 pub fn projected_kv_bytes(info: &ModelInfo, prompt_len: usize, max_tokens: usize) -> u64 {
     let positions = match info.max_position_embeddings {
-        Some(ctx) => (prompt_len + max_tokens).min(ctx),
-        None => prompt_len + max_tokens,
+        Some(ctx) => prompt_len.saturating_add(max_tokens).min(ctx),
+        None => prompt_len.saturating_add(max_tokens),
     };
-    (positions * info.kv_bytes_per_token()) as u64
+    (positions as u64).saturating_mul(info.kv_bytes_per_token() as u64)
 }
 
 /// What is running now, as admission sees it.
