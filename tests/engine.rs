@@ -621,3 +621,36 @@ fn default_model_second_turn_with_prompt_cache_equals_without() {
     assert_eq!(cold_usage.cached_tokens, 0);
     assert_eq!(warm, cold);
 }
+
+#[test]
+fn repeated_prompts_hitting_the_prompt_cache_match_cold_runs() {
+    for name in ["llama-fp32", "llama-4bit"] {
+        let g = golden(name);
+        let engine = start(name, EngineConfig { prompt_cache_bytes: 64 << 20, ..Default::default() });
+        for case in g["single"].as_array().unwrap().iter().take(4) {
+            for round in 0..3 {
+                let out = collect(&engine.submit_channel(greedy(ids(&case["prompt_ids"]), 12)).unwrap().1);
+                assert_eq!(out.tokens, ids(&case["tokens"])[..12], "{name} round {round} cached {}", out.usage.cached_tokens);
+            }
+        }
+    }
+}
+
+#[test]
+fn default_model_repeated_chat_with_prompt_cache_matches_the_golden() {
+    let Some(path) = default_model() else { return };
+    let g = golden("smollm2");
+    let engine = Engine::start(loading::load(&path).unwrap(), EngineConfig { prompt_cache_bytes: 256 << 20, ..Default::default() }).unwrap();
+    for chat in g["chats"].as_array().unwrap() {
+        let want = ids(&chat["tokens"]);
+        for round in 0..3 {
+            let req = Request { max_tokens: 48, ignore_eos: false, ..greedy(ids(&chat["prompt_ids"]), 48) };
+            let out = collect(&engine.submit_channel(req).unwrap().1);
+            assert_eq!(out.tokens, want, "round {round}, cached {}", out.usage.cached_tokens);
+            if round > 0 {
+                assert_eq!(out.usage.cached_tokens, want.len().min(1).max(ids(&chat["prompt_ids"]).len() - 1));
+            }
+        }
+    }
+}
+

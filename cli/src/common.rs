@@ -19,19 +19,19 @@ pub struct ModelArgs {
 #[derive(Args, Debug, Clone)]
 pub struct SamplingArgs {
     /// Sampling temperature (0 = greedy). Default: the model's generation_config, else 0.
-    #[arg(long = "temp", alias = "temperature")]
+    #[arg(long = "temp", alias = "temperature", allow_negative_numbers = true)]
     pub temperature: Option<f32>,
     /// Nucleus sampling threshold in (0, 1].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub top_p: Option<f32>,
     /// Sample from the k most likely tokens (0 = off).
     #[arg(long)]
     pub top_k: Option<u32>,
     /// Drop tokens below min_p × p(most likely).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub min_p: Option<f32>,
     /// Penalize recently seen tokens (>1 discourages repeats).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub repetition_penalty: Option<f32>,
     /// How many recent tokens the repetition penalty considers.
     #[arg(long, default_value_t = 20)]
@@ -69,6 +69,13 @@ impl SamplingArgs {
     }
 }
 
+/// The default model from the model store, downloaded with a progress bar on first use.
+pub fn default_model_path() -> Result<PathBuf> {
+    let store = ModelStore::from_env();
+    let mut bar = print_progress_bar();
+    store.default_model_path(&mut bar)
+}
+
 /// `--model`, else `$WEFT_MODEL`, else the default model (downloaded with a progress bar).
 pub fn resolve_model_path(model: Option<&Path>) -> Result<PathBuf> {
     if let Some(p) = model {
@@ -77,9 +84,7 @@ pub fn resolve_model_path(model: Option<&Path>) -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("WEFT_MODEL").filter(|p| !p.is_empty()) {
         return Ok(PathBuf::from(p));
     }
-    let store = ModelStore::from_env();
-    let mut bar = print_progress_bar();
-    store.default_model_path(&mut bar)
+    default_model_path()
 }
 
 pub fn load_model(args: &ModelArgs) -> Result<LoadedModel> {

@@ -1,8 +1,10 @@
 //! `weft`: run models from the command line.
 //!
-//! Subcommands: `generate` (one completion; `--json` parity output), `chat` (interactive),
-//! `run` (answer a prompt, or chat when none is given), `bench` (decode speed), `pull` (fetch
-//! the default model). Every failure prints `error: ...` and exits non-zero; no panics.
+//! Subcommands: `generate` (a completion, or several `--prompt-ids` rows through the batching
+//! engine; `--json` parity output), `chat` (interactive), `run` (answer a prompt, or chat when
+//! none is given), `replay` (a join/leave schedule), `bench` (speed at several batch sizes),
+//! `serve` (the OpenAI/Anthropic-compatible HTTP server), `pull` (fetch the default model).
+//! Every failure prints `error: ...` and exits non-zero; no panics.
 
 mod batch;
 mod bench;
@@ -10,6 +12,7 @@ mod chat;
 mod common;
 mod generate_cmd;
 mod replay;
+mod serve;
 
 use std::process::ExitCode;
 
@@ -36,6 +39,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Download (or verify) the default model.
     Pull,
+    /// Serve the model over HTTP: OpenAI and Anthropic APIs, /health, /stats, /metrics.
+    Serve(Box<serve::ServeArgs>),
 }
 
 fn main() -> ExitCode {
@@ -48,7 +53,8 @@ fn main() -> ExitCode {
         Command::Run(a) => chat::run(a),
         Command::Replay(a) => replay::run(a),
         Command::Bench(a) => bench::run(a),
-        Command::Pull => common::resolve_model_path(None).map(|p| println!("{}", p.display())),
+        Command::Pull => common::default_model_path().map(|p| println!("{}", p.display())),
+        Command::Serve(a) => serve::run(*a),
     });
     match result {
         Ok(Ok(())) => ExitCode::SUCCESS,

@@ -115,3 +115,27 @@ impl KvCache for KvCacheSingle {
         self
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seq(start: i32, n: i32) -> Array {
+        Array::from_iter((start..start + n).map(|x| x as f32), &[1, 1, n, 1])
+    }
+
+    #[test]
+    fn writes_after_a_trim_land_after_the_kept_prefix() {
+        let mut c = KvCacheSingle::new();
+        c.update_and_fetch(&seq(0, 10), &seq(0, 10)).unwrap();
+        let mut d = c.duplicate();
+        d.trim(7);
+        let (k, _) = d.update_and_fetch(&seq(100, 4), &seq(100, 4)).unwrap();
+        k.eval().unwrap();
+        assert_eq!(k.as_slice::<f32>(), &[0.0, 1.0, 2.0, 100.0, 101.0, 102.0, 103.0]);
+        // The original is untouched.
+        let (k0, _) = c.keys_values().unwrap();
+        k0.eval().unwrap();
+        assert_eq!(k0.as_slice::<f32>(), &(0..10).map(|x| x as f32).collect::<Vec<_>>()[..]);
+    }
+}

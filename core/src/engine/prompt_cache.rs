@@ -42,8 +42,22 @@ impl PromptCache {
 
     /// Stores caches holding KV for exactly `tokens`. An entry whose tokens are a prefix of
     /// these is replaced; entries are evicted least-recently-used first to stay under the cap.
-    pub fn insert(&mut self, tokens: Vec<u32>, caches: Vec<Box<dyn KvCache>>) {
+    pub fn insert(&mut self, tokens: Vec<u32>, mut caches: Vec<Box<dyn KvCache>>) {
         if !self.enabled() || tokens.is_empty() {
+            return;
+        }
+        // A cache may hold one position more than the known tokens (a stop token that was
+        // already forwarded by the pipelined step): keep exactly the positions we can name.
+        let mut tokens = tokens;
+        for c in &mut caches {
+            if c.len() > tokens.len() {
+                let extra = c.len() - tokens.len();
+                c.trim(extra);
+            }
+        }
+        let held = caches.iter().map(|c| c.len()).min().unwrap_or(0);
+        tokens.truncate(held);
+        if tokens.is_empty() {
             return;
         }
         let bytes: u64 = caches.iter().map(|c| (c.nbytes()) as u64).sum();
@@ -82,8 +96,8 @@ impl PromptCache {
         let entry = &mut self.entries[best];
         entry.last_used = self.clock;
         let mut caches: Vec<Box<dyn KvCache>> = entry.caches.iter().map(|c| c.duplicate()).collect();
-        let extra = entry.tokens.len() - shared;
         for c in &mut caches {
+            let extra = c.len() - shared;
             c.trim(extra);
         }
         Some((caches, shared))

@@ -1,0 +1,126 @@
+//! Errors as each protocol writes them.
+//!
+//! One [`ApiError`] carries the HTTP status, a kind and a message; the handler that caught it
+//! renders it in its protocol's shape:
+//! - OpenAI: `{"error": {"message", "type", "param", "code"}}`
+//! - Anthropic: `{"type": "error", "error": {"type", "message"}}`
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+
+/// Which wire format an error (or a whole endpoint) speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    OpenAi,
+    Anthropic,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// 400: malformed JSON, wrong types, values out of range, prompt too long, over KV budget.
+    InvalidRequest,
+    /// 401: missing or wrong API key.
+    Authentication,
+    /// 404: unknown model or path.
+    NotFound,
+    /// 405
+    MethodNotAllowed,
+    /// 413: request body larger than the server accepts.
+    TooLarge,
+    /// 503: the server is shutting down.
+    Unavailable,
+    /// 500: the engine failed.
+    Internal,
+}
+
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub kind: ErrorKind,
+    pub message: String,
+    /// The request field at fault (OpenAI's `param`), when there is one.
+    pub param: Option<String>,
+    /// OpenAI's machine-readable `code` (`model_not_found`, `invalid_api_key`, ...).
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        ApiError { kind, message: message.into(), param: None, code: None }
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::InvalidRequest, message)
+    }
+
+    /// A bad value for request field `param`.
+    pub fn field(param: &str, message: impl Into<String>) -> Self {
+        ApiError { param: Some(param.to_string()), ..Self::invalid(message) }
+    }
+
+    pub fn with_code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self.kind {
+            ErrorKind::InvalidRequest => StatusCode::BAD_REQUEST,
+            ErrorKind::Authentication => StatusCode::UNAUTHORIZED,
+            ErrorKind::NotFound => StatusCode::NOT_FOUND,
+            ErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The error object alone, in `protocol`'s shape (also what a stream sends when it fails
+    /// after the headers are out).
+    pub fn body(&self, protocol: Protocol) -> Value {
+        match protocol {
+            Protocol::OpenAi => {
+                let kind = match self.kind {
+                    ErrorKind::InvalidRequest | ErrorKind::TooLarge | ErrorKind::MethodNotAllowed => {
+                        "invalid_request_error"
+                    }
+                    ErrorKind::Authentication => "authentication_error",
+                    ErrorKind::NotFound => "not_found_error",
+                    ErrorKind::Unavailable => "service_unavailable",
+                    ErrorKind::Internal => "server_error",
+                };
+                json!({"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}})
+            }
+            Protocol::Anthropic => {
+                let kind = match self.kind {
+                    ErrorKind::InvalidRequest | ErrorKind::MethodNotAllowed => "invalid_request_error",
+                    ErrorKind::Authentication => "authentication_error",
+                    ErrorKind::NotFound => "not_found_error",
+                    ErrorKind::TooLarge => "request_too_large",
+                    ErrorKind::Unavailable => "overloaded_error",
+                    ErrorKind::Internal => "api_error",
+                };
+                json!({"type": "error", "error": {"type": kind, "message": self.message}})
+            }
+        }
+    }
+
+    pub fn into_response(self, protocol: Protocol) -> Response {
+        json_response(self.status(), &self.body(protocol))
+    }
+
+    /// An engine error from `submit`: the request's fault (400: bad values, a prompt over the
+    /// context, more KV than the whole budget, a template that rejects the conversation), 503
+    /// once the engine has shut down, 500 when the engine itself failed.
+    pub fn from_engine(e: weft::Error) -> Self {
+        match e {
+            weft::Error::InvalidRequest(m) | weft::Error::Capacity(m) | weft::Error::Tokenizer(m) => Self::invalid(m),
+            weft::Error::Shutdown => Self::new(ErrorKind::Unavailable, "the server is shutting down"),
+            other => Self::new(ErrorKind::Internal, other.to_string()),
+        }
+    }
+}
+
+pub fn json_response(status: StatusCode, body: &Value) -> Response {
+    (status, [(axum::http::header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+}

@@ -1,0 +1,498 @@
+//! `weft serve`: an OpenAI- and Anthropic-compatible HTTP server on the continuous-batching
+//! engine, a drop-in for `mlx_lm.server` (same flag names, port 8080, 127.0.0.1).
+//!
+//! - [`openai`]: `/v1/chat/completions`, `/v1/completions`, `/v1/models`
+//! - [`anthropic`]: `/v1/messages`, `/v1/messages/count_tokens`
+//! - [`metrics`]: `/metrics` (Prometheus) and `/stats` (JSON); `/health` is here
+//! - [`state`]: shared state and the engine-sink → async bridge (disconnect = cancel)
+//! - [`params`], [`errors`]: request fields and each protocol's error JSON
+//!
+//! One tokio runtime (two workers: HTTP work is light next to the engine's own thread) serves
+//! every connection; all generation goes through one [`weft::engine::Engine`].
+
+mod anthropic;
+mod errors;
+mod metrics;
+mod openai;
+mod params;
+mod state;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use clap::Args;
+use serde_json::json;
+use weft::engine::{Engine, EngineConfig};
+use weft::tokenizer::ChatTemplate;
+use weft::{Error, Result};
+
+use errors::{json_response, ApiError, ErrorKind, Protocol};
+use state::{AppState, Defaults};
+
+use crate::common::{resolve_model_path, ModelArgs};
+
+/// Largest request body accepted (413 beyond).
+pub const BODY_LIMIT: usize = 32 << 20;
+
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Address to bind. The default keeps the server private to this machine.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0 = any free port; the chosen one is printed).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Rows decoding together in the batch.
+    #[arg(long, default_value_t = 32, alias = "max-batch")]
+    pub decode_concurrency: usize,
+    /// Requests prefilling at once.
+    #[arg(long, default_value_t = 8)]
+    pub prompt_concurrency: usize,
+    /// Prompt tokens per prefill chunk (decode steps of running rows interleave between chunks).
+    #[arg(long, default_value_t = 2048)]
+    pub prefill_step_size: usize,
+    /// Default `max_tokens` for requests that do not set it.
+    #[arg(long, default_value_t = 512)]
+    pub max_tokens: usize,
+    /// Default sampling temperature (0 = greedy).
+    #[arg(long = "temp", alias = "temperature", default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Default nucleus sampling threshold.
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Default top-k (0 = off).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: u32,
+    /// Default min-p (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    /// KV-cache budget across admitted requests (prompt + max_tokens, projected), in GB, or
+    /// with a unit: 512MB, 2GB. Requests that could never fit get a 400; others wait their turn.
+    /// Default: no limit.
+    #[arg(long, value_parser = parse_gb, alias = "kv-budget-bytes")]
+    pub kv_budget: Option<u64>,
+    /// Bytes of finished requests' KV kept for prompt-prefix reuse (1GB, 512MB, or bytes); 0 = off
+    /// (the default). Reuse is exact: outputs equal a cold run's.
+    #[arg(long, value_parser = parse_bytes, default_value = "0")]
+    pub prompt_cache_bytes: u64,
+    /// Require this key as `Authorization: Bearer KEY` or `x-api-key: KEY` (all but /health).
+    /// Default: $WEFT_API_KEY, else none.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// A chat template replacing the model's: a file, or the template text itself.
+    #[arg(long)]
+    pub chat_template: Option<String>,
+    /// The model id served in responses and /v1/models (default: the --model argument, or the
+    /// default model's file name).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// CORS origins allowed, comma-separated ("*" = any).
+    #[arg(long, default_value = "*", value_delimiter = ',')]
+    pub allowed_origins: Vec<String>,
+    /// DEBUG logs every request; INFO startup and shutdown; WARNING and above only problems.
+    #[arg(long, default_value = "INFO", value_parser = ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], ignore_case = true)]
+    pub log_level: String,
+    /// Seconds running requests get to finish after SIGINT/SIGTERM before they are cancelled.
+    #[arg(long, default_value_t = 10.0)]
+    pub shutdown_timeout: f64,
+    /// Accepted for mlx_lm.server compatibility; Weft never runs model code from the model.
+    #[arg(long, hide = true)]
+    pub trust_remote_code: bool,
+}
+
+/// A size: a bare number in bytes, or with K/KB/M/MB/G/GB (powers of 1000, as mlx_lm.server).
+fn parse_size(s: &str, bare_unit: f64) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("expected a size like 512MB or 2GB, got {s:?}"))?;
+    let scale = match unit.trim().to_ascii_uppercase().as_str() {
+        "" => bare_unit,
+        "B" => 1.0,
+        "K" | "KB" => 1e3,
+        "M" | "MB" => 1e6,
+        "G" | "GB" => 1e9,
+        "T" | "TB" => 1e12,
+        other => return Err(format!("unknown size unit {other:?} in {s:?}")),
+    };
+    Ok((n * scale).round() as u64)
+}
+
+fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
+    parse_size(s, 1.0)
+}
+
+fn parse_gb(s: &str) -> std::result::Result<u64, String> {
+    match parse_size(s, 1e9)? {
+        0 => Err("the KV budget must be positive".into()),
+        n => Ok(n),
+    }
+}
+
+/// The id a model path is served under when no name is given: the argument as typed (what
+/// mlx_lm.server echoes), or the file name of the default model.
+fn model_names(arg: Option<&Path>, path: &Path, served: Option<&str>) -> (String, Vec<String>) {
+    let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+    let stem = path.file_stem().map(|n| n.to_string_lossy().into_owned());
+    let id = served
+        .map(str::to_string)
+        .or_else(|| arg.map(|a| a.to_string_lossy().into_owned()))
+        .or_else(|| stem.clone())
+        .unwrap_or_else(|| "weft".into());
+    let mut aliases: Vec<String> = vec!["default_model".into(), path.to_string_lossy().into_owned()];
+    if let Ok(abs) = std::fs::canonicalize(path) {
+        aliases.push(abs.to_string_lossy().into_owned());
+    }
+    if let Some(a) = arg {
+        aliases.push(a.to_string_lossy().into_owned());
+    }
+    aliases.extend(file_name);
+    aliases.extend(stem);
+    aliases.retain(|a| *a != id);
+    aliases.dedup();
+    (id, aliases)
+}
+
+fn load_chat_template(arg: &str, engine: &Engine) -> Result<ChatTemplate> {
+    let source = if Path::new(arg).is_file() {
+        std::fs::read_to_string(arg).map_err(|e| Error::io(PathBuf::from(arg), e))?
+    } else {
+        arg.to_string()
+    };
+    let tokenizer = engine
+        .tokenizer()
+        .ok_or_else(|| Error::InvalidRequest("--chat-template needs a model with a tokenizer".into()))?;
+    let bos = tokenizer.bos_token_id().and_then(|id| tokenizer.id_to_token(id));
+    let eos = tokenizer.eos_token_ids().first().and_then(|&id| tokenizer.id_to_token(id));
+    ChatTemplate::new(&source, bos, eos)
+}
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    if args.max_tokens == 0 {
+        return Err(Error::InvalidRequest("--max-tokens must be at least 1".into()));
+    }
+    let path = resolve_model_path(args.model.model.as_deref())?;
+    let level = args.log_level.to_ascii_uppercase();
+    let info = level == "DEBUG" || level == "INFO";
+    if info {
+        eprintln!("weft serve: loading {}", path.display());
+    }
+    let model = weft::loading::load(&path)?;
+    let config = EngineConfig {
+        max_batch: args.decode_concurrency,
+        prompt_concurrency: args.prompt_concurrency,
+        prefill_step_size: args.prefill_step_size,
+        kv_budget_bytes: args.kv_budget,
+        prompt_cache_bytes: args.prompt_cache_bytes,
+    };
+    let engine = Engine::start(model, config)?;
+    let chat_template = args.chat_template.as_deref().map(|t| load_chat_template(t, &engine)).transpose()?;
+    let (model_id, aliases) = model_names(args.model.model.as_deref(), &path, args.served_model_name.as_deref());
+    let api_key = args.api_key.clone().or_else(|| std::env::var("WEFT_API_KEY").ok()).filter(|k| !k.is_empty());
+    let defaults = Defaults {
+        temperature: args.temperature,
+        top_p: args.top_p,
+        top_k: args.top_k,
+        min_p: args.min_p,
+        max_tokens: args.max_tokens,
+    };
+    let state = Arc::new(AppState::new(
+        engine,
+        model_id,
+        aliases,
+        defaults,
+        chat_template,
+        api_key,
+        args.allowed_origins.clone(),
+        level == "DEBUG",
+    ));
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("weft-http")
+        .enable_all()
+        .build()
+        .map_err(|e| Error::io("tokio runtime", e))?;
+    let result = runtime.block_on(serve(Arc::clone(&state), &args, info));
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    let leftover = Arc::strong_count(&state);
+    drop(state); // the last reference stops the engine thread (outstanding rows get final events)
+    if info {
+        eprintln!("weft serve: stopped{}", if leftover > 1 { " (connections abandoned)" } else { "" });
+    }
+    result
+}
+
+async fn serve(state: Arc<AppState>, args: &ServeArgs, info: bool) -> Result<()> {
+    // An IPv6 address needs brackets before the port.
+    let addr = if args.host.contains(':') && !args.host.starts_with('[') {
+        format!("[{}]:{}", args.host, args.port)
+    } else {
+        format!("{}:{}", args.host, args.port)
+    };
+    let listener =
+        tokio::net::TcpListener::bind(&addr).await.map_err(|e| Error::io(format!("listening address {addr}"), e))?;
+    let local: SocketAddr = listener.local_addr().map_err(|e| Error::io(addr.clone(), e))?;
+    if info {
+        eprintln!(
+            "weft serve: serving {} on http://{local} (decode concurrency {}, {})",
+            state.model_id,
+            args.decode_concurrency,
+            if state.api_key.is_some() { "API key required" } else { "no API key" }
+        );
+    }
+    let signals = Signals::new();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let grace = Duration::from_secs_f64(args.shutdown_timeout.max(0.0));
+    tokio::spawn(watch_signals(Arc::clone(&state), signals, stop_tx, grace, info));
+    // Machine-readable, for apps and tests that start the server on port 0.
+    println!("listening on http://{local}");
+
+    let app = router(Arc::clone(&state));
+    let mut graceful = stop_rx.clone();
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        let _ = graceful.wait_for(|stop| *stop).await;
+    });
+    // Connections that stay open after their rows were cancelled (a client not reading) must
+    // not keep the process alive.
+    let mut deadline = stop_rx;
+    let hard_stop = async move {
+        let _ = deadline.wait_for(|stop| *stop).await;
+        tokio::time::sleep(grace + Duration::from_secs(5)).await;
+    };
+    tokio::select! {
+        r = server => r.map_err(|e| Error::io("http server", e)),
+        _ = hard_stop => {
+            eprintln!("weft serve: connections still open after the shutdown timeout; exiting");
+            Ok(())
+        }
+    }
+}
+
+/// SIGINT / SIGTERM: stop accepting, give running requests `grace` to finish, cancel the rest.
+/// A second signal cancels at once.
+async fn watch_signals(
+    state: Arc<AppState>,
+    mut signals: Signals,
+    stop: tokio::sync::watch::Sender<bool>,
+    grace: Duration,
+    info: bool,
+) {
+    signals.recv().await;
+    state.shutting_down.store(true, Ordering::SeqCst);
+    let running = state.in_flight_count();
+    if info {
+        eprintln!("weft serve: shutting down ({running} request(s) running, {:.0}s to finish)", grace.as_secs_f64());
+    }
+    let _ = stop.send(true);
+    tokio::select! {
+        _ = tokio::time::sleep(grace) => {}
+        _ = signals.recv() => {}
+    }
+    let n = state.cancel_all();
+    if n > 0 && info {
+        eprintln!("weft serve: cancelled {n} unfinished request(s)");
+    }
+}
+
+/// SIGINT and SIGTERM, registered when created: before the address is announced, so a
+/// supervisor that signals right after reading it never hits the default (fatal) action.
+struct Signals {
+    #[cfg(unix)]
+    int: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    term: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn new() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Signals { int: signal(SignalKind::interrupt()).ok(), term: signal(SignalKind::terminate()).ok() }
+        }
+        #[cfg(not(unix))]
+        Signals {}
+    }
+
+    async fn recv(&mut self) {
+        #[cfg(unix)]
+        {
+            if let (Some(int), Some(term)) = (self.int.as_mut(), self.term.as_mut()) {
+                tokio::select! {
+                    _ = int.recv() => {}
+                    _ = term.recv() => {}
+                }
+                return;
+            }
+        }
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(openai::chat_completions).fallback(method_not_allowed))
+        .route("/chat/completions", post(openai::chat_completions).fallback(method_not_allowed))
+        .route("/v1/completions", post(openai::completions).fallback(method_not_allowed))
+        .route("/v1/models", get(openai::models).fallback(method_not_allowed))
+        .route("/v1/models/{*id}", get(openai::model).fallback(method_not_allowed))
+        .route("/v1/messages", post(anthropic::messages).fallback(method_not_allowed))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens).fallback(method_not_allowed))
+        .route("/health", get(health).fallback(method_not_allowed))
+        .route("/stats", get(stats).fallback(method_not_allowed))
+        .route("/metrics", get(prometheus).fallback(method_not_allowed))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(Arc::clone(&state), gate))
+        .with_state(state)
+}
+
+fn protocol_of(path: &str) -> Protocol {
+    if path.starts_with("/v1/messages") {
+        Protocol::Anthropic
+    } else {
+        Protocol::OpenAi
+    }
+}
+
+fn endpoint_of(path: &str) -> &'static str {
+    match path {
+        "/v1/chat/completions" | "/chat/completions" => "chat_completions",
+        "/v1/completions" => "completions",
+        "/v1/messages" => "messages",
+        "/v1/messages/count_tokens" => "count_tokens",
+        "/health" => "health",
+        "/stats" => "stats",
+        "/metrics" => "metrics",
+        p if p.starts_with("/v1/models") => "models",
+        _ => "other",
+    }
+}
+
+async fn not_found(req: Request) -> Response {
+    let path = req.uri().path().to_string();
+    ApiError::new(ErrorKind::NotFound, format!("no such endpoint: {} {path}", req.method()))
+        .into_response(protocol_of(&path))
+}
+
+async fn method_not_allowed(req: Request) -> Response {
+    let path = req.uri().path().to_string();
+    ApiError::new(ErrorKind::MethodNotAllowed, format!("{} is not allowed on {path}", req.method()))
+        .into_response(protocol_of(&path))
+}
+
+/// Keys compared without an early exit.
+fn same_key(given: &str, expected: &str) -> bool {
+    given.len() == expected.len() && given.bytes().zip(expected.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+}
+
+fn presented_key(headers: &HeaderMap) -> Option<&str> {
+    if let Some(v) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
+        let v = v.trim();
+        if v.len() > 7 && v[..7].eq_ignore_ascii_case("bearer ") {
+            return Some(v[7..].trim());
+        }
+    }
+    headers.get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim)
+}
+
+/// Every request: CORS preflight and headers, the API key, per-endpoint counts and logging.
+async fn gate(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let path = req.uri().path().to_string();
+    let method = req.method().clone();
+    let origin = req.headers().get(header::ORIGIN).cloned();
+    let endpoint = endpoint_of(&path);
+    let mut response = if method == Method::OPTIONS {
+        StatusCode::NO_CONTENT.into_response()
+    } else if let (Some(expected), false) = (state.api_key.as_deref(), path == "/health") {
+        match presented_key(req.headers()) {
+            Some(k) if same_key(k, expected) => next.run(req).await,
+            Some(_) => ApiError::new(ErrorKind::Authentication, "invalid API key")
+                .with_code("invalid_api_key")
+                .into_response(protocol_of(&path)),
+            None => ApiError::new(
+                ErrorKind::Authentication,
+                "missing API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`",
+            )
+            .with_code("invalid_api_key")
+            .into_response(protocol_of(&path)),
+        }
+    } else {
+        next.run(req).await
+    };
+    let status = response.status().as_u16();
+    state.metrics.count_http(endpoint, status);
+    if state.verbose || status >= 500 {
+        eprintln!("weft serve: {method} {path} -> {status}");
+    }
+    cors(&state, origin, response.headers_mut());
+    response
+}
+
+fn cors(state: &AppState, origin: Option<HeaderValue>, headers: &mut HeaderMap) {
+    let allowed = if state.allowed_origins.iter().any(|o| o == "*") {
+        Some(HeaderValue::from_static("*"))
+    } else {
+        origin.filter(|o| o.to_str().is_ok_and(|o| state.allowed_origins.iter().any(|a| a == o)))
+    };
+    if let Some(o) = allowed {
+        headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, o);
+        headers.insert(header::VARY, HeaderValue::from_static("Origin"));
+        headers.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static("*"));
+        headers.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, HeaderValue::from_static("*"));
+    }
+}
+
+async fn health(State(state): State<Arc<AppState>>) -> Response {
+    if state.shutting_down.load(Ordering::SeqCst) {
+        return json_response(StatusCode::SERVICE_UNAVAILABLE, &json!({"status": "shutting_down"}));
+    }
+    json_response(StatusCode::OK, &json!({"status": "ok", "model": state.model_id}))
+}
+
+async fn stats(State(state): State<Arc<AppState>>) -> Response {
+    json_response(StatusCode::OK, &state.metrics.stats_json(&state.engine.stats(), &state.model_id))
+}
+
+async fn prometheus(State(state): State<Arc<AppState>>) -> Response {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        state.metrics.render(&state.engine.stats(), &state.model_id),
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_like_mlx_lm() {
+        assert_eq!(parse_bytes("512MB"), Ok(512_000_000));
+        assert_eq!(parse_bytes("2G"), Ok(2_000_000_000));
+        assert_eq!(parse_bytes("1024"), Ok(1024));
+        assert_eq!(parse_gb("1.5"), Ok(1_500_000_000));
+        assert_eq!(parse_gb("300KB"), Ok(300_000));
+        assert!(parse_gb("0").is_err());
+        assert!(parse_bytes("12 parsecs").is_err());
+    }
+
+    #[test]
+    fn keys_compare_exactly() {
+        assert!(same_key("abc", "abc"));
+        assert!(!same_key("abd", "abc"));
+        assert!(!same_key("ab", "abc"));
+    }
+}

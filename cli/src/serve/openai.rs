@@ -1,0 +1,558 @@
+//! The OpenAI protocol: `POST /v1/chat/completions`, `POST /v1/completions` (both streaming as
+//! server-sent events and not) and `GET /v1/models`.
+//!
+//! Shapes follow the OpenAI API reference as the official SDKs parse it; request fields are the
+//! OpenAI ones plus mlx_lm.server's extensions (`top_k`, `min_p`, `repetition_penalty`,
+//! `repetition_context_size`) and `ignore_eos`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+use weft::engine::{Event, Input, Request, TokenLogprobs, Usage};
+use weft::generate::FinishReason;
+use weft::tokenizer::ChatMessage;
+
+use super::errors::{json_response, ApiError, ErrorKind, Protocol};
+use super::params::{self, get, opt_bool, opt_count, opt_int, opt_str, Object};
+use super::state::{sse_data, AppState, EventStream, Generation, StreamEncoder};
+use super::BODY_LIMIT;
+
+fn system_fingerprint() -> String {
+    concat!("weft-", env!("CARGO_PKG_VERSION")).to_string()
+}
+
+pub fn usage_json(u: &Usage) -> Value {
+    json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+    })
+}
+
+fn finish_str(r: FinishReason) -> &'static str {
+    match r {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+        FinishReason::Cancelled => "cancelled",
+    }
+}
+
+/// Why a generation produced no normal ending, as the error a client sees.
+fn cancelled_error() -> ApiError {
+    ApiError::new(ErrorKind::Unavailable, "the request was cancelled: the server is shutting down")
+}
+
+fn engine_error(message: &str) -> ApiError {
+    ApiError::new(ErrorKind::Internal, format!("generation failed: {message}"))
+}
+
+fn sse_response(body: Body) -> Response {
+    (StatusCode::OK, [(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")], body)
+        .into_response()
+}
+
+// ---------------------------------------------------------------- /v1/chat/completions
+
+pub async fn chat_completions(State(state): State<Arc<AppState>>, req: axum::extract::Request) -> Response {
+    let arrived = Instant::now();
+    match chat_inner(&state, req.into_body(), arrived).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(Protocol::OpenAi),
+    }
+}
+
+/// OpenAI `messages`: roles and text content (a string, or an array of text parts joined as
+/// mlx_lm.server joins them). `developer` is the newer name for `system`.
+fn chat_messages(body: &Object) -> Result<Vec<ChatMessage>, ApiError> {
+    let list = match get(body, "messages") {
+        Some(Value::Array(a)) if !a.is_empty() => a,
+        Some(Value::Array(_)) => return Err(ApiError::field("messages", "`messages` must not be empty")),
+        None => return Err(ApiError::field("messages", "`messages` is required")),
+        Some(_) => return Err(ApiError::field("messages", "`messages` must be an array")),
+    };
+    list.iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let param = format!("messages[{i}]");
+            let m = m.as_object().ok_or_else(|| ApiError::field(&param, format!("`{param}` must be an object")))?;
+            let role = match get(m, "role") {
+                Some(Value::String(r)) => r.as_str(),
+                _ => return Err(ApiError::field(&param, format!("`{param}.role` must be a string"))),
+            };
+            let role = match role {
+                "developer" => "system",
+                "system" | "user" | "assistant" | "tool" => role,
+                other => {
+                    return Err(ApiError::field(
+                        &param,
+                        format!("`{param}.role` must be system, developer, user, assistant or tool, got {other:?}"),
+                    ))
+                }
+            };
+            let content = content_text(get(m, "content"), &param)?;
+            Ok(ChatMessage::new(role, content))
+        })
+        .collect()
+}
+
+fn content_text(content: Option<&Value>, param: &str) -> Result<String, ApiError> {
+    match content {
+        None => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for p in parts {
+                match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
+                    (Some("text"), Some(t)) => text.push_str(t),
+                    (Some("text"), None) => {
+                        return Err(ApiError::field(
+                            param,
+                            format!("`{param}.content` text parts need a string `text`"),
+                        ))
+                    }
+                    _ => {
+                        return Err(ApiError::field(
+                            param,
+                            format!("`{param}.content`: only text content parts are supported"),
+                        ))
+                    }
+                }
+            }
+            Ok(text)
+        }
+        Some(_) => Err(ApiError::field(param, format!("`{param}.content` must be a string or an array of parts"))),
+    }
+}
+
+/// `logprobs` (bool) / `top_logprobs` (0..=20) → how many alternatives to report, if any.
+fn chat_logprobs(body: &Object) -> Result<Option<usize>, ApiError> {
+    let on = opt_bool(body, "logprobs")?.unwrap_or(false);
+    let top = opt_count(body, "top_logprobs", 0)?;
+    if top.is_some_and(|k| k > 20) {
+        return Err(ApiError::field("top_logprobs", "`top_logprobs` must be between 0 and 20"));
+    }
+    match (on, top) {
+        (true, k) => Ok(Some(k.unwrap_or(0))),
+        (false, Some(k)) if k > 0 => {
+            Err(ApiError::field("top_logprobs", "`top_logprobs` needs `logprobs` set to true"))
+        }
+        (false, _) => Ok(None),
+    }
+}
+
+fn stream_flags(body: &Object) -> Result<(bool, bool), ApiError> {
+    let stream = opt_bool(body, "stream")?.unwrap_or(false);
+    let include_usage = match get(body, "stream_options") {
+        None => false,
+        Some(Value::Object(o)) => opt_bool(o, "include_usage")
+            .map_err(|_| ApiError::field("stream_options", "`stream_options.include_usage` must be a boolean"))?
+            .unwrap_or(false),
+        Some(_) => return Err(ApiError::field("stream_options", "`stream_options` must be an object")),
+    };
+    Ok((stream, include_usage))
+}
+
+fn check_response_format(body: &Object) -> Result<(), ApiError> {
+    match get(body, "response_format") {
+        None => Ok(()),
+        Some(v) if v.get("type").and_then(Value::as_str) == Some("text") => Ok(()),
+        Some(_) => Err(ApiError::field("response_format", "only `response_format` {\"type\": \"text\"} is supported")),
+    }
+}
+
+/// The engine request common to both endpoints.
+fn engine_request(
+    state: &AppState,
+    body: &Object,
+    prompt: Vec<u32>,
+    logprobs: Option<usize>,
+) -> Result<Request, ApiError> {
+    let vocab = state.engine.model_info().vocab_size as usize;
+    let mut r = Request::new(Input::Tokens(prompt));
+    r.max_tokens = params::max_tokens(body, &["max_completion_tokens", "max_tokens"], state.defaults.max_tokens)?;
+    r.sampling = params::sampling(body, &state.defaults, vocab)?;
+    r.stop = params::stop_strings(body, "stop")?;
+    r.ignore_eos = opt_bool(body, "ignore_eos")?.unwrap_or(false);
+    r.logprobs = logprobs;
+    Ok(r)
+}
+
+async fn chat_inner(state: &Arc<AppState>, body: Body, arrived: Instant) -> Result<Response, ApiError> {
+    state.check_open()?;
+    let body = params::read_body(body, BODY_LIMIT).await?;
+    state.check_model(body.get("model"))?;
+    params::single_choice(&body)?;
+    params::no_tools(&body)?;
+    check_response_format(&body)?;
+    let (stream, include_usage) = stream_flags(&body)?;
+    let logprobs = chat_logprobs(&body)?;
+    let messages = chat_messages(&body)?;
+    let prompt = state.tokenize_messages(&messages)?;
+    let request = engine_request(state, &body, prompt, logprobs)?;
+    let generation = state.start(request, arrived)?;
+    let id = state.new_id("chatcmpl-");
+    if stream {
+        let encoder = ChatEncoder { state: Arc::clone(state), id, include_usage, logprobs: logprobs.is_some() };
+        return Ok(sse_response(Body::from_stream(EventStream::new(generation, encoder))));
+    }
+    let done = collect(generation, state, logprobs.is_some()).await?;
+    let logprobs_json = logprobs.map(|_| json!({"content": done.chat_logprobs}));
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({
+            "id": id,
+            "object": "chat.completion",
+            "created": state.created,
+            "model": state.model_id,
+            "system_fingerprint": system_fingerprint(),
+            "choices": [{
+                "index": 0,
+                "message": {"role": "assistant", "content": done.text},
+                "logprobs": logprobs_json,
+                "finish_reason": finish_str(done.finish_reason),
+            }],
+            "usage": usage_json(&done.usage),
+        }),
+    ))
+}
+
+/// A finished non-streaming generation.
+struct Collected {
+    text: String,
+    finish_reason: FinishReason,
+    usage: Usage,
+    /// Chat-format logprob entries, one per generated token.
+    chat_logprobs: Vec<Value>,
+    /// Completion-format logprobs (token ids and their values) for the legacy endpoint.
+    tokens: Vec<(u32, TokenLogprobs)>,
+}
+
+async fn collect(mut g: Generation, state: &AppState, logprobs: bool) -> Result<Collected, ApiError> {
+    let mut text = String::new();
+    let mut chat_logprobs = Vec::new();
+    let mut tokens = Vec::new();
+    loop {
+        match g.next().await {
+            Some(Event::Token { token_id, text: t, logprobs: lp }) => {
+                text.push_str(&t);
+                if let (true, Some(lp)) = (logprobs, lp) {
+                    chat_logprobs.push(chat_logprob_entry(state, token_id, &lp));
+                    tokens.push((token_id, lp));
+                }
+            }
+            Some(Event::Done { finish_reason: FinishReason::Cancelled, .. }) => return Err(cancelled_error()),
+            Some(Event::Done { finish_reason, usage, .. }) => {
+                return Ok(Collected { text, finish_reason, usage, chat_logprobs, tokens })
+            }
+            Some(Event::Error { message }) => return Err(engine_error(&message)),
+            None => return Err(engine_error("the engine stopped")),
+        }
+    }
+}
+
+fn token_entry(state: &AppState, id: u32, logprob: f32) -> Value {
+    let token = state.token_text(id);
+    json!({"token": token, "logprob": logprob, "bytes": token.as_bytes()})
+}
+
+fn chat_logprob_entry(state: &AppState, id: u32, lp: &TokenLogprobs) -> Value {
+    let mut entry = token_entry(state, id, lp.logprob);
+    let top: Vec<Value> = lp.top.iter().map(|&(t, l)| token_entry(state, t, l)).collect();
+    entry["top_logprobs"] = Value::Array(top);
+    entry
+}
+
+struct ChatEncoder {
+    state: Arc<AppState>,
+    id: String,
+    include_usage: bool,
+    logprobs: bool,
+}
+
+impl ChatEncoder {
+    fn chunk(&self, delta: Value, logprobs: Value, finish_reason: Option<&str>) -> Value {
+        let mut c = json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.state.created,
+            "model": self.state.model_id,
+            "system_fingerprint": system_fingerprint(),
+            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
+        });
+        if self.include_usage {
+            c["usage"] = Value::Null;
+        }
+        c
+    }
+}
+
+fn stream_error(e: &ApiError) -> String {
+    sse_data(&e.body(Protocol::OpenAi)) + "data: [DONE]\n\n"
+}
+
+impl StreamEncoder for ChatEncoder {
+    fn start(&mut self) -> String {
+        sse_data(&self.chunk(json!({"role": "assistant", "content": ""}), Value::Null, None))
+    }
+
+    fn event(&mut self, ev: &Event) -> String {
+        match ev {
+            Event::Token { token_id, text, logprobs } => {
+                let lp = match (self.logprobs, logprobs) {
+                    (true, Some(lp)) => Some(json!({"content": [chat_logprob_entry(&self.state, *token_id, lp)]})),
+                    _ => None,
+                };
+                if text.is_empty() && lp.is_none() {
+                    return String::new();
+                }
+                sse_data(&self.chunk(json!({"content": text}), lp.unwrap_or(Value::Null), None))
+            }
+            Event::Done { finish_reason: FinishReason::Cancelled, .. } => stream_error(&cancelled_error()),
+            Event::Done { finish_reason, usage, .. } => {
+                let mut out = sse_data(&self.chunk(json!({}), Value::Null, Some(finish_str(*finish_reason))));
+                if self.include_usage {
+                    out += &sse_data(&json!({
+                        "id": self.id,
+                        "object": "chat.completion.chunk",
+                        "created": self.state.created,
+                        "model": self.state.model_id,
+                        "system_fingerprint": system_fingerprint(),
+                        "choices": [],
+                        "usage": usage_json(usage),
+                    }));
+                }
+                out + "data: [DONE]\n\n"
+            }
+            Event::Error { message } => stream_error(&engine_error(message)),
+        }
+    }
+
+    fn lost(&mut self) -> String {
+        stream_error(&engine_error("the engine stopped"))
+    }
+}
+
+// ---------------------------------------------------------------- /v1/completions
+
+pub async fn completions(State(state): State<Arc<AppState>>, req: axum::extract::Request) -> Response {
+    let arrived = Instant::now();
+    match completions_inner(&state, req.into_body(), arrived).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(Protocol::OpenAi),
+    }
+}
+
+/// The legacy `prompt`: a string, token ids, or a one-element array of either.
+fn completion_prompt(state: &AppState, body: &Object) -> Result<(Vec<u32>, String), ApiError> {
+    let bad = || {
+        ApiError::field("prompt", "`prompt` must be a string, an array of token ids, or a one-element array of either")
+    };
+    let ids_of = |a: &Vec<Value>| -> Result<Vec<u32>, ApiError> {
+        a.iter().map(|v| v.as_u64().filter(|&t| t <= u32::MAX as u64).map(|t| t as u32).ok_or_else(bad)).collect()
+    };
+    let mut prompt = get(body, "prompt").ok_or_else(|| ApiError::field("prompt", "`prompt` is required"))?;
+    if let Value::Array(a) = prompt {
+        if a.len() == 1 && (a[0].is_string() || a[0].is_array()) {
+            prompt = &a[0];
+        } else if a.iter().any(|v| v.is_string() || v.is_array()) {
+            return Err(ApiError::field("prompt", "only one prompt per request is supported"));
+        }
+    }
+    match prompt {
+        Value::String(s) => Ok((state.tokenize_prompt(s)?, s.clone())),
+        Value::Array(a) => {
+            let ids = ids_of(a)?;
+            let text = match state.engine.tokenizer() {
+                Some(t) => t.decode(&ids, false).unwrap_or_default(),
+                None => String::new(),
+            };
+            Ok((ids, text))
+        }
+        _ => Err(bad()),
+    }
+}
+
+/// Legacy `logprobs`: an integer (alternatives per token, OpenAI) or a boolean with
+/// `top_logprobs` (mlx_lm.server).
+fn completion_logprobs(body: &Object) -> Result<Option<usize>, ApiError> {
+    match get(body, "logprobs") {
+        None | Some(Value::Bool(false)) => Ok(None),
+        Some(Value::Bool(true)) => Ok(Some(opt_count(body, "top_logprobs", 0)?.unwrap_or(0).min(20))),
+        Some(_) => match opt_int(body, "logprobs")? {
+            Some(k) if (0..=20).contains(&k) => Ok(Some(k as usize)),
+            _ => Err(ApiError::field("logprobs", "`logprobs` must be an integer between 0 and 20")),
+        },
+    }
+}
+
+async fn completions_inner(state: &Arc<AppState>, body: Body, arrived: Instant) -> Result<Response, ApiError> {
+    state.check_open()?;
+    let body = params::read_body(body, BODY_LIMIT).await?;
+    state.check_model(body.get("model"))?;
+    params::single_choice(&body)?;
+    let (stream, include_usage) = stream_flags(&body)?;
+    let logprobs = completion_logprobs(&body)?;
+    let echo = opt_bool(&body, "echo")?.unwrap_or(false);
+    if echo && logprobs.is_some() {
+        return Err(ApiError::field("echo", "`echo` with `logprobs` is not supported"));
+    }
+    if opt_str(&body, "suffix")?.is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::field("suffix", "`suffix` is not supported"));
+    }
+    let (prompt, prompt_text) = completion_prompt(state, &body)?;
+    let request = engine_request(state, &body, prompt, logprobs)?;
+    let generation = state.start(request, arrived)?;
+    let id = state.new_id("cmpl-");
+    let echo_text = if echo { prompt_text } else { String::new() };
+    if stream {
+        let encoder = CompletionEncoder {
+            state: Arc::clone(state),
+            id,
+            include_usage,
+            logprobs: logprobs.is_some(),
+            echo: echo_text,
+            offset: 0,
+        };
+        return Ok(sse_response(Body::from_stream(EventStream::new(generation, encoder))));
+    }
+    let done = collect(generation, state, logprobs.is_some()).await?;
+    let logprobs_json = logprobs.map(|_| completion_logprobs_json(state, &done.tokens, 0).0);
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({
+            "id": id,
+            "object": "text_completion",
+            "created": state.created,
+            "model": state.model_id,
+            "system_fingerprint": system_fingerprint(),
+            "choices": [{
+                "index": 0,
+                "text": echo_text + &done.text,
+                "logprobs": logprobs_json,
+                "finish_reason": finish_str(done.finish_reason),
+            }],
+            "usage": usage_json(&done.usage),
+        }),
+    ))
+}
+
+/// Legacy logprobs: parallel arrays plus each step's alternatives as `{token: logprob}`.
+/// Returns the object and the text offset after the last token.
+fn completion_logprobs_json(state: &AppState, tokens: &[(u32, TokenLogprobs)], mut offset: usize) -> (Value, usize) {
+    let mut texts = Vec::new();
+    let mut values = Vec::new();
+    let mut tops = Vec::new();
+    let mut offsets = Vec::new();
+    for (id, lp) in tokens {
+        let t = state.token_text(*id);
+        offsets.push(offset);
+        offset += t.len();
+        texts.push(t);
+        values.push(lp.logprob);
+        let top: serde_json::Map<String, Value> =
+            lp.top.iter().map(|&(tid, l)| (state.token_text(tid), json!(l))).collect();
+        tops.push(Value::Object(top));
+    }
+    (json!({"tokens": texts, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}), offset)
+}
+
+struct CompletionEncoder {
+    state: Arc<AppState>,
+    id: String,
+    include_usage: bool,
+    logprobs: bool,
+    /// The prompt, sent first when `echo` is set.
+    echo: String,
+    /// Text offset of the next token (legacy logprobs).
+    offset: usize,
+}
+
+impl CompletionEncoder {
+    fn chunk(&self, text: &str, logprobs: Value, finish_reason: Option<&str>) -> Value {
+        let mut c = json!({
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.state.created,
+            "model": self.state.model_id,
+            "system_fingerprint": system_fingerprint(),
+            "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}],
+        });
+        if self.include_usage {
+            c["usage"] = Value::Null;
+        }
+        c
+    }
+}
+
+impl StreamEncoder for CompletionEncoder {
+    fn start(&mut self) -> String {
+        if self.echo.is_empty() {
+            return String::new();
+        }
+        let echo = std::mem::take(&mut self.echo);
+        sse_data(&self.chunk(&echo, Value::Null, None))
+    }
+
+    fn event(&mut self, ev: &Event) -> String {
+        match ev {
+            Event::Token { token_id, text, logprobs } => {
+                let lp = match (self.logprobs, logprobs) {
+                    (true, Some(lp)) => {
+                        let (v, next) = completion_logprobs_json(&self.state, &[(*token_id, lp.clone())], self.offset);
+                        self.offset = next;
+                        Some(v)
+                    }
+                    _ => None,
+                };
+                if text.is_empty() && lp.is_none() {
+                    return String::new();
+                }
+                sse_data(&self.chunk(text, lp.unwrap_or(Value::Null), None))
+            }
+            Event::Done { finish_reason: FinishReason::Cancelled, .. } => stream_error(&cancelled_error()),
+            Event::Done { finish_reason, usage, .. } => {
+                let mut out = sse_data(&self.chunk("", Value::Null, Some(finish_str(*finish_reason))));
+                if self.include_usage {
+                    out += &sse_data(&json!({
+                        "id": self.id,
+                        "object": "text_completion",
+                        "created": self.state.created,
+                        "model": self.state.model_id,
+                        "system_fingerprint": system_fingerprint(),
+                        "choices": [],
+                        "usage": usage_json(usage),
+                    }));
+                }
+                out + "data: [DONE]\n\n"
+            }
+            Event::Error { message } => stream_error(&engine_error(message)),
+        }
+    }
+
+    fn lost(&mut self) -> String {
+        stream_error(&engine_error("the engine stopped"))
+    }
+}
+
+// ---------------------------------------------------------------- /v1/models
+
+fn model_json(state: &AppState) -> Value {
+    json!({"id": state.model_id, "object": "model", "created": state.created, "owned_by": "weft"})
+}
+
+pub async fn models(State(state): State<Arc<AppState>>) -> Response {
+    json_response(StatusCode::OK, &json!({"object": "list", "data": [model_json(&state)]}))
+}
+
+pub async fn model(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    match state.check_model(Some(&Value::String(id))) {
+        Ok(()) => json_response(StatusCode::OK, &model_json(&state)),
+        Err(e) => e.into_response(Protocol::OpenAi),
+    }
+}

@@ -1,0 +1,213 @@
+//! Reading request bodies field by field, so that every wrong type or out-of-range value is a
+//! 400 naming the field (serde's derive would report the first problem in its own words and
+//! could not tell `null` from absent the way the OpenAI SDKs send them).
+
+use serde_json::{Map, Value};
+use weft::sampling::SamplingParams;
+
+use super::errors::{ApiError, ErrorKind};
+use super::state::Defaults;
+
+pub type Object = Map<String, Value>;
+
+/// The body as a JSON object: malformed JSON and non-objects are 400s.
+pub fn parse_body(bytes: &[u8]) -> Result<Object, ApiError> {
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(ApiError::invalid("the request body must be a JSON object")),
+        Err(e) => Err(ApiError::invalid(format!("invalid JSON in request body: {e}"))),
+    }
+}
+
+/// Reads the body (bounded) from an axum request.
+pub async fn read_body(body: axum::body::Body, limit: usize) -> Result<Object, ApiError> {
+    let bytes = axum::body::to_bytes(body, limit).await.map_err(|e| {
+        let too_large = std::error::Error::source(&e).is_some_and(|s| s.to_string().contains("length limit"))
+            || e.to_string().contains("length limit");
+        if too_large {
+            ApiError::new(ErrorKind::TooLarge, format!("the request body is larger than {limit} bytes"))
+        } else {
+            ApiError::invalid(format!("cannot read the request body: {e}"))
+        }
+    })?;
+    parse_body(&bytes)
+}
+
+/// `m[key]`, with `null` meaning absent.
+pub fn get<'a>(m: &'a Object, key: &str) -> Option<&'a Value> {
+    m.get(key).filter(|v| !v.is_null())
+}
+
+pub fn opt_bool(m: &Object, key: &str) -> Result<Option<bool>, ApiError> {
+    match get(m, key) {
+        None => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => Err(ApiError::field(key, format!("`{key}` must be a boolean"))),
+    }
+}
+
+pub fn opt_f64(m: &Object, key: &str) -> Result<Option<f64>, ApiError> {
+    match get(m, key) {
+        None => Ok(None),
+        Some(Value::Number(n)) => Ok(n.as_f64()),
+        Some(_) => Err(ApiError::field(key, format!("`{key}` must be a number"))),
+    }
+}
+
+/// A number within `[lo, hi]`.
+pub fn opt_ranged(m: &Object, key: &str, lo: f64, hi: f64) -> Result<Option<f32>, ApiError> {
+    match opt_f64(m, key)? {
+        None => Ok(None),
+        Some(v) if v >= lo && v <= hi => Ok(Some(v as f32)),
+        Some(v) => Err(ApiError::field(key, format!("`{key}` must be between {lo} and {hi}, got {v}"))),
+    }
+}
+
+pub fn opt_int(m: &Object, key: &str) -> Result<Option<i64>, ApiError> {
+    match get(m, key) {
+        None => Ok(None),
+        Some(Value::Number(n)) => match n.as_i64() {
+            Some(i) => Ok(Some(i)),
+            None => match n.as_u64() {
+                Some(u) => Ok(Some(u.min(i64::MAX as u64) as i64)),
+                None => Err(ApiError::field(key, format!("`{key}` must be an integer"))),
+            },
+        },
+        Some(_) => Err(ApiError::field(key, format!("`{key}` must be an integer"))),
+    }
+}
+
+/// An integer `>= min`.
+pub fn opt_count(m: &Object, key: &str, min: i64) -> Result<Option<usize>, ApiError> {
+    match opt_int(m, key)? {
+        None => Ok(None),
+        Some(v) if v >= min => Ok(Some(v as usize)),
+        Some(v) => Err(ApiError::field(key, format!("`{key}` must be at least {min}, got {v}"))),
+    }
+}
+
+pub fn opt_str<'a>(m: &'a Object, key: &str) -> Result<Option<&'a str>, ApiError> {
+    match get(m, key) {
+        None => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(_) => Err(ApiError::field(key, format!("`{key}` must be a string"))),
+    }
+}
+
+/// Stop strings: a string or an array of strings (OpenAI `stop`, Anthropic `stop_sequences`).
+pub fn stop_strings(m: &Object, key: &str) -> Result<Vec<String>, ApiError> {
+    let list = match get(m, key) {
+        None => return Ok(Vec::new()),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| v.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| ApiError::field(key, format!("`{key}` must be a string or an array of strings")))?,
+        Some(_) => return Err(ApiError::field(key, format!("`{key}` must be a string or an array of strings"))),
+    };
+    if list.iter().any(String::is_empty) {
+        return Err(ApiError::field(key, format!("`{key}` must not contain empty strings")));
+    }
+    Ok(list)
+}
+
+/// `max_tokens` (or the first of several names present), at least 1; the server default when
+/// absent.
+pub fn max_tokens(m: &Object, keys: &[&str], default: usize) -> Result<usize, ApiError> {
+    for key in keys {
+        if let Some(n) = opt_count(m, key, 1)? {
+            return Ok(n);
+        }
+    }
+    Ok(default)
+}
+
+/// Sampling fields shared by the OpenAI endpoints (and the subset Anthropic has): temperature,
+/// top_p, top_k, min_p, the penalties (mlx_lm.server's names and meaning), logit_bias, seed.
+pub fn sampling(m: &Object, d: &Defaults, vocab_size: usize) -> Result<SamplingParams, ApiError> {
+    let temperature = opt_ranged(m, "temperature", 0.0, f64::MAX)?.unwrap_or(d.temperature);
+    let top_p = match opt_f64(m, "top_p")? {
+        None => d.top_p,
+        Some(v) if v > 0.0 && v <= 1.0 => v as f32,
+        Some(v) => return Err(ApiError::field("top_p", format!("`top_p` must be in (0, 1], got {v}"))),
+    };
+    let top_k = match opt_int(m, "top_k")? {
+        None => d.top_k,
+        // OpenAI-style clients sometimes send -1 for "off".
+        Some(-1) => 0,
+        Some(v) if (0..=u32::MAX as i64).contains(&v) => v as u32,
+        Some(v) => return Err(ApiError::field("top_k", format!("`top_k` must be at least 0, got {v}"))),
+    };
+    let min_p = opt_ranged(m, "min_p", 0.0, 1.0)?.unwrap_or(d.min_p);
+    let nonzero = |v: Option<f32>, off: f32| v.filter(|&p| p != off);
+    let repetition_penalty = match opt_f64(m, "repetition_penalty")? {
+        // mlx_lm.server: 0 (its default) means off.
+        None => None,
+        Some(v) if v == 0.0 || v == 1.0 => None,
+        Some(v) if v > 0.0 && v.is_finite() => Some(v as f32),
+        Some(v) => {
+            return Err(ApiError::field("repetition_penalty", format!("`repetition_penalty` must be > 0, got {v}")))
+        }
+    };
+    let presence_penalty = nonzero(opt_ranged(m, "presence_penalty", -1e9, 1e9)?, 0.0);
+    let frequency_penalty = nonzero(opt_ranged(m, "frequency_penalty", -1e9, 1e9)?, 0.0);
+    let penalty_context = opt_count(m, "repetition_context_size", 1)?.unwrap_or(20);
+    let seed = opt_int(m, "seed")?.map(|s| s as u64);
+    let logit_bias = match get(m, "logit_bias") {
+        None => Vec::new(),
+        Some(Value::Object(b)) => {
+            let mut out = Vec::with_capacity(b.len());
+            for (k, v) in b {
+                let id: u32 = k.trim().parse().map_err(|_| {
+                    ApiError::field("logit_bias", format!("`logit_bias` keys must be token ids, got {k:?}"))
+                })?;
+                if id as usize >= vocab_size {
+                    return Err(ApiError::field(
+                        "logit_bias",
+                        format!("`logit_bias` token id {id} is outside the vocabulary (size {vocab_size})"),
+                    ));
+                }
+                let bias = v.as_f64().filter(|b| b.is_finite()).ok_or_else(|| {
+                    ApiError::field("logit_bias", format!("`logit_bias` values must be numbers (token {k})"))
+                })?;
+                out.push((id, bias as f32));
+            }
+            out
+        }
+        Some(_) => return Err(ApiError::field("logit_bias", "`logit_bias` must be an object of token id to bias")),
+    };
+    Ok(SamplingParams {
+        temperature,
+        top_p,
+        top_k,
+        min_p,
+        repetition_penalty,
+        presence_penalty,
+        frequency_penalty,
+        penalty_context,
+        logit_bias,
+        seed,
+    })
+}
+
+/// `n` (and `best_of`): only one choice per request.
+pub fn single_choice(m: &Object) -> Result<(), ApiError> {
+    for key in ["n", "best_of"] {
+        if let Some(n) = opt_int(m, key)? {
+            if n != 1 {
+                return Err(ApiError::field(key, format!("`{key}` must be 1 (one choice per request), got {n}")));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Tools are not supported: say so instead of silently answering without them.
+pub fn no_tools(m: &Object) -> Result<(), ApiError> {
+    match get(m, "tools") {
+        Some(Value::Array(a)) if a.is_empty() => Ok(()),
+        None => Ok(()),
+        Some(_) => Err(ApiError::field("tools", "tool use is not supported by this server")),
+    }
+}

@@ -1,0 +1,358 @@
+//! What every handler shares (the engine, the served model's names, defaults, metrics) and the
+//! bridge from the engine's per-request sink (called on the engine thread) to async handlers.
+//!
+//! A request's events cross into tokio through an unbounded channel: the sink never blocks the
+//! engine thread, and once the handler is gone (client disconnect) the send fails, the sink
+//! returns `false` and the engine evicts the row. A [`RowGuard`] also cancels the row
+//! explicitly when its handler or stream is dropped, which covers a request still queued or
+//! prefilling (no event yet to fail on).
+
+use std::collections::{HashSet, VecDeque};
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use tokio::sync::mpsc;
+use weft::engine::{Engine, Event, Request, RequestId};
+use weft::generate::FinishReason;
+use weft::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
+
+use super::errors::{ApiError, ErrorKind};
+use super::metrics::Metrics;
+
+/// Request defaults from the command line (mlx_lm.server's `--temp`, `--top-p`, ...).
+#[derive(Debug, Clone)]
+pub struct Defaults {
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: u32,
+    pub min_p: f32,
+    pub max_tokens: usize,
+}
+
+pub struct AppState {
+    pub engine: Engine,
+    /// The id `/v1/models` lists and responses carry.
+    pub model_id: String,
+    /// Other names a request may use for the served model (the `--model` argument, its file
+    /// name, its absolute path, mlx_lm.server's `default_model`).
+    pub aliases: Vec<String>,
+    pub defaults: Defaults,
+    /// `--chat-template`, replacing the model's own.
+    pub chat_template: Option<ChatTemplate>,
+    pub api_key: Option<String>,
+    pub allowed_origins: Vec<String>,
+    pub metrics: Metrics,
+    /// Unix seconds at startup (`created` in responses).
+    pub created: u64,
+    pub verbose: bool,
+    pub shutting_down: AtomicBool,
+    in_flight: Mutex<HashSet<RequestId>>,
+    /// Seed for response ids.
+    id_seed: u64,
+    id_counter: std::sync::atomic::AtomicU64,
+}
+
+impl AppState {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        engine: Engine,
+        model_id: String,
+        aliases: Vec<String>,
+        defaults: Defaults,
+        chat_template: Option<ChatTemplate>,
+        api_key: Option<String>,
+        allowed_origins: Vec<String>,
+        verbose: bool,
+    ) -> Self {
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        let id_seed = (now.as_nanos() as u64) ^ (u64::from(std::process::id()) << 32);
+        AppState {
+            engine,
+            model_id,
+            aliases,
+            defaults,
+            chat_template,
+            api_key,
+            allowed_origins,
+            metrics: Metrics::new(),
+            created: now.as_secs(),
+            verbose,
+            shutting_down: AtomicBool::new(false),
+            in_flight: Mutex::new(HashSet::new()),
+            id_seed,
+            id_counter: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// A fresh response id, `prefix` + 24 hex digits.
+    pub fn new_id(&self, prefix: &str) -> String {
+        let n = self.id_counter.fetch_add(1, Ordering::Relaxed);
+        // splitmix64 of (seed, counter): unique per process, unpredictable enough for an id.
+        let mut z = self.id_seed.wrapping_add(n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        format!("{prefix}{z:016x}{:08x}", n as u32)
+    }
+
+    /// Accepts a request's `model` field: absent, the served id or one of its aliases.
+    pub fn check_model(&self, model: Option<&serde_json::Value>) -> Result<(), ApiError> {
+        match model {
+            None | Some(serde_json::Value::Null) => Ok(()),
+            Some(serde_json::Value::String(m)) if *m == self.model_id || self.aliases.contains(m) => Ok(()),
+            Some(serde_json::Value::String(m)) => Err(ApiError {
+                param: Some("model".into()),
+                ..ApiError::new(
+                    ErrorKind::NotFound,
+                    format!("The model `{m}` does not exist; this server serves `{}`", self.model_id),
+                )
+                .with_code("model_not_found")
+            }),
+            Some(_) => Err(ApiError::field("model", "`model` must be a string")),
+        }
+    }
+
+    /// Rejects new work once a shutdown has begun.
+    pub fn check_open(&self) -> Result<(), ApiError> {
+        if self.shutting_down.load(Ordering::SeqCst) {
+            return Err(ApiError::new(ErrorKind::Unavailable, "the server is shutting down"));
+        }
+        Ok(())
+    }
+
+    pub fn tokenizer(&self) -> Result<&Tokenizer, ApiError> {
+        self.engine.tokenizer().ok_or_else(|| {
+            ApiError::invalid("this model has no tokenizer: send the prompt as token ids to /v1/completions")
+        })
+    }
+
+    /// The conversation's prompt ids: the chat template (`--chat-template` or the model's),
+    /// rendered with the generation prompt, encoded without adding special tokens again.
+    /// Tokenizing a long prompt takes a while: it runs with the worker marked as blocking so
+    /// other connections keep being served.
+    pub fn tokenize_messages(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, ApiError> {
+        let tokenizer = self.tokenizer()?;
+        let ids = tokio::task::block_in_place(|| match &self.chat_template {
+            Some(t) => t.render(messages, true).and_then(|text| tokenizer.encode(&text, false)),
+            None => tokenizer.apply_chat_template(messages, true),
+        });
+        ids.map_err(ApiError::from_engine)
+    }
+
+    /// Raw text, encoded as the tokenizer encodes a sequence (special tokens added per its config).
+    pub fn tokenize_prompt(&self, text: &str) -> Result<Vec<u32>, ApiError> {
+        let tokenizer = self.tokenizer()?;
+        tokio::task::block_in_place(|| tokenizer.encode(text, true)).map_err(ApiError::from_engine)
+    }
+
+    /// A token's text for logprobs (decoded alone; special tokens kept).
+    pub fn token_text(&self, id: u32) -> String {
+        match self.engine.tokenizer() {
+            Some(t) => t.decode(&[id], false).unwrap_or_default(),
+            None => String::new(),
+        }
+    }
+
+    /// Cancels every generation still running (shutdown after the grace period).
+    pub fn cancel_all(&self) -> usize {
+        let ids: Vec<RequestId> = self.in_flight.lock().unwrap_or_else(|p| p.into_inner()).iter().copied().collect();
+        for &id in &ids {
+            self.engine.cancel(id);
+        }
+        ids.len()
+    }
+
+    pub fn in_flight_count(&self) -> usize {
+        self.in_flight.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Submits `request` to the engine. Validation and admission errors come back here (4xx);
+    /// events arrive through the returned [`Generation`]. `arrived` is when the HTTP request
+    /// came in (the start of its time to first token).
+    pub fn start(self: &Arc<Self>, request: Request, arrived: Instant) -> Result<Generation, ApiError> {
+        self.check_open()?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let state = Arc::clone(self);
+        // Tokens that end a row are reported in a last `Token` event only to flush held-back
+        // text; they are not generated tokens and must not count as one in the latency numbers.
+        let eos: Vec<u32> = if request.ignore_eos { Vec::new() } else { self.engine_eos_ids() };
+        let mut last_token: Option<Instant> = None;
+        let sink = Box::new(move |ev: &Event| {
+            let now = Instant::now();
+            let m = &state.metrics;
+            match ev {
+                Event::Token { token_id, .. } if !eos.contains(token_id) => {
+                    match last_token {
+                        None => m.ttft.observe(now - arrived),
+                        Some(t) => m.inter_token.observe(now - t),
+                    }
+                    last_token = Some(now);
+                }
+                Event::Token { .. } => {}
+                Event::Done { finish_reason, usage, .. } => {
+                    m.prompt_tokens.fetch_add(usage.prompt_tokens as u64, Ordering::Relaxed);
+                    m.cached_prompt_tokens.fetch_add(usage.cached_tokens as u64, Ordering::Relaxed);
+                    m.completion_tokens.fetch_add(usage.completion_tokens as u64, Ordering::Relaxed);
+                    let counter = match finish_reason {
+                        FinishReason::Stop => &m.finished_stop,
+                        FinishReason::Length => &m.finished_length,
+                        FinishReason::Cancelled => &m.finished_cancelled,
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    m.request_duration.observe(now - arrived);
+                }
+                Event::Error { .. } => {
+                    m.finished_error.fetch_add(1, Ordering::Relaxed);
+                    m.request_duration.observe(now - arrived);
+                }
+            }
+            tx.send(ev.clone()).is_ok()
+        });
+        let id = self.engine.submit(request, sink).map_err(ApiError::from_engine)?;
+        self.in_flight.lock().unwrap_or_else(|p| p.into_inner()).insert(id);
+        self.metrics.in_flight.fetch_add(1, Ordering::Relaxed);
+        Ok(Generation { rx, guard: RowGuard { state: Arc::clone(self), id, finished: false } })
+    }
+
+    fn engine_eos_ids(&self) -> Vec<u32> {
+        self.engine.tokenizer().map(|t| t.eos_token_ids().to_vec()).unwrap_or_default()
+    }
+}
+
+/// Cancels its row when dropped before the row's final event (the client went away).
+struct RowGuard {
+    state: Arc<AppState>,
+    id: RequestId,
+    finished: bool,
+}
+
+impl Drop for RowGuard {
+    fn drop(&mut self) {
+        let s = &self.state;
+        if !self.finished {
+            s.engine.cancel(self.id);
+            if !s.shutting_down.load(Ordering::SeqCst) {
+                s.metrics.disconnects.fetch_add(1, Ordering::Relaxed);
+            }
+            if s.verbose {
+                eprintln!("weft serve: request {} cancelled (client gone)", self.id);
+            }
+        }
+        s.in_flight.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.id);
+        s.metrics.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// One request's events, in order: tokens, then exactly one `Done` or `Error`.
+pub struct Generation {
+    rx: mpsc::UnboundedReceiver<Event>,
+    guard: RowGuard,
+}
+
+impl Generation {
+    /// The next event; `None` after the final one (or if the engine went away without one).
+    pub async fn next(&mut self) -> Option<Event> {
+        if self.guard.finished {
+            return None;
+        }
+        let ev = self.rx.recv().await;
+        self.note(&ev);
+        ev
+    }
+
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Event>> {
+        if self.guard.finished {
+            return Poll::Ready(None);
+        }
+        let ev = std::task::ready!(self.rx.poll_recv(cx));
+        self.note(&ev);
+        Poll::Ready(ev)
+    }
+
+    fn note(&mut self, ev: &Option<Event>) {
+        match ev {
+            Some(e) if e.is_final() => self.guard.finished = true,
+            Some(_) => {}
+            // The engine dropped the sink without a final event (it is gone): nothing to cancel.
+            None => self.guard.finished = true,
+        }
+    }
+}
+
+/// Turns a generation's events into a protocol's server-sent events.
+pub trait StreamEncoder: Send + 'static {
+    /// Frames sent before any event (OpenAI's role chunk, Anthropic's `message_start`).
+    fn start(&mut self) -> String;
+    /// Frames for one event.
+    fn event(&mut self, ev: &Event) -> String;
+    /// Frames when the engine went away without a final event.
+    fn lost(&mut self) -> String;
+}
+
+/// The SSE response body: the encoder's frames as events arrive, several events coalesced into
+/// one write when they are ready together. Dropped by hyper when the client disconnects, which
+/// drops the [`Generation`] and so cancels the row.
+pub struct EventStream<E: StreamEncoder> {
+    generation: Generation,
+    encoder: E,
+    pending: VecDeque<Bytes>,
+    done: bool,
+}
+
+impl<E: StreamEncoder> EventStream<E> {
+    pub fn new(generation: Generation, mut encoder: E) -> Self {
+        let mut pending = VecDeque::new();
+        let first = encoder.start();
+        if !first.is_empty() {
+            pending.push_back(Bytes::from(first));
+        }
+        EventStream { generation, encoder, pending, done: false }
+    }
+}
+
+impl<E: StreamEncoder + Unpin> futures_core::Stream for EventStream<E> {
+    type Item = Result<Bytes, Infallible>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        let mut out = String::new();
+        while !this.done {
+            match this.generation.poll_next(cx) {
+                Poll::Ready(Some(ev)) => {
+                    out.push_str(&this.encoder.event(&ev));
+                    if ev.is_final() {
+                        this.done = true;
+                    }
+                }
+                Poll::Ready(None) => {
+                    out.push_str(&this.encoder.lost());
+                    this.done = true;
+                }
+                Poll::Pending => break,
+            }
+        }
+        if !out.is_empty() {
+            this.pending.push_back(Bytes::from(out));
+        }
+        match this.pending.pop_front() {
+            Some(b) => Poll::Ready(Some(Ok(b))),
+            None if this.done => Poll::Ready(None),
+            None => Poll::Pending,
+        }
+    }
+}
+
+/// `data: <json>\n\n`
+pub fn sse_data(v: &serde_json::Value) -> String {
+    format!("data: {v}\n\n")
+}
+
+/// `event: <name>\ndata: <json>\n\n`
+pub fn sse_event(name: &str, v: &serde_json::Value) -> String {
+    format!("event: {name}\ndata: {v}\n\n")
+}
