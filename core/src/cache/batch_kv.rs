@@ -3,14 +3,12 @@
 //! `left_padding[b]..idx`, its RoPE position is `idx - left_padding[b]`, and the mask is
 //! causal ∧ `key >= left_padding[b]`.
 
-use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
+use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{concatenate, zeros_dtype};
 use mlx_rs::Array;
 
-use super::{AttentionMask, KvCache, KvCacheSingle, RopeOffset};
+use super::{write_columns, AttentionMask, KvCache, KvCacheSingle, RopeOffset};
 use crate::{Error, Result};
-
-const STEP: i32 = 256;
 
 pub struct BatchKvCache {
     /// `[B, H, capacity, D]`; columns `idx..` are free.
@@ -59,34 +57,9 @@ impl KvCache for BatchKvCache {
     }
 
     fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
-        let prev = self.idx;
-        let new = keys.dim(2);
-        let capacity = self.keys.as_ref().map_or(0, |k| k.dim(2));
-        if self.keys.is_none() || prev + new > capacity {
-            let (b, h, dk, dv) = (keys.dim(0), keys.dim(1), keys.dim(3), values.dim(3));
-            let n_steps = (STEP + new - 1) / STEP;
-            let new_k = zeros_dtype(&[b, h, n_steps * STEP, dk], keys.dtype())?;
-            let new_v = zeros_dtype(&[b, h, n_steps * STEP, dv], values.dtype())?;
-            match (self.keys.take(), self.values.take()) {
-                (Some(mut k), Some(mut v)) => {
-                    if prev % STEP != 0 {
-                        k = k.index((.., .., ..prev, ..));
-                        v = v.index((.., .., ..prev, ..));
-                    }
-                    self.keys = Some(concatenate(&[k, new_k], 2)?);
-                    self.values = Some(concatenate(&[v, new_v], 2)?);
-                }
-                _ => {
-                    self.keys = Some(new_k);
-                    self.values = Some(new_v);
-                }
-            }
-        }
-        self.idx += new;
-        let (k, v) = (self.keys.as_mut().unwrap(), self.values.as_mut().unwrap());
-        k.try_index_mut((.., .., prev..self.idx, ..), keys)?;
-        v.try_index_mut((.., .., prev..self.idx, ..), values)?;
-        Ok((k.index((.., .., ..self.idx, ..)), v.index((.., .., ..self.idx, ..))))
+        let written = write_columns(&mut self.keys, &mut self.values, self.idx, keys, values)?;
+        self.idx += keys.dim(2);
+        Ok(written)
     }
 
     /// `mask[b, 0, i, j] = j <= idx + i ∧ j >= left_padding[b]` (∧ `idx + i - j < window`).

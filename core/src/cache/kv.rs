@@ -1,14 +1,11 @@
 //! The single-sequence full-attention KV cache (mlx-lm `KVCache`): storage grows in 256-slot
 //! steps and new keys are written in place, so a decode step copies one slot, not the history.
 
-use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
-use mlx_rs::ops::{concatenate, zeros_dtype};
+use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 
-use super::{causal_mask, AttentionMask, BatchKvCache, KvCache, RopeOffset};
+use super::{causal_mask, write_columns, AttentionMask, BatchKvCache, KvCache, RopeOffset};
 use crate::Result;
-
-const STEP: i32 = 256;
 
 #[derive(Default, Clone)]
 pub struct KvCacheSingle {
@@ -41,39 +38,9 @@ impl KvCache for KvCacheSingle {
     }
 
     fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
-        let prev = self.offset;
-        let new = keys.dim(2);
-        let capacity = self.keys.as_ref().map_or(0, |k| k.dim(2));
-        if self.keys.is_none() || prev + new > capacity {
-            let (b, h, dk) = (keys.dim(0), keys.dim(1), keys.dim(3));
-            let dv = values.dim(3);
-            let n_steps = (STEP + new - 1) / STEP;
-            let new_k = zeros_dtype(&[b, h, n_steps * STEP, dk], keys.dtype())?;
-            let new_v = zeros_dtype(&[b, h, n_steps * STEP, dv], values.dtype())?;
-            match (self.keys.take(), self.values.take()) {
-                (Some(mut k), Some(mut v)) => {
-                    if prev % STEP != 0 {
-                        k = k.index((.., .., ..prev, ..));
-                        v = v.index((.., .., ..prev, ..));
-                    }
-                    self.keys = Some(concatenate(&[k, new_k], 2)?);
-                    self.values = Some(concatenate(&[v, new_v], 2)?);
-                }
-                _ => {
-                    self.keys = Some(new_k);
-                    self.values = Some(new_v);
-                }
-            }
-        }
-        self.offset += new;
-        let (k, v) = (self.keys.as_mut().unwrap(), self.values.as_mut().unwrap());
-        k.try_index_mut((.., .., prev..self.offset, ..), keys)?;
-        v.try_index_mut((.., .., prev..self.offset, ..), values)?;
-        if self.offset < k.dim(2) {
-            Ok((k.index((.., .., ..self.offset, ..)), v.index((.., .., ..self.offset, ..))))
-        } else {
-            Ok((k.clone(), v.clone()))
-        }
+        let written = write_columns(&mut self.keys, &mut self.values, self.offset, keys, values)?;
+        self.offset += keys.dim(2);
+        Ok(written)
     }
 
     fn make_mask(&self, n: i32, window: Option<i32>) -> Result<AttentionMask> {

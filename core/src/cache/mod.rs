@@ -82,6 +82,51 @@ pub trait KvCache: Send {
     fn into_any(self: Box<Self>) -> Box<dyn Any>;
 }
 
+/// Writes `[B, H, L, D]` keys/values into growable storage at column `at` and returns the
+/// filled columns `..at + L`. Storage grows in 256-column steps and is written in place, as
+/// mlx-lm's caches do, so a decode step copies one column, not the history.
+pub(crate) fn write_columns(
+    keys_buf: &mut Option<Array>,
+    values_buf: &mut Option<Array>,
+    at: i32,
+    keys: &Array,
+    values: &Array,
+) -> Result<(Array, Array)> {
+    use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
+    const STEP: i32 = 256;
+    let new = keys.dim(2);
+    let capacity = keys_buf.as_ref().map_or(0, |k| k.dim(2));
+    if keys_buf.is_none() || at + new > capacity {
+        let (b, h, dk, dv) = (keys.dim(0), keys.dim(1), keys.dim(3), values.dim(3));
+        let n_steps = (STEP + new - 1) / STEP;
+        let new_k = mlx_rs::ops::zeros_dtype(&[b, h, n_steps * STEP, dk], keys.dtype())?;
+        let new_v = mlx_rs::ops::zeros_dtype(&[b, h, n_steps * STEP, dv], values.dtype())?;
+        match (keys_buf.take(), values_buf.take()) {
+            (Some(mut k), Some(mut v)) => {
+                if at % STEP != 0 {
+                    k = k.index((.., .., ..at, ..));
+                    v = v.index((.., .., ..at, ..));
+                }
+                *keys_buf = Some(mlx_rs::ops::concatenate(&[k, new_k], 2)?);
+                *values_buf = Some(mlx_rs::ops::concatenate(&[v, new_v], 2)?);
+            }
+            _ => {
+                *keys_buf = Some(new_k);
+                *values_buf = Some(new_v);
+            }
+        }
+    }
+    let end = at + new;
+    let (k, v) = (keys_buf.as_mut().unwrap(), values_buf.as_mut().unwrap());
+    k.try_index_mut((.., .., at..end, ..), keys)?;
+    v.try_index_mut((.., .., at..end, ..), values)?;
+    if end < k.dim(2) {
+        Ok((k.index((.., .., ..end, ..)), v.index((.., .., ..end, ..))))
+    } else {
+        Ok((k.clone(), v.clone()))
+    }
+}
+
 /// mlx-lm's `create_causal_mask`: `mask[i, j] = j <= offset + i` (∧ `offset + i - j < window`).
 pub fn causal_mask(n: i32, offset: i32, window: Option<i32>) -> Result<Array> {
     let rinds = Array::from_iter(0..offset + n, &[offset + n]);
