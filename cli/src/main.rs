@@ -37,7 +37,7 @@ enum Command {
     Replay(replay::ReplayArgs),
     /// Measure generation speed at several batch sizes.
     Bench(bench::BenchArgs),
-    /// Download (or verify) the default model.
+    /// Download the default model (or find it already installed) and print its path.
     Pull,
     /// Serve the model over HTTP: OpenAI and Anthropic APIs, /health, /stats, /metrics.
     Serve(Box<serve::ServeArgs>),
