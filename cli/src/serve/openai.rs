@@ -26,6 +26,24 @@ fn system_fingerprint() -> String {
     concat!("weft-", env!("CARGO_PKG_VERSION")).to_string()
 }
 
+/// The end of an SSE stream: the chunk carrying the finish reason, the usage-only chunk when
+/// `stream_options.include_usage` asked for it, then `[DONE]`.
+fn stream_tail(state: &AppState, id: &str, object: &str, last: &Value, usage: Option<&Usage>) -> String {
+    let mut out = sse_data(last);
+    if let Some(usage) = usage {
+        out += &sse_data(&json!({
+            "id": id,
+            "object": object,
+            "created": state.created,
+            "model": state.model_id,
+            "system_fingerprint": system_fingerprint(),
+            "choices": [],
+            "usage": usage_json(usage),
+        }));
+    }
+    out + "data: [DONE]\n\n"
+}
+
 pub fn usage_json(u: &Usage) -> Value {
     json!({
         "prompt_tokens": u.prompt_tokens,
@@ -315,19 +333,8 @@ impl StreamEncoder for ChatEncoder {
             }
             Event::Done { finish_reason: FinishReason::Cancelled, .. } => stream_error(&cancelled_error()),
             Event::Done { finish_reason, usage, .. } => {
-                let mut out = sse_data(&self.chunk(json!({}), Value::Null, Some(finish_str(*finish_reason))));
-                if self.include_usage {
-                    out += &sse_data(&json!({
-                        "id": self.id,
-                        "object": "chat.completion.chunk",
-                        "created": self.state.created,
-                        "model": self.state.model_id,
-                        "system_fingerprint": system_fingerprint(),
-                        "choices": [],
-                        "usage": usage_json(usage),
-                    }));
-                }
-                out + "data: [DONE]\n\n"
+                let last = self.chunk(json!({}), Value::Null, Some(finish_str(*finish_reason)));
+                stream_tail(&self.state, &self.id, "chat.completion.chunk", &last, self.include_usage.then_some(usage))
             }
             Event::Error { message } => stream_error(&engine_error(message)),
         }
@@ -517,19 +524,8 @@ impl StreamEncoder for CompletionEncoder {
             }
             Event::Done { finish_reason: FinishReason::Cancelled, .. } => stream_error(&cancelled_error()),
             Event::Done { finish_reason, usage, .. } => {
-                let mut out = sse_data(&self.chunk("", Value::Null, Some(finish_str(*finish_reason))));
-                if self.include_usage {
-                    out += &sse_data(&json!({
-                        "id": self.id,
-                        "object": "text_completion",
-                        "created": self.state.created,
-                        "model": self.state.model_id,
-                        "system_fingerprint": system_fingerprint(),
-                        "choices": [],
-                        "usage": usage_json(usage),
-                    }));
-                }
-                out + "data: [DONE]\n\n"
+                let last = self.chunk("", Value::Null, Some(finish_str(*finish_reason)));
+                stream_tail(&self.state, &self.id, "text_completion", &last, self.include_usage.then_some(usage))
             }
             Event::Error { message } => stream_error(&engine_error(message)),
         }
