@@ -231,10 +231,13 @@ typedef struct weft_event {
 } weft_event;
 
 /**
- * Receives a request's events on the engine thread, in order. It must return (not longjmp or
- * throw); a slow callback delays this engine's other requests too. From inside it you may call
- * weft_cancel, weft_submit, weft_engine_stats, weft_last_error and the version/status
- * functions, but not weft_engine_shutdown or weft_engine_free.
+ * Receives a request's events, in order, on a delivery thread the library runs for that
+ * request (never on the thread that called weft_submit, never on the engine's thread). Different
+ * requests' callbacks may run at the same time on different threads. It must return (not
+ * longjmp or throw). A slow callback holds back only its own request: the engine parks that
+ * row while its undelivered events pile up and lets it continue once the callback catches up.
+ * From inside it you may call weft_cancel, weft_submit, weft_engine_stats, weft_last_error and
+ * the version/status functions, but not weft_engine_shutdown or weft_engine_free.
  */
 typedef void (*weft_event_fn)(void *user_data, const struct weft_event *event);
 
@@ -289,7 +292,7 @@ int32_t weft_engine_new(const char *options_json, struct weft_engine **out_engin
 /**
  * Stops the engine but keeps the handle valid: cancels every outstanding request (each gets its
  * final DONE event with WEFT_FINISH_CANCELLED, or an ERROR), waits for those callbacks and joins
- * the engine thread. Afterwards weft_submit, weft_cancel and weft_engine_stats return
+ * the engine thread and the delivery threads. Afterwards weft_submit, weft_cancel and weft_engine_stats return
  * WEFT_ERR_SHUTDOWN, and no callback of this engine runs again. May be called from any thread,
  * concurrently with other calls on the handle (useful to stop an engine other threads still
  * use before freeing it), and more than once. Not from inside an event callback:
@@ -309,7 +312,7 @@ void weft_engine_free(struct weft_engine *engine);
  * Submits a request. Validation and tokenization happen here, on the calling thread: a bad
  * request fails synchronously and then no callback is ever made for it. On WEFT_OK the request
  * is queued, its id is stored in *out_request_id (if not NULL), and on_event receives its events
- * on the engine thread: TOKEN events, then exactly one DONE or ERROR, after which on_event is
+ * on a delivery thread of this request (see weft_event_fn): TOKEN events, then exactly one DONE or ERROR, after which on_event is
  * never called for it again and user_data is no longer used. *out_request_id is written before
  * the first callback runs, though the callbacks may run before weft_submit returns.
  *

@@ -654,3 +654,59 @@ fn default_model_repeated_chat_with_prompt_cache_matches_the_golden() {
     }
 }
 
+
+/// A consumer that pauses its row after every token holds back only that row: the others run
+/// to completion meanwhile, the paused row is parked (counted in stats), and when resumed it
+/// continues exactly where it stopped (goldens); a parked row can be cancelled.
+#[test]
+fn a_paused_consumer_holds_back_only_its_own_row() {
+    use weft::engine::RowFlow;
+    let g = golden("llama-fp32");
+    let engine = start("llama-fp32", EngineConfig::default());
+    let cases: Vec<&Value> = g["single"].as_array().unwrap().iter().take(4).collect();
+    let slow = |req: Request| {
+        let flow = RowFlow::new();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let pause = flow.clone();
+        let id = engine
+            .submit_with_flow(req, Box::new(move |ev: &Event| {
+                pause.pause();
+                tx.send(ev.clone()).is_ok()
+            }), flow.clone())
+            .unwrap();
+        (id, rx, flow)
+    };
+    let (_, slow_rx, slow_flow) = slow(greedy(ids(&cases[0]["prompt_ids"]), 24));
+    let (parked_id, parked_rx, _parked_flow) = slow(greedy(ids(&cases[1]["prompt_ids"]), 24));
+    let fast: Vec<_> = cases[2..].iter().map(|c| engine.submit_channel(greedy(ids(&c["prompt_ids"]), 24)).unwrap()).collect();
+    for ((_, rx), c) in fast.iter().zip(&cases[2..]) {
+        assert_eq!(collect(rx).tokens, ids(&c["tokens"]));
+    }
+    let stats = settled_stats(&engine, |s| s.paused_rows == 2 && s.active_rows == 0);
+    assert_eq!((stats.paused_rows, stats.active_rows), (2, 0), "{stats:?}");
+    // While the fast rows ran, the paused rows produced at most a pipelined step or two.
+    let early: Vec<Event> = slow_rx.try_iter().collect();
+    assert!(!early.is_empty() && early.len() <= 3, "{} events before resuming", early.len());
+
+    engine.cancel(parked_id);
+    let cancelled = collect(&parked_rx);
+    assert_eq!(cancelled.finish, Some(FinishReason::Cancelled));
+
+    // Resume after each event until the row ends: same tokens as never pausing.
+    let mut tokens: Vec<u32> =
+        early.iter().filter_map(|e| if let Event::Token { token_id, .. } = e { Some(*token_id) } else { None }).collect();
+    loop {
+        slow_flow.resume();
+        match slow_rx.recv_timeout(Duration::from_secs(60)).expect("the resumed row makes progress") {
+            Event::Token { token_id, .. } => tokens.push(token_id),
+            Event::Done { finish_reason, .. } => {
+                assert_eq!(finish_reason, FinishReason::Length);
+                break;
+            }
+            Event::Error { message } => panic!("{message}"),
+        }
+    }
+    assert_eq!(tokens, ids(&cases[0]["tokens"]));
+    let stats = settled_stats(&engine, |s| s.paused_rows == 0 && s.requests_finished == 4);
+    assert_eq!((stats.paused_rows, stats.requests_finished), (0, 4));
+}

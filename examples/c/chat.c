@@ -18,7 +18,7 @@
 
 #include "weft.h"
 
-/* Shared between main and the callback (which runs on the engine's thread). */
+/* Shared between main and the callback (which runs on the request's delivery thread). */
 typedef struct {
   pthread_mutex_t mu;
   pthread_cond_t cv;

@@ -6,7 +6,7 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
 static int done = 0;
 
-static void on_event(void *user_data, const weft_event *ev) { /* runs on the engine's thread */
+static void on_event(void *user_data, const weft_event *ev) { /* runs on a library thread */
   (void)user_data;
   if (ev->kind == WEFT_EVENT_TOKEN) { fwrite(ev->text, 1, ev->text_len, stdout); fflush(stdout); return; }
   pthread_mutex_lock(&mu); done = 1; pthread_cond_signal(&cv); pthread_mutex_unlock(&mu); /* DONE or ERROR: last */

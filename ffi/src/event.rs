@@ -2,9 +2,11 @@
 
 use std::ffi::{c_char, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
 
-use weft::engine::{Event, Sink};
+use weft::engine::{Event, RowFlow, Sink};
 use weft::generate::FinishReason;
 
 use crate::IN_CALLBACK;
@@ -93,10 +95,13 @@ pub struct weft_event {
     pub top_logprobs_len: usize,
 }
 
-/// Receives a request's events on the engine thread, in order. It must return (not longjmp or
-/// throw); a slow callback delays this engine's other requests too. From inside it you may call
-/// weft_cancel, weft_submit, weft_engine_stats, weft_last_error and the version/status
-/// functions, but not weft_engine_shutdown or weft_engine_free.
+/// Receives a request's events, in order, on a delivery thread the library runs for that
+/// request (never on the thread that called weft_submit, never on the engine's thread). Different
+/// requests' callbacks may run at the same time on different threads. It must return (not
+/// longjmp or throw). A slow callback holds back only its own request: the engine parks that
+/// row while its undelivered events pile up and lets it continue once the callback catches up.
+/// From inside it you may call weft_cancel, weft_submit, weft_engine_stats, weft_last_error and
+/// the version/status functions, but not weft_engine_shutdown or weft_engine_free.
 pub type weft_event_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, event: *const weft_event)>;
 
 pub(crate) struct Callback {
@@ -104,13 +109,12 @@ pub(crate) struct Callback {
     pub user_data: *mut c_void,
 }
 
-// SAFETY: the C contract says callbacks run on the engine thread; the caller guarantees
-// user_data may be used there.
+// SAFETY: the C contract says callbacks run on a library-owned delivery thread; the caller
+// guarantees user_data may be used there.
 unsafe impl Send for Callback {}
 
-/// The request id, published by weft_submit once `Engine::submit` returns it. The engine may
-/// deliver the first event before that, so the sink waits (for as long as the submitting thread
-/// takes to return from the channel send: microseconds).
+/// The request id, published by weft_submit once `Engine::submit` returns it. Events may be
+/// queued before that, so the delivery thread waits for it before the first callback.
 #[derive(Default)]
 pub(crate) struct IdSlot {
     id: Mutex<u64>,
@@ -146,26 +150,118 @@ fn nul_terminated(buf: &mut Vec<u8>, s: &str) -> (*const c_char, usize) {
     (buf.as_ptr().cast(), s.len())
 }
 
-pub(crate) fn make_sink(cb: Callback, slot: Arc<IdSlot>) -> Sink {
-    let mut id = 0u64;
-    let mut bufs = Buffers { text: Vec::new(), message: Vec::new(), top: Vec::new() };
-    Box::new(move |ev: &Event| {
-        if id == 0 {
-            id = slot.wait();
+/// Undelivered events at which the row is paused, and the level at which it resumes: deep
+/// enough that a callback keeping up never pauses its row, shallow enough to bound memory.
+const PAUSE_AT: usize = 64;
+const RESUME_AT: usize = 16;
+
+/// Events between the engine thread (producer) and one request's delivery thread.
+#[derive(Default)]
+struct Queue {
+    state: Mutex<QueueState>,
+    ready: Condvar,
+}
+
+#[derive(Default)]
+struct QueueState {
+    events: VecDeque<Event>,
+    /// The engine dropped the sink: no more events will come.
+    closed: bool,
+    /// Delivering failed inside the library: the sink cancels the row.
+    failed: bool,
+}
+
+impl Queue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Marks the queue closed when the engine drops the sink, so the delivery thread never waits
+/// for events that cannot come.
+struct Producer(Arc<Queue>);
+
+impl Drop for Producer {
+    fn drop(&mut self) {
+        self.0.lock().closed = true;
+        self.0.ready.notify_all();
+    }
+}
+
+/// A request's sink for the engine, and what starts its delivery thread once the request is
+/// accepted (events queue up meanwhile).
+pub(crate) struct Delivery {
+    queue: Arc<Queue>,
+    flow: RowFlow,
+}
+
+impl Delivery {
+    pub fn new() -> (Delivery, Sink) {
+        let queue = Arc::new(Queue::default());
+        let flow = RowFlow::new();
+        let producer = Producer(Arc::clone(&queue));
+        let pause = flow.clone();
+        let sink: Sink = Box::new(move |ev: &Event| {
+            let q = &producer.0;
+            let mut state = q.lock();
+            state.events.push_back(ev.clone());
+            if state.events.len() >= PAUSE_AT && !ev.is_final() {
+                pause.pause();
+            }
+            let keep_going = !state.failed;
+            drop(state);
+            q.ready.notify_one();
+            keep_going
+        });
+        (Delivery { queue, flow }, sink)
+    }
+
+    pub fn flow(&self) -> RowFlow {
+        self.flow.clone()
+    }
+
+    /// Starts the thread that calls `cb` with each event until the final one.
+    pub fn spawn(self, cb: Callback, slot: Arc<IdSlot>) -> std::io::Result<JoinHandle<()>> {
+        std::thread::Builder::new()
+            .name("weft-events".into())
+            .spawn(move || self.run(cb, &slot))
+    }
+
+    fn run(self, cb: Callback, slot: &IdSlot) {
+        let id = slot.wait();
+        let mut bufs = Buffers { text: Vec::new(), message: Vec::new(), top: Vec::new() };
+        loop {
+            let ev = {
+                let mut state = self.queue.lock();
+                loop {
+                    if let Some(ev) = state.events.pop_front() {
+                        if state.events.len() <= RESUME_AT {
+                            self.flow.resume();
+                        }
+                        break ev;
+                    }
+                    if state.closed {
+                        return;
+                    }
+                    state = self.queue.ready.wait(state).unwrap_or_else(|e| e.into_inner());
+                }
+            };
+            // The callback is C (an unwind out of it aborts); the Rust around it must not unwind.
+            let delivered = catch_unwind(AssertUnwindSafe(|| deliver(&cb, id, &ev, &mut bufs)));
+            if let Err(payload) = delivered {
+                eprintln!(
+                    "weft: internal error delivering an event of request {id}: {}",
+                    crate::status::panic_message(&*payload)
+                );
+                // Cancels the row (C cancels through weft_cancel); its final event still comes.
+                self.queue.lock().failed = true;
+                self.flow.resume();
+            }
+            if ev.is_final() {
+                return;
+            }
         }
-        // The callback is C (an unwind out of it aborts); the Rust around it must not unwind
-        // into the engine thread either.
-        let delivered = catch_unwind(AssertUnwindSafe(|| deliver(&cb, id, ev, &mut bufs)));
-        if let Err(payload) = delivered {
-            eprintln!(
-                "weft: internal error delivering an event of request {id}: {}",
-                crate::status::panic_message(&*payload)
-            );
-            return false; // cancels the row; its final event still comes
-        }
-        // C cancels through weft_cancel, never through this return value.
-        true
-    })
+    }
 }
 
 fn deliver(cb: &Callback, id: u64, ev: &Event, bufs: &mut Buffers) {

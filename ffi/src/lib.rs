@@ -21,7 +21,8 @@ mod status;
 use std::cell::Cell;
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
 
 use weft::engine::Engine;
 use weft::model_store::ModelStore;
@@ -60,6 +61,9 @@ pub struct weft_engine {
     engine: RwLock<Option<Engine>>,
     /// The highest request id handed out so far (the engine issues ids 1, 2, 3, ...).
     max_issued: AtomicU64,
+    /// Requests' delivery threads (finished ones are pruned on submit, the rest joined at
+    /// shutdown so no callback runs after it).
+    deliveries: Mutex<Vec<JoinHandle<()>>>,
 }
 
 // C calls the functions on one handle from many threads at once.
@@ -85,7 +89,13 @@ impl weft_engine {
     /// thread, whose callbacks may themselves call into this handle.
     fn shutdown(&self) {
         let engine = self.engine.write().unwrap_or_else(|e| e.into_inner()).take();
+        // The engine delivers every outstanding request's final event into its queue as it
+        // stops; then the delivery threads drain their queues and end.
         drop(engine);
+        let threads = std::mem::take(&mut *self.deliveries.lock().unwrap_or_else(|e| e.into_inner()));
+        for t in threads {
+            let _ = t.join();
+        }
     }
 }
 
@@ -174,7 +184,11 @@ pub extern "C" fn weft_engine_new(options_json: *const c_char, out_engine: *mut 
         };
         let model = weft::loading::load(&path).map_err(|e| from_engine_error(&e, true))?;
         let engine = Engine::start(model, options.config).map_err(|e| from_engine_error(&e, false))?;
-        let handle = Box::new(weft_engine { engine: RwLock::new(Some(engine)), max_issued: AtomicU64::new(0) });
+        let handle = Box::new(weft_engine {
+            engine: RwLock::new(Some(engine)),
+            max_issued: AtomicU64::new(0),
+            deliveries: Mutex::new(Vec::new()),
+        });
         // SAFETY: as above.
         unsafe { *out_engine = Box::into_raw(handle) };
         Ok(())
@@ -183,7 +197,7 @@ pub extern "C" fn weft_engine_new(options_json: *const c_char, out_engine: *mut 
 
 /// Stops the engine but keeps the handle valid: cancels every outstanding request (each gets its
 /// final DONE event with WEFT_FINISH_CANCELLED, or an ERROR), waits for those callbacks and joins
-/// the engine thread. Afterwards weft_submit, weft_cancel and weft_engine_stats return
+/// the engine thread and the delivery threads. Afterwards weft_submit, weft_cancel and weft_engine_stats return
 /// WEFT_ERR_SHUTDOWN, and no callback of this engine runs again. May be called from any thread,
 /// concurrently with other calls on the handle (useful to stop an engine other threads still
 /// use before freeing it), and more than once. Not from inside an event callback:
@@ -229,7 +243,7 @@ pub extern "C" fn weft_engine_free(engine: *mut weft_engine) {
 /// Submits a request. Validation and tokenization happen here, on the calling thread: a bad
 /// request fails synchronously and then no callback is ever made for it. On WEFT_OK the request
 /// is queued, its id is stored in *out_request_id (if not NULL), and on_event receives its events
-/// on the engine thread: TOKEN events, then exactly one DONE or ERROR, after which on_event is
+/// on a delivery thread of this request (see weft_event_fn): TOKEN events, then exactly one DONE or ERROR, after which on_event is
 /// never called for it again and user_data is no longer used. *out_request_id is written before
 /// the first callback runs, though the callbacks may run before weft_submit returns.
 ///
@@ -266,11 +280,25 @@ pub extern "C" fn weft_submit(
         };
         let request = json::parse_request(text)?;
         let slot = Arc::new(event::IdSlot::default());
-        let sink = event::make_sink(event::Callback { func, user_data }, Arc::clone(&slot));
-        let id = e.with(|engine| engine.submit(request, sink).map_err(|err| from_engine_error(&err, false)))?;
-        // Everything here happens before the first callback: the engine thread waits for the id
-        // to be published before delivering (so *out_request_id may live in memory that the
-        // final callback frees).
+        let (delivery, sink) = event::Delivery::new();
+        // The delivery thread is registered under the engine's read lock, so a concurrent
+        // shutdown (write lock) either refuses this submit or joins the thread.
+        let id = e.with(|engine| {
+            let id = engine
+                .submit_with_flow(request, sink, delivery.flow())
+                .map_err(|err| from_engine_error(&err, false))?;
+            let thread = delivery.spawn(event::Callback { func, user_data }, Arc::clone(&slot)).map_err(|err| {
+                engine.cancel(id);
+                Failure::new(WEFT_ERR_INTERNAL, format!("{F}: cannot start a delivery thread: {err}"))
+            })?;
+            let mut threads = e.deliveries.lock().unwrap_or_else(|e| e.into_inner());
+            threads.retain(|t| !t.is_finished());
+            threads.push(thread);
+            Ok(id)
+        })?;
+        // Everything here happens before the first callback: the delivery thread waits for the
+        // id to be published (so *out_request_id may live in memory that the final callback
+        // frees).
         if !out_request_id.is_null() {
             // SAFETY: checked non-NULL; a writable uint64_t per the contract.
             unsafe { *out_request_id = id };

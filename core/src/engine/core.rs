@@ -28,9 +28,21 @@ impl EngineCore {
         self.scheduler.push(sub);
     }
 
-    /// Nothing queued, prefilling or decoding.
+    /// Nothing to compute: no row prefilling, decoding or ready to leave its parking, and no
+    /// queued request that could start. (Parked rows and a queue they block may remain.)
     pub fn is_idle(&self) -> bool {
-        self.scheduler.waiting() == 0 && self.executor.prefilling() == 0 && self.executor.decoding() == 0
+        self.executor.prefilling() == 0
+            && self.executor.decoding() == 0
+            && !self.executor.has_resumable()
+            && !self.scheduler.head_fits(self.executor.model().info(), &self.load())
+    }
+
+    fn load(&self) -> Load {
+        Load {
+            decoding: self.executor.decoding() + self.executor.parked(),
+            prefilling: self.executor.prefilling(),
+            projected_kv_bytes: self.executor.projected_kv_bytes(),
+        }
     }
 
     /// Decode steps run so far.
@@ -75,13 +87,10 @@ impl EngineCore {
     }
 
     /// One scheduling iteration: admit what fits, run one prefill chunk (so decoding rows stall
-    /// at most one chunk), then one decode step of the running batch.
+    /// at most one chunk), park paused rows and return resumed ones, then one decode step of
+    /// the running batch.
     pub fn iterate(&mut self) {
-        let load = Load {
-            decoding: self.executor.decoding(),
-            prefilling: self.executor.prefilling(),
-            projected_kv_bytes: self.executor.projected_kv_bytes(),
-        };
+        let load = self.load();
         let info = self.executor.model().info().clone();
         for sub in self.scheduler.admit(&info, load) {
             let need = projected_kv_bytes(&info, sub.prompt.len(), sub.request.max_tokens);
@@ -102,6 +111,7 @@ impl EngineCore {
             prompt_cache_entries: self.executor.prompt_cache.len(),
             prompt_cache_hits: self.executor.prompt_cache.hits,
             tokens_generated: self.executor.tokens_generated,
+            paused_rows: self.executor.parked(),
             decode_steps: self.executor.decode_steps,
             requests_finished: self.executor.finished,
             decode_graph_build_s: self.executor.timing.graph_build.as_secs_f64(),

@@ -17,7 +17,7 @@ use mlx_rs::transforms::{async_eval, eval};
 use mlx_rs::{Array, Dtype};
 
 use super::prompt_cache::PromptCache;
-use super::{Event, RequestId, Sink, Submission, TokenLogprobs, Usage};
+use super::{Event, RequestId, RowFlow, Sink, Submission, TokenLogprobs, Usage};
 use crate::cache::KvCache;
 use crate::generate::{as_f32_slice, prefill, FinishReason};
 use crate::models::LanguageModel;
@@ -63,6 +63,7 @@ pub(super) struct Row {
     sampler: Sampler,
     text: TextStream,
     sink: Sink,
+    flow: Option<RowFlow>,
     cached_tokens: usize,
     capture_first_logits: usize,
     first_logits: Vec<f32>,
@@ -80,6 +81,11 @@ pub(super) struct Row {
 }
 
 impl Row {
+    /// The consumer asked this row to wait (and it has not finished).
+    fn paused(&self) -> bool {
+        self.finish.is_none() && self.flow.as_ref().is_some_and(|f| f.is_paused())
+    }
+
     fn emit(&mut self, ev: Event) -> bool {
         (self.sink)(&ev)
     }
@@ -153,6 +159,13 @@ impl Row {
     }
 }
 
+/// A decoding row set aside while its consumer catches up, with its KV as single-sequence
+/// caches (what `extract_row` gives); it rejoins like a newly prefilled row.
+struct Parked {
+    row: Row,
+    caches: Vec<Box<dyn KvCache>>,
+}
+
 struct Prefilling {
     row: Row,
     caches: Vec<Box<dyn KvCache>>,
@@ -187,6 +200,7 @@ pub(super) struct Executor {
     /// Per-layer batched caches of `rows` (None when no row is decoding).
     batch: Option<Vec<Box<dyn KvCache>>>,
     in_flight: Option<InFlight>,
+    parked: Vec<Parked>,
     pub prompt_cache: PromptCache,
     pub decode_steps: u64,
     pub timing: StepTiming,
@@ -209,6 +223,7 @@ impl Executor {
             rows: Vec::new(),
             batch: None,
             in_flight: None,
+            parked: Vec::new(),
             prompt_cache: PromptCache::new(prompt_cache_bytes),
             decode_steps: 0,
             timing: StepTiming::default(),
@@ -229,20 +244,32 @@ impl Executor {
         self.prefilling.len()
     }
 
+    /// Rows parked by their consumer.
+    pub fn parked(&self) -> usize {
+        self.parked.len()
+    }
+
+    /// A parked row whose consumer resumed it, or that was cancelled meanwhile.
+    pub fn has_resumable(&self) -> bool {
+        self.parked.iter().any(|p| !p.row.paused())
+    }
+
     pub fn projected_kv_bytes(&self) -> u64 {
         self.rows.iter().map(|r| r.projected_kv_bytes).sum::<u64>()
             + self.prefilling.iter().map(|p| p.row.projected_kv_bytes).sum::<u64>()
+            + self.parked.iter().map(|p| p.row.projected_kv_bytes).sum::<u64>()
     }
 
     pub fn kv_bytes_in_use(&self) -> u64 {
         let batch: usize = self.batch.iter().flatten().map(|c| c.nbytes()).sum();
         let solo: usize = self.prefilling.iter().flat_map(|p| &p.caches).map(|c| c.nbytes()).sum();
-        (batch + solo) as u64
+        let parked: usize = self.parked.iter().flat_map(|p| &p.caches).map(|c| c.nbytes()).sum();
+        (batch + solo + parked) as u64
     }
 
     /// Starts a request: reuses a cached prefix if there is one, then queues its prefill.
     pub fn admit(&mut self, sub: Submission, projected_kv_bytes: u64) {
-        let Submission { id, prompt, request, stop_token_ids, sink } = sub;
+        let Submission { id, prompt, request, stop_token_ids, sink, flow } = sub;
         let mut sampler = Sampler::new(request.sampling.clone());
         sampler.observe(&prompt);
         let row = Row {
@@ -253,6 +280,7 @@ impl Executor {
             sampler,
             text: TextStream::new(self.tokenizer.as_ref(), StopMatcher::new(&request.stop)),
             sink,
+            flow,
             cached_tokens: 0,
             capture_first_logits: request.capture_first_logits,
             logprobs: request.logprobs,
@@ -287,6 +315,12 @@ impl Executor {
             p.row.finish(FinishReason::Cancelled);
             return true;
         }
+        if let Some(pos) = self.parked.iter().position(|p| p.row.id == id) {
+            let p = self.parked.remove(pos);
+            self.finished += 1;
+            p.row.finish(FinishReason::Cancelled);
+            return true;
+        }
         if let Some(pos) = self.rows.iter().position(|r| r.id == id) {
             self.rows[pos].finish = Some(FinishReason::Cancelled);
             if let Err(e) = self.evict_finished() {
@@ -298,8 +332,13 @@ impl Executor {
     }
 
     pub fn cancel_all(&mut self) {
-        let ids: Vec<RequestId> =
-            self.prefilling.iter().map(|p| p.row.id).chain(self.rows.iter().map(|r| r.id)).collect();
+        let ids: Vec<RequestId> = self
+            .prefilling
+            .iter()
+            .map(|p| p.row.id)
+            .chain(self.parked.iter().map(|p| p.row.id))
+            .chain(self.rows.iter().map(|r| r.id))
+            .collect();
         for id in ids {
             self.cancel(id);
         }
@@ -449,8 +488,11 @@ impl Executor {
         }
     }
 
-    /// One batched decode step.
+    /// One batched decode step (after parking paused rows and returning resumed ones).
     pub fn decode_step(&mut self) {
+        if let Err(e) = self.resume_parked().and_then(|()| self.park_paused()) {
+            self.fail_batch(&e);
+        }
         if self.rows.is_empty() {
             return;
         }
@@ -630,9 +672,77 @@ impl Executor {
         Ok(())
     }
 
-    /// Fails every prefilling and decoding row.
+    /// Takes rows whose consumer paused them out of the batch. The pending pipelined step is
+    /// read first so every row's last token is known on the host when it rejoins.
+    fn park_paused(&mut self) -> Result<()> {
+        if !self.rows.iter().any(Row::paused) {
+            return Ok(());
+        }
+        self.read_in_flight()?;
+        let (park, keep): (Vec<usize>, Vec<usize>) = (0..self.rows.len()).partition(|&i| self.rows[i].paused());
+        if park.is_empty() {
+            return Ok(());
+        }
+        let batch = self.batch.as_mut().ok_or_else(|| Error::Mlx("decoding rows without a batch cache".into()))?;
+        let mut caches = park
+            .iter()
+            .map(|&i| batch.iter().map(|c| c.extract_row(i)).collect::<Result<Vec<_>>>())
+            .collect::<Result<Vec<_>>>()?;
+        if keep.is_empty() {
+            self.batch = None;
+        } else {
+            batch.iter_mut().try_for_each(|c| c.filter_rows(&keep))?;
+        }
+        let mut parked_rows = Vec::with_capacity(park.len());
+        for (i, row) in std::mem::take(&mut self.rows).into_iter().enumerate() {
+            if park.contains(&i) {
+                parked_rows.push(row);
+            } else {
+                self.rows.push(row);
+            }
+        }
+        for row in parked_rows.into_iter().rev() {
+            self.parked.push(Parked { row, caches: caches.pop().unwrap() });
+        }
+        Ok(())
+    }
+
+    /// Puts rows whose consumer resumed them back into the batch, after the rows there.
+    fn resume_parked(&mut self) -> Result<()> {
+        let mut i = 0;
+        while i < self.parked.len() {
+            if self.parked[i].row.paused() {
+                i += 1;
+                continue;
+            }
+            let Parked { row, caches } = self.parked.remove(i);
+            let joined = (|| -> Result<()> {
+                let caches: Vec<Box<dyn KvCache>> = caches.into_iter().map(|c| c.into_batched()).collect::<Result<_>>()?;
+                match self.batch.as_mut() {
+                    None => self.batch = Some(caches),
+                    Some(batch) => batch.iter_mut().zip(caches).try_for_each(|(b, c)| b.extend_rows(c))?,
+                }
+                Ok(())
+            })();
+            match joined {
+                Ok(()) => self.rows.push(row),
+                Err(e) => {
+                    self.finished += 1;
+                    row.fail(format!("resuming the row failed: {e}"));
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Fails every prefilling, parked and decoding row.
     pub fn fail_all(&mut self, message: &str) {
         for p in std::mem::take(&mut self.prefilling) {
+            self.finished += 1;
+            p.row.fail(message.to_string());
+        }
+        for p in std::mem::take(&mut self.parked) {
             self.finished += 1;
             p.row.fail(message.to_string());
         }

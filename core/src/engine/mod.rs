@@ -17,7 +17,7 @@ pub use self::core::EngineCore;
 pub use prompt_cache::PromptCache;
 pub use scheduler::Scheduler;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -109,6 +109,47 @@ impl Event {
 /// consumer is gone or failed: the request is cancelled (its row alone is evicted).
 pub type Sink = Box<dyn FnMut(&Event) -> bool + Send>;
 
+/// Per-request flow control, for consumers that take events off the driver thread and may fall
+/// behind. While paused, the request's row is parked: its KV is set aside outside the batch and
+/// it generates nothing, while every other row keeps decoding. Resuming puts the row back into
+/// the batch (exactly as a joining row enters it). A sink never blocks the engine; it pauses
+/// instead, so a slow consumer back-pressures only its own row.
+#[derive(Clone, Default)]
+pub struct RowFlow {
+    inner: Arc<FlowInner>,
+}
+
+#[derive(Default)]
+struct FlowInner {
+    paused: AtomicBool,
+    /// Wakes an idle driver when a parked row may continue.
+    wake: Mutex<Option<Sender<Command>>>,
+}
+
+impl RowFlow {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Stops the row after the step in progress (events already produced are still delivered).
+    pub fn pause(&self) {
+        self.inner.paused.store(true, Ordering::SeqCst);
+    }
+
+    /// Lets a paused row continue.
+    pub fn resume(&self) {
+        if self.inner.paused.swap(false, Ordering::SeqCst) {
+            if let Some(tx) = self.inner.wake.lock().as_ref() {
+                let _ = tx.send(Command::Wake);
+            }
+        }
+    }
+
+    pub fn is_paused(&self) -> bool {
+        self.inner.paused.load(Ordering::SeqCst)
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     /// Rows decoding together (mlx_lm.server's `--decode-concurrency`).
@@ -160,6 +201,8 @@ pub struct EngineStats {
     pub prompt_cache_entries: usize,
     pub prompt_cache_hits: u64,
     pub tokens_generated: u64,
+    /// Rows parked because their consumer paused them ([`RowFlow`]).
+    pub paused_rows: usize,
     pub decode_steps: u64,
     pub requests_finished: u64,
     /// Cumulative seconds decode steps spent building graphs, waiting on MLX, and on host work
@@ -176,11 +219,15 @@ pub struct Submission {
     pub request: Request,
     pub stop_token_ids: Vec<u32>,
     pub sink: Sink,
+    /// Set by [`Engine::submit_with_flow`].
+    pub flow: Option<RowFlow>,
 }
 
 enum Command {
     Submit(Submission),
     Cancel(RequestId),
+    /// A paused row was resumed; an idle driver re-checks its parked rows.
+    Wake,
     Shutdown,
 }
 
@@ -241,8 +288,22 @@ impl Engine {
     /// Validates and tokenizes `request` on the caller's thread (so bad requests fail here,
     /// synchronously), then queues it. Events go to `sink` on the engine thread.
     pub fn submit(&self, request: Request, sink: Sink) -> Result<RequestId> {
+        self.submit_flow(request, sink, None)
+    }
+
+    /// Like [`Engine::submit`], with flow control: while `flow` is paused the request's row is
+    /// parked and the rest of the batch goes on without it.
+    pub fn submit_with_flow(&self, request: Request, sink: Sink, flow: RowFlow) -> Result<RequestId> {
+        self.submit_flow(request, sink, Some(flow))
+    }
+
+    fn submit_flow(&self, request: Request, sink: Sink, flow: Option<RowFlow>) -> Result<RequestId> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let sub = prepare(id, request, sink, self.tokenizer.as_ref(), &self.info, &self.eos_token_ids, &self.config)?;
+        let mut sub = prepare(id, request, sink, self.tokenizer.as_ref(), &self.info, &self.eos_token_ids, &self.config)?;
+        if let Some(flow) = &flow {
+            *flow.inner.wake.lock() = Some(self.tx.clone());
+        }
+        sub.flow = flow;
         self.tx
             .send(Command::Submit(sub))
             .map_err(|_| Error::Shutdown)?;
@@ -327,13 +388,13 @@ pub fn prepare(
         }
     }
     let stop_token_ids = if request.ignore_eos { Vec::new() } else { eos_token_ids.to_vec() };
-    Ok(Submission { id, prompt, request, stop_token_ids, sink })
+    Ok(Submission { id, prompt, request, stop_token_ids, sink, flow: None })
 }
 
 fn drive(mut core: EngineCore, rx: Receiver<Command>, stats: Arc<Mutex<EngineStats>>) {
     let mut shutting_down = false;
     loop {
-        // Block only when there is nothing to compute.
+        // Block only when there is nothing to compute (parked rows wait for a Wake).
         let first = if core.is_idle() && !shutting_down {
             match rx.recv() {
                 Ok(c) => Some(c),
@@ -353,6 +414,7 @@ fn drive(mut core: EngineCore, rx: Receiver<Command>, stats: Arc<Mutex<EngineSta
                     }
                 }
                 Command::Cancel(id) => core.cancel(id),
+                Command::Wake => {}
                 Command::Shutdown => shutting_down = true,
             }
         }

@@ -18,6 +18,7 @@ pub fn projected_kv_bytes(info: &ModelInfo, prompt_len: usize, max_tokens: usize
 /// What is running now, as admission sees it.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Load {
+    /// Rows in the batch plus parked rows (both hold KV and a batch slot).
     pub decoding: usize,
     pub prefilling: usize,
     pub projected_kv_bytes: u64,
@@ -55,25 +56,27 @@ impl Scheduler {
         self.waiting.drain(..)
     }
 
+    /// Whether the head of the queue may start under `load`.
+    pub fn head_fits(&self, info: &ModelInfo, load: &Load) -> bool {
+        let Some(next) = self.waiting.front() else { return false };
+        if load.decoding + load.prefilling >= self.config.max_batch
+            || load.prefilling >= self.config.prompt_concurrency
+        {
+            return false;
+        }
+        let need = projected_kv_bytes(info, next.prompt.len(), next.request.max_tokens);
+        self.config.kv_budget_bytes.is_none_or(|budget| load.projected_kv_bytes + need <= budget)
+    }
+
     /// Pops the requests that may start now, in FIFO order. The head of the queue blocks the
     /// rest: a large request waiting for KV budget is not overtaken by smaller ones.
     pub fn admit(&mut self, info: &ModelInfo, mut load: Load) -> Vec<Submission> {
         let mut admitted = Vec::new();
-        while let Some(next) = self.waiting.front() {
-            if load.decoding + load.prefilling >= self.config.max_batch
-                || load.prefilling >= self.config.prompt_concurrency
-            {
-                break;
-            }
-            let need = projected_kv_bytes(info, next.prompt.len(), next.request.max_tokens);
-            if let Some(budget) = self.config.kv_budget_bytes {
-                if load.projected_kv_bytes + need > budget {
-                    break;
-                }
-            }
+        while self.head_fits(info, &load) {
+            let next = self.waiting.pop_front().unwrap();
             load.prefilling += 1;
-            load.projected_kv_bytes += need;
-            admitted.push(self.waiting.pop_front().unwrap());
+            load.projected_kv_bytes += projected_kv_bytes(info, next.prompt.len(), next.request.max_tokens);
+            admitted.push(next);
         }
         admitted
     }

@@ -8,8 +8,8 @@
  *
  * full:    every case concurrently from its own thread (greedy, ignore_eos) against the goldens,
  *          two cancellations (from a callback and from another thread), submit from a callback,
- *          refused free/shutdown from a callback, every bad-input case, stats, shutdown, free
- *          with requests outstanding.
+ *          refused free/shutdown from a callback, a blocked callback holding back only its own
+ *          request, every bad-input case, stats, shutdown, free with requests outstanding.
  * quick:   the same with the first 3 cases (for valgrind).
  * version: only the version and status functions (no model).
  * Prints one line per failed check and "PASS <n> checks" or "FAIL <k> of <n> checks".
@@ -500,6 +500,87 @@ static void test_logprobs(weft_engine *engine) {
   pthread_cond_destroy(&s.cv);
 }
 
+/* A callback that blocks holds back only its own request: a twin request (same prompt) runs to
+ * completion meanwhile, the blocked row shows up as paused in the stats, and once released it
+ * finishes with the twin's tokens. (If callbacks shared the engine's thread, the twin would
+ * never finish while the gate is closed.) */
+typedef struct {
+  row r; /* first member: on_event receives &slow_row as a row */
+  pthread_mutex_t gate_mu;
+  pthread_cond_t gate_cv;
+  int released;
+} slow_row;
+
+static void on_slow_event(void *user_data, const weft_event *ev) {
+  slow_row *s = (slow_row *)user_data;
+  int is_token = ev->kind == WEFT_EVENT_TOKEN;
+  on_event(&s->r, ev);
+  if (is_token) {
+    pthread_mutex_lock(&s->gate_mu);
+    while (!s->released) pthread_cond_wait(&s->gate_cv, &s->gate_mu);
+    pthread_mutex_unlock(&s->gate_mu);
+  }
+}
+
+static int stats_field(weft_engine *engine, const char *name) {
+  char buf[4096], key[64];
+  size_t len = 0;
+  const char *p;
+  if (weft_engine_stats(engine, buf, sizeof buf, &len) != WEFT_OK) return -1;
+  snprintf(key, sizeof key, "\"%s\":", name);
+  p = strstr(buf, key);
+  return p == NULL ? -1 : atoi(p + strlen(key));
+}
+
+static void test_slow_callback(weft_engine *engine) {
+  slow_row s;
+  row twin;
+  char *json;
+  int32_t st;
+  int i, paused = -1, same = 1;
+  memset(&s, 0, sizeof s);
+  row_init(&s.r);
+  row_init(&twin);
+  pthread_mutex_init(&s.gate_mu, NULL);
+  pthread_cond_init(&s.gate_cv, NULL);
+  s.r.n_prompt = twin.n_prompt = 3;
+  s.r.prompt = (uint32_t *)malloc(sizeof(uint32_t) * 3);
+  twin.prompt = (uint32_t *)malloc(sizeof(uint32_t) * 3);
+  for (i = 0; i < 3; i++) s.r.prompt[i] = twin.prompt[i] = (uint32_t)(21 + i);
+  s.r.max_tokens = twin.max_tokens = 150;
+  s.r.engine = engine;
+  json = request_json(&s.r);
+  st = weft_submit(engine, json, on_slow_event, &s, &s.r.out_id);
+  free(json);
+  check(st == WEFT_OK, "slow callback: submit", weft_last_error());
+  st = submit_row(engine, &twin, NULL);
+  check(st == WEFT_OK, "slow callback: submit twin", weft_last_error());
+  check(wait_final(&twin, 600), "a blocked callback does not hold back another request", NULL);
+  for (i = 0; i < 1000 && paused != 1; i++) {
+    paused = stats_field(engine, "paused_rows");
+    if (paused != 1) sleep_ms(10);
+  }
+  check(paused == 1, "the blocked request's row is parked (stats paused_rows)", NULL);
+  pthread_mutex_lock(&s.r.mu);
+  check(s.r.n_got == 1 && s.r.finals == 0, "the blocked callback got one event so far", NULL);
+  pthread_mutex_unlock(&s.r.mu);
+
+  pthread_mutex_lock(&s.gate_mu);
+  s.released = 1;
+  pthread_cond_broadcast(&s.gate_cv);
+  pthread_mutex_unlock(&s.gate_mu);
+  check(wait_final(&s.r, 600), "the released request finishes", NULL);
+  check(s.r.finish_reason == WEFT_FINISH_LENGTH && s.r.n_got == 150 && twin.n_got == 150,
+        "slow callback: both rows reach max_tokens", s.r.error);
+  for (i = 0; i < s.r.n_got && i < twin.n_got; i++) same = same && s.r.got[i] == twin.got[i];
+  check(same, "the parked row continues exactly as its twin", NULL);
+  check(stats_field(engine, "paused_rows") == 0, "no row parked afterwards", NULL);
+  pthread_mutex_destroy(&s.gate_mu);
+  pthread_cond_destroy(&s.gate_cv);
+  row_destroy(&s.r);
+  row_destroy(&twin);
+}
+
 /* A request outstanding when the engine is freed gets its final event before free returns. */
 static void test_free_with_outstanding(const char *options) {
   weft_engine *e = NULL;
@@ -639,6 +720,7 @@ int main(int argc, char **argv) {
 
     test_cancel_from_other_thread(engine);
     test_logprobs(engine);
+    test_slow_callback(engine);
     test_stats(engine, (int)seen);
 
     row_destroy(&self_cancel);
