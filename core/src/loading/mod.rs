@@ -1,6 +1,7 @@
 //! Turning a model path (an mlx-lm / Hugging Face directory or a `.gguf` file) into a runnable
 //! model, its tokenizer and its generation defaults.
 
+pub mod gguf_dequant;
 mod gguf_model;
 mod safetensors_dir;
 
