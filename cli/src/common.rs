@@ -4,14 +4,15 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 use weft::loading::{self, LoadedModel};
-use weft::model_store::{print_progress_bar, ModelStore};
+use weft::model_store::{ensure_named_model, named_models, print_progress_bar, ModelStore};
 use weft::sampling::SamplingParams;
 use weft::{Error, Result};
 
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// Model: an mlx-lm / Hugging Face directory or a .gguf file. Default: $WEFT_MODEL, else the
-    /// built-in default model (SmolLM2-135M-Instruct, downloaded on first use).
+    /// Model: an mlx-lm / Hugging Face directory, a .gguf file, or the name of a model the store
+    /// installs (gemma-3-270m). Default: $WEFT_MODEL, else the built-in default model
+    /// (SmolLM2-135M-Instruct, downloaded on first use).
     #[arg(long, short = 'm')]
     pub model: Option<PathBuf>,
 }
@@ -76,15 +77,32 @@ pub fn default_model_path() -> Result<PathBuf> {
     store.default_model_path(&mut bar)
 }
 
-/// `--model`, else `$WEFT_MODEL`, else the default model (downloaded with a progress bar).
+#[derive(Args, Debug, Clone)]
+pub struct PullArgs {
+    /// A model the store knows by name (gemma-3-270m); default: the default model.
+    pub name: Option<String>,
+}
+
+pub fn pull(args: PullArgs) -> Result<PathBuf> {
+    match args.name {
+        None => default_model_path(),
+        Some(name) => ensure_named_model(&name, true)?.ok_or_else(|| {
+            Error::InvalidRequest(format!("no model named {name:?}; the store knows: {}", named_models().join(", ")))
+        }),
+    }
+}
+
+/// `--model`, else `$WEFT_MODEL`, else the default model (downloaded with a progress bar). A
+/// value that is not an existing path but names a model the store knows is installed by name.
 pub fn resolve_model_path(model: Option<&Path>) -> Result<PathBuf> {
-    if let Some(p) = model {
-        return Ok(p.to_path_buf());
+    let given = model.map(Path::to_path_buf).or_else(|| std::env::var_os("WEFT_MODEL").filter(|p| !p.is_empty()).map(PathBuf::from));
+    let Some(path) = given else { return default_model_path() };
+    if !path.exists() {
+        if let Some(installed) = path.to_str().map(|name| ensure_named_model(name, true)).transpose()?.flatten() {
+            return Ok(installed);
+        }
     }
-    if let Some(p) = std::env::var_os("WEFT_MODEL").filter(|p| !p.is_empty()) {
-        return Ok(PathBuf::from(p));
-    }
-    default_model_path()
+    Ok(path)
 }
 
 pub fn load_model(args: &ModelArgs) -> Result<LoadedModel> {

@@ -37,8 +37,9 @@ enum Command {
     Replay(replay::ReplayArgs),
     /// Measure generation speed at several batch sizes.
     Bench(bench::BenchArgs),
-    /// Download the default model (or find it already installed) and print its path.
-    Pull,
+    /// Download a model (or find it already installed) and print its path: the default model,
+    /// or one the store knows by name (gemma-3-270m).
+    Pull(common::PullArgs),
     /// Serve the model over HTTP: OpenAI and Anthropic APIs, /health, /stats, /metrics.
     Serve(Box<serve::ServeArgs>),
 }
@@ -53,7 +54,7 @@ fn main() -> ExitCode {
         Command::Run(a) => chat::run(a),
         Command::Replay(a) => replay::run(a),
         Command::Bench(a) => bench::run(a),
-        Command::Pull => common::default_model_path().map(|p| println!("{}", p.display())),
+        Command::Pull(a) => common::pull(a).map(|p| println!("{}", p.display())),
         Command::Serve(a) => serve::run(*a),
     });
     match result {

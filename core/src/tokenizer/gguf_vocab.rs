@@ -3,7 +3,12 @@
 //! differ, like llama.cpp running the file: digits split for `smollm`-style vocabularies, and
 //! added tokens spelled outside the byte alphabet kept under their own ids.
 
+use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::decoders::fuse::Fuse;
+use tokenizers::decoders::sequence::Sequence as DecoderSequence;
+use tokenizers::decoders::DecoderWrapper;
+use tokenizers::normalizers::replace::Replace;
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::sequence::Sequence;
@@ -88,18 +93,21 @@ pub(super) fn build(header: &GgufHeader) -> Result<GgufTokenizer> {
     let model = header
         .get_str("tokenizer.ggml.model")
         .ok_or_else(|| Error::ModelLoad("GGUF file has no tokenizer (no 'tokenizer.ggml.model' key)".into()))?;
-    if model != "gpt2" {
-        return Err(Error::Unsupported(format!(
-            "GGUF tokenizer model '{model}' (tokenizer.ggml.model) is not supported; Weft builds only byte-level \
-             BPE ('gpt2') tokenizers from GGUF metadata"
-        )));
-    }
+    let arch = header.architecture().unwrap_or("");
+    let kind = match model {
+        "gpt2" => VocabKind::ByteLevel,
+        "llama" if arch.starts_with("gemma") => VocabKind::GemmaSentencePiece,
+        _ => {
+            return Err(Error::Unsupported(format!(
+                "GGUF tokenizer model '{model}' (tokenizer.ggml.model) for architecture '{arch}' is not supported; \
+                 Weft builds byte-level BPE ('gpt2') tokenizers and Gemma's sentencepiece ('llama') vocabulary \
+                 from GGUF metadata"
+            )))
+        }
+    };
     let tokens = header
         .get_str_array("tokenizer.ggml.tokens")
         .ok_or_else(|| missing("tokenizer.ggml.tokens", "an array of strings"))?;
-    let merges = header
-        .get_str_array("tokenizer.ggml.merges")
-        .ok_or_else(|| missing("tokenizer.ggml.merges", "an array of strings"))?;
     let token_types = match header.get("tokenizer.ggml.token_type") {
         None => None,
         Some(_) => {
@@ -138,42 +146,14 @@ pub(super) fn build(header: &GgufHeader) -> Result<GgufTokenizer> {
     // Ordinary tokens are spelled in the byte alphabet, which BPE works in. Added tokens (control
     // and user-defined) are plain text that llama.cpp matches verbatim in the input, e.g.
     // `<|im_start|>` or DeepSeek's `<｜begin▁of▁sentence｜>`, so they are keyed by that text.
-    let bytes = ByteAlphabet::new();
-    let mut vocab = Vocab::with_capacity(tokens.len());
-    for (id, token) in tokens.iter().enumerate() {
-        let key = if is_special(id) || is_user_defined(id) { token.to_string() } else { bytes.spell(token) };
-        // A later duplicate wins, as in transformers' dict of the vocabulary.
-        vocab.insert(key, id as u32);
-    }
-    let merges = merges
-        .iter()
-        .map(|merge| {
-            // llama.cpp splits at the first space after the first character.
-            let split_at = merge.char_indices().skip(1).find(|&(_, c)| c == ' ').map(|(i, _)| i);
-            let (left, right) = split_at.map(|i| (&merge[..i], &merge[i + 1..])).ok_or_else(|| {
-                Error::ModelLoad(format!("GGUF tokenizer merge {merge:?} is not two tokens separated by a space"))
-            })?;
-            Ok((left.to_string(), right.to_string()))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let bpe = BPE::builder()
-        .vocab_and_merges(vocab, merges)
-        .build()
-        .map_err(|e| Error::ModelLoad(format!("GGUF tokenizer vocabulary/merges are inconsistent: {e}")))?;
-
     let mut warnings = Vec::new();
-    let pre = header.get_str("tokenizer.ggml.pre").unwrap_or("gpt2");
-    let pre_tokenization = PreTokenization::for_pre(pre).unwrap_or_else(|| {
-        warnings.push(format!(
-            "GGUF tokenizer.ggml.pre = '{pre}' is not one Weft knows; splitting text with the GPT-2 regex, \
-             which may tokenize some text differently from the model's own tokenizer"
-        ));
-        PreTokenization::Gpt2
-    });
-
-    let mut tokenizer = tokenizers::Tokenizer::new(bpe);
-    tokenizer.with_pre_tokenizer(Some(pre_tokenization.build()?));
-    tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
+    let (mut tokenizer, vocab_has) = match kind {
+        VocabKind::ByteLevel => byte_level(header, &tokens, &is_special, &is_user_defined, &mut warnings)?,
+        VocabKind::GemmaSentencePiece => {
+            let unk = token_id("tokenizer.ggml.unknown_token_id")?.map(|id| tokens[id as usize].to_string());
+            gemma_sentencepiece(&tokens, unk)?
+        }
+    };
 
     // Added tokens are matched whole in the input; only the special ones are dropped by
     // `decode(skip_special = true)`.
@@ -182,7 +162,7 @@ pub(super) fn build(header: &GgufHeader) -> Result<GgufTokenizer> {
         kept.map(|(_, token)| AddedToken::from(token.to_string(), special).normalized(false)).collect()
     };
     tokenizer.add_special_tokens(&added_tokens(&is_special, true));
-    tokenizer.add_tokens(&added_tokens(&|id| is_user_defined(id) && !is_special(id), false));
+    tokenizer.add_tokens(&added_tokens(&|id| is_user_defined(id) && !is_special(id) && vocab_has(id), false));
 
     let token_text = |id: u32| tokens[id as usize].to_string();
     let flag = |key: &str| header.get_bool(key).unwrap_or(false);
@@ -211,6 +191,130 @@ pub(super) fn build(header: &GgufHeader) -> Result<GgufTokenizer> {
         chat_template: header.get_str("tokenizer.chat_template").map(str::to_string),
         warnings,
     })
+}
+
+enum VocabKind {
+    /// GPT-2 style byte-level BPE with the file's merges.
+    ByteLevel,
+    /// Gemma's sentencepiece vocabulary: BPE with byte fallback over "▁"-spelled text, merges
+    /// rebuilt from the vocabulary (the file has none), as transformers' GGUF loader does.
+    GemmaSentencePiece,
+}
+
+/// Whether the model's vocabulary has the file's token `id` under its own spelling (user-defined
+/// tokens are added whole only then, as transformers does).
+type VocabHas = Box<dyn Fn(usize) -> bool>;
+
+fn byte_level(
+    header: &GgufHeader,
+    tokens: &[&str],
+    is_special: &dyn Fn(usize) -> bool,
+    is_user_defined: &dyn Fn(usize) -> bool,
+    warnings: &mut Vec<String>,
+) -> Result<(tokenizers::Tokenizer, VocabHas)> {
+    let merges = header
+        .get_str_array("tokenizer.ggml.merges")
+        .ok_or_else(|| missing("tokenizer.ggml.merges", "an array of strings"))?;
+    let bytes = ByteAlphabet::new();
+    let mut vocab = Vocab::with_capacity(tokens.len());
+    for (id, token) in tokens.iter().enumerate() {
+        let key = if is_special(id) || is_user_defined(id) { token.to_string() } else { bytes.spell(token) };
+        vocab.insert(key, id as u32);
+    }
+    let merges = merges
+        .iter()
+        .map(|merge| {
+            // llama.cpp splits at the first space after the first character.
+            let split_at = merge.char_indices().skip(1).find(|&(_, c)| c == ' ').map(|(i, _)| i);
+            let (left, right) = split_at.map(|i| (&merge[..i], &merge[i + 1..])).ok_or_else(|| {
+                Error::ModelLoad(format!("GGUF tokenizer merge {merge:?} is not two tokens separated by a space"))
+            })?;
+            Ok((left.to_string(), right.to_string()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .build()
+        .map_err(|e| Error::ModelLoad(format!("GGUF tokenizer vocabulary/merges are inconsistent: {e}")))?;
+
+    let pre = header.get_str("tokenizer.ggml.pre").unwrap_or("gpt2");
+    let pre_tokenization = PreTokenization::for_pre(pre).unwrap_or_else(|| {
+        warnings.push(format!(
+            "GGUF tokenizer.ggml.pre = '{pre}' is not one Weft knows; splitting text with the GPT-2 regex, \
+             which may tokenize some text differently from the model's own tokenizer"
+        ));
+        PreTokenization::Gpt2
+    });
+    let mut tokenizer = tokenizers::Tokenizer::new(bpe);
+    tokenizer.with_pre_tokenizer(Some(pre_tokenization.build()?));
+    tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
+    Ok((tokenizer, Box::new(|_| true)))
+}
+
+const SPIECE_SPACE: char = '\u{2581}';
+
+fn gemma_sentencepiece(tokens: &[&str], unk: Option<String>) -> Result<(tokenizers::Tokenizer, VocabHas)> {
+    // Gemma files store tokens of several spaces as spaces; the model spells them "▁▁..".
+    let respelled: Vec<String> = tokens
+        .iter()
+        .map(|t| {
+            if t.contains(' ') && t.chars().all(char::is_whitespace) {
+                SPIECE_SPACE.to_string().repeat(t.chars().count())
+            } else {
+                t.to_string()
+            }
+        })
+        .collect();
+    let mut vocab = Vocab::with_capacity(tokens.len());
+    for (id, token) in respelled.iter().enumerate() {
+        vocab.insert(token.clone(), id as u32);
+    }
+    let merges = merges_from_vocab(&respelled, &vocab);
+    let mut builder = BPE::builder().vocab_and_merges(vocab.clone(), merges).fuse_unk(true).byte_fallback(true);
+    if let Some(unk) = unk {
+        builder = builder.unk_token(unk);
+    }
+    let bpe = builder.build().map_err(|e| Error::ModelLoad(format!("GGUF sentencepiece vocabulary: {e}")))?;
+    let mut tokenizer = tokenizers::Tokenizer::new(bpe);
+    tokenizer.with_normalizer(Some(Replace::new(" ", SPIECE_SPACE.to_string()).map_err(tokenizer_error)?));
+    tokenizer.with_pre_tokenizer(Some(
+        Split::new(SplitPattern::String(" ".into()), SplitDelimiterBehavior::MergedWithPrevious, false)
+            .map_err(tokenizer_error)?,
+    ));
+    tokenizer.with_decoder(Some(DecoderSequence::new(vec![
+        DecoderWrapper::Replace(Replace::new(SPIECE_SPACE.to_string(), " ").map_err(tokenizer_error)?),
+        DecoderWrapper::ByteFallback(ByteFallback::new()),
+        DecoderWrapper::Fuse(Fuse::new()),
+    ])));
+    let originals: Vec<String> = tokens.iter().map(|t| t.to_string()).collect();
+    Ok((tokenizer, Box::new(move |id| vocab.contains_key(&originals[id]))))
+}
+
+/// BPE merges implied by a vocabulary listed best-first (transformers' `generate_merges` with
+/// file positions as scores): every split of a token into two tokens is a merge; merges rank by
+/// the merged token's position, then longer left part, then longer right part.
+fn merges_from_vocab(tokens: &[String], vocab: &Vocab) -> Vec<(String, String)> {
+    // A token listed twice ranks (and merges) once, at its last position, as a Python dict does.
+    let mut ranked: Vec<(u32, usize, usize, &str, &str)> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for token in tokens {
+        if !seen.insert(token.as_str()) {
+            continue;
+        }
+        let position = vocab[token.as_str()];
+        for (at, _) in token.char_indices().skip(1) {
+            let (left, right) = token.split_at(at);
+            if vocab.contains_key(left) && vocab.contains_key(right) {
+                ranked.push((position, left.chars().count(), right.chars().count(), left, right));
+            }
+        }
+    }
+    ranked.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)).then(b.2.cmp(&a.2)));
+    ranked.into_iter().map(|(_, _, _, l, r)| (l.to_string(), r.to_string())).collect()
+}
+
+fn tokenizer_error(e: impl std::fmt::Display) -> Error {
+    Error::Tokenizer(format!("building the GGUF tokenizer: {e}"))
 }
 
 fn missing(key: &str, what: &str) -> Error {
