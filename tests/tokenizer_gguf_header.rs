@@ -182,18 +182,18 @@ fn unsupported_tensor_type_names_tensor_and_type() {
     let writer = GgufWriter::default()
         .tensor("token_embd.weight", &[64, 32], 2)
         .tensor("blk.0.attn_q.weight", &[64, 64], 12)
-        .tensor("blk.0.attn_k.weight", &[64, 64], 14);
-    let h = read(&writer, &dir, "q4k.gguf").unwrap();
+        .tensor("blk.0.attn_k.weight", &[64, 64], 10);
+    let h = read(&writer, &dir, "q2k.gguf").unwrap();
     match h.check_supported_tensor_types() {
         Err(Error::Unsupported(message)) => assert_eq!(
             message,
-            "GGUF tensor 'blk.0.attn_q.weight' has type Q4_K, which Weft does not support \
-             (supported: F32, F16, Q4_0, Q4_1, Q8_0)"
+            "GGUF tensor 'blk.0.attn_k.weight' has type Q2_K, which Weft does not support \
+             (supported: F32, F16, Q4_0, Q4_1, Q8_0, BF16, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)"
         ),
         other => panic!("expected Unsupported, got {other:?}"),
     }
 
-    for (ggml_type, shown) in [(30, "type BF16"), (77, "type unknown type id 77")] {
+    for (ggml_type, shown) in [(20, "type IQ4_NL"), (77, "type unknown type id 77")] {
         let writer = GgufWriter::default().tensor("output.weight", &[8], ggml_type);
         let h = read(&writer, &dir, "other.gguf").unwrap();
         let message = h.check_supported_tensor_types().unwrap_err().to_string();

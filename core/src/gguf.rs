@@ -23,11 +23,16 @@ const MAX_ARRAY_NESTING: usize = 8;
 /// Up-front capacity for arrays of strings or arrays; beyond it they grow as elements are read.
 const MAX_PREALLOCATED_ELEMENTS: usize = 1 << 16;
 
-/// The tensor types Weft loads: the ones MLX's GGUF loader keeps as they are (F32, F16) or turns
-/// into its own quantization (Q4_0, Q4_1, Q8_0). MLX 0.32 reads BF16 into float16, overflowing
-/// values above 65504 to infinity, so BF16 is not among them.
+/// The tensor types MLX's GGUF loader keeps as they are (F32, F16) or turns into its own
+/// quantization (Q4_0, Q4_1, Q8_0). A file of only these loads through MLX, quantized.
 pub const SUPPORTED_TENSOR_TYPES: [GgmlType; 5] =
     [GgmlType::F32, GgmlType::F16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0];
+
+/// Further types Weft expands to float32 itself (`loading::gguf_dequant`); a file with any of
+/// them loads entirely dequantized. (MLX 0.32 reads BF16 into float16, overflowing values
+/// above 65504 to infinity, so BF16 goes this way too.)
+pub const DEQUANTIZED_TENSOR_TYPES: [GgmlType; 6] =
+    [GgmlType::BF16, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K];
 
 /// One metadata value. The integer getters on [`GgufHeader`] accept any integer variant.
 #[derive(Debug, Clone, PartialEq)]
@@ -343,10 +348,14 @@ impl GgufHeader {
     /// Fails with [`Error::Unsupported`] naming the first tensor whose type is not one of
     /// [`SUPPORTED_TENSOR_TYPES`].
     pub fn check_supported_tensor_types(&self) -> Result<()> {
-        let Some(tensor) = self.tensors.iter().find(|t| !SUPPORTED_TENSOR_TYPES.contains(&t.ggml_type())) else {
+        let known = |t: &GgufTensorInfo| {
+            SUPPORTED_TENSOR_TYPES.contains(&t.ggml_type()) || DEQUANTIZED_TENSOR_TYPES.contains(&t.ggml_type())
+        };
+        let Some(tensor) = self.tensors.iter().find(|t| !known(t)) else {
             return Ok(());
         };
-        let supported: Vec<String> = SUPPORTED_TENSOR_TYPES.iter().map(ToString::to_string).collect();
+        let supported: Vec<String> =
+            SUPPORTED_TENSOR_TYPES.iter().chain(&DEQUANTIZED_TENSOR_TYPES).map(ToString::to_string).collect();
         Err(Error::Unsupported(format!(
             "GGUF tensor '{}' has type {}, which Weft does not support (supported: {})",
             tensor.name,

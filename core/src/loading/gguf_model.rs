@@ -16,8 +16,9 @@ use std::path::Path;
 use mlx_rs::{Array, Dtype};
 use serde_json::json;
 
+use super::gguf_dequant::{block_geometry, dequantize};
 use super::{build_model, push_unique, GenerationDefaults, LoadedModel};
-use crate::gguf::GgufHeader;
+use crate::gguf::{GgufHeader, SUPPORTED_TENSOR_TYPES};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 
@@ -32,25 +33,36 @@ pub fn load(path: &Path) -> Result<LoadedModel> {
     check_tensor_extents(&header, path)?;
     check_tensor_names(&header, &arch, config["num_hidden_layers"].as_u64().unwrap_or(0))?;
 
-    let file = mlx_rs::io::GgufFile::load(path)
-        .map_err(|e| Error::ModelLoad(format!("reading GGUF tensors from {}: {e}", path.display())))?;
-    let raw = file
-        .arrays()
-        .map_err(|e| Error::ModelLoad(format!("reading GGUF tensors from {}: {e}", path.display())))?;
+    let native = header.tensors.iter().all(|t| SUPPORTED_TENSOR_TYPES.contains(&t.ggml_type()));
+    let raw = if native {
+        let file = mlx_rs::io::GgufFile::load(path)
+            .map_err(|e| Error::ModelLoad(format!("reading GGUF tensors from {}: {e}", path.display())))?;
+        let arrays = file
+            .arrays()
+            .map_err(|e| Error::ModelLoad(format!("reading GGUF tensors from {}: {e}", path.display())))?;
+        arrays.into_iter().map(|(name, a)| (name.to_string(), a)).collect::<Vec<_>>()
+    } else {
+        dequantized_arrays(&header, path)?
+    };
 
     let heads = config["num_attention_heads"].as_i64().unwrap_or(0) as i32;
     let kv_heads = config["num_key_value_heads"].as_i64().unwrap_or(0) as i32;
     // llama.cpp interleaves q/k rows for its RoPE only in llama-style conversions.
     let permuted_qk = matches!(arch.as_str(), "llama" | "mistral");
+    // llama.cpp stores Gemma's RMSNorm weights as 1 + w (its norm multiplies by the weight).
+    let norm_shift = arch.starts_with("gemma");
 
     let mut quantization = serde_json::Map::new();
     let mut tensors = HashMap::with_capacity(raw.len());
     for (name, array) in raw {
         let (base, suffix) = split_suffix(&name);
-        let module = hf_module_name(base).ok_or_else(|| {
+        let module = hf_module_name(base, &arch).ok_or_else(|| {
             Error::Unsupported(format!("GGUF tensor {name:?} has no known mapping for {arch}"))
         })?;
         let mut array = if array.dtype() == Dtype::Uint32 { array } else { array.as_dtype(Dtype::Float32)? };
+        if norm_shift && module.ends_with("norm") && suffix == "weight" {
+            array = array.subtract(Array::from_f32(1.0))?;
+        }
         if permuted_qk {
             if module.ends_with("self_attn.q_proj") {
                 array = unpermute_rows(&array, heads)?;
@@ -66,7 +78,7 @@ pub fn load(path: &Path) -> Result<LoadedModel> {
     // Bits follow from the GGUF tensor type of each quantized weight.
     for t in &header.tensors {
         let (base, _) = split_suffix(&t.name);
-        if let Some(module) = hf_module_name(base) {
+        if let Some(module) = hf_module_name(base, &arch) {
             if let Some(q) = quantization.get_mut(&module) {
                 q["bits"] = json!(match t.type_name() {
                     "Q8_0" => 8,
@@ -109,9 +121,10 @@ fn config_from_metadata(h: &GgufHeader, arch: &str) -> Result<serde_json::Value>
         "llama" | "mistral" => "llama",
         "qwen2" => "qwen2",
         "qwen3" => "qwen3",
+        "gemma3" => "gemma3_text",
         other => {
             return Err(Error::Unsupported(format!(
-                "GGUF architecture {other:?} (supported: llama, mistral, qwen2, qwen3)"
+                "GGUF architecture {other:?} (supported: llama, mistral, qwen2, qwen3, gemma3)"
             )))
         }
     };
@@ -146,6 +159,27 @@ fn config_from_metadata(h: &GgufHeader, arch: &str) -> Result<serde_json::Value>
     if let Some(ctx) = h.get_u64(&format!("{arch}.context_length")) {
         cfg["max_position_embeddings"] = json!(ctx);
     }
+    if arch == "gemma3" {
+        // What the GGUF does not say, llama.cpp fixes for Gemma 3 as the Hugging Face configs do:
+        // every 6th layer global, local RoPE base 10000, queries scaled by 1/sqrt(head_dim).
+        cfg["sliding_window"] = json!(int("attention.sliding_window")?);
+        cfg["sliding_window_pattern"] = json!(6);
+        cfg["rope_local_base_freq"] = json!(10000.0);
+        cfg["query_pre_attn_scalar"] = json!(head_dim);
+        cfg["rope_theta"] = json!(h.get_f64(&format!("{arch}.rope.freq_base")).unwrap_or(1_000_000.0));
+        match h.get_str(&format!("{arch}.rope.scaling.type")) {
+            None | Some("none") => {}
+            Some("linear") => {
+                let factor = h
+                    .get_f64(&format!("{arch}.rope.scaling.factor"))
+                    .ok_or_else(|| Error::ModelLoad(format!("GGUF {arch}.rope.scaling.factor is missing")))?;
+                cfg["rope_scaling"] = json!({"rope_type": "linear", "factor": factor});
+            }
+            Some(other) => {
+                return Err(Error::Unsupported(format!("GGUF {arch}.rope.scaling.type {other:?} (supported: linear)")))
+            }
+        }
+    }
     Ok(cfg)
 }
 
@@ -154,15 +188,9 @@ fn config_from_metadata(h: &GgufHeader, arch: &str) -> Result<serde_json::Value>
 fn check_tensor_extents(h: &GgufHeader, path: &Path) -> Result<()> {
     let file_len = std::fs::metadata(path).map_err(|e| Error::io(path, e))?.len();
     for t in &h.tensors {
-        // (elements per block, bytes per block) of the types check_supported_tensor_types allows.
-        let (block, block_bytes) = match t.type_name() {
-            "F32" => (1, 4),
-            "F16" => (1, 2),
-            "Q4_0" => (32, 18),
-            "Q4_1" => (32, 20),
-            "Q8_0" => (32, 34),
-            other => return Err(Error::Unsupported(format!("GGUF tensor '{}' has type {other}", t.name))),
-        };
+        let (block, block_bytes) = block_geometry(t.ggml_type())
+            .map(|(e, b)| (e as u64, b as u64))
+            .ok_or_else(|| Error::Unsupported(format!("GGUF tensor '{}' has type {}", t.name, t.type_name())))?;
         let row = t.dims.first().copied().unwrap_or(1);
         if row % block != 0 {
             return Err(Error::ModelLoad(format!(
@@ -199,7 +227,7 @@ fn check_tensor_extents(h: &GgufHeader, path: &Path) -> Result<()> {
 fn check_tensor_names(h: &GgufHeader, arch: &str, layers: u64) -> Result<()> {
     for t in &h.tensors {
         let (base, _) = split_suffix(&t.name);
-        if hf_module_name(base).is_none() {
+        if hf_module_name(base, arch).is_none() {
             return Err(Error::Unsupported(format!("GGUF tensor '{}' has no known mapping for {arch}", t.name)));
         }
         let block = base.strip_prefix("blk.").and_then(|r| r.split('.').next()?.parse::<u64>().ok());
@@ -224,6 +252,12 @@ fn check_tensor_names(h: &GgufHeader, arch: &str, layers: u64) -> Result<()> {
     match arch {
         "qwen2" => per_block.extend(["attn_q.bias", "attn_k.bias", "attn_v.bias"]),
         "qwen3" => per_block.extend(["attn_q_norm.weight", "attn_k_norm.weight"]),
+        "gemma3" => per_block.extend([
+            "attn_q_norm.weight",
+            "attn_k_norm.weight",
+            "post_attention_norm.weight",
+            "post_ffw_norm.weight",
+        ]),
         _ => {}
     }
     let present: std::collections::HashSet<&str> = h.tensors.iter().map(|t| t.name.as_str()).collect();
@@ -240,6 +274,27 @@ fn check_tensor_names(h: &GgufHeader, arch: &str, layers: u64) -> Result<()> {
     Ok(())
 }
 
+/// Every tensor expanded to float32 by [`dequantize`] (the file holds types MLX cannot read).
+fn dequantized_arrays(h: &GgufHeader, path: &Path) -> Result<Vec<(String, Array)>> {
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    // SAFETY: read-only mapping of a model file we do not modify; extents were checked.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+    h.tensors
+        .iter()
+        .map(|t| {
+            let (block, block_bytes) = block_geometry(t.ggml_type())
+                .ok_or_else(|| Error::Unsupported(format!("GGUF tensor '{}' has type {}", t.name, t.type_name())))?;
+            let n: u64 = t.dims.iter().product();
+            let start = (h.data_offset + t.offset) as usize;
+            let bytes = &map[start..start + (n as usize / block) * block_bytes];
+            let values = dequantize(t.ggml_type(), bytes, n as usize)
+                .map_err(|e| Error::ModelLoad(format!("GGUF tensor '{}': {e}", t.name)))?;
+            let shape: Vec<i32> = t.dims.iter().rev().map(|&d| d as i32).collect();
+            Ok((t.name.clone(), Array::from_slice(&values, &shape)))
+        })
+        .collect()
+}
+
 /// `blk.3.attn_q.weight` → (`blk.3.attn_q`, `weight`).
 fn split_suffix(name: &str) -> (&str, &str) {
     match name.rsplit_once('.') {
@@ -248,8 +303,8 @@ fn split_suffix(name: &str) -> (&str, &str) {
     }
 }
 
-/// GGUF module names → Hugging Face module names.
-fn hf_module_name(base: &str) -> Option<String> {
+/// GGUF module names → Hugging Face module names (Gemma's four norms per block differ).
+fn hf_module_name(base: &str, arch: &str) -> Option<String> {
     match base {
         "token_embd" => return Some("model.embed_tokens".into()),
         "output_norm" => return Some("model.norm".into()),
@@ -270,6 +325,9 @@ fn hf_module_name(base: &str) -> Option<String> {
         "ffn_up" => "mlp.up_proj",
         "ffn_down" => "mlp.down_proj",
         "attn_norm" => "input_layernorm",
+        "ffn_norm" if arch == "gemma3" => "pre_feedforward_layernorm",
+        "post_attention_norm" if arch == "gemma3" => "post_attention_layernorm",
+        "post_ffw_norm" if arch == "gemma3" => "post_feedforward_layernorm",
         "ffn_norm" => "post_attention_layernorm",
         _ => return None,
     };
