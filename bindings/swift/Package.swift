@@ -56,12 +56,19 @@ let package = Package(
             linkerSettings: [
                 .unsafeFlags(searchFlags),
                 .linkedLibrary("mlx"),
-                .linkedLibrary("c++", .when(platforms: [.macOS, .iOS])),
+                // What the Rust static library needs besides libmlx (`cargo rustc ... --print
+                // native-static-libs`); Swift links the C library and pthread itself.
+                .linkedLibrary("c++", .when(platforms: [.macOS])),
+                .linkedLibrary("iconv", .when(platforms: [.macOS])),
+                .linkedFramework("Security", .when(platforms: [.macOS])),
+                .linkedFramework("CoreFoundation", .when(platforms: [.macOS])),
                 .linkedLibrary("stdc++", .when(platforms: [.linux])),
                 .linkedLibrary("m", .when(platforms: [.linux])),
                 .linkedLibrary("dl", .when(platforms: [.linux])),
                 .linkedLibrary("pthread", .when(platforms: [.linux])),
                 .linkedLibrary("gcc_s", .when(platforms: [.linux])),
+                .linkedLibrary("rt", .when(platforms: [.linux])),
+                .linkedLibrary("util", .when(platforms: [.linux])),
             ]
         ),
         // The public, idiomatic API.
