@@ -91,4 +91,23 @@ final class CancelTests: XCTestCase {
         }
         XCTAssertLessThan(engine.stats().tokensGenerated - before.tokensGenerated, UInt64(long))
     }
+
+    func testReleasingEverythingMidStreamStopsTheEngine() async throws {
+        let g = Goldens.shared.singles[0]
+        weak var weakState: RowState?
+        do {
+            let engine = try Engine(options: .init(model: modelDir, maxBatch: 2))
+            let generation = engine.generate(promptIds: g.promptIds, options: greedy(long))
+            weakState = generation.state
+            var it = generation.makeAsyncIterator()
+            let first = try await it.next()
+            XCTAssertEqual(first?.tokenId, g.tokens[0])
+        }
+        // The iterator and generation are gone: the row is cancelled, and the engine thread drops
+        // the last reference to its own engine while delivering that (it must not join itself).
+        try await waitFor("the request state to be released") { weakState == nil }
+        // Other engines are unaffected.
+        let c = try await Shared.get().complete(promptIds: g.promptIds, options: greedy(4))
+        XCTAssertEqual(c.tokenIds, Array(g.tokens.prefix(4)))
+    }
 }

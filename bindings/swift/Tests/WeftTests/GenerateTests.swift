@@ -41,12 +41,11 @@ final class GenerateTests: XCTestCase {
         XCTAssertEqual(rows.count, 4)
         try await waitIdle(engine)
         let before = engine.stats()
+        // generate() submits at once; four tasks then read the four streams concurrently.
+        let generations = rows.map { engine.generate(promptIds: $0.promptIds, options: greedy($0.tokens.count)) }
         let outputs = try await withThrowingTaskGroup(of: (Int, [Int]).self) { group in
-            for (i, r) in rows.enumerated() {
-                group.addTask {
-                    let (ids, _) = try await collect(engine.generate(promptIds: r.promptIds, options: greedy(r.tokens.count)))
-                    return (i, ids)
-                }
+            for (i, generation) in generations.enumerated() {
+                group.addTask { (i, try await collect(generation).ids) }
             }
             var out = [[Int]](repeating: [], count: rows.count)
             for try await (i, ids) in group { out[i] = ids }
