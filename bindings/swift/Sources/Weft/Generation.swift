@@ -1,0 +1,180 @@
+import Foundation
+import WeftBridge
+
+/// The token stream of one `generate` call: `for try await chunk in generation { ... }`.
+///
+/// Tokens are buffered per request (the engine never waits for the consumer), so a slow consumer
+/// only delays itself. Leaving the loop early (`break`, `return`, a thrown error), cancelling the
+/// consuming task, calling `cancel()`, or releasing an unfinished generation that nobody
+/// iterates cancels the request in the engine; the stream then simply ends. A failure throws a
+/// `WeftError`. Iterate a generation once.
+public struct Generation: AsyncSequence, Sendable {
+    public typealias Element = Chunk
+
+    let state: RowState
+    let owner: Owner
+
+    init(state: RowState) {
+        self.state = state
+        owner = Owner(state)
+    }
+
+    public func makeAsyncIterator() -> Iterator {
+        Iterator(base: state.stream.makeAsyncIterator(), guard_: IterationGuard(state), owner: owner)
+    }
+
+    public struct Iterator: AsyncIteratorProtocol {
+        var base: AsyncThrowingStream<Chunk, Error>.Iterator
+        let guard_: IterationGuard
+        let owner: Owner
+
+        public mutating func next() async throws -> Chunk? {
+            try await base.next()
+        }
+    }
+
+    /// Cancels the request; chunks already produced can still be read, then the stream ends and
+    /// `completion()` reports `.cancelled`.
+    public func cancel() {
+        state.cancel()
+    }
+
+    /// Waits for the end of the request and returns its text, token ids, finish reason and usage
+    /// (whether or not the stream was read). Cancelling the waiting task cancels the request.
+    public func completion() async throws -> Completion {
+        let state = self.state
+        let owner = self.owner
+        let result = try await withTaskCancellationHandler {
+            try await state.result()
+        } onCancel: {
+            state.cancel()
+        }
+        // Releasing the owner earlier would cancel the request being waited for.
+        withExtendedLifetime(owner) {}
+        return result
+    }
+
+    /// The result once the engine has finished the request (chunks may still be buffered), else
+    /// `nil`. Throws the request's error if it failed.
+    public var summary: Completion? {
+        get throws { try state.summary() }
+    }
+}
+
+/// Cancels the request when the last copy of its `Generation` (and every iterator) is released
+/// before the end.
+final class Owner: @unchecked Sendable {
+    let state: RowState
+    init(_ state: RowState) { self.state = state }
+    deinit { state.cancel() }
+}
+
+/// Cancels the request when an iterator is dropped before the end: `break` out of `for await`.
+final class IterationGuard: @unchecked Sendable {
+    let state: RowState
+    init(_ state: RowState) { self.state = state }
+    deinit { state.cancel() }
+}
+
+/// One request's state, shared by the engine thread (through `EventSink`) and consumers.
+final class RowState: @unchecked Sendable {
+    private let lock = NSLock()
+    let stream: AsyncThrowingStream<Chunk, Error>
+    private let continuation: AsyncThrowingStream<Chunk, Error>.Continuation
+    private var row: RustRow?
+    private var cancelRequested = false
+    private var text = ""
+    private var tokenIds: [Int] = []
+    private var outcome: Result<Completion, WeftError>?
+    private var waiters: [CheckedContinuation<Completion, Error>] = []
+
+    init() {
+        var c: AsyncThrowingStream<Chunk, Error>.Continuation!
+        stream = AsyncThrowingStream(bufferingPolicy: .unbounded) { c = $0 }
+        continuation = c
+        // A cancelled consuming task ends the stream; the engine must drop the row too.
+        continuation.onTermination = { [weak self] termination in
+            if case .cancelled = termination { self?.cancel() }
+        }
+    }
+
+    func attach(_ row: RustRow) {
+        lock.lock()
+        let cancelNow = cancelRequested && outcome == nil
+        self.row = row
+        lock.unlock()
+        if cancelNow { row.cancel() }
+    }
+
+    func cancel() {
+        lock.lock()
+        cancelRequested = true
+        let row = outcome == nil ? self.row : nil
+        lock.unlock()
+        row?.cancel()
+    }
+
+    // Engine thread.
+    func token(_ id: Int, _ piece: String) {
+        lock.lock()
+        text += piece
+        tokenIds.append(id)
+        lock.unlock()
+        continuation.yield(Chunk(text: piece, tokenId: id))
+    }
+
+    // Engine thread.
+    func done(reason: UInt8, prompt: UInt64, completion: UInt64, cached: UInt64) {
+        let finish: FinishReason = reason == 0 ? .stop : reason == 1 ? .length : .cancelled
+        lock.lock()
+        // A stop token's held-back text arrives as a last token carrying that token's id; it is
+        // not a completion token.
+        if tokenIds.count > Int(completion) { tokenIds.removeLast(tokenIds.count - Int(completion)) }
+        let result = Completion(
+            text: text,
+            tokenIds: tokenIds,
+            finishReason: finish,
+            usage: Usage(promptTokens: Int(prompt), completionTokens: Int(completion), cachedTokens: Int(cached))
+        )
+        let waiting = settle(.success(result))
+        lock.unlock()
+        continuation.finish()
+        for w in waiting { w.resume(returning: result) }
+    }
+
+    // Engine thread, or the submitting thread for a rejected request.
+    func fail(_ error: WeftError) {
+        lock.lock()
+        let waiting = settle(.failure(error))
+        lock.unlock()
+        continuation.finish(throwing: error)
+        for w in waiting { w.resume(throwing: error) }
+    }
+
+    /// Records the outcome (under the lock) and returns the waiters to resume.
+    private func settle(_ result: Result<Completion, WeftError>) -> [CheckedContinuation<Completion, Error>] {
+        outcome = result
+        let waiting = waiters
+        waiters = []
+        return waiting
+    }
+
+    func result() async throws -> Completion {
+        try await withCheckedThrowingContinuation { (c: CheckedContinuation<Completion, Error>) in
+            lock.lock()
+            if let outcome {
+                lock.unlock()
+                c.resume(with: outcome.mapError { $0 as Error })
+            } else {
+                waiters.append(c)
+                lock.unlock()
+            }
+        }
+    }
+
+    func summary() throws -> Completion? {
+        lock.lock()
+        defer { lock.unlock() }
+        return try outcome?.get()
+    }
+}

@@ -1,0 +1,176 @@
+/// An error from Weft: a stable `code` to branch on and a human-readable `message`.
+public struct WeftError: Error, Sendable, Equatable, CustomStringConvertible {
+    public struct Code: RawRepresentable, Hashable, Sendable, CustomStringConvertible {
+        public let rawValue: String
+        public init(rawValue: String) { self.rawValue = rawValue }
+        public var description: String { rawValue }
+
+        /// A bad option or request (out of range, empty prompt, unknown token id...).
+        public static let invalidArgument = Code(rawValue: "INVALID_ARGUMENT")
+        /// The model could not be loaded (missing files, bad config or weights).
+        public static let modelLoad = Code(rawValue: "MODEL_LOAD")
+        /// An architecture or quantization Weft does not support.
+        public static let unsupported = Code(rawValue: "UNSUPPORTED")
+        public static let tokenizer = Code(rawValue: "TOKENIZER")
+        /// The request can never fit the engine's KV budget.
+        public static let capacity = Code(rawValue: "CAPACITY")
+        /// The engine was closed.
+        public static let engineClosed = Code(rawValue: "ENGINE_CLOSED")
+        /// Fetching the default model failed.
+        public static let download = Code(rawValue: "DOWNLOAD")
+        public static let mlx = Code(rawValue: "MLX")
+        public static let io = Code(rawValue: "IO")
+        /// The engine failed while generating (the stream ends with this error).
+        public static let generationFailed = Code(rawValue: "GENERATION_FAILED")
+    }
+
+    public let code: Code
+    public let message: String
+
+    public init(code: Code, message: String) {
+        self.code = code
+        self.message = message
+    }
+
+    public var description: String { "WeftError(\(code)): \(message)" }
+
+    static func invalid(_ message: String) -> WeftError {
+        WeftError(code: .invalidArgument, message: message)
+    }
+}
+
+/// One turn of a conversation, rendered with the model's chat template.
+public struct Message: Sendable, Equatable {
+    /// `"system"`, `"user"`, `"assistant"`... as the model's chat template expects.
+    public var role: String
+    public var content: String
+
+    public init(role: String, content: String) {
+        self.role = role
+        self.content = content
+    }
+
+    public static func system(_ content: String) -> Message { Message(role: "system", content: content) }
+    public static func user(_ content: String) -> Message { Message(role: "user", content: content) }
+    public static func assistant(_ content: String) -> Message { Message(role: "assistant", content: content) }
+}
+
+/// How a request is sampled and when it stops.
+public struct GenerateOptions: Sendable {
+    /// Most tokens to generate.
+    public var maxTokens: Int
+    /// 0 is greedy.
+    public var temperature: Double
+    /// Nucleus sampling threshold in (0, 1]; 1 disables.
+    public var topP: Double
+    /// Keep the k most likely tokens; 0 disables.
+    public var topK: Int
+    /// Drop tokens below `minP × p(top token)`; 0 disables.
+    public var minP: Double
+    public var repetitionPenalty: Double?
+    public var presencePenalty: Double?
+    public var frequencyPenalty: Double?
+    /// How many recent tokens the penalties look at (default 20).
+    public var penaltyContext: Int?
+    /// Additive bias per token id (`-Double.infinity` bans a token).
+    public var logitBias: [Int: Double]
+    /// Makes sampling reproducible.
+    public var seed: UInt64?
+    /// Generation ends before the first match, which is cut from the text.
+    public var stop: [String]
+    /// Keep going past the model's end-of-sequence tokens.
+    public var ignoreEos: Bool
+
+    public init(
+        maxTokens: Int = 256,
+        temperature: Double = 0,
+        topP: Double = 1,
+        topK: Int = 0,
+        minP: Double = 0,
+        repetitionPenalty: Double? = nil,
+        presencePenalty: Double? = nil,
+        frequencyPenalty: Double? = nil,
+        penaltyContext: Int? = nil,
+        logitBias: [Int: Double] = [:],
+        seed: UInt64? = nil,
+        stop: [String] = [],
+        ignoreEos: Bool = false
+    ) {
+        self.maxTokens = maxTokens
+        self.temperature = temperature
+        self.topP = topP
+        self.topK = topK
+        self.minP = minP
+        self.repetitionPenalty = repetitionPenalty
+        self.presencePenalty = presencePenalty
+        self.frequencyPenalty = frequencyPenalty
+        self.penaltyContext = penaltyContext
+        self.logitBias = logitBias
+        self.seed = seed
+        self.stop = stop
+        self.ignoreEos = ignoreEos
+    }
+}
+
+/// One streamed piece of output.
+public struct Chunk: Sendable, Equatable {
+    /// Text this token completes (may be empty while a multi-byte character or a possible stop
+    /// string is held back).
+    public let text: String
+    public let tokenId: Int
+}
+
+public enum FinishReason: String, Sendable, Equatable {
+    /// An end-of-sequence token or a stop string.
+    case stop
+    /// `maxTokens` or the model's context length.
+    case length
+    /// The consuming task was cancelled, the loop was left early, `cancel()` or `close()`.
+    case cancelled
+}
+
+public struct Usage: Sendable, Equatable {
+    public let promptTokens: Int
+    public let completionTokens: Int
+    /// Prompt tokens whose KV came from the prompt cache.
+    public let cachedTokens: Int
+}
+
+/// A finished request.
+public struct Completion: Sendable, Equatable {
+    public let text: String
+    /// Generated token ids (an end-of-sequence token that stopped generation is not included).
+    public let tokenIds: [Int]
+    public let finishReason: FinishReason
+    public let usage: Usage
+}
+
+/// What was loaded.
+public struct ModelInfo: Sendable, Equatable {
+    /// The resolved model path.
+    public let path: String
+    /// `config.json`'s `model_type` (`llama`, `qwen3`...).
+    public let modelType: String
+    public let vocabSize: Int
+    public let numLayers: Int
+    /// Longest context the model was trained for, when its config says.
+    public let contextLength: Int?
+    /// Whether the model has a tokenizer (else only `promptIds` work).
+    public let hasTokenizer: Bool
+}
+
+/// A snapshot of the engine's scheduler and counters (published after each engine step).
+public struct EngineStats: Sendable, Equatable {
+    public let activeRows: Int
+    public let queuedRows: Int
+    public let prefillingRows: Int
+    public let kvBytesInUse: UInt64
+    /// `nil` when there is no KV budget.
+    public let kvBudgetBytes: UInt64?
+    public let promptCacheBytes: UInt64
+    public let promptCacheEntries: Int
+    public let promptCacheHits: UInt64
+    public let tokensGenerated: UInt64
+    public let decodeSteps: UInt64
+    public let requestsFinished: UInt64
+}

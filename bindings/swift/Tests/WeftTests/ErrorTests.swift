@@ -1,0 +1,48 @@
+import XCTest
+@testable import Weft
+
+/// Failures surface as `WeftError` with a code and a message.
+final class ErrorTests: XCTestCase {
+    func testBadModelPathThrows() async throws {
+        let path = repoRoot.appendingPathComponent("goldens/models/no-such-model").path
+        let e = await assertWeftError(.modelLoad) { try Engine(options: .init(model: path)) }
+        XCTAssertTrue(e?.message.contains("no-such-model") ?? false, e?.message ?? "")
+        await assertWeftError(.invalidArgument) { try Engine(options: .init(model: modelDir, maxBatch: 0)) }
+    }
+
+    func testBadRequestsThrowFromTheStream() async throws {
+        let engine = try Shared.get()
+        // A token id outside the vocabulary.
+        let e = await assertWeftError(.invalidArgument) { try await collect(engine.generate(promptIds: [5000], options: greedy(4))) }
+        XCTAssertTrue(e?.message.contains("5000") ?? false, e?.message ?? "")
+        await assertWeftError(.invalidArgument) { try await engine.complete(promptIds: [1, 2], options: greedy(0)) }
+        await assertWeftError(.invalidArgument) { try await engine.complete(promptIds: [], options: greedy(4)) }
+        await assertWeftError(.invalidArgument) { try await engine.complete(promptIds: [-1], options: greedy(4)) }
+        await assertWeftError(.invalidArgument) {
+            try await engine.complete(promptIds: [1], options: .init(maxTokens: 4, temperature: -1))
+        }
+        // This model has no tokenizer: text prompts are refused.
+        let t = await assertWeftError(.invalidArgument) { try await engine.complete(prompt: "Hello", options: greedy(4)) }
+        XCTAssertTrue(t?.message.contains("tokenizer") ?? false, t?.message ?? "")
+        await assertWeftError(.invalidArgument) { try await collect(engine.generate(messages: [.user("Hi")])) }
+        // The engine still serves good requests.
+        let g = Goldens.shared.singles[0]
+        let c = try await engine.complete(promptIds: g.promptIds, options: greedy(4))
+        XCTAssertEqual(c.tokenIds, Array(g.tokens.prefix(4)))
+    }
+
+    func testClosedEngine() async throws {
+        let engine = try Engine(options: .init(model: modelDir, maxBatch: 2))
+        let g = Goldens.shared.singles[0]
+        let running = engine.generate(promptIds: g.promptIds, options: greedy(1500))
+        var it = running.makeAsyncIterator()
+        _ = try await it.next()
+        engine.close()
+        XCTAssertTrue(engine.isClosed)
+        // Outstanding requests end as cancelled; new ones are refused.
+        let c = try await running.completion()
+        XCTAssertEqual(c.finishReason, .cancelled)
+        await assertWeftError(.engineClosed) { try await engine.complete(promptIds: g.promptIds, options: greedy(4)) }
+        engine.close()
+    }
+}

@@ -1,0 +1,81 @@
+import XCTest
+@testable import Weft
+
+/// Generation through the Swift package equals mlx-lm's goldens, alone and concurrently.
+final class GenerateTests: XCTestCase {
+    func testModelInfo() throws {
+        let info = try Shared.get().modelInfo
+        XCTAssertEqual(info.modelType, "llama")
+        XCTAssertEqual(info.vocabSize, 1024)
+        XCTAssertEqual(info.numLayers, 3)
+        XCTAssertFalse(info.hasTokenizer)
+        XCTAssertEqual(info.path, modelDir)
+    }
+
+    func testGreedyStreamEqualsGoldens() async throws {
+        let engine = try Shared.get()
+        for g in Goldens.shared.singles {
+            let generation = engine.generate(promptIds: g.promptIds, options: greedy(g.tokens.count))
+            let (ids, _) = try await collect(generation)
+            XCTAssertEqual(ids, g.tokens)
+            let c = try await generation.completion()
+            XCTAssertEqual(c.finishReason, .length)
+            XCTAssertEqual(c.tokenIds, g.tokens)
+            XCTAssertEqual(c.usage, Usage(promptTokens: g.promptIds.count, completionTokens: g.tokens.count, cachedTokens: 0))
+            XCTAssertEqual(try generation.summary, c)
+        }
+    }
+
+    func testCompleteEqualsGoldens() async throws {
+        let engine = try Shared.get()
+        let g = Goldens.shared.singles[2]
+        let c = try await engine.complete(promptIds: g.promptIds, options: greedy(g.tokens.count))
+        XCTAssertEqual(c.tokenIds, g.tokens)
+        XCTAssertEqual(c.finishReason, .length)
+        XCTAssertEqual(c.usage.completionTokens, g.tokens.count)
+    }
+
+    func testFourConcurrentStreamsBatchTogether() async throws {
+        let engine = try Shared.get()
+        let rows = Array((Goldens.shared.batchRows + Goldens.shared.singles).prefix(4))
+        XCTAssertEqual(rows.count, 4)
+        try await waitIdle(engine)
+        let before = engine.stats()
+        // generate() submits at once; four tasks then read the four streams concurrently.
+        let generations = rows.map { engine.generate(promptIds: $0.promptIds, options: greedy($0.tokens.count)) }
+        let outputs = try await withThrowingTaskGroup(of: (Int, [Int]).self) { group in
+            for (i, generation) in generations.enumerated() {
+                group.addTask { (i, try await collect(generation).ids) }
+            }
+            var out = [[Int]](repeating: [], count: rows.count)
+            for try await (i, ids) in group { out[i] = ids }
+            return out
+        }
+        for (i, r) in rows.enumerated() {
+            XCTAssertEqual(outputs[i], r.tokens, "row \(i)")
+        }
+        try await waitFor("the batch to drain") {
+            let s = engine.stats()
+            return s.activeRows == 0 && s.requestsFinished == before.requestsFinished + 4
+        }
+        let after = engine.stats()
+        // Batched: fewer decode steps than tokens (one step decodes every active row).
+        let tokens = after.tokensGenerated - before.tokensGenerated
+        let steps = after.decodeSteps - before.decodeSteps
+        XCTAssertGreaterThanOrEqual(Int(tokens), rows.reduce(0) { $0 + $1.tokens.count } - 4)
+        XCTAssertLessThan(steps * 2, tokens, "\(steps) decode steps for \(tokens) tokens: not batched")
+    }
+
+    func testEngineIsSendableAcrossTasks() async throws {
+        let engine = try Shared.get()
+        let g = Goldens.shared.singles[0]
+        // Detached tasks on other threads share the one engine.
+        let results = try await withThrowingTaskGroup(of: [Int].self) { group in
+            for _ in 0..<3 {
+                group.addTask { try await Task.detached { try await engine.complete(promptIds: g.promptIds, options: greedy(8)).tokenIds }.value }
+            }
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
+        XCTAssertEqual(results, Array(repeating: Array(g.tokens.prefix(8)), count: 3))
+    }
+}
