@@ -54,6 +54,22 @@ pub fn default_model() -> Option<PathBuf> {
     None
 }
 
+/// The Gemma 3 270M GGUF if the model store has it (`weft pull gemma-3-270m`). With
+/// `WEFT_REQUIRE_DEFAULT_MODEL=1` (CI) its absence fails.
+pub fn gemma3_270m() -> Option<PathBuf> {
+    let spec = weft::model_store::SplitModel::gemma3_270m();
+    if let Some(p) = ModelStore::from_env().cached_split(&spec) {
+        return Some(p);
+    }
+    let message = "gemma-3-270m is not installed (run `weft pull gemma-3-270m`)";
+    if std::env::var("WEFT_REQUIRE_DEFAULT_MODEL").as_deref() == Ok("1") {
+        panic!("{message}; required because WEFT_REQUIRE_DEFAULT_MODEL=1");
+    }
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "\n!!!!!!!! SKIPPING: {message} !!!!!!!!\n");
+    None
+}
+
 /// A copy of a tiny model directory in a fresh temp dir, to break in a test.
 pub fn copy_model(name: &str) -> tempfile::TempDir {
     let tmp = tempfile::tempdir().unwrap();
