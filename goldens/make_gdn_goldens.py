@@ -83,6 +83,14 @@ GDN_MODELS = {
     ),
 }
 
+# qwen3_5 in bfloat16 the way mlx_lm.convert casts it: every float tensor except those the
+# model's cast_predicate keeps (A_log stays float32). (A bfloat16 qwen3_next cannot run on
+# CPU: MLX's CPU gather_mm, which its experts use, is float32-only.)
+GDN_MODELS["qwen3_5-bf16"] = dict(
+    GDN_MODELS["qwen3_5"], seed=2003, dtype="bfloat16",
+    config=dict(GDN_MODELS["qwen3_5"]["config"], torch_dtype="bfloat16"),
+)
+
 
 def _rescale_gdn(model, scales):
     """Sharper gated-DeltaNet layers (default init makes them nearly inert): in_proj_* and
@@ -112,7 +120,13 @@ def build(name):
     model = model_class(args_class.from_dict(cfg))
     mg._rescale(model, spec["scales"])
     _rescale_gdn(model, spec["gdn_scales"])
-    assert spec["dtype"] == "float32"
+    if spec["dtype"] == "bfloat16":
+        keep = getattr(model, "cast_predicate", lambda _: True)
+        model.update(tree_map_with_path(
+            lambda p, w: w.astype(mx.bfloat16) if keep(p) and mx.issubdtype(w.dtype, mx.floating) else w,
+            model.parameters()))
+    else:
+        assert spec["dtype"] == "float32"
     mx.eval(model.parameters())
 
     out = mg.MODELS_DIR / name

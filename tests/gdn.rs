@@ -1,7 +1,7 @@
 //! Hybrid gated-DeltaNet models (qwen3_next: GDN + gated attention + shared-expert MoE;
 //! qwen3_5: dense hybrid) against mlx-lm 0.32.2: single-sequence trajectories and first-step
-//! logits bit-exact, batch_generate and BatchGenerator continuous schedules token-exact, and
-//! prompt-cache reuse that never trims recurrent state.
+//! logits bit-exact (float32 and bfloat16), batch_generate and BatchGenerator continuous
+//! schedules token-exact, and prompt-cache reuse that never trims recurrent state.
 
 mod support;
 
@@ -16,7 +16,7 @@ use weft::generate::{generate, FinishReason, GenerateOptions};
 use weft::loading::{self, LoadedModel};
 use weft::sampling::SamplingParams;
 
-const GDN_MODELS: &[&str] = &["qwen3_next", "qwen3_5"];
+const GDN_MODELS: &[&str] = &["qwen3_next", "qwen3_5", "qwen3_5-bf16"];
 
 fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
     Request {
@@ -82,7 +82,7 @@ fn single_sequence_trajectories_and_first_logits_are_bit_exact() {
     for name in GDN_MODELS {
         let g = golden(name);
         let loaded = load(name);
-        assert_eq!(loaded.model.info().model_type, *name);
+        assert_eq!(loaded.model.info().model_type, g["config"]["model_type"].as_str().unwrap());
         let vocab = loaded.model.info().vocab_size as usize;
         for case in g["single"].as_array().unwrap() {
             let prompt = ids(&case["prompt_ids"]);

@@ -193,14 +193,20 @@ impl GatedDeltaNet {
 pub fn normalize_qk(q: &Array, k: &Array, head_k_dim: i32) -> Result<(Array, Array)> {
     let inv_scale = (head_k_dim as f64).powf(-0.5);
     let rms_eps = (1e-6 * inv_scale * inv_scale) as f32;
-    let q = Array::from_f32((inv_scale * inv_scale) as f32).multiply(mlx_rs::fast::rms_norm(q, None, rms_eps)?)?;
-    let k = Array::from_f32(inv_scale as f32).multiply(mlx_rs::fast::rms_norm(k, None, rms_eps)?)?;
+    let q = scalar(inv_scale * inv_scale, q.dtype())?.multiply(mlx_rs::fast::rms_norm(q, None, rms_eps)?)?;
+    let k = scalar(inv_scale, k.dtype())?.multiply(mlx_rs::fast::rms_norm(k, None, rms_eps)?)?;
     Ok((q, k))
+}
+
+/// A Python float operand: MLX gives it the other operand's dtype (no promotion).
+fn scalar(v: f64, dtype: Dtype) -> Result<Array> {
+    Ok(Array::from_f32(v as f32).as_dtype(dtype)?)
 }
 
 /// `g = exp(-exp(A_log) * softplus(a + dt_bias))` (mlx-lm `compute_g`).
 fn compute_g(a_log: &Array, a: &Array, dt_bias: &Array) -> Result<Array> {
-    let softplus = logaddexp(a.add(dt_bias)?, Array::from_f32(0.0))?;
+    let x = a.add(dt_bias)?;
+    let softplus = logaddexp(&x, scalar(0.0, x.dtype())?)?;
     let decay_rate = exp(a_log.as_dtype(Dtype::Float32)?)?.negative()?;
     Ok(exp(decay_rate.multiply(&softplus)?)?)
 }
