@@ -1,6 +1,8 @@
 //! KV caches behind one trait. A cache supplies what attention needs for a step: the RoPE
 //! offset (a scalar for one sequence, a per-row array for a left-padded batch), the attention
-//! mask, and storage for the step's keys and values.
+//! mask, and storage for the step's keys and values. Linear-attention layers keep recurrent
+//! state behind the same trait (`recurrent_state`), so the engine moves every layer's cache
+//! the same way.
 
 mod batch_kv;
 mod kv;
