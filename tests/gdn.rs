@@ -244,6 +244,32 @@ fn prompt_cache_reuses_recurrent_state_only_for_whole_prefixes() {
 }
 
 #[test]
+fn a_row_ended_by_eos_leaves_no_state_covering_the_unnamed_token() {
+    // The pipelined step has already fed the EOS token when the row ends, so its recurrent
+    // state covers one token more than the row's sequence names; it must not be reused as if
+    // it held only the named tokens.
+    let g = golden("qwen3_next");
+    let loaded = load("qwen3_next");
+    let eos = loaded.eos_token_ids.clone();
+    let row = &g["schedule"]["rows"][1];
+    let (prompt, want) = (ids(&row["prompt_ids"]), ids(&row["single_tokens"]));
+    let cut = want.iter().position(|t| eos.contains(t)).expect("the golden trajectory reaches EOS");
+    let engine = Engine::start(loaded, EngineConfig { prompt_cache_bytes: 64 << 20, ..Default::default() }).unwrap();
+    let stopped = collect(&engine.submit_channel(Request { ignore_eos: false, ..greedy(prompt.clone(), 16) }).unwrap().1);
+    assert_eq!(stopped.finish, Some(FinishReason::Stop));
+    assert_eq!(stopped.tokens, want[..cut]);
+
+    let mut next = prompt.clone();
+    next.extend_from_slice(&want[..cut]);
+    next.push(7); // not the EOS the state already saw
+    let out = collect(&engine.submit_channel(greedy(next.clone(), 8)).unwrap().1);
+    let solo = load("qwen3_next");
+    let cold = generate(solo.model.as_ref(), None, &next, &GenerateOptions { max_tokens: 8, ..Default::default() }, |_| true).unwrap();
+    assert_eq!(out.tokens, cold.tokens);
+    assert_eq!(out.usage.cached_tokens, 0);
+}
+
+#[test]
 fn cancelling_a_row_leaves_the_others_exact() {
     let g = golden("qwen3_next");
     let engine = Engine::start(load("qwen3_next"), EngineConfig::default()).unwrap();
@@ -264,19 +290,26 @@ fn cancelling_a_row_leaves_the_others_exact() {
     }
 }
 
+fn load_error(dir: &std::path::Path, what: &str) -> String {
+    match loading::load(dir) {
+        Ok(_) => panic!("{what}: loading must fail"),
+        Err(e) => e.to_string(),
+    }
+}
+
 #[test]
 fn broken_configs_fail_with_clear_errors() {
     let dir = copy_model("qwen3_next");
     edit_config(dir.path(), |v| {
         v["linear_num_value_heads"] = 3.into();
     });
-    let err = loading::load(dir.path()).err().expect("3 value heads over 2 key heads must fail").to_string();
+    let err = load_error(dir.path(), "3 value heads over 2 key heads");
     assert!(err.contains("linear_num_value_heads"), "{err}");
 
     let dir = copy_model("qwen3_5");
     edit_config(dir.path(), |v| {
         v["text_config"]["rope_parameters"]["partial_rotary_factor"] = 0.0.into();
     });
-    let err = loading::load(dir.path()).err().expect("no rotary dims must fail").to_string();
+    let err = load_error(dir.path(), "no rotary dims");
     assert!(err.contains("partial_rotary_factor"), "{err}");
 }
