@@ -83,6 +83,14 @@ GDN_MODELS = {
     ),
 }
 
+# qwen3_5 affine-quantized as mlx_lm.convert does by default (4 bits, group 64; layers whose
+# input width is not a multiple of 64, here mlp.down_proj (160), stay float). Float parts
+# float32. (A quantized qwen3_next cannot be recorded: mlx-lm 0.32.2's QuantizedSwitchLinear
+# passes `global_scale` to mx.gather_qmm, which MLX 0.32.2 rejects.)
+GDN_MODELS["qwen3_5-4bit"] = dict(
+    GDN_MODELS["qwen3_5"], seed=2004, quantize=dict(group_size=64, bits=4),
+)
+
 # qwen3_5 in bfloat16 the way mlx_lm.convert casts it: every float tensor except those the
 # model's cast_predicate keeps (A_log stays float32). (A bfloat16 qwen3_next cannot run on
 # CPU: MLX's CPU gather_mm, which its experts use, is float32-only.)
@@ -127,6 +135,9 @@ def build(name):
             model.parameters()))
     else:
         assert spec["dtype"] == "float32"
+    if "quantize" in spec:
+        q = spec["quantize"]
+        model, cfg = lm_utils.quantize_model(model, cfg, group_size=q["group_size"], bits=q["bits"], mode="affine")
     mx.eval(model.parameters())
 
     out = mg.MODELS_DIR / name
