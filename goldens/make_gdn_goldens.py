@@ -91,6 +91,23 @@ GDN_MODELS["qwen3_5-4bit"] = dict(
     GDN_MODELS["qwen3_5"], seed=2004, quantize=dict(group_size=64, bits=4),
 )
 
+# qwen3_5_moe: the qwen3_5 stack with a shared-expert MoE on every layer (mlx-lm builds it
+# from qwen3_5's classes; norm_topk_prob defaults to true there). Float32.
+GDN_MODELS["qwen3_5_moe"] = dict(
+    GDN_MODELS["qwen3_5"], seed=2005,
+    config=dict(
+        GDN_MODELS["qwen3_5"]["config"], model_type="qwen3_5_moe",
+        architectures=["Qwen3_5MoeForConditionalGeneration"], tie_word_embeddings=False,
+        text_config=dict(
+            GDN_MODELS["qwen3_5"]["config"]["text_config"], model_type="qwen3_5_moe_text",
+            tie_word_embeddings=False, num_experts=4, num_experts_per_tok=2,
+            moe_intermediate_size=32, shared_expert_intermediate_size=64,
+            rope_parameters=dict(GDN_MODELS["qwen3_5"]["config"]["text_config"]["rope_parameters"]),
+        ),
+    ),
+    scales=dict(embed=8.0, qk=3.0, lm_head=12.0),
+)
+
 # qwen3_5 in bfloat16 the way mlx_lm.convert casts it: every float tensor except those the
 # model's cast_predicate keeps (A_log stays float32). (A bfloat16 qwen3_next cannot run on
 # CPU: MLX's CPU gather_mm, which its experts use, is float32-only.)

@@ -1,7 +1,8 @@
-//! Hybrid gated-DeltaNet models (qwen3_next: GDN + gated attention + shared-expert MoE;
-//! qwen3_5: dense hybrid) against mlx-lm 0.32.2: single-sequence trajectories and first-step
-//! logits bit-exact (float32, bfloat16, 4-bit), batch_generate and BatchGenerator continuous
-//! schedules token-exact, and prompt-cache reuse that never trims recurrent state.
+//! Hybrid gated-DeltaNet models against mlx-lm 0.32.2: qwen3_next (GDN + gated attention +
+//! shared-expert MoE), qwen3_5 (dense hybrid; float32, bfloat16, 4-bit) and qwen3_5_moe.
+//! Single-sequence trajectories and first-step logits bit-exact, batch_generate and
+//! BatchGenerator continuous schedules token-exact, and prompt-cache reuse that never trims
+//! recurrent state.
 
 mod support;
 
@@ -16,7 +17,7 @@ use weft::generate::{generate, FinishReason, GenerateOptions};
 use weft::loading::{self, LoadedModel};
 use weft::sampling::SamplingParams;
 
-const GDN_MODELS: &[&str] = &["qwen3_next", "qwen3_5", "qwen3_5-bf16", "qwen3_5-4bit"];
+const GDN_MODELS: &[&str] = &["qwen3_next", "qwen3_5", "qwen3_5-bf16", "qwen3_5-4bit", "qwen3_5_moe"];
 
 fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
     Request {

@@ -58,10 +58,10 @@ pub fn build(config: &serde_json::Value, weights: Weights, dtype: Dtype) -> Resu
         "qwen2" => Box::new(qwen2::load(&cfg, weights, dtype)?),
         "qwen3" => Box::new(qwen3::load(&cfg, weights, dtype)?),
         "qwen3_next" => Box::new(qwen3_next::load(&cfg, weights, dtype)?),
-        "qwen3_5" => Box::new(qwen3_5::load(config, weights, dtype)?),
+        "qwen3_5" | "qwen3_5_moe" => Box::new(qwen3_5::load(config, weights, dtype)?),
         other => {
             return Err(Error::Unsupported(format!(
-                "model_type {other:?} (supported: llama, mistral, qwen2, qwen3, qwen3_next, qwen3_5)"
+                "model_type {other:?} (supported: llama, mistral, qwen2, qwen3, qwen3_next, qwen3_5, qwen3_5_moe)"
             )))
         }
     })

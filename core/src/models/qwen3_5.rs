@@ -1,8 +1,9 @@
 //! Qwen3.5 (text): the Qwen3-Next hybrid stack with separate gated DeltaNet projections
 //! (`in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`), RoPE from `rope_parameters`
 //! (a quarter of each head rotated by default), and a dense MLP (or shared-expert MoE on every
-//! layer when `num_experts > 0`). The config may nest the text model under `text_config` and
-//! mlx-lm checkpoints keep it under `language_model.`. Mirrors mlx-lm `models/qwen3_5.py`.
+//! layer when `num_experts > 0`, as `qwen3_5_moe` checkpoints have). The config may nest the
+//! text model under `text_config` and mlx-lm checkpoints keep it under `language_model.`.
+//! Mirrors mlx-lm `models/qwen3_5.py` (and `qwen3_5_moe.py`, which reuses it).
 
 use mlx_rs::Dtype;
 
@@ -61,7 +62,7 @@ pub fn load(config: &serde_json::Value, weights: Weights, dtype: Dtype) -> Resul
 
     let spec = HybridDecoderSpec {
         info: ModelInfo {
-            model_type: "qwen3_5".into(),
+            model_type: ConfigReader::new(config).req_str("model_type")?,
             vocab_size: cfg.req_i32("vocab_size")?,
             hidden_size: hidden,
             num_layers: layers,
