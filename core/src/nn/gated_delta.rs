@@ -169,7 +169,7 @@ impl GatedDeltaNet {
         };
         let conv_input = concatenate(&[conv_state, mixed], 1)?;
         let total = conv_input.dim(1);
-        state.conv = Some(conv_input.index((.., total - n_keep.., ..)).contiguous()?);
+        let new_conv = conv_input.index((.., total - n_keep.., ..)).contiguous()?;
         let conv = conv1d(&conv_input, &self.conv_weight, 1, 0, 1, self.conv_dim)?;
         let conv = conv.multiply(sigmoid(&conv)?)?;
 
@@ -179,7 +179,9 @@ impl GatedDeltaNet {
         let v = parts[2].reshape(&[bsz, s, o.num_v_heads, o.head_v_dim])?;
         let (q, k) = normalize_qk(&q, &k, o.head_k_dim)?;
 
-        let (out, new_state) = gated_delta_update(&q, &k, &v, &a, &b, &self.a_log, &self.dt_bias, state.ssm.take())?;
+        let (out, new_state) = gated_delta_update(&q, &k, &v, &a, &b, &self.a_log, &self.dt_bias, state.ssm.clone())?;
+        // The state changes only once the whole step is built.
+        state.conv = Some(new_conv);
         state.ssm = Some(new_state);
         state.advance(s);
 
@@ -192,7 +194,7 @@ impl GatedDeltaNet {
 /// `normalize_qk` with eps 1e-6, written as `rms_norm` with the eps rescaled).
 pub fn normalize_qk(q: &Array, k: &Array, head_k_dim: i32) -> Result<(Array, Array)> {
     let inv_scale = (head_k_dim as f64).powf(-0.5);
-    let rms_eps = (1e-6 * inv_scale * inv_scale) as f32;
+    let rms_eps = (1e-6 * (inv_scale * inv_scale)) as f32;
     let q = scalar(inv_scale * inv_scale, q.dtype())?.multiply(mlx_rs::fast::rms_norm(q, None, rms_eps)?)?;
     let k = scalar(inv_scale, k.dtype())?.multiply(mlx_rs::fast::rms_norm(k, None, rms_eps)?)?;
     Ok((q, k))
