@@ -1,12 +1,16 @@
 //! KV caches behind one trait. A cache supplies what attention needs for a step: the RoPE
 //! offset (a scalar for one sequence, a per-row array for a left-padded batch), the attention
-//! mask, and storage for the step's keys and values.
+//! mask, and storage for the step's keys and values. Linear-attention layers keep recurrent
+//! state behind the same trait (`recurrent_state`), so the engine moves every layer's cache
+//! the same way.
 
 mod batch_kv;
 mod kv;
+mod recurrent;
 
 pub use batch_kv::BatchKvCache;
 pub use kv::KvCacheSingle;
+pub use recurrent::{BatchRecurrentCache, RecurrentCache, RecurrentState};
 
 use std::any::Any;
 
@@ -73,9 +77,14 @@ pub trait KvCache: Send {
     fn extract_row(&self, _row: usize) -> Result<Box<dyn KvCache>> {
         Err(Error::Unsupported("this cache is not batched".into()))
     }
-    /// Drops the last `n` positions; returns how many were dropped.
+    /// Drops the last `n` positions; returns how many were dropped (0 when the cache cannot
+    /// forget tokens, e.g. recurrent state).
     fn trim(&mut self, _n: usize) -> usize {
         0
+    }
+    /// The conv/recurrent state of a linear-attention layer; `None` for KV caches.
+    fn recurrent_state(&mut self) -> Option<&mut RecurrentState> {
+        None
     }
     /// A copy that shares storage (arrays are immutable; writes replace them).
     fn duplicate(&self) -> Box<dyn KvCache>;

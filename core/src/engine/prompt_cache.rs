@@ -1,6 +1,8 @@
 //! Byte-capped LRU of per-layer KV caches keyed by the token prefix they hold. A new request
 //! reuses the longest cached prefix of its prompt and prefills only the rest; reuse is exact
 //! because chunked prefill is (mlx-lm's goldens show chunk boundaries don't change logits).
+//! Caches that cannot drop positions (recurrent state of linear-attention layers) are reused
+//! only when the whole entry is a prefix of the new prompt, never trimmed to a shorter one.
 
 use crate::cache::KvCache;
 
@@ -57,7 +59,15 @@ impl PromptCache {
         }
         let held = caches.iter().map(|c| c.len()).min().unwrap_or(0);
         tokens.truncate(held);
-        if tokens.is_empty() {
+        for c in &mut caches {
+            if c.len() > held {
+                let extra = c.len() - held;
+                c.trim(extra);
+            }
+        }
+        // A cache that cannot forget positions (recurrent state) still covering more than
+        // the named tokens would be reused for the wrong sequence: don't keep it.
+        if tokens.is_empty() || caches.iter().any(|c| c.len() != held) {
             return;
         }
         let bytes: u64 = caches.iter().map(|c| (c.nbytes()) as u64).sum();
@@ -80,27 +90,35 @@ impl PromptCache {
     }
 
     /// Copies of the caches for the longest cached prefix of `prompt` not longer than
-    /// `max_len`, trimmed to the shared length; `None` when nothing useful is cached.
+    /// `max_len`, trimmed to the shared length; `None` when nothing useful is cached. An entry
+    /// whose caches cannot be trimmed (recurrent state) is only used when all of it is a
+    /// prefix of the prompt.
     pub fn lookup(&mut self, prompt: &[u32], max_len: usize) -> Option<(Vec<Box<dyn KvCache>>, usize)> {
-        let (best, shared) = self
+        let mut candidates: Vec<(usize, usize)> = self
             .entries
             .iter()
             .enumerate()
             .map(|(i, e)| (i, common_prefix(&e.tokens, prompt).min(max_len)))
-            .max_by_key(|&(_, n)| n)?;
-        if shared == 0 {
-            return None;
+            .filter(|&(_, n)| n > 0)
+            .collect();
+        // Longest first; among equals the latest entry (as `max_by_key` picked before).
+        candidates.sort_by(|a, b| b.1.cmp(&a.1).then(b.0.cmp(&a.0)));
+        for (best, shared) in candidates {
+            let entry = &self.entries[best];
+            let mut caches: Vec<Box<dyn KvCache>> = entry.caches.iter().map(|c| c.duplicate()).collect();
+            let trimmed = caches.iter_mut().all(|c| {
+                let extra = c.len() - shared;
+                c.trim(extra) == extra
+            });
+            if !trimmed {
+                continue;
+            }
+            self.clock += 1;
+            self.hits += 1;
+            self.entries[best].last_used = self.clock;
+            return Some((caches, shared));
         }
-        self.clock += 1;
-        self.hits += 1;
-        let entry = &mut self.entries[best];
-        entry.last_used = self.clock;
-        let mut caches: Vec<Box<dyn KvCache>> = entry.caches.iter().map(|c| c.duplicate()).collect();
-        for c in &mut caches {
-            let extra = c.len() - shared;
-            c.trim(extra);
-        }
-        Some((caches, shared))
+        None
     }
 }
 

@@ -4,6 +4,8 @@ mod config;
 pub mod llama;
 pub mod qwen2;
 pub mod qwen3;
+pub mod qwen3_5;
+pub mod qwen3_next;
 
 pub use config::ConfigReader;
 
@@ -55,9 +57,11 @@ pub fn build(config: &serde_json::Value, weights: Weights, dtype: Dtype) -> Resu
         "llama" | "mistral" => Box::new(llama::load(&cfg, weights, dtype)?),
         "qwen2" => Box::new(qwen2::load(&cfg, weights, dtype)?),
         "qwen3" => Box::new(qwen3::load(&cfg, weights, dtype)?),
+        "qwen3_next" => Box::new(qwen3_next::load(&cfg, weights, dtype)?),
+        "qwen3_5" | "qwen3_5_moe" => Box::new(qwen3_5::load(config, weights, dtype)?),
         other => {
             return Err(Error::Unsupported(format!(
-                "model_type {other:?} (supported: llama, mistral, qwen2, qwen3)"
+                "model_type {other:?} (supported: llama, mistral, qwen2, qwen3, qwen3_next, qwen3_5, qwen3_5_moe)"
             )))
         }
     })

@@ -3,12 +3,20 @@
 
 mod attention;
 mod decoder;
+mod gated_attention;
+mod gated_delta;
+mod hybrid;
 mod linear;
 mod mlp;
+mod moe_shared;
 mod weights;
 
 pub use attention::{Attention, AttentionOptions};
 pub use decoder::{DenseDecoder, DenseDecoderSpec};
+pub use gated_attention::{GatedAttention, GatedAttentionOptions};
+pub use gated_delta::{GatedDeltaNet, GatedDeltaOptions, ProjectionLayout, RmsNormGated};
+pub use hybrid::{FeedForwardSpec, HybridDecoder, HybridDecoderSpec};
+pub use moe_shared::{SharedExpertMoe, SharedExpertMoeOptions};
 pub use linear::{Embedding, Linear, RmsNorm};
 pub use mlp::Mlp;
 pub use weights::{QuantConfig, QuantSpec, Weights};

@@ -1,0 +1,175 @@
+//! The hybrid decoder stack of Qwen3-Next / Qwen3.5: pre-norm blocks whose token mixer is a
+//! gated DeltaNet (linear attention with recurrent state) except every
+//! `full_attention_interval`-th layer, which is output-gated full attention; the feed-forward
+//! is a dense SwiGLU MLP or a shared-expert MoE, per layer. Architectures pick the layout in
+//! their own files.
+
+use mlx_rs::Array;
+
+use super::{
+    Embedding, GatedAttention, GatedAttentionOptions, GatedDeltaNet, GatedDeltaOptions, Linear, Mlp, RmsNorm,
+    SharedExpertMoe, SharedExpertMoeOptions, Weights,
+};
+use crate::cache::{AttentionMask, KvCache, KvCacheSingle, RecurrentCache};
+use crate::models::{LanguageModel, ModelInfo};
+use crate::{Error, Result};
+
+enum Mixer {
+    Linear(GatedDeltaNet),
+    Attention(GatedAttention),
+}
+
+enum FeedForward {
+    Dense(Mlp),
+    Moe(SharedExpertMoe),
+}
+
+/// The feed-forward of one layer.
+#[derive(Debug, Clone)]
+pub enum FeedForwardSpec {
+    Dense { intermediate: i32 },
+    Moe(SharedExpertMoeOptions),
+}
+
+struct HybridBlock {
+    mixer: Mixer,
+    ffn: FeedForward,
+    input_layernorm: RmsNorm,
+    post_attention_layernorm: RmsNorm,
+}
+
+pub struct HybridDecoderSpec {
+    pub info: ModelInfo,
+    /// Where the stack's tensors live (`model` or, for Qwen3.5, `language_model.model`).
+    pub prefix: String,
+    /// The output projection's name; `None` when tied to the embedding.
+    pub lm_head: Option<String>,
+    /// A tied checkpoint may still carry a copy of the head under this name (dropped).
+    pub tied_head_name: String,
+    pub rms_norm_eps: f32,
+    /// Layer `i` is full attention when `(i + 1) % full_attention_interval == 0`.
+    pub full_attention_interval: usize,
+    pub linear: GatedDeltaOptions,
+    pub attention: GatedAttentionOptions,
+    /// One entry per layer.
+    pub feed_forward: Vec<FeedForwardSpec>,
+}
+
+pub struct HybridDecoder {
+    embed_tokens: Embedding,
+    layers: Vec<HybridBlock>,
+    norm: RmsNorm,
+    lm_head: Option<Linear>,
+    /// The first full-attention layer (its cache provides the attention mask).
+    first_attention: Option<usize>,
+    info: ModelInfo,
+}
+
+impl HybridDecoder {
+    pub fn load(mut w: Weights, spec: HybridDecoderSpec) -> Result<Self> {
+        let info = spec.info;
+        let (hidden, vocab, eps) = (info.hidden_size, info.vocab_size, spec.rms_norm_eps);
+        if spec.full_attention_interval == 0 {
+            return Err(Error::ModelLoad("config.json: full_attention_interval must be positive".into()));
+        }
+        if spec.feed_forward.len() != info.num_layers {
+            return Err(Error::ModelLoad(format!(
+                "{} feed-forward specs for {} layers",
+                spec.feed_forward.len(),
+                info.num_layers
+            )));
+        }
+        if spec.lm_head.is_none() {
+            for suffix in ["weight", "scales", "biases"] {
+                w.remove(&format!("{}.{suffix}", spec.tied_head_name));
+            }
+        }
+        let pre = &spec.prefix;
+        let embed_tokens = Embedding::load(&mut w, &format!("{pre}.embed_tokens"), vocab, hidden)?;
+        let mut layers = Vec::with_capacity(info.num_layers);
+        let mut first_attention = None;
+        for (i, ffn) in spec.feed_forward.iter().enumerate() {
+            let p = format!("{pre}.layers.{i}");
+            let is_linear = (i + 1) % spec.full_attention_interval != 0;
+            let mixer = if is_linear {
+                Mixer::Linear(GatedDeltaNet::load(&mut w, &format!("{p}.linear_attn"), spec.linear.clone())?)
+            } else {
+                first_attention.get_or_insert(i);
+                Mixer::Attention(GatedAttention::load(&mut w, &format!("{p}.self_attn"), spec.attention.clone())?)
+            };
+            let ffn = match ffn {
+                FeedForwardSpec::Dense { intermediate } => {
+                    FeedForward::Dense(Mlp::load(&mut w, &format!("{p}.mlp"), hidden, *intermediate, false)?)
+                }
+                FeedForwardSpec::Moe(opts) => {
+                    FeedForward::Moe(SharedExpertMoe::load(&mut w, &format!("{p}.mlp"), opts.clone())?)
+                }
+            };
+            layers.push(HybridBlock {
+                mixer,
+                ffn,
+                input_layernorm: RmsNorm::load(&mut w, &format!("{p}.input_layernorm"), hidden, eps)?,
+                post_attention_layernorm: RmsNorm::load(&mut w, &format!("{p}.post_attention_layernorm"), hidden, eps)?,
+            });
+        }
+        let norm = RmsNorm::load(&mut w, &format!("{pre}.norm"), hidden, eps)?;
+        let lm_head = match &spec.lm_head {
+            Some(name) => Some(Linear::load(&mut w, name, hidden, vocab, false)?),
+            None => None,
+        };
+        w.finish()?;
+        Ok(HybridDecoder { embed_tokens, layers, norm, lm_head, first_attention, info })
+    }
+}
+
+impl LanguageModel for HybridDecoder {
+    fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
+        if caches.len() != self.layers.len() {
+            return Err(Error::InvalidRequest(format!(
+                "{} caches for {} layers",
+                caches.len(),
+                self.layers.len()
+            )));
+        }
+        let mut h = self.embed_tokens.forward(tokens)?;
+        // Linear-attention layers never see padding (rows are prefilled alone), so only the
+        // attention layers take a mask.
+        let mask = match self.first_attention {
+            Some(i) => caches[i].make_mask(h.dim(1), None)?,
+            None => AttentionMask::None,
+        };
+        for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
+            let x = layer.input_layernorm.forward(&h)?;
+            let r = match &layer.mixer {
+                Mixer::Linear(gdn) => gdn.forward(&x, cache.as_mut())?,
+                Mixer::Attention(attn) => attn.forward(&x, &mask, cache.as_mut())?,
+            };
+            let h1 = h.add(&r)?;
+            let x = layer.post_attention_layernorm.forward(&h1)?;
+            let r = match &layer.ffn {
+                FeedForward::Dense(mlp) => mlp.forward(&x)?,
+                FeedForward::Moe(moe) => moe.forward(&x)?,
+            };
+            h = h1.add(&r)?;
+        }
+        let h = self.norm.forward(&h)?;
+        match &self.lm_head {
+            Some(head) => head.forward(&h),
+            None => self.embed_tokens.as_linear(&h),
+        }
+    }
+
+    fn make_caches(&self) -> Vec<Box<dyn KvCache>> {
+        self.layers
+            .iter()
+            .map(|l| match l.mixer {
+                Mixer::Linear(_) => Box::new(RecurrentCache::new()) as Box<dyn KvCache>,
+                Mixer::Attention(_) => Box::new(KvCacheSingle::new()) as Box<dyn KvCache>,
+            })
+            .collect()
+    }
+
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+}

@@ -1,0 +1,316 @@
+//! Hybrid gated-DeltaNet models against mlx-lm 0.32.2: qwen3_next (GDN + gated attention +
+//! shared-expert MoE), qwen3_5 (dense hybrid; float32, bfloat16, 4-bit) and qwen3_5_moe.
+//! Single-sequence trajectories and first-step logits bit-exact, batch_generate and
+//! BatchGenerator continuous schedules token-exact, and prompt-cache reuse that never trims
+//! recurrent state.
+
+mod support;
+
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use support::*;
+use weft::engine::{prepare, Engine, EngineConfig, EngineCore, Event, Input, Request, Usage};
+use weft::generate::{generate, FinishReason, GenerateOptions};
+use weft::loading::{self, LoadedModel};
+use weft::sampling::SamplingParams;
+
+const GDN_MODELS: &[&str] = &["qwen3_next", "qwen3_5", "qwen3_5-bf16", "qwen3_5-4bit", "qwen3_5_moe"];
+
+fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
+    Request {
+        input: Input::Tokens(prompt),
+        max_tokens,
+        sampling: SamplingParams::greedy(),
+        stop: Vec::new(),
+        ignore_eos: true,
+        capture_first_logits: 0,
+        logprobs: None,
+    }
+}
+
+#[derive(Debug, Default, Clone)]
+struct Outcome {
+    tokens: Vec<u32>,
+    finish: Option<FinishReason>,
+    usage: Usage,
+    first_logits: Vec<f32>,
+    error: Option<String>,
+    finals: usize,
+}
+
+fn collect(rx: &Receiver<Event>) -> Outcome {
+    let mut o = Outcome::default();
+    loop {
+        match rx.recv_timeout(Duration::from_secs(120)).expect("no final event within 120 s") {
+            Event::Token { token_id, .. } => o.tokens.push(token_id),
+            Event::Done { finish_reason, usage, first_logits } => {
+                o.finish = Some(finish_reason);
+                o.usage = usage;
+                o.first_logits = first_logits;
+                o.tokens.truncate(usage.completion_tokens);
+                o.finals += 1;
+                return o;
+            }
+            Event::Error { message } => {
+                o.error = Some(message);
+                o.finals += 1;
+                return o;
+            }
+        }
+    }
+}
+
+fn load(name: &str) -> LoadedModel {
+    loading::load(&tiny_model_dir(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// What Weft must produce for a batched golden row: mlx-lm's batched tokens where they equal
+/// its single-sequence run, else the single-sequence tokens (Weft never pads recurrent state).
+fn expected(row: &Value) -> Vec<u32> {
+    if row["equals_single"].as_bool().unwrap() {
+        assert_eq!(ids(&row["tokens"]), ids(&row["single_tokens"]));
+        ids(&row["tokens"])
+    } else {
+        ids(&row["single_tokens"])
+    }
+}
+
+#[test]
+fn single_sequence_trajectories_and_first_logits_are_bit_exact() {
+    for name in GDN_MODELS {
+        let g = golden(name);
+        let loaded = load(name);
+        assert_eq!(loaded.model.info().model_type, g["config"]["model_type"].as_str().unwrap());
+        let vocab = loaded.model.info().vocab_size as usize;
+        for case in g["single"].as_array().unwrap() {
+            let prompt = ids(&case["prompt_ids"]);
+            let want = ids(&case["tokens"]);
+            let step = case["prefill_step_size"].as_u64().unwrap() as usize;
+            let opts = GenerateOptions {
+                max_tokens: want.len(),
+                prefill_step_size: step,
+                capture_first_logits: vocab,
+                ..GenerateOptions::default()
+            };
+            let out = generate(loaded.model.as_ref(), None, &prompt, &opts, |_| true).unwrap();
+            let what = format!("{name}: {}-token prompt, prefill step {step}", prompt.len());
+            assert_eq!(out.tokens, want, "{what}");
+            let logits = floats(&case["first_logits"]);
+            assert_eq!(out.first_logits.len(), logits.len());
+            let diffs = out.first_logits.iter().zip(&logits).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            assert_eq!(diffs, 0, "{what}: {diffs} of {vocab} first-step logits differ");
+        }
+    }
+}
+
+#[test]
+fn batch_generate_goldens_match() {
+    for name in GDN_MODELS {
+        let g = golden(name);
+        let single = load(name);
+        let vocab = single.model.info().vocab_size as usize;
+        let engine = Engine::start(load(name), EngineConfig::default()).unwrap();
+        for batch in g["batch"].as_array().unwrap() {
+            let rows = batch["rows"].as_array().unwrap();
+            let streams: Vec<_> = rows
+                .iter()
+                .map(|r| {
+                    let mut req = greedy(ids(&r["prompt_ids"]), r["max_tokens"].as_u64().unwrap() as usize);
+                    req.capture_first_logits = vocab;
+                    engine.submit_channel(req).unwrap().1
+                })
+                .collect();
+            for (r, rx) in rows.iter().zip(&streams) {
+                let out = collect(rx);
+                assert_eq!(out.error, None);
+                assert_eq!(out.tokens, expected(r), "{name}: batch of {}", rows.len());
+                assert_eq!(out.finish, Some(FinishReason::Length));
+                // The first step runs batched; its logits equal the single-sequence ones.
+                let opts = GenerateOptions { max_tokens: 1, capture_first_logits: vocab, ..Default::default() };
+                let solo = generate(single.model.as_ref(), None, &ids(&r["prompt_ids"]), &opts, |_| true).unwrap();
+                assert_eq!(out.first_logits.len(), vocab);
+                let worst = solo.first_logits.iter().zip(&out.first_logits).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+                assert!(worst <= 1e-5, "{name}: first logits differ by {worst}");
+            }
+        }
+    }
+}
+
+/// Drives a `BatchGenerator`-style schedule: row `at_step` k is submitted just before the
+/// engine's k-th decode step (as tests/engine.rs does for the attention-only models).
+fn replay(model: LoadedModel, schedule: &Value, max_batch: usize) -> Vec<Outcome> {
+    let prefill = schedule["prefill_step_size"].as_u64().unwrap() as usize;
+    let config = EngineConfig { max_batch, prompt_concurrency: max_batch, prefill_step_size: prefill, ..Default::default() };
+    let info = model.model.info().clone();
+    let mut core = EngineCore::new(model, config.clone());
+    let rows = schedule["rows"].as_array().unwrap();
+    let mut pending: Vec<(u64, usize)> = rows.iter().enumerate().map(|(i, r)| (r["at_step"].as_u64().unwrap(), i)).collect();
+    pending.sort();
+    let outs: Vec<Arc<Mutex<Outcome>>> = rows.iter().map(|_| Arc::default()).collect();
+    let mut next = 0;
+    let mut guard = 0;
+    loop {
+        while next < pending.len() && (pending[next].0 <= core.decode_steps() || core.is_idle()) {
+            let i = pending[next].1;
+            let r = &rows[i];
+            let out = Arc::clone(&outs[i]);
+            let sink = Box::new(move |ev: &Event| {
+                let mut o = out.lock().unwrap();
+                match ev {
+                    Event::Token { token_id, .. } => o.tokens.push(*token_id),
+                    Event::Done { finish_reason, usage, .. } => {
+                        o.finish = Some(*finish_reason);
+                        o.tokens.truncate(usage.completion_tokens);
+                        o.finals += 1;
+                    }
+                    Event::Error { message } => {
+                        o.error = Some(message.clone());
+                        o.finals += 1;
+                    }
+                }
+                true
+            });
+            let req = greedy(ids(&r["prompt_ids"]), r["max_tokens"].as_u64().unwrap() as usize);
+            core.enqueue(prepare(i as u64 + 1, req, sink, None, &info, &[], &config).unwrap());
+            next += 1;
+        }
+        if next == pending.len() && core.is_idle() {
+            break;
+        }
+        core.iterate();
+        guard += 1;
+        assert!(guard < 10_000, "schedule did not finish");
+    }
+    outs.iter().map(|o| o.lock().unwrap().clone()).collect()
+}
+
+#[test]
+fn continuous_schedules_match_batch_generator() {
+    for name in GDN_MODELS {
+        let g = golden(name);
+        for key in ["schedule", "schedule_chunked"] {
+            let schedule = &g[key];
+            for max_batch in [8, 2] {
+                let outs = replay(load(name), schedule, max_batch);
+                for (r, out) in schedule["rows"].as_array().unwrap().iter().zip(&outs) {
+                    let what = format!("{name}/{key}/max_batch {max_batch}: row {}", r["id"]);
+                    assert_eq!(out.finals, 1, "{what}: exactly one final event");
+                    assert_eq!(out.error, None, "{what}");
+                    assert_eq!(out.tokens, expected(r), "{what}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn prompt_cache_reuses_recurrent_state_only_for_whole_prefixes() {
+    for name in GDN_MODELS {
+        let g = golden(name);
+        let case = &g["single"][3];
+        let prompt = ids(&case["prompt_ids"]);
+        let want = ids(&case["tokens"]);
+        let engine = Engine::start(load(name), EngineConfig { prompt_cache_bytes: 64 << 20, ..Default::default() }).unwrap();
+        // A companion row makes the cached row's state come out of a multi-row batch.
+        let companion = engine.submit_channel(greedy(ids(&g["single"][2]["prompt_ids"]), 12)).unwrap().1;
+        let first = collect(&engine.submit_channel(greedy(prompt.clone(), 8)).unwrap().1);
+        assert_eq!(collect(&companion).tokens, ids(&g["single"][2]["tokens"])[..12]);
+        assert_eq!(first.tokens, want[..8]);
+
+        // The finished row's whole sequence is a prefix of this prompt: its state is reused.
+        let mut extended = prompt.clone();
+        extended.extend_from_slice(&want[..12]);
+        let warm = collect(&engine.submit_channel(greedy(extended, 8)).unwrap().1);
+        assert!(warm.usage.cached_tokens >= prompt.len() + 7, "{name}: cached {}", warm.usage.cached_tokens);
+        assert_eq!(warm.tokens, want[12..20], "{name}: continuing from reused state");
+
+        // Shorter than anything cached: recurrent state cannot be trimmed, so nothing is
+        // reused and the result equals a cold run.
+        let short = prompt[..30].to_vec();
+        let out = collect(&engine.submit_channel(greedy(short.clone(), 10)).unwrap().1);
+        assert_eq!(out.usage.cached_tokens, 0, "{name}: a trimmed recurrent state was reused");
+        let solo = load(name);
+        let cold = generate(solo.model.as_ref(), None, &short, &GenerateOptions { max_tokens: 10, ..Default::default() }, |_| true).unwrap();
+        assert_eq!(out.tokens, cold.tokens, "{name}");
+
+        // The same prompt again (cached entry longer than prompt - 1): no reuse, same tokens.
+        for round in 0..2 {
+            let again = collect(&engine.submit_channel(greedy(prompt.clone(), 12)).unwrap().1);
+            assert_eq!(again.tokens, want[..12], "{name}: round {round}");
+        }
+    }
+}
+
+#[test]
+fn a_row_ended_by_eos_leaves_no_state_covering_the_unnamed_token() {
+    // The pipelined step has already fed the EOS token when the row ends, so its recurrent
+    // state covers one token more than the row's sequence names; it must not be reused as if
+    // it held only the named tokens.
+    let g = golden("qwen3_next");
+    let loaded = load("qwen3_next");
+    let eos = loaded.eos_token_ids.clone();
+    let row = &g["schedule"]["rows"][1];
+    let (prompt, want) = (ids(&row["prompt_ids"]), ids(&row["single_tokens"]));
+    let cut = want.iter().position(|t| eos.contains(t)).expect("the golden trajectory reaches EOS");
+    let engine = Engine::start(loaded, EngineConfig { prompt_cache_bytes: 64 << 20, ..Default::default() }).unwrap();
+    let stopped = collect(&engine.submit_channel(Request { ignore_eos: false, ..greedy(prompt.clone(), 16) }).unwrap().1);
+    assert_eq!(stopped.finish, Some(FinishReason::Stop));
+    assert_eq!(stopped.tokens, want[..cut]);
+
+    let mut next = prompt.clone();
+    next.extend_from_slice(&want[..cut]);
+    next.push(7); // not the EOS the state already saw
+    let out = collect(&engine.submit_channel(greedy(next.clone(), 8)).unwrap().1);
+    let solo = load("qwen3_next");
+    let cold = generate(solo.model.as_ref(), None, &next, &GenerateOptions { max_tokens: 8, ..Default::default() }, |_| true).unwrap();
+    assert_eq!(out.tokens, cold.tokens);
+    assert_eq!(out.usage.cached_tokens, 0);
+}
+
+#[test]
+fn cancelling_a_row_leaves_the_others_exact() {
+    let g = golden("qwen3_next");
+    let engine = Engine::start(load("qwen3_next"), EngineConfig::default()).unwrap();
+    let cases: Vec<&Value> = g["single"].as_array().unwrap().iter().take(4).collect();
+    let streams: Vec<_> = cases.iter().map(|c| engine.submit_channel(greedy(ids(&c["prompt_ids"]), 24)).unwrap()).collect();
+    let victim = streams[1].0;
+    assert!(matches!(streams[1].1.recv_timeout(Duration::from_secs(60)).unwrap(), Event::Token { .. }));
+    engine.cancel(victim);
+    for (i, ((_, rx), c)) in streams.iter().zip(&cases).enumerate() {
+        let out = collect(rx);
+        let want = ids(&c["tokens"]);
+        if i == 1 {
+            assert_eq!(out.finish, Some(FinishReason::Cancelled));
+            assert!(want.starts_with(&out.tokens));
+        } else {
+            assert_eq!(out.tokens, want, "row {i}");
+        }
+    }
+}
+
+fn load_error(dir: &std::path::Path, what: &str) -> String {
+    match loading::load(dir) {
+        Ok(_) => panic!("{what}: loading must fail"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn broken_configs_fail_with_clear_errors() {
+    let dir = copy_model("qwen3_next");
+    edit_config(dir.path(), |v| {
+        v["linear_num_value_heads"] = 3.into();
+    });
+    let err = load_error(dir.path(), "3 value heads over 2 key heads");
+    assert!(err.contains("linear_num_value_heads"), "{err}");
+
+    let dir = copy_model("qwen3_5");
+    edit_config(dir.path(), |v| {
+        v["text_config"]["rope_parameters"]["partial_rotary_factor"] = 0.0.into();
+    });
+    let err = load_error(dir.path(), "no rotary dims");
+    assert!(err.contains("partial_rotary_factor"), "{err}");
+}
