@@ -4,6 +4,7 @@ mod config;
 pub mod llama;
 pub mod qwen2;
 pub mod qwen3;
+pub mod qwen3_moe;
 
 pub use config::ConfigReader;
 
@@ -55,9 +56,10 @@ pub fn build(config: &serde_json::Value, weights: Weights, dtype: Dtype) -> Resu
         "llama" | "mistral" => Box::new(llama::load(&cfg, weights, dtype)?),
         "qwen2" => Box::new(qwen2::load(&cfg, weights, dtype)?),
         "qwen3" => Box::new(qwen3::load(&cfg, weights, dtype)?),
+        "qwen3_moe" => Box::new(qwen3_moe::load(&cfg, weights, dtype)?),
         other => {
             return Err(Error::Unsupported(format!(
-                "model_type {other:?} (supported: llama, mistral, qwen2, qwen3)"
+                "model_type {other:?} (supported: llama, mistral, qwen2, qwen3, qwen3_moe)"
             )))
         }
     })

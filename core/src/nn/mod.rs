@@ -5,12 +5,14 @@ mod attention;
 mod decoder;
 mod linear;
 mod mlp;
+mod switch;
 mod weights;
 
 pub use attention::{Attention, AttentionOptions};
 pub use decoder::{DenseDecoder, DenseDecoderSpec};
 pub use linear::{Embedding, Linear, RmsNorm};
 pub use mlp::Mlp;
+pub use switch::{stack_expert_weights, SparseMoe, SwitchGlu, SwitchLinear};
 pub use weights::{QuantConfig, QuantSpec, Weights};
 
 use mlx_rs::ops::indexing::IndexOp;
