@@ -4,15 +4,26 @@
 use std::collections::VecDeque;
 
 use super::{EngineConfig, Submission};
+use crate::cache::KvQuantization;
 use crate::models::ModelInfo;
 
-/// KV bytes a request may grow to: every prompt and generated position, all layers.
-pub fn projected_kv_bytes(info: &ModelInfo, prompt_len: usize, max_tokens: usize) -> u64 {
+/// KV bytes a request may grow to: every prompt and generated position, all layers. Under KV
+/// quantization `kv`, the larger of the full-precision cache before it converts (`start`
+/// positions) and the quantized cache of every position.
+pub fn projected_kv_bytes_for(info: &ModelInfo, kv: Option<&KvQuantization>, prompt_len: usize, max_tokens: usize) -> u64 {
     let positions = match info.max_position_embeddings {
         Some(ctx) => prompt_len.saturating_add(max_tokens).min(ctx),
         None => prompt_len.saturating_add(max_tokens),
-    };
-    (positions as u64).saturating_mul(info.kv_bytes_per_token() as u64)
+    } as u64;
+    let full = info.kv_bytes_per_token() as u64;
+    match kv {
+        None => positions.saturating_mul(full),
+        Some(q) => {
+            let before = positions.min(q.start as u64).saturating_mul(full);
+            let after = positions.saturating_mul(info.kv_bytes_per_token_with(Some(q)) as u64);
+            before.max(after)
+        }
+    }
 }
 
 /// What is running now, as admission sees it.
@@ -65,7 +76,8 @@ impl Scheduler {
             {
                 break;
             }
-            let need = projected_kv_bytes(info, next.prompt.len(), next.request.max_tokens);
+            let kv = self.config.kv_quantization();
+            let need = projected_kv_bytes_for(info, kv.as_ref(), next.prompt.len(), next.request.max_tokens);
             if let Some(budget) = self.config.kv_budget_bytes {
                 if load.projected_kv_bytes + need > budget {
                     break;

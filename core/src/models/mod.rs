@@ -38,6 +38,17 @@ impl ModelInfo {
         };
         2 * self.num_layers * (self.kv_heads * self.head_dim) as usize * elem
     }
+
+    /// KV-cache bytes one token occupies across all layers, stored as `kv` says (quantized:
+    /// packed weights plus a scale and a bias, in the activation dtype, per group).
+    pub fn kv_bytes_per_token_with(&self, kv: Option<&crate::cache::KvQuantization>) -> usize {
+        let Some(q) = kv else { return self.kv_bytes_per_token() };
+        let elem = match self.activation_dtype {
+            Dtype::Float32 => 4,
+            _ => 2,
+        };
+        2 * self.num_layers * self.kv_heads as usize * q.vector_bytes(self.head_dim, elem)
+    }
 }
 
 pub trait LanguageModel: Send {
