@@ -46,7 +46,7 @@ impl KvQuantization {
         if let Some(d) = head_dim {
             if d % self.group_size != 0 {
                 return Err(Error::InvalidRequest(format!(
-                    "kv_group_size {} does not divide the model's head_dim {d}; use a group size that does (32 always works for head_dim 32k)",
+                    "kv_group_size {} does not divide the model's head_dim {d}; choose a group size that divides it",
                     self.group_size
                 )));
             }
