@@ -65,8 +65,20 @@ SETTINGS = [
 ]
 
 
+class _CacheKindRecorder(mg._Recorder):
+    """Also records, per forward, whether the cache it ran on was already quantized."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.quantized = []
+
+    def __call__(self, *args, **kwargs):
+        self.quantized.append(isinstance(kwargs["cache"][0], QuantizedKVCache))
+        return super().__call__(*args, **kwargs)
+
+
 def greedy_quantized(model, prompt_ids, prefill_step_size, bits, group, start):
-    rec = mg._Recorder(model)
+    rec = _CacheKindRecorder(model)
     cache = make_prompt_cache(model)
     L = len(prompt_ids)
     n_prefill = 0 if L <= 1 else math.ceil((L - 1) / prefill_step_size)
@@ -91,7 +103,7 @@ def greedy_quantized(model, prompt_ids, prefill_step_size, bits, group, start):
         "margins": margins,
         "first_logits": mg.f32_list(first_logits),
         # which forwards ran on a quantized cache (prefill chunks, then one per token)
-        "quantized_forwards": None,
+        "quantized_forwards": rec.quantized,
     }
 
 
@@ -131,7 +143,9 @@ def main():
         runs = []
         for L, step in ((1, 2048), (5, 2048), (17, 2048), (40, 2048), (40, 16)):
             r = greedy_quantized(model, prompts[L], step, bits, group, start)
-            r["quantized_forwards"] = quantized_forward_flags(L, step, start)
+            # generate_step builds one forward beyond the last token (pipelining); drop it.
+            r["quantized_forwards"] = r["quantized_forwards"][:len(quantized_forward_flags(L, step, start))]
+            assert r["quantized_forwards"] == quantized_forward_flags(L, step, start)
             full, _ = mg.single_greedy(model, prompts[L], MAX_TOKENS, prefill_step_size=step)
             r["full_precision_tokens"] = full["tokens"]
             runs.append(r)
