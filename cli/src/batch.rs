@@ -43,7 +43,7 @@ pub struct Collector {
 
 impl Collector {
     pub fn new(model: LoadedModel, config: EngineConfig) -> Result<Self> {
-        config.validate()?;
+        config.validate_for(model.model.info())?;
         let info = model.model.info().clone();
         let tokenizer = model.tokenizer.clone();
         let eos = model.eos_token_ids.clone();

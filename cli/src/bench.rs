@@ -11,7 +11,7 @@ use weft::sampling::SamplingParams;
 use weft::{Error, Result};
 
 use crate::batch::Collector;
-use crate::common::{resolve_model_path, ModelArgs};
+use crate::common::{resolve_model_path, KvArgs, ModelArgs};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -38,6 +38,8 @@ pub struct BenchArgs {
     /// Seed for the random prompt ids.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    #[command(flatten)]
+    pub kv: KvArgs,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -50,6 +52,8 @@ struct Measure {
     build_ms: f64,
     wait_ms: f64,
     host_ms: f64,
+    /// Largest KV-cache footprint seen between engine iterations (storage capacity included).
+    peak_kv_bytes: f64,
 }
 
 /// The same xorshift stream benches/ scripts use, so both sides see identical prompts.
@@ -72,12 +76,12 @@ pub fn random_prompts(seed: u64, count: usize, len: usize, vocab: u64) -> Vec<Ve
 fn run_once(path: &std::path::Path, args: &BenchArgs, batch: usize, gen: usize) -> Result<Measure> {
     let model = weft::loading::load(path)?;
     let vocab = model.model.info().vocab_size as u64;
-    let config = EngineConfig {
+    let config = args.kv.apply(EngineConfig {
         max_batch: batch,
         prompt_concurrency: batch,
         prefill_step_size: args.prefill_step_size.max(1),
         ..EngineConfig::default()
-    };
+    });
     let mut engine = Collector::new(model, config)?;
     let prompts = random_prompts(args.seed, batch, args.prompt_len.max(1), vocab);
     let start = Instant::now();
@@ -92,7 +96,11 @@ fn run_once(path: &std::path::Path, args: &BenchArgs, batch: usize, gen: usize) 
             logprobs: None,
         })?;
     }
-    engine.run_to_completion();
+    let mut peak_kv = 0u64;
+    while !engine.core.is_idle() {
+        engine.core.iterate();
+        peak_kv = peak_kv.max(engine.core.stats().kv_bytes_in_use);
+    }
     let wall = start.elapsed().as_secs_f64();
     let stats = engine.core.stats();
     let per_step = |secs: f64| secs * 1000.0 / stats.decode_steps.max(1) as f64;
@@ -112,6 +120,7 @@ fn run_once(path: &std::path::Path, args: &BenchArgs, batch: usize, gen: usize) 
         build_ms: per_step(stats.decode_graph_build_s),
         wait_ms: per_step(stats.decode_eval_wait_s),
         host_ms: per_step(stats.decode_host_s),
+        peak_kv_bytes: peak_kv as f64,
     };
     Ok(m)
 }
@@ -144,31 +153,54 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 build_ms: pick(|m| m.build_ms),
                 wait_ms: pick(|m| m.wait_ms),
                 host_ms: pick(|m| m.host_ms),
+                peak_kv_bytes: pick(|m| m.peak_kv_bytes),
             },
         ));
     }
+    // KV footprint per row (prompt_len + gen positions, all layers) in the chosen mode and in
+    // full precision, as the engine's KV-budget admission projects it.
+    let info = weft::loading::load(&source)?.model.info().clone();
+    let positions = args.prompt_len.max(1) + args.gen;
+    let kv = args.kv.quantization();
+    let row_bytes = (info.kv_bytes_per_token_with(kv.as_ref()) * positions) as f64;
+    let full_row_bytes = (info.kv_bytes_per_token() * positions) as f64;
+    let per_gb = |b: f64| 1e9 / b;
     if args.json {
         let rows: Vec<_> = results
             .iter()
             .map(|(b, m)| json!({"batch": b, "agg_tok_s": m.agg_tok_s, "decode_tok_s": m.decode_tok_s,
                                  "prefill_tok_s": m.prefill_tok_s, "ttft_ms": m.ttft_ms,
+                                 "peak_kv_bytes": m.peak_kv_bytes,
                                  "step_ms": {"graph_build": m.build_ms, "eval_wait": m.wait_ms, "host": m.host_ms}}))
             .collect();
         println!(
             "{}",
             json!({"model": source.display().to_string(), "prompt_len": args.prompt_len, "gen": args.gen,
-                   "runs": args.runs, "results": rows})
+                   "runs": args.runs,
+                   "kv": {"mode": args.kv.describe(), "kv_bits": args.kv.kv_bits,
+                          "kv_group_size": args.kv.kv_group_size, "quantized_kv_start": args.kv.quantized_kv_start,
+                          "bytes_per_row": row_bytes, "rows_per_gb": per_gb(row_bytes),
+                          "full_precision_bytes_per_row": full_row_bytes, "full_precision_rows_per_gb": per_gb(full_row_bytes)},
+                   "results": rows})
         );
     } else {
         println!("model: {}  prompt_len: {}  gen: {}  runs: {} (medians)", source.display(), args.prompt_len, args.gen, args.runs);
         println!(
-            "{:>6} {:>12} {:>14} {:>15} {:>10} | per decode step ms: {:>6} {:>6} {:>6}",
-            "batch", "agg tok/s", "decode tok/s", "prefill tok/s", "ttft ms", "build", "wait", "host"
+            "kv: {}  bytes/row: {:.0} ({:.0} rows/GB)  full precision: {:.0} bytes/row ({:.0} rows/GB)",
+            args.kv.describe(),
+            row_bytes,
+            per_gb(row_bytes),
+            full_row_bytes,
+            per_gb(full_row_bytes)
+        );
+        println!(
+            "{:>6} {:>12} {:>14} {:>15} {:>10} {:>13} | per decode step ms: {:>6} {:>6} {:>6}",
+            "batch", "agg tok/s", "decode tok/s", "prefill tok/s", "ttft ms", "peak KV MB", "build", "wait", "host"
         );
         for (b, m) in &results {
             println!(
-                "{:>6} {:>12.1} {:>14.1} {:>15.1} {:>10.1} | {:>25.3} {:>6.3} {:>6.3}",
-                b, m.agg_tok_s, m.decode_tok_s, m.prefill_tok_s, m.ttft_ms, m.build_ms, m.wait_ms, m.host_ms
+                "{:>6} {:>12.1} {:>14.1} {:>15.1} {:>10.1} {:>13.2} | {:>25.3} {:>6.3} {:>6.3}",
+                b, m.agg_tok_s, m.decode_tok_s, m.prefill_tok_s, m.ttft_ms, m.peak_kv_bytes / 1e6, m.build_ms, m.wait_ms, m.host_ms
             );
         }
     }

@@ -144,6 +144,46 @@ impl EngineArgs {
             prefill_step_size,
             kv_budget_bytes: self.kv_budget_bytes,
             prompt_cache_bytes: self.prompt_cache_bytes,
+            ..weft::engine::EngineConfig::default()
+        }
+    }
+}
+
+/// KV-cache quantization (mlx_lm's flags of the same names). Off by default: full precision
+/// is the mode that matches mlx-lm token for token.
+#[derive(Args, Debug, Clone)]
+pub struct KvArgs {
+    /// Quantize the KV cache to this many bits (2, 3, 4, 5, 6 or 8). Default: no quantization.
+    #[arg(long)]
+    pub kv_bits: Option<i32>,
+    /// Group size for KV cache quantization (32, 64 or 128; must divide the head dimension).
+    #[arg(long, default_value_t = 64)]
+    pub kv_group_size: i32,
+    /// With --kv-bits: a sequence's cache turns quantized once it holds this many positions.
+    #[arg(long, default_value_t = 0)]
+    pub quantized_kv_start: usize,
+}
+
+impl KvArgs {
+    pub fn quantization(&self) -> Option<weft::cache::KvQuantization> {
+        weft::cache::KvQuantization::from_options(self.kv_bits, self.kv_group_size, self.quantized_kv_start)
+    }
+
+    /// `config` with these KV settings.
+    pub fn apply(&self, config: weft::engine::EngineConfig) -> weft::engine::EngineConfig {
+        weft::engine::EngineConfig {
+            kv_bits: self.kv_bits,
+            kv_group_size: self.kv_group_size,
+            quantized_kv_start: self.quantized_kv_start,
+            ..config
+        }
+    }
+
+    /// A short description for reports: "4-bit (group 64, from position 0)" or "full precision".
+    pub fn describe(&self) -> String {
+        match self.kv_bits {
+            Some(b) => format!("{b}-bit (group {}, from position {})", self.kv_group_size, self.quantized_kv_start),
+            None => "full precision".into(),
         }
     }
 }

@@ -10,7 +10,7 @@ use weft::tokenizer::ChatMessage;
 use weft::{Error, Result};
 
 use crate::batch::Collector;
-use crate::common::{load_model, require_tokenizer, EngineArgs, ModelArgs, SamplingArgs};
+use crate::common::{load_model, require_tokenizer, EngineArgs, KvArgs, ModelArgs, SamplingArgs};
 
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
@@ -47,6 +47,8 @@ pub struct GenerateArgs {
     pub sampling: SamplingArgs,
     #[command(flatten)]
     pub engine: EngineArgs,
+    #[command(flatten)]
+    pub kv: KvArgs,
 }
 
 fn parse_ids(s: &str) -> std::result::Result<Vec<u32>, String> {
@@ -74,6 +76,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         stop_strings: args.stop.clone(),
         prefill_step_size: args.prefill_step_size.max(1),
         capture_first_logits: if args.json { FIRST_LOGITS } else { 0 },
+        kv_quantization: args.kv.quantization(),
     };
     let model = loaded.model.as_ref();
     let tokenizer = loaded.tokenizer.as_ref();
@@ -142,7 +145,7 @@ fn print_plain(tokens: &[u32], finish: &str) {
 
 /// Several `--prompt-ids`: all submitted at once to the continuous-batching engine.
 fn run_rows(args: GenerateArgs, loaded: weft::loading::LoadedModel, opts: GenerateOptions) -> Result<()> {
-    let mut engine = Collector::new(loaded, args.engine.config(opts.prefill_step_size))?;
+    let mut engine = Collector::new(loaded, args.kv.apply(args.engine.config(opts.prefill_step_size)))?;
     for ids in &args.prompt_ids {
         engine.submit(Request {
             input: Input::Tokens(ids.clone()),

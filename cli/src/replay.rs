@@ -12,7 +12,7 @@ use weft::sampling::SamplingParams;
 use weft::{Error, Result};
 
 use crate::batch::Collector;
-use crate::common::{load_model, ModelArgs};
+use crate::common::{load_model, KvArgs, ModelArgs};
 
 #[derive(Args, Debug)]
 pub struct ReplayArgs {
@@ -28,6 +28,8 @@ pub struct ReplayArgs {
     /// Prompt tokens per prefill chunk (overrides the plan's "prefill_step_size").
     #[arg(long)]
     pub prefill_step_size: Option<usize>,
+    #[command(flatten)]
+    pub kv: KvArgs,
 }
 
 #[derive(Deserialize)]
@@ -72,12 +74,12 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         return Err(Error::InvalidRequest(format!("plan row id {:?} appears twice", dup.id)));
     }
     let prefill = args.prefill_step_size.or(plan.prefill_step_size).unwrap_or(2048);
-    let config = EngineConfig {
+    let config = args.kv.apply(EngineConfig {
         max_batch: plan.max_batch,
         prompt_concurrency: plan.max_batch,
         prefill_step_size: prefill,
         ..EngineConfig::default()
-    };
+    });
     let loaded = load_model(&args.model)?;
     let mut engine = Collector::new(loaded, config)?;
 

@@ -8,7 +8,7 @@ use std::time::Instant;
 use mlx_rs::transforms::{async_eval, eval};
 use mlx_rs::Array;
 
-use crate::cache::KvCache;
+use crate::cache::{maybe_quantize, KvCache, KvQuantization};
 use crate::models::LanguageModel;
 use crate::nn::last_position;
 use crate::sampling::{Sampler, SamplingParams};
@@ -47,6 +47,9 @@ pub struct GenerateOptions {
     pub prefill_step_size: usize,
     /// Keep this many leading raw logits of the first step (parity checks).
     pub capture_first_logits: usize,
+    /// Quantize the KV cache (mlx-lm's `kv_bits` / `kv_group_size` / `quantized_kv_start`);
+    /// `None` keeps it in full precision.
+    pub kv_quantization: Option<KvQuantization>,
 }
 
 impl Default for GenerateOptions {
@@ -58,6 +61,7 @@ impl Default for GenerateOptions {
             stop_strings: Vec::new(),
             prefill_step_size: 2048,
             capture_first_logits: 0,
+            kv_quantization: None,
         }
     }
 }
@@ -133,8 +137,20 @@ pub fn prefill(
     prompt_without_last: &[u32],
     step: usize,
 ) -> Result<()> {
+    prefill_with(model, caches, prompt_without_last, step, None)
+}
+
+/// [`prefill`], converting caches to quantized KV after each chunk as `kv` says.
+pub fn prefill_with(
+    model: &dyn LanguageModel,
+    caches: &mut [Box<dyn KvCache>],
+    prompt_without_last: &[u32],
+    step: usize,
+    kv: Option<&KvQuantization>,
+) -> Result<()> {
     for chunk in prompt_without_last.chunks(step.max(1)) {
         model.forward(&tokens_array(chunk), caches)?;
+        maybe_quantize(caches, kv)?;
         let state: Vec<Array> = caches.iter().flat_map(|c| c.state()).collect();
         eval(&state)?;
     }
@@ -152,6 +168,9 @@ pub fn generate(
 ) -> Result<Generation> {
     validate_prompt(model, prompt)?;
     opts.sampling.validate(model.info().vocab_size as usize)?;
+    if let Some(kv) = &opts.kv_quantization {
+        kv.validate(Some(model.info().head_dim))?;
+    }
     if !opts.stop_strings.is_empty() && tokenizer.is_none() {
         return Err(Error::InvalidRequest("stop strings need a model with a tokenizer".into()));
     }
@@ -166,7 +185,8 @@ pub fn generate(
     let pipelined = sampler.params().is_plain_greedy();
 
     let (head, last) = prompt.split_at(prompt.len() - 1);
-    prefill(model, &mut caches, head, opts.prefill_step_size)?;
+    let kv = opts.kv_quantization.as_ref();
+    prefill_with(model, &mut caches, head, opts.prefill_step_size, kv)?;
 
     let mut text = TextStream::new(tokenizer, StopMatcher::new(&opts.stop_strings));
     let mut out = Generation {
@@ -183,6 +203,7 @@ pub fn generate(
     let step = |input: &Array, caches: &mut [Box<dyn KvCache>], sampler: &Sampler| -> Result<(Array, Array)> {
         let logits = last_position(&model.forward(input, caches)?)?;
         let processed = sampler.process_logits(&logits)?;
+        maybe_quantize(caches, kv)?;
         let logprobs = Sampler::logprobs(&processed)?;
         Ok((logprobs, logits))
     };

@@ -86,6 +86,8 @@ pub struct ServeArgs {
     /// (the default). Reuse is exact: outputs equal a cold run's.
     #[arg(long, value_parser = parse_bytes, default_value = "0")]
     pub prompt_cache_bytes: u64,
+    #[command(flatten)]
+    pub kv: crate::common::KvArgs,
     /// Require this key as `Authorization: Bearer KEY` or `x-api-key: KEY` (all but /health).
     /// Default: $WEFT_API_KEY, else none.
     #[arg(long)]
@@ -195,6 +197,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
         prefill_step_size: args.prefill_step_size,
         kv_budget_bytes: args.kv_budget,
         prompt_cache_bytes: args.prompt_cache_bytes,
+        kv_bits: args.kv.kv_bits,
+        kv_group_size: args.kv.kv_group_size,
+        quantized_kv_start: args.kv.quantized_kv_start,
     };
     let engine = Engine::start(model, config)?;
     let chat_template = args.chat_template.as_deref().map(|t| load_chat_template(t, &engine)).transpose()?;

@@ -7,7 +7,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{concatenate, zeros_dtype};
 use mlx_rs::Array;
 
-use super::{write_columns, AttentionMask, KvCache, KvCacheSingle, RopeOffset};
+use super::{left_padded_mask, write_columns, AttentionMask, KvCache, KvCacheSingle, RopeOffset};
 use crate::{Error, Result};
 
 pub struct BatchKvCache {
@@ -32,6 +32,11 @@ impl BatchKvCache {
 
     pub fn left_padding(&self) -> &[i32] {
         &self.left_padding
+    }
+
+    /// The key and value storage, capacity included.
+    pub fn storage(&self) -> Option<(Array, Array)> {
+        Some((self.keys.clone()?, self.values.clone()?))
     }
 
     /// Pads `[B, H, T, D]` with zero columns: `left` before, up to `width` columns in total.
@@ -64,16 +69,7 @@ impl KvCache for BatchKvCache {
 
     /// `mask[b, 0, i, j] = j <= idx + i ∧ j >= left_padding[b]` (∧ `idx + i - j < window`).
     fn make_mask(&self, n: i32, window: Option<i32>) -> Result<AttentionMask> {
-        let total = self.idx + n;
-        let rows = self.left_padding.len() as i32;
-        let cols = Array::from_iter(0..total, &[1, 1, 1, total]);
-        let queries = Array::from_iter(self.idx..total, &[1, 1, n, 1]);
-        let lp = Array::from_slice(&self.left_padding, &[rows, 1, 1, 1]);
-        let mut mask = queries.ge(&cols)?.logical_and(&lp.le(&cols)?)?;
-        if let Some(w) = window {
-            mask = mask.logical_and(&queries.lt(&cols.add(Array::from_int(w))?)?)?;
-        }
-        Ok(AttentionMask::Array(mask))
+        Ok(AttentionMask::Array(left_padded_mask(self.idx, &self.left_padding, n, window)?))
     }
 
     fn len(&self) -> usize {
@@ -170,6 +166,10 @@ impl KvCache for BatchKvCache {
         let n = (n as i32).min(self.idx);
         self.idx -= n;
         n as usize
+    }
+
+    fn to_quantized(&self, group_size: i32, bits: i32) -> Option<Result<Box<dyn KvCache>>> {
+        Some(self.to_quantized_batch(group_size, bits).map(|q| Box::new(q) as Box<dyn KvCache>))
     }
 
     fn duplicate(&self) -> Box<dyn KvCache> {

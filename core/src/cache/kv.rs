@@ -4,7 +4,7 @@
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 
-use super::{causal_mask, write_columns, AttentionMask, BatchKvCache, KvCache, RopeOffset};
+use super::{causal_mask, write_columns, AttentionMask, BatchKvCache, KvCache, QuantizedKvCache, RopeOffset};
 use crate::Result;
 
 #[derive(Default, Clone)]
@@ -23,6 +23,11 @@ impl KvCacheSingle {
     pub fn keys_values(&self) -> Option<(Array, Array)> {
         let (k, v) = (self.keys.as_ref()?, self.values.as_ref()?);
         Some((k.index((.., .., ..self.offset, ..)), v.index((.., .., ..self.offset, ..))))
+    }
+
+    /// The key and value storage, capacity included (what mlx-lm's `to_quantized` quantizes).
+    pub fn storage(&self) -> Option<(Array, Array)> {
+        Some((self.keys.clone()?, self.values.clone()?))
     }
 
     /// A cache holding exactly these `[B, H, len, D]` keys and values.
@@ -72,6 +77,10 @@ impl KvCache for KvCacheSingle {
         let n = (n as i32).min(self.offset);
         self.offset -= n;
         n as usize
+    }
+
+    fn to_quantized(&self, group_size: i32, bits: i32) -> Option<Result<Box<dyn KvCache>>> {
+        Some(QuantizedKvCache::from_full(self, group_size, bits).map(|q| Box::new(q) as Box<dyn KvCache>))
     }
 
     fn duplicate(&self) -> Box<dyn KvCache> {

@@ -6,10 +6,14 @@
 
 mod batch_kv;
 mod kv;
+mod quantized;
 mod recurrent;
 
 pub use batch_kv::BatchKvCache;
 pub use kv::KvCacheSingle;
+pub use quantized::{
+    extend_rows_mixed, maybe_quantize, quantized_sdpa, BatchQuantizedKvCache, KvQuantization, QuantizedKvCache,
+};
 pub use recurrent::{BatchRecurrentCache, RecurrentCache, RecurrentState};
 
 use std::any::Any;
@@ -42,6 +46,19 @@ pub trait KvCache: Send {
     fn rope_offset(&self) -> RopeOffset;
     /// Stores `[B, kv_heads, L, D]` keys/values; returns all cached keys/values including them.
     fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)>;
+    /// Stores this step's keys/values and attends `queries` over the whole cache with the
+    /// fused kernel. Quantized caches override it to attend on their packed form.
+    fn update_and_attend(
+        &mut self,
+        queries: &Array,
+        keys: &Array,
+        values: &Array,
+        scale: f32,
+        mask: &AttentionMask,
+    ) -> Result<Array> {
+        let (k, v) = self.update_and_fetch(keys, values)?;
+        crate::nn::sdpa(queries, &k, &v, scale, mask)
+    }
     /// The mask for `n` new query positions (call before `update_and_fetch`).
     fn make_mask(&self, n: i32, window: Option<i32>) -> Result<AttentionMask>;
     /// Number of token positions cached.
@@ -81,6 +98,15 @@ pub trait KvCache: Send {
     /// forget tokens, e.g. recurrent state).
     fn trim(&mut self, _n: usize) -> usize {
         0
+    }
+    /// `(group_size, bits)` when keys and values are stored quantized.
+    fn kv_quantization(&self) -> Option<(i32, i32)> {
+        None
+    }
+    /// This cache with keys and values affine-quantized (mlx-lm `to_quantized`); `None` when
+    /// the cache has no quantized form.
+    fn to_quantized(&self, _group_size: i32, _bits: i32) -> Option<Result<Box<dyn KvCache>>> {
+        None
     }
     /// The conv/recurrent state of a linear-attention layer; `None` for KV caches.
     fn recurrent_state(&mut self) -> Option<&mut RecurrentState> {
@@ -134,6 +160,21 @@ pub(crate) fn write_columns(
     } else {
         Ok((k.clone(), v.clone()))
     }
+}
+
+/// The left-padded batch mask (mlx-lm `BatchKVCache.make_mask`):
+/// `mask[b, 0, i, j] = j <= idx + i ∧ j >= left_padding[b]` (∧ `idx + i - j < window`).
+pub(crate) fn left_padded_mask(idx: i32, left_padding: &[i32], n: i32, window: Option<i32>) -> Result<Array> {
+    let total = idx + n;
+    let rows = left_padding.len() as i32;
+    let cols = Array::from_iter(0..total, &[1, 1, 1, total]);
+    let queries = Array::from_iter(idx..total, &[1, 1, n, 1]);
+    let lp = Array::from_slice(left_padding, &[rows, 1, 1, 1]);
+    let mut mask = queries.ge(&cols)?.logical_and(&lp.le(&cols)?)?;
+    if let Some(w) = window {
+        mask = mask.logical_and(&queries.lt(&cols.add(Array::from_int(w))?)?)?;
+    }
+    Ok(mask)
 }
 
 /// mlx-lm's `create_causal_mask`: `mask[i, j] = j <= offset + i` (∧ `offset + i - j < window`).

@@ -1,7 +1,7 @@
 //! The engine's single-threaded loop body: admission (policy) then execution.
 
 use super::executor::Executor;
-use super::scheduler::{projected_kv_bytes, Load, Scheduler};
+use super::scheduler::{projected_kv_bytes_for, Load, Scheduler};
 use super::{EngineConfig, EngineStats, Event, RequestId, Submission};
 use crate::loading::LoadedModel;
 
@@ -12,7 +12,8 @@ pub struct EngineCore {
 
 impl EngineCore {
     pub fn new(model: LoadedModel, config: EngineConfig) -> Self {
-        let executor = Executor::new(model.model, model.tokenizer, config.prefill_step_size, config.prompt_cache_bytes);
+        let executor = Executor::new(model.model, model.tokenizer, config.prefill_step_size, config.prompt_cache_bytes)
+            .with_kv_quantization(config.kv_quantization());
         EngineCore { scheduler: Scheduler::new(config), executor }
     }
 
@@ -93,7 +94,8 @@ impl EngineCore {
         let load = self.load();
         let info = self.executor.model().info().clone();
         for sub in self.scheduler.admit(&info, load) {
-            let need = projected_kv_bytes(&info, sub.prompt.len(), sub.request.max_tokens);
+            let kv = self.config().kv_quantization();
+            let need = projected_kv_bytes_for(&info, kv.as_ref(), sub.prompt.len(), sub.request.max_tokens);
             self.executor.admit(sub, need);
         }
         self.executor.prefill_step();

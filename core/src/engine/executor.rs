@@ -18,8 +18,8 @@ use mlx_rs::{Array, Dtype};
 
 use super::prompt_cache::PromptCache;
 use super::{Event, RequestId, RowFlow, Sink, Submission, TokenLogprobs, Usage};
-use crate::cache::KvCache;
-use crate::generate::{as_f32_slice, prefill, FinishReason};
+use crate::cache::{extend_rows_mixed, maybe_quantize, KvCache, KvQuantization};
+use crate::generate::{as_f32_slice, prefill_with, FinishReason};
 use crate::models::LanguageModel;
 use crate::nn::last_position;
 use crate::sampling::{first_argmax, Sampler};
@@ -201,6 +201,8 @@ pub(super) struct Executor {
     batch: Option<Vec<Box<dyn KvCache>>>,
     in_flight: Option<InFlight>,
     parked: Vec<Parked>,
+    /// KV quantization applied after every forward (None = full precision).
+    kv: Option<KvQuantization>,
     pub prompt_cache: PromptCache,
     pub decode_steps: u64,
     pub timing: StepTiming,
@@ -224,12 +226,20 @@ impl Executor {
             batch: None,
             in_flight: None,
             parked: Vec::new(),
+            kv: None,
             prompt_cache: PromptCache::new(prompt_cache_bytes),
             decode_steps: 0,
             timing: StepTiming::default(),
             tokens_generated: 0,
             finished: 0,
         }
+    }
+
+    /// Quantize rows' KV caches as `kv` says (mlx-lm's `maybe_quantize_kv_cache` after every
+    /// forward, applied to the solo prefill caches and the batch alike).
+    pub fn with_kv_quantization(mut self, kv: Option<KvQuantization>) -> Self {
+        self.kv = kv;
+        self
     }
 
     pub fn model(&self) -> &dyn LanguageModel {
@@ -358,7 +368,8 @@ impl Executor {
                     break;
                 }
                 let end = (p.done + budget).min(target);
-                if let Err(e) = prefill(self.model.as_ref(), &mut p.caches, &p.row.prompt[p.done..end], end - p.done) {
+                let chunk = &p.row.prompt[p.done..end];
+                if let Err(e) = prefill_with(self.model.as_ref(), &mut p.caches, chunk, end - p.done, self.kv.as_ref()) {
                     self.finished += 1;
                     p.row.fail(format!("prefill failed: {e}"));
                     continue;
@@ -386,7 +397,7 @@ impl Executor {
             let batched: Vec<Box<dyn KvCache>> = row_caches.into_iter().map(|c| c.into_batched()).collect::<Result<_>>()?;
             match caches.as_mut() {
                 None => caches = Some(batched),
-                Some(cs) => cs.iter_mut().zip(batched).try_for_each(|(c, b)| c.extend_rows(b))?,
+                Some(cs) => cs.iter_mut().zip(batched).try_for_each(|(c, b)| extend_rows_mixed(c, b))?,
             }
             Ok(())
         };
@@ -404,6 +415,7 @@ impl Executor {
             let last: Vec<u32> = rows.iter().map(|r| *r.prompt.last().unwrap()).collect();
             let input = Array::from_slice(&last, &[last.len() as i32, 1]);
             let logits = last_position(&self.model.forward(&input, &mut caches)?)?;
+            maybe_quantize(&mut caches, self.kv.as_ref())?;
             let per_row: Vec<(Array, Array)> = rows
                 .iter()
                 .enumerate()
@@ -465,7 +477,7 @@ impl Executor {
             }
             match self.batch.as_mut() {
                 None => self.batch = Some(caches),
-                Some(batch) => batch.iter_mut().zip(caches).try_for_each(|(b, c)| b.extend_rows(c))?,
+                Some(batch) => batch.iter_mut().zip(caches).try_for_each(|(b, c)| extend_rows_mixed(b, c))?,
             }
             Ok(())
         })();
@@ -514,6 +526,7 @@ impl Executor {
         let inputs = self.step_inputs()?;
         let batch = self.batch.as_mut().ok_or_else(|| Error::Mlx("decoding rows without a batch cache".into()))?;
         let logits = last_position(&self.model.forward(&inputs, batch)?)?;
+        maybe_quantize(batch, self.kv.as_ref())?;
         self.decode_steps += 1;
         for r in &mut self.rows {
             r.next_input = None;
@@ -720,7 +733,7 @@ impl Executor {
                 let caches: Vec<Box<dyn KvCache>> = caches.into_iter().map(|c| c.into_batched()).collect::<Result<_>>()?;
                 match self.batch.as_mut() {
                     None => self.batch = Some(caches),
-                    Some(batch) => batch.iter_mut().zip(caches).try_for_each(|(b, c)| b.extend_rows(c))?,
+                    Some(batch) => batch.iter_mut().zip(caches).try_for_each(|(b, c)| extend_rows_mixed(b, c))?,
                 }
                 Ok(())
             })();

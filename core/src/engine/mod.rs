@@ -24,6 +24,7 @@ use std::thread::JoinHandle;
 
 use parking_lot::Mutex;
 
+use crate::cache::KvQuantization;
 use crate::generate::FinishReason;
 use crate::loading::LoadedModel;
 use crate::models::ModelInfo;
@@ -162,6 +163,13 @@ pub struct EngineConfig {
     pub kv_budget_bytes: Option<u64>,
     /// Bytes of finished rows' KV kept for prefix reuse; 0 disables the prompt cache.
     pub prompt_cache_bytes: u64,
+    /// Quantize the KV cache to this many bits (mlx-lm's `kv_bits`); `None` (the default)
+    /// keeps it in full precision, which is the mode that matches mlx-lm token for token.
+    pub kv_bits: Option<i32>,
+    /// Elements sharing one scale and bias in the quantized KV cache (`kv_group_size`).
+    pub kv_group_size: i32,
+    /// Rows' caches turn quantized once they hold this many positions (`quantized_kv_start`).
+    pub quantized_kv_start: usize,
 }
 
 impl Default for EngineConfig {
@@ -172,6 +180,9 @@ impl Default for EngineConfig {
             prefill_step_size: 2048,
             kv_budget_bytes: None,
             prompt_cache_bytes: 0,
+            kv_bits: None,
+            kv_group_size: KvQuantization::DEFAULT_GROUP_SIZE,
+            quantized_kv_start: 0,
         }
     }
 }
@@ -186,7 +197,25 @@ impl EngineConfig {
         if self.kv_budget_bytes == Some(0) {
             return Err(Error::InvalidRequest("kv_budget_bytes must be positive when set".into()));
         }
+        if let Some(q) = self.kv_quantization() {
+            q.validate(None)?;
+        }
         Ok(())
+    }
+
+    /// [`EngineConfig::validate`], plus the checks that need the model (the KV group size must
+    /// divide its head dimension).
+    pub fn validate_for(&self, info: &ModelInfo) -> Result<()> {
+        self.validate()?;
+        if let Some(q) = self.kv_quantization() {
+            q.validate(Some(info.head_dim))?;
+        }
+        Ok(())
+    }
+
+    /// The KV quantization these settings ask for (`None` = full precision).
+    pub fn kv_quantization(&self) -> Option<KvQuantization> {
+        KvQuantization::from_options(self.kv_bits, self.kv_group_size, self.quantized_kv_start)
     }
 }
 
@@ -246,7 +275,7 @@ pub struct Engine {
 
 impl Engine {
     pub fn start(model: LoadedModel, config: EngineConfig) -> Result<Engine> {
-        config.validate()?;
+        config.validate_for(model.model.info())?;
         let stats = Arc::new(Mutex::new(EngineStats {
             kv_budget_bytes: config.kv_budget_bytes,
             ..EngineStats::default()
@@ -377,7 +406,7 @@ pub fn prepare(
     crate::generate::validate_prompt_ids(info, &prompt)?;
     request.sampling.validate(info.vocab_size as usize)?;
     if let Some(budget) = config.kv_budget_bytes {
-        let need = scheduler::projected_kv_bytes(info, prompt.len(), request.max_tokens);
+        let need = scheduler::projected_kv_bytes_for(info, config.kv_quantization().as_ref(), prompt.len(), request.max_tokens);
         if need > budget {
             return Err(Error::Capacity(format!(
                 "this request needs {need} bytes of KV cache ({} prompt + {} max tokens), more than the \

@@ -4,15 +4,26 @@
 use std::collections::VecDeque;
 
 use super::{EngineConfig, Submission};
+use crate::cache::KvQuantization;
 use crate::models::ModelInfo;
 
-/// KV bytes a request may grow to: every prompt and generated position, all layers.
-pub fn projected_kv_bytes(info: &ModelInfo, prompt_len: usize, max_tokens: usize) -> u64 {
+/// KV bytes a request may grow to: every prompt and generated position, all layers. Under KV
+/// quantization `kv`, the larger of the full-precision cache before it converts (`start`
+/// positions) and the quantized cache of every position.
+pub fn projected_kv_bytes_for(info: &ModelInfo, kv: Option<&KvQuantization>, prompt_len: usize, max_tokens: usize) -> u64 {
     let positions = match info.max_position_embeddings {
         Some(ctx) => prompt_len.saturating_add(max_tokens).min(ctx),
         None => prompt_len.saturating_add(max_tokens),
-    };
-    (positions as u64).saturating_mul(info.kv_bytes_per_token() as u64)
+    } as u64;
+    let full = info.kv_bytes_per_token() as u64;
+    match kv {
+        None => positions.saturating_mul(full),
+        Some(q) => {
+            let before = positions.min(q.start as u64).saturating_mul(full);
+            let after = positions.saturating_mul(info.kv_bytes_per_token_with(Some(q)) as u64);
+            before.max(after)
+        }
+    }
 }
 
 /// What is running now, as admission sees it.
@@ -56,6 +67,12 @@ impl Scheduler {
         self.waiting.drain(..)
     }
 
+    /// KV bytes `sub` may grow to under this engine's KV mode.
+    fn projected(&self, info: &ModelInfo, sub: &Submission) -> u64 {
+        let kv = self.config.kv_quantization();
+        projected_kv_bytes_for(info, kv.as_ref(), sub.prompt.len(), sub.request.max_tokens)
+    }
+
     /// Whether the head of the queue may start under `load`.
     pub fn head_fits(&self, info: &ModelInfo, load: &Load) -> bool {
         let Some(next) = self.waiting.front() else { return false };
@@ -64,7 +81,7 @@ impl Scheduler {
         {
             return false;
         }
-        let need = projected_kv_bytes(info, next.prompt.len(), next.request.max_tokens);
+        let need = self.projected(info, next);
         self.config.kv_budget_bytes.is_none_or(|budget| load.projected_kv_bytes + need <= budget)
     }
 
@@ -75,7 +92,7 @@ impl Scheduler {
         while self.head_fits(info, &load) {
             let next = self.waiting.pop_front().unwrap();
             load.prefilling += 1;
-            load.projected_kv_bytes += projected_kv_bytes(info, next.prompt.len(), next.request.max_tokens);
+            load.projected_kv_bytes += self.projected(info, &next);
             admitted.push(next);
         }
         admitted

@@ -6,6 +6,7 @@ pub mod qwen2;
 pub mod qwen3;
 pub mod qwen3_5;
 pub mod qwen3_next;
+pub mod qwen3_moe;
 
 pub use config::ConfigReader;
 
@@ -39,6 +40,17 @@ impl ModelInfo {
         };
         2 * self.num_layers * (self.kv_heads * self.head_dim) as usize * elem
     }
+
+    /// KV-cache bytes one token occupies across all layers, stored as `kv` says (quantized:
+    /// packed weights plus a scale and a bias, in the activation dtype, per group).
+    pub fn kv_bytes_per_token_with(&self, kv: Option<&crate::cache::KvQuantization>) -> usize {
+        let Some(q) = kv else { return self.kv_bytes_per_token() };
+        let elem = match self.activation_dtype {
+            Dtype::Float32 => 4,
+            _ => 2,
+        };
+        2 * self.num_layers * self.kv_heads as usize * q.vector_bytes(self.head_dim, elem)
+    }
 }
 
 pub trait LanguageModel: Send {
@@ -59,9 +71,10 @@ pub fn build(config: &serde_json::Value, weights: Weights, dtype: Dtype) -> Resu
         "qwen3" => Box::new(qwen3::load(&cfg, weights, dtype)?),
         "qwen3_next" => Box::new(qwen3_next::load(&cfg, weights, dtype)?),
         "qwen3_5" | "qwen3_5_moe" => Box::new(qwen3_5::load(config, weights, dtype)?),
+        "qwen3_moe" => Box::new(qwen3_moe::load(&cfg, weights, dtype)?),
         other => {
             return Err(Error::Unsupported(format!(
-                "model_type {other:?} (supported: llama, mistral, qwen2, qwen3, qwen3_next, qwen3_5, qwen3_5_moe)"
+                "model_type {other:?} (supported: llama, mistral, qwen2, qwen3, qwen3_moe, qwen3_next, qwen3_5, qwen3_5_moe)"
             )))
         }
     })

@@ -3,7 +3,7 @@
 
 use mlx_rs::Array;
 
-use super::{sdpa, Linear, Rope, RmsNorm, Weights};
+use super::{Linear, Rope, RmsNorm, Weights};
 use crate::cache::{AttentionMask, KvCache};
 use crate::Result;
 
@@ -67,9 +67,9 @@ impl Attention {
         let offset = cache.rope_offset();
         let q = self.opts.rope.apply(&q, &offset)?;
         let k = self.opts.rope.apply(&k, &offset)?;
-        let (k, v) = cache.update_and_fetch(&k, &v)?;
-
-        let out = sdpa(&q, &k, &v, self.scale, mask)?;
+        // The cache attends: full-precision caches use the fused kernel, quantized ones their
+        // packed keys/values.
+        let out = cache.update_and_attend(&q, &k, &v, self.scale, mask)?;
         let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
         self.o_proj.forward(&out)
     }

@@ -9,6 +9,7 @@ mod hybrid;
 mod linear;
 mod mlp;
 mod moe_shared;
+mod switch;
 mod weights;
 
 pub use attention::{Attention, AttentionOptions};
@@ -19,6 +20,7 @@ pub use hybrid::{FeedForwardSpec, HybridDecoder, HybridDecoderSpec};
 pub use moe_shared::{SharedExpertMoe, SharedExpertMoeOptions};
 pub use linear::{Embedding, Linear, RmsNorm};
 pub use mlp::Mlp;
+pub use switch::{stack_expert_weights, SparseMoe, SwitchGlu, SwitchLinear};
 pub use weights::{QuantConfig, QuantSpec, Weights};
 
 use mlx_rs::ops::indexing::IndexOp;

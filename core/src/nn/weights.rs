@@ -98,6 +98,11 @@ impl Weights {
         self.tensors.remove(name)
     }
 
+    /// Adds (or replaces) a tensor, e.g. one rebuilt from checkpoint parts.
+    pub fn insert(&mut self, name: String, a: Array) {
+        self.tensors.insert(name, a);
+    }
+
     /// Takes a tensor and checks its shape.
     pub fn take(&mut self, name: &str, shape: &[i32]) -> Result<Array> {
         let a = self

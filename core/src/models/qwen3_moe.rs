@@ -1,0 +1,138 @@
+//! Qwen3-MoE: Qwen3 attention (per-head q/k RMSNorm, explicit `head_dim`) with a sparse
+//! mixture-of-experts feed-forward in the layers `decoder_sparse_step` selects, minus
+//! `mlp_only_layers`, which keep a dense SwiGLU MLP. Mirrors mlx-lm `models/qwen3_moe.py`.
+
+use mlx_rs::{Array, Dtype};
+
+use super::{ConfigReader, LanguageModel, ModelInfo};
+use crate::cache::{KvCache, KvCacheSingle};
+use crate::nn::{stack_expert_weights, Attention, AttentionOptions, Embedding, Linear, Mlp, RmsNorm, SparseMoe, Weights};
+use crate::{Error, Result};
+
+enum FeedForward {
+    Dense(Mlp),
+    Sparse(SparseMoe),
+}
+
+struct Block {
+    self_attn: Attention,
+    mlp: FeedForward,
+    input_layernorm: RmsNorm,
+    post_attention_layernorm: RmsNorm,
+}
+
+pub struct Qwen3Moe {
+    embed_tokens: Embedding,
+    layers: Vec<Block>,
+    norm: RmsNorm,
+    lm_head: Option<Linear>,
+    info: ModelInfo,
+}
+
+pub fn load(cfg: &ConfigReader, mut w: Weights, dtype: Dtype) -> Result<Qwen3Moe> {
+    let hidden = cfg.req_i32("hidden_size")?;
+    let heads = cfg.req_i32("num_attention_heads")?;
+    let kv_heads = cfg.req_i32("num_key_value_heads")?;
+    let head_dim = cfg.req_i32("head_dim")?;
+    let eps = cfg.req_f32("rms_norm_eps")?;
+    let vocab = cfg.req_i32("vocab_size")?;
+    let num_layers = cfg.req_i32("num_hidden_layers")? as usize;
+    let intermediate = cfg.req_i32("intermediate_size")?;
+    let experts = cfg.get("num_experts").and_then(|v| v.as_i64()).unwrap_or(0) as i32;
+    let sparse_step = cfg.req_i32("decoder_sparse_step")? as usize;
+    let mlp_only: Vec<usize> = match cfg.get("mlp_only_layers") {
+        None => Vec::new(),
+        Some(v) => v
+            .as_array()
+            .and_then(|a| a.iter().map(|x| x.as_u64().map(|n| n as usize)).collect::<Option<Vec<_>>>())
+            .ok_or_else(|| Error::ModelLoad("config.json: \"mlp_only_layers\" must be a list of layer indices".into()))?,
+    };
+    let tie = cfg.bool_or("tie_word_embeddings", false)?;
+    let info = ModelInfo {
+        model_type: "qwen3_moe".into(),
+        vocab_size: vocab,
+        hidden_size: hidden,
+        num_layers,
+        kv_heads,
+        head_dim,
+        max_position_embeddings: cfg.opt_i32("max_position_embeddings")?.map(|n| n as usize),
+        activation_dtype: dtype,
+    };
+    let attention = AttentionOptions {
+        hidden,
+        heads,
+        kv_heads,
+        head_dim,
+        qkv_bias: false,
+        o_bias: false,
+        qk_norm_eps: Some(eps),
+        rope: cfg.rope(head_dim, None, false)?,
+    };
+
+    if tie {
+        w.remove("lm_head.weight");
+    }
+    let embed_tokens = Embedding::load(&mut w, "model.embed_tokens", vocab, hidden)?;
+    let mut layers = Vec::with_capacity(num_layers);
+    for i in 0..num_layers {
+        let p = format!("model.layers.{i}");
+        let sparse = !mlp_only.contains(&i) && experts > 0 && (i + 1) % sparse_step == 0;
+        let mlp = if sparse {
+            stack_expert_weights(&mut w, &format!("{p}.mlp"), experts)?;
+            FeedForward::Sparse(SparseMoe::load(
+                &mut w,
+                &format!("{p}.mlp"),
+                hidden,
+                cfg.req_i32("moe_intermediate_size")?,
+                experts,
+                cfg.req_i32("num_experts_per_tok")?,
+                cfg.bool_or("norm_topk_prob", false)?,
+            )?)
+        } else {
+            FeedForward::Dense(Mlp::load(&mut w, &format!("{p}.mlp"), hidden, intermediate, false)?)
+        };
+        layers.push(Block {
+            self_attn: Attention::load(&mut w, &format!("{p}.self_attn"), attention.clone())?,
+            mlp,
+            input_layernorm: RmsNorm::load(&mut w, &format!("{p}.input_layernorm"), hidden, eps)?,
+            post_attention_layernorm: RmsNorm::load(&mut w, &format!("{p}.post_attention_layernorm"), hidden, eps)?,
+        });
+    }
+    let norm = RmsNorm::load(&mut w, "model.norm", hidden, eps)?;
+    let lm_head = if tie { None } else { Some(Linear::load(&mut w, "lm_head", hidden, vocab, false)?) };
+    w.finish()?;
+    Ok(Qwen3Moe { embed_tokens, layers, norm, lm_head, info })
+}
+
+impl LanguageModel for Qwen3Moe {
+    fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
+        if caches.len() != self.layers.len() {
+            return Err(Error::InvalidRequest(format!("{} caches for {} layers", caches.len(), self.layers.len())));
+        }
+        let mut h = self.embed_tokens.forward(tokens)?;
+        let mask = caches[0].make_mask(h.dim(1), None)?;
+        for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
+            let r = layer.self_attn.forward(&layer.input_layernorm.forward(&h)?, &mask, cache.as_mut())?;
+            let h1 = h.add(&r)?;
+            let x = layer.post_attention_layernorm.forward(&h1)?;
+            let r = match &layer.mlp {
+                FeedForward::Dense(mlp) => mlp.forward(&x)?,
+                FeedForward::Sparse(moe) => moe.forward(&x)?,
+            };
+            h = h1.add(&r)?;
+        }
+        let h = self.norm.forward(&h)?;
+        match &self.lm_head {
+            Some(head) => head.forward(&h),
+            None => self.embed_tokens.as_linear(&h),
+        }
+    }
+
+    fn make_caches(&self) -> Vec<Box<dyn KvCache>> {
+        (0..self.layers.len()).map(|_| Box::new(KvCacheSingle::new()) as Box<dyn KvCache>).collect()
+    }
+
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+}

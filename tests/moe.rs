@@ -1,0 +1,195 @@
+//! Mixture-of-experts parity with mlx-lm (`qwen3_moe`, fp32 and 4-bit experts): single-sequence
+//! trajectories and bit-exact first-step logits (including the sort-by-expert path of a 39-token
+//! prefill), and the continuous-batching engine against batch_generate and BatchGenerator
+//! schedules, token for token.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use support::*;
+use weft::engine::{prepare, Engine, EngineConfig, EngineCore, Event, Input, Request};
+use weft::generate::{generate, FinishReason, GenerateOptions};
+use weft::loading::{self, LoadedModel};
+use weft::sampling::SamplingParams;
+
+const MOE_MODELS: &[&str] = &["qwen3_moe", "qwen3_moe-4bit"];
+
+fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
+    Request {
+        input: Input::Tokens(prompt),
+        max_tokens,
+        sampling: SamplingParams::greedy(),
+        stop: Vec::new(),
+        ignore_eos: true,
+        capture_first_logits: 0,
+        logprobs: None,
+    }
+}
+
+#[derive(Debug, Default, Clone)]
+struct Outcome {
+    tokens: Vec<u32>,
+    first_logits: Vec<f32>,
+    finish: Option<FinishReason>,
+    error: Option<String>,
+    finals: usize,
+}
+
+fn record(o: &mut Outcome, ev: &Event) {
+    match ev {
+        Event::Token { token_id, .. } => o.tokens.push(*token_id),
+        Event::Done { finish_reason, usage, first_logits } => {
+            o.finish = Some(*finish_reason);
+            o.tokens.truncate(usage.completion_tokens);
+            o.first_logits = first_logits.clone();
+            o.finals += 1;
+        }
+        Event::Error { message } => {
+            o.error = Some(message.clone());
+            o.finals += 1;
+        }
+    }
+}
+
+fn collect(rx: &std::sync::mpsc::Receiver<Event>) -> Outcome {
+    let mut o = Outcome::default();
+    loop {
+        let ev = rx.recv_timeout(Duration::from_secs(120)).expect("no final event within 120 s");
+        record(&mut o, &ev);
+        if ev.is_final() {
+            return o;
+        }
+    }
+}
+
+fn bit_diffs(a: &[f32], b: &[f32]) -> usize {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count()
+}
+
+#[test]
+fn qwen3_moe_single_sequence_matches_mlx_lm_bit_exactly() {
+    for name in MOE_MODELS {
+        let g = golden(name);
+        let loaded = loading::load(&tiny_model_dir(name)).unwrap();
+        assert_eq!(loaded.model.info().model_type, "qwen3_moe");
+        let vocab = loaded.model.info().vocab_size as usize;
+        for case in g["single"].as_array().unwrap() {
+            let prompt = ids(&case["prompt_ids"]);
+            let want = ids(&case["tokens"]);
+            let opts = GenerateOptions {
+                max_tokens: want.len(),
+                prefill_step_size: case["prefill_step_size"].as_u64().unwrap() as usize,
+                capture_first_logits: vocab,
+                ..GenerateOptions::default()
+            };
+            let out = generate(loaded.model.as_ref(), None, &prompt, &opts, |_| true).unwrap();
+            let what = format!("{name}: {}-token prompt, prefill step {}", prompt.len(), opts.prefill_step_size);
+            assert_eq!(out.tokens, want, "{what}");
+            let diffs = bit_diffs(&out.first_logits, &floats(&case["first_logits"]));
+            assert_eq!(diffs, 0, "{what}: {diffs} of {vocab} first-step logits differ");
+        }
+    }
+}
+
+#[test]
+fn qwen3_moe_batch_generate_goldens_through_the_engine() {
+    for name in MOE_MODELS {
+        let g = golden(name);
+        let single = loading::load(&tiny_model_dir(name)).unwrap();
+        let vocab = single.model.info().vocab_size as usize;
+        let engine = Engine::start(loading::load(&tiny_model_dir(name)).unwrap(), EngineConfig::default()).unwrap();
+        for batch in g["batch"].as_array().unwrap() {
+            let rows = batch["rows"].as_array().unwrap();
+            let streams: Vec<_> = rows
+                .iter()
+                .map(|r| {
+                    let mut req = greedy(ids(&r["prompt_ids"]), r["max_tokens"].as_u64().unwrap() as usize);
+                    req.capture_first_logits = vocab;
+                    engine.submit_channel(req).unwrap().1
+                })
+                .collect();
+            for (r, rx) in rows.iter().zip(&streams) {
+                let out = collect(rx);
+                assert_eq!(out.tokens, ids(&r["tokens"]), "{name}: batch of {}", rows.len());
+                assert_eq!(out.finish, Some(FinishReason::Length));
+                // The batched first step equals the single-sequence one bit for bit.
+                let opts = GenerateOptions { max_tokens: 1, capture_first_logits: vocab, ..Default::default() };
+                let solo = generate(single.model.as_ref(), None, &ids(&r["prompt_ids"]), &opts, |_| true).unwrap();
+                assert_eq!(bit_diffs(&out.first_logits, &solo.first_logits), 0, "{name}: batched first logits");
+            }
+        }
+    }
+}
+
+/// Row `at_step` k is submitted just before the engine's k-th decode step (as tests/engine.rs).
+fn replay(model: LoadedModel, schedule: &Value) -> Vec<Outcome> {
+    let prefill = schedule["prefill_step_size"].as_u64().unwrap() as usize;
+    let config = EngineConfig { max_batch: 8, prompt_concurrency: 8, prefill_step_size: prefill, ..Default::default() };
+    let info = model.model.info().clone();
+    let mut core = EngineCore::new(model, config.clone());
+    let rows = schedule["rows"].as_array().unwrap();
+    let mut pending: Vec<(u64, usize)> = rows.iter().enumerate().map(|(i, r)| (r["at_step"].as_u64().unwrap(), i)).collect();
+    pending.sort();
+    let outs: Vec<Arc<Mutex<Outcome>>> = rows.iter().map(|_| Arc::default()).collect();
+    let mut next = 0;
+    for _ in 0..10_000 {
+        while next < pending.len() && (pending[next].0 <= core.decode_steps() || core.is_idle()) {
+            let i = pending[next].1;
+            let out = Arc::clone(&outs[i]);
+            let sink = Box::new(move |ev: &Event| {
+                record(&mut out.lock().unwrap(), ev);
+                true
+            });
+            let req = greedy(ids(&rows[i]["prompt_ids"]), rows[i]["max_tokens"].as_u64().unwrap() as usize);
+            core.enqueue(prepare(i as u64 + 1, req, sink, None, &info, &[], &config).unwrap());
+            next += 1;
+        }
+        if next == pending.len() && core.is_idle() {
+            return outs.iter().map(|o| o.lock().unwrap().clone()).collect();
+        }
+        core.iterate();
+    }
+    panic!("schedule did not finish");
+}
+
+#[test]
+fn qwen3_moe_continuous_schedules_match_batch_generator() {
+    for name in MOE_MODELS {
+        let g = golden(name);
+        for key in ["schedule", "schedule_chunked"] {
+            let schedule = &g[key];
+            let outs = replay(loading::load(&tiny_model_dir(name)).unwrap(), schedule);
+            for (r, out) in schedule["rows"].as_array().unwrap().iter().zip(&outs) {
+                assert_eq!(out.finals, 1, "{name}/{key}: exactly one final event");
+                assert!(out.error.is_none(), "{name}/{key}: {:?}", out.error);
+                assert_eq!(out.tokens, ids(&r["tokens"]), "{name}/{key}: row {}", r["id"]);
+            }
+        }
+    }
+}
+
+#[test]
+fn many_rows_take_the_sorted_expert_path_and_still_equal_single_sequence() {
+    // 40 rows decoding together route 80 (token, expert) pairs per step, past SwitchGLU's
+    // sort threshold of 64; every row must still follow its single-sequence trajectory.
+    let name = "qwen3_moe";
+    let g = golden(name);
+    let single = loading::load(&tiny_model_dir(name)).unwrap();
+    let engine = Engine::start(
+        loading::load(&tiny_model_dir(name)).unwrap(),
+        EngineConfig { max_batch: 40, prompt_concurrency: 40, ..Default::default() },
+    )
+    .unwrap();
+    let base = ids(&g["single"][2]["prompt_ids"]);
+    let prompts: Vec<Vec<u32>> = (0..40u32).map(|i| base.iter().map(|t| (t + 37 * i) % 1024).collect()).collect();
+    let streams: Vec<_> = prompts.iter().map(|p| engine.submit_channel(greedy(p.clone(), 6)).unwrap().1).collect();
+    for (p, rx) in prompts.iter().zip(&streams) {
+        let out = collect(rx);
+        let solo = generate(single.model.as_ref(), None, p, &GenerateOptions { max_tokens: 6, ..Default::default() }, |_| true).unwrap();
+        assert_eq!(out.tokens, solo.tokens);
+    }
+}
