@@ -137,6 +137,8 @@ export interface EngineStats {
   tokensGenerated: number
   decodeSteps: number
   requestsFinished: number
+  /** Rows parked because their stream went unread (see `generate`). */
+  pausedRows: number
 }
 
 /**

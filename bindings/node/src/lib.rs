@@ -22,7 +22,7 @@ use napi::{sys, Env, JsDeferred, JsValue, Task};
 use napi_derive::napi;
 use parking_lot::Mutex;
 
-use weft::engine::Event;
+use weft::engine::{Event, RowFlow};
 use weft::generate::FinishReason as WeftFinish;
 
 use crate::js::{Fail, JsRef, Raw, Res};
@@ -153,6 +153,8 @@ pub struct EngineStats {
     pub tokens_generated: f64,
     pub decode_steps: f64,
     pub requests_finished: f64,
+    /// Rows parked because their stream went unread (see `generate`).
+    pub paused_rows: u32,
 }
 
 #[napi(object)]
@@ -343,6 +345,7 @@ impl Engine {
             tokens_generated: s.tokens_generated as f64,
             decode_steps: s.decode_steps as f64,
             requests_finished: s.requests_finished as f64,
+            paused_rows: s.paused_rows as u32,
         })
     }
 
@@ -360,12 +363,14 @@ impl Engine {
             state: Mutex::new(RowState::new(stream)),
             cancelled: AtomicBool::new(false),
             serial: NEXT_SERIAL.fetch_add(1, Ordering::Relaxed),
+            flow: RowFlow::new(),
         });
         let id = {
             let guard = self.shared.engine.lock();
             let engine = guard.as_ref().ok_or_else(Fail::closed)?;
             let sink_row = Arc::clone(&row);
-            engine.submit(params.request, Box::new(move |ev: &Event| on_event(&sink_row, ev)))?
+            let flow = row.flow.clone();
+            engine.submit_with_flow(params.request, Box::new(move |ev: &Event| on_event(&sink_row, ev)), flow)?
         };
         let generation = Generation { row, shared: Arc::clone(&self.shared), id };
         if let Some(signal) = params.signal {
@@ -506,7 +511,13 @@ struct Row {
     /// Set by any cancellation; the sink then answers `false` so the engine drops the row.
     cancelled: AtomicBool,
     serial: u64,
+    /// Paused while `PAUSE_AT` chunks wait unread, so an iterator nobody advances parks its
+    /// row in the engine instead of buffering without bound; resumed as `next()` drains it.
+    flow: RowFlow,
 }
+
+const PAUSE_AT: usize = 64;
+const RESUME_AT: usize = 16;
 
 /// A resolved `next()` value: `{ done: false, value: chunk }` or `{ done: true, value }`.
 enum Step {
@@ -563,7 +574,12 @@ fn on_event(row: &Row, ev: &Event) -> bool {
                         // A pending return(): the consumer no longer wants chunks.
                         st.waiters.push_front(other);
                     }
-                    None => st.queue.push_back(chunk),
+                    None => {
+                        st.queue.push_back(chunk);
+                        if st.queue.len() >= PAUSE_AT {
+                            row.flow.pause();
+                        }
+                    }
                 }
             }
         }
@@ -693,6 +709,9 @@ impl Generation {
             st.queue.clear();
         }
         if let Some(chunk) = st.queue.pop_front() {
+            if st.queue.len() <= RESUME_AT {
+                self.row.flow.resume();
+            }
             return Ok(Raw(PromiseRaw::resolve(env, Step::Chunk(chunk))?.raw()));
         }
         if st.delivered {
