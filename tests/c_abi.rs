@@ -274,12 +274,20 @@ fn write_cases_file() -> PathBuf {
     path
 }
 
+/// Programs find libweft_ffi through their rpath (this run's build), not through the
+/// LD_LIBRARY_PATH cargo sets for tests, which also lists target/<profile>, where an older copy
+/// of the library may sit.
+fn runs_from_rpath(mut cmd: Command) -> Command {
+    cmd.env_remove("LD_LIBRARY_PATH").env_remove("DYLD_LIBRARY_PATH");
+    cmd
+}
+
 fn abi_test_source() -> PathBuf {
     repo_root().join("ffi/tests/c/abi_test.c")
 }
 
 fn run_abi_test(exe: &Path, mode: &str) -> Output {
-    Command::new(exe)
+    runs_from_rpath(Command::new(exe))
         .arg(tiny_model_dir(MODEL))
         .arg(cases_file())
         .arg(mode)
@@ -368,7 +376,7 @@ fn c_driver_under_valgrind() {
     }
     let exe = build(&abi_test_source(), Lang::C, Link::Dynamic);
     let log = work_dir().join("valgrind.log");
-    let out = Command::new("valgrind")
+    let out = runs_from_rpath(Command::new("valgrind"))
         .args([
             "--tool=memcheck",
             "--error-exitcode=99",
@@ -419,7 +427,7 @@ fn examples_stream_from_the_default_model() {
         ModelStore::at(dir).cached(&spec).map(|_| Some(dir.to_path_buf()))
     };
     if let Some(root) = store {
-        let mut cmd = Command::new(&quick);
+        let mut cmd = runs_from_rpath(Command::new(&quick));
         if let Some(root) = root {
             cmd.env("WEFT_MODELS_DIR", root);
         }
@@ -428,7 +436,7 @@ fn examples_stream_from_the_default_model() {
     }
 
     let chat = build(&repo_root().join("examples/c/chat.c"), Lang::C, Link::Dynamic);
-    let out = Command::new(&chat)
+    let out = runs_from_rpath(Command::new(&chat))
         .arg("--model")
         .arg(&model)
         .args(["--max-tokens", "24", "What is the capital of France?"])
@@ -440,7 +448,7 @@ fn examples_stream_from_the_default_model() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("completion tokens"), "{}", show(&out));
 
     let conc = build(&repo_root().join("examples/c/concurrent.c"), Lang::Cxx, Link::Dynamic);
-    let out = Command::new(&conc)
+    let out = runs_from_rpath(Command::new(&conc))
         .arg("--model")
         .arg(&model)
         .args(["--max-tokens", "16", "--cancel-first-after", "2"])

@@ -108,8 +108,17 @@ pub(crate) struct Options {
     pub config: EngineConfig,
 }
 
-pub(crate) const OPTION_FIELDS: &[&str] =
-    &["model", "max_batch", "prompt_concurrency", "prefill_step_size", "kv_budget_bytes", "prompt_cache_bytes"];
+pub(crate) const OPTION_FIELDS: &[&str] = &[
+    "model",
+    "max_batch",
+    "prompt_concurrency",
+    "prefill_step_size",
+    "kv_budget_bytes",
+    "prompt_cache_bytes",
+    "kv_bits",
+    "kv_group_size",
+    "quantized_kv_start",
+];
 
 pub(crate) fn parse_options(text: &str) -> FfiResult<Options> {
     let mut f = Fields::new("options", parse_object("options", text)?, OPTION_FIELDS)?;
@@ -127,6 +136,14 @@ pub(crate) fn parse_options(text: &str) -> FfiResult<Options> {
     config.kv_budget_bytes = f.u64_in("kv_budget_bytes", 1, u64::MAX)?;
     if let Some(n) = f.u64_in("prompt_cache_bytes", 0, u64::MAX)? {
         config.prompt_cache_bytes = n;
+    }
+    // Which bit widths MLX quantizes to is the engine's check (EngineConfig::validate).
+    config.kv_bits = f.u64_in("kv_bits", 1, 16)?.map(|b| b as i32);
+    if let Some(n) = f.u64_in("kv_group_size", 1, 1 << 20)? {
+        config.kv_group_size = n as i32;
+    }
+    if let Some(n) = f.usize_min("quantized_kv_start", 0)? {
+        config.quantized_kv_start = n;
     }
     Ok(Options { model, config })
 }
@@ -361,6 +378,11 @@ mod tests {
         assert_eq!(o.config.kv_budget_bytes, None);
         assert_eq!(o.config.prompt_cache_bytes, 5);
         assert!(parse_options("{}").unwrap().model.is_none());
+        let o = parse_options(r#"{"kv_bits":4,"kv_group_size":32,"quantized_kv_start":100}"#).unwrap();
+        assert_eq!((o.config.kv_bits, o.config.kv_group_size, o.config.quantized_kv_start), (Some(4), 32, 100));
+        assert_eq!(parse_options("{}").unwrap().config.kv_bits, None);
+        let e = parse_options(r#"{"kv_bits":0}"#).err().unwrap().message;
+        assert!(e.contains("\"kv_bits\""), "{e}");
         let e = parse_options(r#"{"max_batchh":2}"#).err().unwrap().message;
         assert!(e.contains("unknown field \"max_batchh\""), "{e}");
         let e = parse_options(r#"{"max_batch":0}"#).err().unwrap().message;

@@ -310,6 +310,7 @@ static void test_versions(void) {
 static void test_engine_new_errors(const char *model_dir) {
   weft_engine *e = (weft_engine *)&e; /* garbage: must be overwritten with NULL */
   char json[4096];
+  int32_t st;
 
   expect_error(weft_engine_new("{}", NULL), WEFT_ERR_INVALID_ARGUMENT, "out_engine is NULL",
                "engine_new: NULL out_engine");
@@ -332,6 +333,15 @@ static void test_engine_new_errors(const char *model_dir) {
   snprintf(json, sizeof json, "{\"model\": \"%s/..\"}", model_dir);
   expect_error(weft_engine_new(json, &e), WEFT_ERR_MODEL_LOAD, "config.json", "engine_new: not a model dir");
   check(e == NULL, "engine_new: *out_engine stays NULL", NULL);
+  expect_error(weft_engine_new("{\"kv_bits\": 7}", &e), WEFT_ERR_INVALID_ARGUMENT, "kv_bits",
+               "engine_new: kv_bits 7");
+  /* the tiny model's head_dim is 32: the default group of 64 cannot quantize it */
+  snprintf(json, sizeof json, "{\"model\": \"%s\", \"kv_bits\": 4}", model_dir);
+  expect_error(weft_engine_new(json, &e), WEFT_ERR_INVALID_ARGUMENT, "head_dim", "engine_new: kv_group_size vs head_dim");
+  snprintf(json, sizeof json, "{\"model\": \"%s\", \"kv_bits\": 8, \"kv_group_size\": 32}", model_dir);
+  st = weft_engine_new(json, &e);
+  check(st == WEFT_OK && e != NULL, "engine_new: quantized KV options", weft_last_error());
+  weft_engine_free(e);
 }
 
 static void test_submit_errors(weft_engine *engine, weft_engine *budget_engine) {
