@@ -475,11 +475,7 @@ impl Executor {
             if keep.len() < caches.first().map_or(0, |c| c.rows()) {
                 caches.iter_mut().try_for_each(|c| c.filter_rows(&keep))?;
             }
-            match self.batch.as_mut() {
-                None => self.batch = Some(caches),
-                Some(batch) => batch.iter_mut().zip(caches).try_for_each(|(b, c)| extend_rows_mixed(b, c))?,
-            }
-            Ok(())
+            self.append_to_batch(caches)
         })();
         match joined {
             Ok(()) => self.rows.extend(staying),
@@ -685,6 +681,15 @@ impl Executor {
         Ok(())
     }
 
+    /// Appends batched caches' rows after the batch's own (or starts the batch with them).
+    fn append_to_batch(&mut self, caches: Vec<Box<dyn KvCache>>) -> Result<()> {
+        match self.batch.as_mut() {
+            None => self.batch = Some(caches),
+            Some(batch) => batch.iter_mut().zip(caches).try_for_each(|(b, c)| extend_rows_mixed(b, c))?,
+        }
+        Ok(())
+    }
+
     /// Takes rows whose consumer paused them out of the batch. The pending pipelined step is
     /// read first so every row's last token is known on the host when it rejoins.
     fn park_paused(&mut self) -> Result<()> {
@@ -729,14 +734,11 @@ impl Executor {
                 continue;
             }
             let Parked { row, caches } = self.parked.remove(i);
-            let joined = (|| -> Result<()> {
-                let caches: Vec<Box<dyn KvCache>> = caches.into_iter().map(|c| c.into_batched()).collect::<Result<_>>()?;
-                match self.batch.as_mut() {
-                    None => self.batch = Some(caches),
-                    Some(batch) => batch.iter_mut().zip(caches).try_for_each(|(b, c)| extend_rows_mixed(b, c))?,
-                }
-                Ok(())
-            })();
+            let joined = caches
+                .into_iter()
+                .map(|c| c.into_batched())
+                .collect::<Result<Vec<_>>>()
+                .and_then(|caches| self.append_to_batch(caches));
             match joined {
                 Ok(()) => self.rows.push(row),
                 Err(e) => {
