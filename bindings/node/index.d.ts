@@ -206,6 +206,15 @@ export interface LoadOptions {
   kvBudgetBytes?: number
   /** Bytes of finished rows' KV kept for prompt-prefix reuse (default 0: off). */
   promptCacheBytes?: number
+  /**
+   * Store keys and values affine-quantized to this many bits (2, 3, 4, 5, 6 or 8). Default:
+   * full precision, the mode that matches mlx-lm token for token.
+   */
+  kvBits?: number
+  /** Elements per KV quantization group: 32, 64 (default) or 128; must divide the head size. */
+  kvGroupSize?: number
+  /** Positions a row holds in full precision before its KV is quantized (default 0). */
+  quantizedKvStart?: number
 }
 
 export interface ModelInfo {

@@ -46,6 +46,13 @@ pub struct LoadOptions {
     pub kv_budget_bytes: Option<f64>,
     /// Bytes of finished rows' KV kept for prompt-prefix reuse (default 0: off).
     pub prompt_cache_bytes: Option<f64>,
+    /// Store keys and values affine-quantized to this many bits (2, 3, 4, 5, 6 or 8). Default:
+    /// full precision, the mode that matches mlx-lm token for token.
+    pub kv_bits: Option<u32>,
+    /// Elements per KV quantization group: 32, 64 (default) or 128; must divide the head size.
+    pub kv_group_size: Option<u32>,
+    /// Positions a row holds in full precision before its KV is quantized (default 0).
+    pub quantized_kv_start: Option<u32>,
 }
 
 /// One turn of a conversation.

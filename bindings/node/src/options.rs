@@ -12,7 +12,17 @@ use weft::tokenizer::ChatMessage;
 use crate::js::{self, Fail, Res};
 
 const LOAD_KEYS: &[&str] =
-    &["model", "maxBatch", "promptConcurrency", "prefillStepSize", "kvBudgetBytes", "promptCacheBytes"];
+    &[
+        "model",
+        "maxBatch",
+        "promptConcurrency",
+        "prefillStepSize",
+        "kvBudgetBytes",
+        "promptCacheBytes",
+        "kvBits",
+        "kvGroupSize",
+        "quantizedKvStart",
+    ];
 
 const GENERATE_KEYS: &[&str] = &[
     "messages",
@@ -174,6 +184,14 @@ pub fn load_params(env: sys::napi_env, options: Option<sys::napi_value>) -> Res<
     }
     if let Some(n) = r.int("promptCacheBytes", 0.0, MAX_SAFE)? {
         config.prompt_cache_bytes = n;
+    }
+    // Which widths and group sizes MLX supports is the engine's check (EngineConfig::validate).
+    config.kv_bits = r.int("kvBits", 1.0, 16.0)?.map(|b| b as i32);
+    if let Some(n) = r.int("kvGroupSize", 1.0, 4096.0)? {
+        config.kv_group_size = n as i32;
+    }
+    if let Some(n) = r.int("quantizedKvStart", 0.0, MAX_SAFE)? {
+        config.quantized_kv_start = n as usize;
     }
     Ok(LoadParams { model, config })
 }

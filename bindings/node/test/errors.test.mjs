@@ -74,6 +74,9 @@ test('Engine.load rejects bad paths with MODEL_LOAD and bad options with INVALID
   await assert.rejects(Engine.load({ model: '/nonexistent/model' }), weft('MODEL_LOAD', /\/nonexistent\/model/))
   await assert.rejects(Engine.load({ model: modelDir, maxBatch: 0 }), weft('INVALID_ARGUMENT', /maxBatch must be an integer in \[1, 4096\], got 0/))
   await assert.rejects(Engine.load({ modle: modelDir }), weft('INVALID_ARGUMENT', /unknown option 'modle'.*did you mean 'model'/))
+  await assert.rejects(Engine.load({ model: modelDir, kvBits: 7 }), weft('INVALID_ARGUMENT', /kv_bits must be 2, 3, 4, 5, 6 or 8, got 7/))
+  // the tiny model's head size is 32: the default group of 64 cannot quantize it
+  await assert.rejects(Engine.load({ model: modelDir, kvBits: 4 }), weft('INVALID_ARGUMENT', /does not divide the model's head_dim 32/))
   await assert.rejects(Engine.load('x'), weft('INVALID_ARGUMENT', /Engine.load options must be an object, got "x"/))
 })
 

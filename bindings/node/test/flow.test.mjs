@@ -27,3 +27,16 @@ test('an unread stream is parked while its twin runs to completion, then resumes
   assert.equal(unread.summary.finishReason, 'length')
   assert.equal(engine.stats().pausedRows, 0)
 })
+
+test('a quantized-KV engine streams and batches (kvBits 8, group 32)', async () => {
+  const q = await Engine.load({ model: modelDir, kvBits: 8, kvGroupSize: 32 })
+  try {
+    const outs = await Promise.all(singles.slice(0, 3).map((g) => q.complete({ promptIds: g.promptIds, maxTokens: 24, ignoreEos: true })))
+    for (const o of outs) {
+      assert.equal(o.tokenIds.length, 24)
+      assert.equal(o.finishReason, 'length')
+    }
+  } finally {
+    await q.close()
+  }
+})
