@@ -4,64 +4,17 @@
 
 mod support;
 
-use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::Value;
 use support::*;
-use weft::engine::{prepare, Engine, EngineConfig, EngineCore, Event, Input, Request, Usage};
+use weft::engine::{Engine, EngineConfig, Event, Input, Request};
 use weft::generate::{generate, FinishReason, GenerateOptions};
-use weft::loading::{self, LoadedModel};
+use weft::loading::{self};
 use weft::sampling::SamplingParams;
 
 const BATCHED_MODELS: &[&str] = &["llama-fp32", "llama-bf16", "llama-4bit", "qwen3"];
-
-fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
-    Request {
-        input: Input::Tokens(prompt),
-        max_tokens,
-        sampling: SamplingParams::greedy(),
-        stop: Vec::new(),
-        ignore_eos: true,
-        capture_first_logits: 0,
-        logprobs: None,
-    }
-}
-
-#[derive(Debug, Default, Clone)]
-struct Outcome {
-    tokens: Vec<u32>,
-    finish: Option<FinishReason>,
-    usage: Usage,
-    first_logits: Vec<f32>,
-    error: Option<String>,
-    finals: usize,
-}
-
-/// Drains a request's channel until its final event (bounded wait: a hang fails the test).
-fn collect(rx: &Receiver<Event>) -> Outcome {
-    let mut o = Outcome::default();
-    loop {
-        let ev = rx.recv_timeout(Duration::from_secs(120)).expect("no final event within 120 s");
-        match ev {
-            Event::Token { token_id, .. } => o.tokens.push(token_id),
-            Event::Done { finish_reason, usage, first_logits } => {
-                o.finish = Some(finish_reason);
-                o.usage = usage;
-                o.first_logits = first_logits;
-                o.tokens.truncate(usage.completion_tokens);
-                o.finals += 1;
-                return o;
-            }
-            Event::Error { message } => {
-                o.error = Some(message);
-                o.finals += 1;
-                return o;
-            }
-        }
-    }
-}
 
 /// Stats are published after each engine iteration; wait (bounded) for them to settle.
 fn settled_stats(engine: &Engine, done: impl Fn(&weft::engine::EngineStats) -> bool) -> weft::engine::EngineStats {
@@ -109,54 +62,6 @@ fn batch_generate_goldens_match_with_single_sequence_first_logits() {
             }
         }
     }
-}
-
-/// Drives a `BatchGenerator`-style schedule step by step: row `at_step` k is submitted just
-/// before the engine's k-th decode step.
-fn replay(model: LoadedModel, schedule: &Value, max_batch: usize) -> Vec<Outcome> {
-    let prefill = schedule["prefill_step_size"].as_u64().unwrap() as usize;
-    let config = EngineConfig { max_batch, prompt_concurrency: max_batch, prefill_step_size: prefill, ..Default::default() };
-    let info = model.model.info().clone();
-    let mut core = EngineCore::new(model, config.clone());
-    let rows = schedule["rows"].as_array().unwrap();
-    let mut pending: Vec<(u64, usize)> = rows.iter().enumerate().map(|(i, r)| (r["at_step"].as_u64().unwrap(), i)).collect();
-    pending.sort();
-    let outs: Vec<Arc<Mutex<Outcome>>> = rows.iter().map(|_| Arc::default()).collect();
-    let mut next = 0;
-    let mut guard = 0;
-    loop {
-        while next < pending.len() && (pending[next].0 <= core.decode_steps() || core.is_idle()) {
-            let i = pending[next].1;
-            let r = &rows[i];
-            let out = Arc::clone(&outs[i]);
-            let sink = Box::new(move |ev: &Event| {
-                let mut o = out.lock().unwrap();
-                match ev {
-                    Event::Token { token_id, .. } => o.tokens.push(*token_id),
-                    Event::Done { finish_reason, usage, .. } => {
-                        o.finish = Some(*finish_reason);
-                        o.tokens.truncate(usage.completion_tokens);
-                        o.finals += 1;
-                    }
-                    Event::Error { message } => {
-                        o.error = Some(message.clone());
-                        o.finals += 1;
-                    }
-                }
-                true
-            });
-            let req = greedy(ids(&r["prompt_ids"]), r["max_tokens"].as_u64().unwrap() as usize);
-            core.enqueue(prepare(i as u64 + 1, req, sink, None, &info, &[], &config).unwrap());
-            next += 1;
-        }
-        if next == pending.len() && core.is_idle() {
-            break;
-        }
-        core.iterate();
-        guard += 1;
-        assert!(guard < 10_000, "schedule did not finish");
-    }
-    outs.iter().map(|o| o.lock().unwrap().clone()).collect()
 }
 
 #[test]
@@ -653,7 +558,6 @@ fn default_model_repeated_chat_with_prompt_cache_matches_the_golden() {
         }
     }
 }
-
 
 /// A consumer that pauses its row after every token holds back only that row: the others run
 /// to completion meanwhile, the paused row is parked (counted in stats), and when resumed it

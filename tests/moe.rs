@@ -5,70 +5,12 @@
 
 mod support;
 
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
-use serde_json::Value;
 use support::*;
-use weft::engine::{prepare, Engine, EngineConfig, EngineCore, Event, Input, Request};
+use weft::engine::{Engine, EngineConfig};
 use weft::generate::{generate, FinishReason, GenerateOptions};
-use weft::loading::{self, LoadedModel};
-use weft::sampling::SamplingParams;
+use weft::loading::{self};
 
 const MOE_MODELS: &[&str] = &["qwen3_moe", "qwen3_moe-4bit"];
-
-fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
-    Request {
-        input: Input::Tokens(prompt),
-        max_tokens,
-        sampling: SamplingParams::greedy(),
-        stop: Vec::new(),
-        ignore_eos: true,
-        capture_first_logits: 0,
-        logprobs: None,
-    }
-}
-
-#[derive(Debug, Default, Clone)]
-struct Outcome {
-    tokens: Vec<u32>,
-    first_logits: Vec<f32>,
-    finish: Option<FinishReason>,
-    error: Option<String>,
-    finals: usize,
-}
-
-fn record(o: &mut Outcome, ev: &Event) {
-    match ev {
-        Event::Token { token_id, .. } => o.tokens.push(*token_id),
-        Event::Done { finish_reason, usage, first_logits } => {
-            o.finish = Some(*finish_reason);
-            o.tokens.truncate(usage.completion_tokens);
-            o.first_logits = first_logits.clone();
-            o.finals += 1;
-        }
-        Event::Error { message } => {
-            o.error = Some(message.clone());
-            o.finals += 1;
-        }
-    }
-}
-
-fn collect(rx: &std::sync::mpsc::Receiver<Event>) -> Outcome {
-    let mut o = Outcome::default();
-    loop {
-        let ev = rx.recv_timeout(Duration::from_secs(120)).expect("no final event within 120 s");
-        record(&mut o, &ev);
-        if ev.is_final() {
-            return o;
-        }
-    }
-}
-
-fn bit_diffs(a: &[f32], b: &[f32]) -> usize {
-    assert_eq!(a.len(), b.len());
-    a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count()
-}
 
 #[test]
 fn qwen3_moe_single_sequence_matches_mlx_lm_bit_exactly() {
@@ -125,44 +67,13 @@ fn qwen3_moe_batch_generate_goldens_through_the_engine() {
     }
 }
 
-/// Row `at_step` k is submitted just before the engine's k-th decode step (as tests/engine.rs).
-fn replay(model: LoadedModel, schedule: &Value) -> Vec<Outcome> {
-    let prefill = schedule["prefill_step_size"].as_u64().unwrap() as usize;
-    let config = EngineConfig { max_batch: 8, prompt_concurrency: 8, prefill_step_size: prefill, ..Default::default() };
-    let info = model.model.info().clone();
-    let mut core = EngineCore::new(model, config.clone());
-    let rows = schedule["rows"].as_array().unwrap();
-    let mut pending: Vec<(u64, usize)> = rows.iter().enumerate().map(|(i, r)| (r["at_step"].as_u64().unwrap(), i)).collect();
-    pending.sort();
-    let outs: Vec<Arc<Mutex<Outcome>>> = rows.iter().map(|_| Arc::default()).collect();
-    let mut next = 0;
-    for _ in 0..10_000 {
-        while next < pending.len() && (pending[next].0 <= core.decode_steps() || core.is_idle()) {
-            let i = pending[next].1;
-            let out = Arc::clone(&outs[i]);
-            let sink = Box::new(move |ev: &Event| {
-                record(&mut out.lock().unwrap(), ev);
-                true
-            });
-            let req = greedy(ids(&rows[i]["prompt_ids"]), rows[i]["max_tokens"].as_u64().unwrap() as usize);
-            core.enqueue(prepare(i as u64 + 1, req, sink, None, &info, &[], &config).unwrap());
-            next += 1;
-        }
-        if next == pending.len() && core.is_idle() {
-            return outs.iter().map(|o| o.lock().unwrap().clone()).collect();
-        }
-        core.iterate();
-    }
-    panic!("schedule did not finish");
-}
-
 #[test]
 fn qwen3_moe_continuous_schedules_match_batch_generator() {
     for name in MOE_MODELS {
         let g = golden(name);
         for key in ["schedule", "schedule_chunked"] {
             let schedule = &g[key];
-            let outs = replay(loading::load(&tiny_model_dir(name)).unwrap(), schedule);
+            let outs = replay(loading::load(&tiny_model_dir(name)).unwrap(), schedule, 8);
             for (r, out) in schedule["rows"].as_array().unwrap().iter().zip(&outs) {
                 assert_eq!(out.finals, 1, "{name}/{key}: exactly one final event");
                 assert!(out.error.is_none(), "{name}/{key}: {:?}", out.error);

@@ -29,11 +29,6 @@ fn kv_of(case: &Value) -> KvQuantization {
     }
 }
 
-fn bit_diffs(a: &[f32], b: &[f32]) -> usize {
-    assert_eq!(a.len(), b.len());
-    a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count()
-}
-
 #[test]
 fn single_sequence_matches_mlx_lm_generate_step_with_kv_bits() {
     let g = golden("quantized_kv");

@@ -87,3 +87,108 @@ pub fn edit_config(dir: &Path, edit: impl FnOnce(&mut Value)) {
     edit(&mut v);
     std::fs::write(&path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
 }
+
+// --- Engine runs shared by the batching tests (engine, moe, gdn, gemma3...).
+
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, Mutex};
+
+use weft::engine::{prepare, EngineConfig, EngineCore, Event, Input, Request, Usage};
+use weft::generate::FinishReason;
+use weft::loading::LoadedModel;
+use weft::sampling::SamplingParams;
+
+/// A greedy request for token ids that ignores EOS (as the goldens were made).
+pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
+    Request {
+        input: Input::Tokens(prompt),
+        max_tokens,
+        sampling: SamplingParams::greedy(),
+        stop: Vec::new(),
+        ignore_eos: true,
+        capture_first_logits: 0,
+        logprobs: None,
+    }
+}
+
+/// What one request's events amounted to.
+#[derive(Debug, Default, Clone)]
+pub struct Outcome {
+    pub tokens: Vec<u32>,
+    pub finish: Option<FinishReason>,
+    pub usage: Usage,
+    pub first_logits: Vec<f32>,
+    pub error: Option<String>,
+    /// Final events seen (must be exactly 1).
+    pub finals: usize,
+}
+
+impl Outcome {
+    pub fn record(&mut self, ev: &Event) {
+        match ev {
+            Event::Token { token_id, .. } => self.tokens.push(*token_id),
+            Event::Done { finish_reason, usage, first_logits } => {
+                self.finish = Some(*finish_reason);
+                self.usage = *usage;
+                self.first_logits = first_logits.clone();
+                // A trailing text-only event may reuse the stop token's id; usage is the count.
+                self.tokens.truncate(usage.completion_tokens);
+                self.finals += 1;
+            }
+            Event::Error { message } => {
+                self.error = Some(message.clone());
+                self.finals += 1;
+            }
+        }
+    }
+}
+
+/// Drains a request's channel until its final event (bounded wait: a hang fails the test).
+pub fn collect(rx: &Receiver<Event>) -> Outcome {
+    let mut o = Outcome::default();
+    loop {
+        let ev = rx.recv_timeout(std::time::Duration::from_secs(120)).expect("no final event within 120 s");
+        o.record(&ev);
+        if ev.is_final() {
+            return o;
+        }
+    }
+}
+
+/// Drives a `BatchGenerator`-style schedule step by step: row `at_step` k is submitted just
+/// before the engine's k-th decode step (or when the engine is idle).
+pub fn replay(model: LoadedModel, schedule: &Value, max_batch: usize) -> Vec<Outcome> {
+    let prefill = schedule["prefill_step_size"].as_u64().unwrap() as usize;
+    let config = EngineConfig { max_batch, prompt_concurrency: max_batch, prefill_step_size: prefill, ..Default::default() };
+    let info = model.model.info().clone();
+    let mut core = EngineCore::new(model, config.clone());
+    let rows = schedule["rows"].as_array().unwrap();
+    let mut pending: Vec<(u64, usize)> = rows.iter().enumerate().map(|(i, r)| (r["at_step"].as_u64().unwrap(), i)).collect();
+    pending.sort();
+    let outs: Vec<Arc<Mutex<Outcome>>> = rows.iter().map(|_| Arc::default()).collect();
+    let mut next = 0;
+    for _ in 0..10_000 {
+        while next < pending.len() && (pending[next].0 <= core.decode_steps() || core.is_idle()) {
+            let i = pending[next].1;
+            let out = Arc::clone(&outs[i]);
+            let sink = Box::new(move |ev: &Event| {
+                out.lock().unwrap().record(ev);
+                true
+            });
+            let req = greedy(ids(&rows[i]["prompt_ids"]), rows[i]["max_tokens"].as_u64().unwrap() as usize);
+            core.enqueue(prepare(i as u64 + 1, req, sink, None, &info, &[], &config).unwrap());
+            next += 1;
+        }
+        if next == pending.len() && core.is_idle() {
+            return outs.iter().map(|o| o.lock().unwrap().clone()).collect();
+        }
+        core.iterate();
+    }
+    panic!("schedule did not finish");
+}
+
+/// How many values differ in their bits.
+pub fn bit_diffs(a: &[f32], b: &[f32]) -> usize {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count()
+}
