@@ -3,10 +3,14 @@
 //! mask, and storage for the step's keys and values.
 
 mod batch_kv;
+mod batch_rotating;
 mod kv;
+mod rotating;
 
 pub use batch_kv::BatchKvCache;
+pub use batch_rotating::BatchRotatingKvCache;
 pub use kv::KvCacheSingle;
+pub use rotating::RotatingKvCache;
 
 use std::any::Any;
 

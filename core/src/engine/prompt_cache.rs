@@ -52,7 +52,10 @@ impl PromptCache {
         for c in &mut caches {
             if c.len() > tokens.len() {
                 let extra = c.len() - tokens.len();
-                c.trim(extra);
+                if c.trim(extra) != extra {
+                    // A wrapped sliding-window ring cannot drop positions: not reusable.
+                    return;
+                }
             }
         }
         let held = caches.iter().map(|c| c.len()).min().unwrap_or(0);
@@ -91,15 +94,17 @@ impl PromptCache {
         if shared == 0 {
             return None;
         }
-        self.clock += 1;
-        self.hits += 1;
-        let entry = &mut self.entries[best];
-        entry.last_used = self.clock;
-        let mut caches: Vec<Box<dyn KvCache>> = entry.caches.iter().map(|c| c.duplicate()).collect();
+        let mut caches: Vec<Box<dyn KvCache>> = self.entries[best].caches.iter().map(|c| c.duplicate()).collect();
         for c in &mut caches {
             let extra = c.len() - shared;
-            c.trim(extra);
+            if c.trim(extra) != extra {
+                // A wrapped sliding-window ring cannot be cut back to the shared prefix.
+                return None;
+            }
         }
+        self.clock += 1;
+        self.hits += 1;
+        self.entries[best].last_used = self.clock;
         Some((caches, shared))
     }
 }

@@ -6,13 +6,14 @@ use std::collections::VecDeque;
 use super::{EngineConfig, Submission};
 use crate::models::ModelInfo;
 
-/// KV bytes a request may grow to: every prompt and generated position, all layers.
+/// KV bytes a request may grow to: every prompt and generated position, all layers
+/// (sliding-window layers capped at their window).
 pub fn projected_kv_bytes(info: &ModelInfo, prompt_len: usize, max_tokens: usize) -> u64 {
     let positions = match info.max_position_embeddings {
         Some(ctx) => prompt_len.saturating_add(max_tokens).min(ctx),
         None => prompt_len.saturating_add(max_tokens),
     };
-    (positions as u64).saturating_mul(info.kv_bytes_per_token() as u64)
+    info.kv_bytes_for(positions)
 }
 
 /// What is running now, as admission sees it.

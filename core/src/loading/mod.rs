@@ -73,7 +73,13 @@ fn push_unique(into: &mut Vec<u32>, ids: impl IntoIterator<Item = u32>) {
 
 /// The dtype activations run in: that of the embedding table (its scales when quantized).
 fn activation_dtype(weights: &std::collections::HashMap<String, Array>) -> Dtype {
-    for name in ["model.embed_tokens.scales", "model.embed_tokens.weight"] {
+    for name in [
+        "model.embed_tokens.scales",
+        "model.embed_tokens.weight",
+        // multimodal checkpoints (gemma3) keep the text model under `language_model.`
+        "language_model.model.embed_tokens.scales",
+        "language_model.model.embed_tokens.weight",
+    ] {
         if let Some(a) = weights.get(name) {
             return a.dtype();
         }
