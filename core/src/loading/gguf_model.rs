@@ -23,6 +23,10 @@ use crate::{Error, Result};
 
 pub fn load(path: &Path) -> Result<LoadedModel> {
     let header = GgufHeader::read(path)?;
+    if header.get_str("general.architecture") == Some("gemma3") {
+        // K-quant files MLX cannot read: dequantized on the host (see gguf_gemma3.rs).
+        return super::gguf_gemma3::load(path, header);
+    }
     header.check_supported_tensor_types()?;
     let arch = header
         .get_str("general.architecture")

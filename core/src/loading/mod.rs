@@ -1,6 +1,8 @@
 //! Turning a model path (an mlx-lm / Hugging Face directory or a `.gguf` file) into a runnable
 //! model, its tokenizer and its generation defaults.
 
+mod gguf_dequant;
+mod gguf_gemma3;
 mod gguf_model;
 mod safetensors_dir;
 
