@@ -297,7 +297,9 @@ impl KvCache for BatchRotatingKvCache {
             c.keys.as_ref().zip(c.values.as_ref()).map(|(k, v)| (k.dim(1), k.dim(2), k.dim(3), v.dim(3), k.dtype()))
         };
         let (l1, l2) = (shape_of(self).map_or(0, |s| s.1), shape_of(&other).map_or(0, |s| s.1));
-        let (h, _, dk, dv, dtype) = shape_of(self).or_else(|| shape_of(&other)).unwrap();
+        let (h, _, dk, dv, dtype) = shape_of(self)
+            .or_else(|| shape_of(&other))
+            .ok_or_else(|| Error::Mlx("sliding-window cache without keys".into()))?;
         let width = l1.max(l2);
         let pad = |c: &BatchRotatingKvCache| -> Result<(Array, Array, Vec<i32>)> {
             let left = max_idx - c.idx;
