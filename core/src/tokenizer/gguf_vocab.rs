@@ -88,6 +88,9 @@ pub(super) fn build(header: &GgufHeader) -> Result<GgufTokenizer> {
     let model = header
         .get_str("tokenizer.ggml.model")
         .ok_or_else(|| Error::ModelLoad("GGUF file has no tokenizer (no 'tokenizer.ggml.model' key)".into()))?;
+    if model == "llama" && header.architecture() == Some("gemma3") {
+        return super::gguf_spm::build(header);
+    }
     if model != "gpt2" {
         return Err(Error::Unsupported(format!(
             "GGUF tokenizer model '{model}' (tokenizer.ggml.model) is not supported; Weft builds only byte-level \

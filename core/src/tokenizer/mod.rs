@@ -7,6 +7,7 @@
 
 mod chat_template;
 mod detokenizer;
+mod gguf_spm;
 mod gguf_vocab;
 
 use std::path::Path;
