@@ -8,8 +8,8 @@
 //! - Config from `gemma3.*` metadata; `sliding_window_pattern` 6, `rope_local_base_freq` 10000
 //!   and `query_pre_attn_scalar` = head_dim are what llama.cpp assumes for gemma3; linear
 //!   `rope.scaling` metadata maps to `rope_scaling`.
-//! - The SentencePiece (`tokenizer.ggml.model = "llama"`) vocabulary is not read yet: such a
-//!   file loads without a tokenizer (token-id prompts only).
+//! - The tokenizer comes from the file's metadata (`Tokenizer::from_gguf`; Gemma's SentencePiece
+//!   vocabulary is built in `tokenizer/gguf_spm.rs`).
 
 use std::collections::HashMap;
 use std::path::Path;
