@@ -5,16 +5,20 @@
 //! the same way.
 
 mod batch_kv;
+mod batch_rotating;
 mod kv;
 mod quantized;
 mod recurrent;
+mod rotating;
 
 pub use batch_kv::BatchKvCache;
+pub use batch_rotating::BatchRotatingKvCache;
 pub use kv::KvCacheSingle;
 pub use quantized::{
     extend_rows_mixed, maybe_quantize, quantized_sdpa, BatchQuantizedKvCache, KvQuantization, QuantizedKvCache,
 };
 pub use recurrent::{BatchRecurrentCache, RecurrentCache, RecurrentState};
+pub use rotating::RotatingKvCache;
 
 use std::any::Any;
 

@@ -54,7 +54,10 @@ impl PromptCache {
         for c in &mut caches {
             if c.len() > tokens.len() {
                 let extra = c.len() - tokens.len();
-                c.trim(extra);
+                if c.trim(extra) != extra {
+                    // A wrapped sliding-window ring cannot drop positions: not reusable.
+                    return;
+                }
             }
         }
         let held = caches.iter().map(|c| c.len()).min().unwrap_or(0);

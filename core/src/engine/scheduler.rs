@@ -7,20 +7,22 @@ use super::{EngineConfig, Submission};
 use crate::cache::KvQuantization;
 use crate::models::ModelInfo;
 
-/// KV bytes a request may grow to: every prompt and generated position, all layers. Under KV
-/// quantization `kv`, the larger of the full-precision cache before it converts (`start`
-/// positions) and the quantized cache of every position.
+/// KV bytes a request may grow to: every prompt and generated position, all layers
+/// (sliding-window layers capped at their window). Under KV quantization `kv`, the larger of the
+/// full-precision cache before it converts (`start` positions) and the quantized cache of every
+/// position.
 pub fn projected_kv_bytes_for(info: &ModelInfo, kv: Option<&KvQuantization>, prompt_len: usize, max_tokens: usize) -> u64 {
     let positions = match info.max_position_embeddings {
         Some(ctx) => prompt_len.saturating_add(max_tokens).min(ctx),
         None => prompt_len.saturating_add(max_tokens),
-    } as u64;
-    let full = info.kv_bytes_per_token() as u64;
+    };
+    let full = info.kv_bytes_for(positions);
     match kv {
-        None => positions.saturating_mul(full),
+        None => full,
         Some(q) => {
-            let before = positions.min(q.start as u64).saturating_mul(full);
-            let after = positions.saturating_mul(info.kv_bytes_per_token_with(Some(q)) as u64);
+            let before = info.kv_bytes_for(positions.min(q.start));
+            let (quantized, plain) = (info.kv_bytes_per_token_with(Some(q)) as u128, info.kv_bytes_per_token().max(1) as u128);
+            let after = u64::try_from(full as u128 * quantized / plain).unwrap_or(u64::MAX);
             before.max(after)
         }
     }

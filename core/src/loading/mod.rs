@@ -77,7 +77,7 @@ fn activation_dtype(weights: &std::collections::HashMap<String, Array>) -> Dtype
     for name in [
         "model.embed_tokens.scales",
         "model.embed_tokens.weight",
-        // Qwen3.5 (mlx-lm keeps the text model under `language_model.`).
+        // Multimodal / hybrid checkpoints (gemma3, qwen3_5) keep the text model under `language_model.`.
         "language_model.model.embed_tokens.scales",
         "language_model.model.embed_tokens.weight",
     ] {

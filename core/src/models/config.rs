@@ -14,6 +14,11 @@ impl<'a> ConfigReader<'a> {
         ConfigReader { v }
     }
 
+    /// The whole config object.
+    pub fn raw(&self) -> &'a Value {
+        self.v
+    }
+
     pub fn get(&self, key: &str) -> Option<&'a Value> {
         self.v.get(key).filter(|x| !x.is_null())
     }

@@ -1,6 +1,7 @@
 //! Architectures, one file each, over the shared layers in [`crate::nn`].
 
 mod config;
+pub mod gemma3;
 pub mod llama;
 pub mod qwen2;
 pub mod qwen3;
@@ -29,6 +30,15 @@ pub struct ModelInfo {
     pub max_position_embeddings: Option<usize>,
     /// Dtype of activations / KV entries.
     pub activation_dtype: Dtype,
+    /// Layers whose cache is a sliding-window ring, and its size: those hold at most `window`
+    /// positions whatever the sequence length (Gemma 3). `None`: every layer keeps all.
+    pub sliding_window: Option<SlidingWindowLayers>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlidingWindowLayers {
+    pub layers: usize,
+    pub window: usize,
 }
 
 impl ModelInfo {
@@ -51,6 +61,18 @@ impl ModelInfo {
         };
         2 * self.num_layers * self.kv_heads as usize * q.vector_bytes(self.head_dim, elem)
     }
+
+    /// KV-cache bytes a sequence of `positions` tokens occupies across all layers, counting
+    /// sliding-window layers at no more than their window.
+    pub fn kv_bytes_for(&self, positions: usize) -> u64 {
+        let per_layer = (self.kv_bytes_per_token() / self.num_layers.max(1)) as u64;
+        let (sliding, window) = self.sliding_window.map_or((0, 0), |s| (s.layers.min(self.num_layers), s.window));
+        let full = (self.num_layers - sliding) as u64;
+        let layer_positions = full
+            .saturating_mul(positions as u64)
+            .saturating_add((sliding as u64).saturating_mul(positions.min(window) as u64));
+        per_layer.saturating_mul(layer_positions)
+    }
 }
 
 pub trait LanguageModel: Send {
@@ -72,9 +94,10 @@ pub fn build(config: &serde_json::Value, weights: Weights, dtype: Dtype) -> Resu
         "qwen3_next" => Box::new(qwen3_next::load(&cfg, weights, dtype)?),
         "qwen3_5" | "qwen3_5_moe" => Box::new(qwen3_5::load(config, weights, dtype)?),
         "qwen3_moe" => Box::new(qwen3_moe::load(&cfg, weights, dtype)?),
+        "gemma3_text" | "gemma3" => Box::new(gemma3::load(&cfg, weights, dtype)?),
         other => {
             return Err(Error::Unsupported(format!(
-                "model_type {other:?} (supported: llama, mistral, qwen2, qwen3, qwen3_moe, qwen3_next, qwen3_5, qwen3_5_moe)"
+                "model_type {other:?} (supported: llama, mistral, qwen2, qwen3, qwen3_moe, qwen3_next, qwen3_5, qwen3_5_moe, gemma3_text, gemma3)"
             )))
         }
     })

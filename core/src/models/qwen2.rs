@@ -22,6 +22,7 @@ pub fn load(cfg: &ConfigReader, weights: Weights, dtype: Dtype) -> Result<DenseD
             head_dim,
             max_position_embeddings: Some(cfg.opt_i32("max_position_embeddings")?.unwrap_or(32768) as usize),
             activation_dtype: dtype,
+            sliding_window: None,
         },
         intermediate: cfg.req_i32("intermediate_size")?,
         rms_norm_eps: cfg.req_f32("rms_norm_eps")?,

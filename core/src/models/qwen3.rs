@@ -23,6 +23,7 @@ pub fn load(cfg: &ConfigReader, weights: Weights, dtype: Dtype) -> Result<DenseD
             head_dim,
             max_position_embeddings: cfg.opt_i32("max_position_embeddings")?.map(|n| n as usize),
             activation_dtype: dtype,
+            sliding_window: None,
         },
         intermediate: cfg.req_i32("intermediate_size")?,
         rms_norm_eps: eps,

@@ -70,6 +70,7 @@ pub fn load(config: &serde_json::Value, weights: Weights, dtype: Dtype) -> Resul
             head_dim,
             max_position_embeddings: cfg.opt_i32("max_position_embeddings")?.map(|n| n as usize),
             activation_dtype: dtype,
+            sliding_window: None,
         },
         prefix: prefix.into(),
         lm_head: (!tied).then(|| head.to_string()),

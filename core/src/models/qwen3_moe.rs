@@ -57,6 +57,7 @@ pub fn load(cfg: &ConfigReader, mut w: Weights, dtype: Dtype) -> Result<Qwen3Moe
         head_dim,
         max_position_embeddings: cfg.opt_i32("max_position_embeddings")?.map(|n| n as usize),
         activation_dtype: dtype,
+        sliding_window: None,
     };
     let attention = AttentionOptions {
         hidden,

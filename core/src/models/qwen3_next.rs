@@ -85,6 +85,7 @@ pub fn load(cfg: &ConfigReader, weights: Weights, dtype: Dtype) -> Result<Hybrid
             head_dim,
             max_position_embeddings: cfg.opt_i32("max_position_embeddings")?.map(|n| n as usize),
             activation_dtype: dtype,
+            sliding_window: None,
         },
         prefix: "model".into(),
         lm_head: (!tied).then(|| "lm_head".to_string()),

@@ -49,6 +49,20 @@ impl Attention {
         Ok(Attention { q_proj, k_proj, v_proj, o_proj, q_norm, k_norm, opts, scale })
     }
 
+    /// Overrides the softmax scale (default `head_dim^-0.5`; Gemma uses
+    /// `query_pre_attn_scalar^-0.5`).
+    pub fn with_scale(mut self, scale: f32) -> Self {
+        self.scale = scale;
+        self
+    }
+
+    /// Sets per-head query/key norms built by the caller (e.g. Gemma's `1 + w` RMSNorm).
+    pub fn with_qk_norms(mut self, q_norm: RmsNorm, k_norm: RmsNorm) -> Self {
+        self.q_norm = Some(q_norm);
+        self.k_norm = Some(k_norm);
+        self
+    }
+
     /// `x`: `[B, L, hidden]` → `[B, L, hidden]`; appends this step's keys/values to `cache`.
     pub fn forward(&self, x: &Array, mask: &AttentionMask, cache: &mut dyn KvCache) -> Result<Array> {
         let (b, l) = (x.dim(0), x.dim(1));

@@ -97,6 +97,18 @@ impl RmsNorm {
         Ok(RmsNorm { weight: w.take(&format!("{prefix}.weight"), &[dim])?, eps })
     }
 
+    /// Gemma's RMSNorm: the stored weight is an offset from 1 (`rms_norm(x, 1 + w)`). The sum
+    /// is taken once here, in the weight's dtype, as mlx-lm computes it on every call.
+    pub fn load_gemma(w: &mut Weights, prefix: &str, dim: i32, eps: f32) -> Result<Self> {
+        let weight = w.take(&format!("{prefix}.weight"), &[dim])?;
+        let one = Array::from_f32(1.0).as_dtype(weight.dtype())?;
+        let weight = one.add(&weight)?;
+        // Materialize now: a lazy op would belong to this thread's stream, and the model may
+        // run on another thread (the engine's driver).
+        weight.eval()?;
+        Ok(RmsNorm { weight, eps })
+    }
+
     pub fn forward(&self, x: &Array) -> Result<Array> {
         Ok(mlx_rs::fast::rms_norm(x, Some(&self.weight), self.eps)?)
     }

@@ -19,7 +19,7 @@ pub use gated_delta::{GatedDeltaNet, GatedDeltaOptions, ProjectionLayout, RmsNor
 pub use hybrid::{FeedForwardSpec, HybridDecoder, HybridDecoderSpec};
 pub use moe_shared::{SharedExpertMoe, SharedExpertMoeOptions};
 pub use linear::{Embedding, Linear, RmsNorm};
-pub use mlp::Mlp;
+pub use mlp::{Mlp, MlpActivation};
 pub use switch::{stack_expert_weights, SparseMoe, SwitchGlu, SwitchLinear};
 pub use weights::{QuantConfig, QuantSpec, Weights};
 
@@ -56,6 +56,17 @@ impl Rope {
 pub fn swiglu(gate: &Array, up: &Array) -> Result<Array> {
     let silu = gate.multiply(mlx_rs::ops::sigmoid(gate)?)?;
     Ok(silu.multiply(up)?)
+}
+
+/// mlx `nn.gelu_approx`: `0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))`, op for op
+/// (the constant is rounded from f64 as Python does; unfused equals mlx's compiled form).
+pub fn gelu_approx(x: &Array) -> Result<Array> {
+    let dt = x.dtype();
+    let c = |v: f64| Array::from_f32(v as f32).as_dtype(dt);
+    let cube = x.power(&c(3.0)?)?;
+    let inner = x.add(&c(0.044715)?.multiply(&cube)?)?;
+    let t = mlx_rs::ops::tanh(&c((2.0 / std::f64::consts::PI).sqrt())?.multiply(&inner)?)?;
+    Ok(c(0.5)?.multiply(x)?.multiply(&c(1.0)?.add(&t)?)?)
 }
 
 /// Fused scaled-dot-product attention with the cache-provided mask.

@@ -94,6 +94,22 @@ impl Weights {
         self.tensors.contains_key(name)
     }
 
+    /// Renames every tensor `prefix + rest` to `rest` (e.g. a multimodal checkpoint's
+    /// `language_model.` part); returns how many were renamed.
+    pub fn strip_prefix(&mut self, prefix: &str) -> usize {
+        let names: Vec<String> = self.tensors.keys().filter(|k| k.starts_with(prefix)).cloned().collect();
+        for name in &names {
+            let a = self.tensors.remove(name).unwrap();
+            self.tensors.insert(name[prefix.len()..].to_string(), a);
+        }
+        names.len()
+    }
+
+    /// Drops every tensor whose name starts with `prefix` (parts of a checkpoint not used).
+    pub fn remove_prefix(&mut self, prefix: &str) {
+        self.tensors.retain(|k, _| !k.starts_with(prefix));
+    }
+
     pub fn remove(&mut self, name: &str) -> Option<Array> {
         self.tensors.remove(name)
     }
