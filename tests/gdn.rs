@@ -37,25 +37,7 @@ fn single_sequence_trajectories_and_first_logits_are_bit_exact() {
         let g = golden(name);
         let loaded = load(name);
         assert_eq!(loaded.model.info().model_type, g["config"]["model_type"].as_str().unwrap());
-        let vocab = loaded.model.info().vocab_size as usize;
-        for case in g["single"].as_array().unwrap() {
-            let prompt = ids(&case["prompt_ids"]);
-            let want = ids(&case["tokens"]);
-            let step = case["prefill_step_size"].as_u64().unwrap() as usize;
-            let opts = GenerateOptions {
-                max_tokens: want.len(),
-                prefill_step_size: step,
-                capture_first_logits: vocab,
-                ..GenerateOptions::default()
-            };
-            let out = generate(loaded.model.as_ref(), None, &prompt, &opts, |_| true).unwrap();
-            let what = format!("{name}: {}-token prompt, prefill step {step}", prompt.len());
-            assert_eq!(out.tokens, want, "{what}");
-            let logits = floats(&case["first_logits"]);
-            assert_eq!(out.first_logits.len(), logits.len());
-            let diffs = out.first_logits.iter().zip(&logits).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-            assert_eq!(diffs, 0, "{what}: {diffs} of {vocab} first-step logits differ");
-        }
+        assert_single_cases_exact(name, loaded.model.as_ref(), &g);
     }
 }
 

@@ -18,22 +18,7 @@ fn qwen3_moe_single_sequence_matches_mlx_lm_bit_exactly() {
         let g = golden(name);
         let loaded = loading::load(&tiny_model_dir(name)).unwrap();
         assert_eq!(loaded.model.info().model_type, "qwen3_moe");
-        let vocab = loaded.model.info().vocab_size as usize;
-        for case in g["single"].as_array().unwrap() {
-            let prompt = ids(&case["prompt_ids"]);
-            let want = ids(&case["tokens"]);
-            let opts = GenerateOptions {
-                max_tokens: want.len(),
-                prefill_step_size: case["prefill_step_size"].as_u64().unwrap() as usize,
-                capture_first_logits: vocab,
-                ..GenerateOptions::default()
-            };
-            let out = generate(loaded.model.as_ref(), None, &prompt, &opts, |_| true).unwrap();
-            let what = format!("{name}: {}-token prompt, prefill step {}", prompt.len(), opts.prefill_step_size);
-            assert_eq!(out.tokens, want, "{what}");
-            let diffs = bit_diffs(&out.first_logits, &floats(&case["first_logits"]));
-            assert_eq!(diffs, 0, "{what}: {diffs} of {vocab} first-step logits differ");
-        }
+        assert_single_cases_exact(name, loaded.model.as_ref(), &g);
     }
 }
 

@@ -13,25 +13,7 @@ fn tiny_models_match_mlx_lm_trajectories_and_first_logits() {
     for name in TINY_MODELS {
         let g = golden(name);
         let loaded = loading::load(&tiny_model_dir(name)).unwrap();
-        let vocab = loaded.model.info().vocab_size as usize;
-        for case in g["single"].as_array().unwrap() {
-            let prompt = ids(&case["prompt_ids"]);
-            let want = ids(&case["tokens"]);
-            let opts = GenerateOptions {
-                max_tokens: want.len(),
-                prefill_step_size: case["prefill_step_size"].as_u64().unwrap() as usize,
-                capture_first_logits: vocab,
-                ..GenerateOptions::default()
-            };
-            let out = generate(loaded.model.as_ref(), None, &prompt, &opts, |_| true).unwrap();
-            assert_eq!(out.tokens, want, "{name}: tokens for a {}-token prompt", prompt.len());
-            assert_eq!(out.finish_reason, FinishReason::Length);
-            let logits = floats(&case["first_logits"]);
-            assert_eq!(out.first_logits.len(), logits.len());
-            // Bit-exact: same ops in the same order as mlx-lm on the same libmlx.
-            let diffs = out.first_logits.iter().zip(&logits).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-            assert_eq!(diffs, 0, "{name}: {diffs} of {vocab} first-step logits differ ({}-token prompt)", prompt.len());
-        }
+        assert_single_cases_exact(name, loaded.model.as_ref(), &g);
     }
 }
 

@@ -192,3 +192,28 @@ pub fn bit_diffs(a: &[f32], b: &[f32]) -> usize {
     assert_eq!(a.len(), b.len());
     a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count()
 }
+
+/// Every `single` case of golden `g` through single-sequence `generate` (greedy, EOS ignored):
+/// tokens equal mlx-lm's and the first step's logits equal bit for bit (same ops in the same
+/// order on the same libmlx).
+pub fn assert_single_cases_exact(name: &str, model: &dyn weft::models::LanguageModel, g: &Value) {
+    use weft::generate::{generate, GenerateOptions};
+    let vocab = model.info().vocab_size as usize;
+    for case in g["single"].as_array().unwrap() {
+        let prompt = ids(&case["prompt_ids"]);
+        let want = ids(&case["tokens"]);
+        let step = case["prefill_step_size"].as_u64().unwrap() as usize;
+        let opts = GenerateOptions {
+            max_tokens: want.len(),
+            prefill_step_size: step,
+            capture_first_logits: vocab,
+            ..GenerateOptions::default()
+        };
+        let out = generate(model, None, &prompt, &opts, |_| true).unwrap();
+        let what = format!("{name}: {}-token prompt, prefill step {step}", prompt.len());
+        assert_eq!(out.tokens, want, "{what}: tokens");
+        assert_eq!(out.finish_reason, FinishReason::Length, "{what}");
+        let diffs = bit_diffs(&out.first_logits, &floats(&case["first_logits"]));
+        assert_eq!(diffs, 0, "{what}: {diffs} of {vocab} first-step logits differ");
+    }
+}
