@@ -24,6 +24,13 @@ public final class Engine: Sendable {
         public var kvBudgetBytes: UInt64?
         /// Bytes of finished rows' KV kept for prompt-prefix reuse; 0 = off.
         public var promptCacheBytes: UInt64
+        /// Store keys and values affine-quantized to this many bits (2, 3, 4, 5, 6 or 8); `nil`
+        /// = full precision, the mode that matches mlx-lm token for token.
+        public var kvBits: Int?
+        /// Elements per KV quantization group: 32, 64 or 128, dividing the model's head size.
+        public var kvGroupSize: Int
+        /// Positions a row keeps in full precision before its KV is quantized.
+        public var quantizedKvStart: Int
 
         public init(
             model: String? = nil,
@@ -31,7 +38,10 @@ public final class Engine: Sendable {
             promptConcurrency: Int = 8,
             prefillStepSize: Int = 2048,
             kvBudgetBytes: UInt64? = nil,
-            promptCacheBytes: UInt64 = 0
+            promptCacheBytes: UInt64 = 0,
+            kvBits: Int? = nil,
+            kvGroupSize: Int = 64,
+            quantizedKvStart: Int = 0
         ) {
             self.model = model
             self.maxBatch = maxBatch
@@ -39,6 +49,9 @@ public final class Engine: Sendable {
             self.prefillStepSize = prefillStepSize
             self.kvBudgetBytes = kvBudgetBytes
             self.promptCacheBytes = promptCacheBytes
+            self.kvBits = kvBits
+            self.kvGroupSize = kvGroupSize
+            self.quantizedKvStart = quantizedKvStart
         }
     }
 
@@ -61,6 +74,12 @@ public final class Engine: Sendable {
         if options.kvBudgetBytes == 0 {
             throw WeftError.invalid("kvBudgetBytes must be positive when set")
         }
+        if let bits = options.kvBits, bits < 1 || bits > 16 {
+            throw WeftError.invalid("kvBits must be 2, 3, 4, 5, 6 or 8, got \(bits)")
+        }
+        if options.quantizedKvStart < 0 {
+            throw WeftError.invalid("quantizedKvStart must be >= 0, got \(options.quantizedKvStart)")
+        }
         do {
             rust = try load_engine(
                 options.model ?? "",
@@ -68,7 +87,10 @@ public final class Engine: Sendable {
                 try count("promptConcurrency", options.promptConcurrency),
                 try count("prefillStepSize", options.prefillStepSize),
                 options.kvBudgetBytes ?? 0,
-                options.promptCacheBytes
+                options.promptCacheBytes,
+                UInt32(options.kvBits ?? 0),
+                try count("kvGroupSize", options.kvGroupSize),
+                UInt64(options.quantizedKvStart)
             )
         } catch let e as RustError {
             throw WeftError(e)

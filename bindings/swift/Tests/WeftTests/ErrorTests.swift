@@ -8,6 +8,10 @@ final class ErrorTests: XCTestCase {
         let e = await assertWeftError(.modelLoad) { try Engine(options: .init(model: path)) }
         XCTAssertTrue(e?.message.contains("no-such-model") ?? false, e?.message ?? "")
         await assertWeftError(.invalidArgument) { try Engine(options: .init(model: modelDir, maxBatch: 0)) }
+        await assertWeftError(.invalidArgument) { try Engine(options: .init(model: modelDir, kvBits: 7)) }
+        // The tiny model's head size is 32: the default KV group of 64 cannot quantize it.
+        let g = await assertWeftError(.invalidArgument) { try Engine(options: .init(model: modelDir, kvBits: 4)) }
+        XCTAssertTrue(g?.message.contains("head_dim") ?? false, g?.message ?? "")
     }
 
     func testBadRequestsThrowFromTheStream() async throws {

@@ -26,6 +26,22 @@ final class GenerateTests: XCTestCase {
         }
     }
 
+    func testQuantizedKvEngineStreamsAndBatches() async throws {
+        let engine = try Engine(options: .init(model: modelDir, maxBatch: 4, kvBits: 8, kvGroupSize: 32))
+        defer { engine.close() }
+        let results = try await withThrowingTaskGroup(of: Completion.self) { group in
+            for g in Goldens.shared.singles.prefix(3) {
+                group.addTask { try await engine.complete(promptIds: g.promptIds, options: greedy(24)) }
+            }
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
+        XCTAssertEqual(results.count, 3)
+        for c in results {
+            XCTAssertEqual(c.tokenIds.count, 24)
+            XCTAssertEqual(c.finishReason, .length)
+        }
+    }
+
     func testCompleteEqualsGoldens() async throws {
         let engine = try Shared.get()
         let g = Goldens.shared.singles[2]

@@ -39,6 +39,9 @@ mod ffi {
             prefill_step_size: u32,
             kv_budget_bytes: u64,
             prompt_cache_bytes: u64,
+            kv_bits: u32,
+            kv_group_size: u32,
+            quantized_kv_start: u64,
         ) -> Result<RustEngine, RustError>;
 
         fn model_path(self: &RustEngine) -> String;
@@ -177,7 +180,8 @@ pub struct RustEngine {
 }
 
 /// `model` empty: the default model (downloaded and verified on first use). `kv_budget_bytes`
-/// 0: no budget.
+/// 0: no budget. `kv_bits` 0: full-precision KV (the exact mode).
+#[allow(clippy::too_many_arguments)]
 fn load_engine(
     model: String,
     max_batch: u32,
@@ -185,6 +189,9 @@ fn load_engine(
     prefill_step_size: u32,
     kv_budget_bytes: u64,
     prompt_cache_bytes: u64,
+    kv_bits: u32,
+    kv_group_size: u32,
+    quantized_kv_start: u64,
 ) -> Result<RustEngine, RustError> {
     let config = EngineConfig {
         max_batch: max_batch as usize,
@@ -192,6 +199,9 @@ fn load_engine(
         prefill_step_size: prefill_step_size as usize,
         kv_budget_bytes: (kv_budget_bytes > 0).then_some(kv_budget_bytes),
         prompt_cache_bytes,
+        kv_bits: (kv_bits > 0).then_some(kv_bits.min(i32::MAX as u32) as i32),
+        kv_group_size: kv_group_size.min(i32::MAX as u32) as i32,
+        quantized_kv_start: quantized_kv_start as usize,
     };
     if config.max_batch == 0 || config.prompt_concurrency == 0 || config.prefill_step_size == 0 {
         return Err(RustError::arg("maxBatch, promptConcurrency and prefillStepSize must be at least 1"));
