@@ -15,10 +15,10 @@ use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
 use mlx_rs::ops::{concatenate, zeros_dtype};
 use mlx_rs::Array;
 
+use super::rotating::grow_ring;
 use super::{AttentionMask, KvCache, RopeOffset, RotatingKvCache};
 use crate::{Error, Result};
 
-const STEP: i32 = 256;
 
 pub struct BatchRotatingKvCache {
     keys: Option<Array>,
@@ -137,26 +137,9 @@ impl BatchRotatingKvCache {
     }
 
     fn update_in_place(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
-        let (b, h, s, dk, dv) = (keys.dim(0), keys.dim(1), keys.dim(2), keys.dim(3), values.dim(3));
+        let s = keys.dim(2);
         let prev = self.written;
-        let grow = match &self.keys {
-            None => true,
-            Some(k) => prev >= k.dim(2) && k.dim(2) < self.max_size,
-        };
-        if grow {
-            let new_size = STEP.min(self.max_size - prev);
-            let nk = zeros_dtype(&[b, h, new_size, dk], keys.dtype())?;
-            let nv = zeros_dtype(&[b, h, new_size, dv], values.dtype())?;
-            match (self.keys.take(), self.values.take()) {
-                (Some(k), Some(v)) => {
-                    self.keys = Some(concatenate(&[k, nk], 2)?);
-                    self.values = Some(concatenate(&[v, nv], 2)?);
-                }
-                _ => {
-                    self.keys = Some(nk);
-                    self.values = Some(nv);
-                }
-            }
+        if grow_ring(&mut self.keys, &mut self.values, prev, self.max_size, keys, values)? {
             self.idx = prev;
         }
         let (k, v) = (self.keys.as_mut().unwrap(), self.values.as_mut().unwrap());

@@ -87,26 +87,9 @@ impl RotatingKvCache {
     }
 
     fn update_in_place(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
-        let (b, h, s, dk, dv) = (keys.dim(0), keys.dim(1), keys.dim(2), keys.dim(3), values.dim(3));
+        let s = keys.dim(2);
         let prev = self.offset;
-        let grow = match &self.keys {
-            None => true,
-            Some(k) => prev >= k.dim(2) && k.dim(2) < self.max_size,
-        };
-        if grow {
-            let new_size = STEP.min(self.max_size - prev);
-            let nk = zeros_dtype(&[b, h, new_size, dk], keys.dtype())?;
-            let nv = zeros_dtype(&[b, h, new_size, dv], values.dtype())?;
-            match (self.keys.take(), self.values.take()) {
-                (Some(k), Some(v)) => {
-                    self.keys = Some(concatenate(&[k, nk], 2)?);
-                    self.values = Some(concatenate(&[v, nv], 2)?);
-                }
-                _ => {
-                    self.keys = Some(nk);
-                    self.values = Some(nv);
-                }
-            }
+        if grow_ring(&mut self.keys, &mut self.values, prev, self.max_size, keys, values)? {
             self.idx = prev;
         }
         let (k, v) = (self.keys.as_mut().unwrap(), self.values.as_mut().unwrap());
@@ -130,6 +113,40 @@ impl RotatingKvCache {
             Ok((k.clone(), v.clone()))
         }
     }
+}
+
+/// Grows a ring's storage by up to `STEP` slots, never past `max_size`, once `written`
+/// positions fill it (as mlx-lm grows its rotating caches); returns whether it grew.
+pub(crate) fn grow_ring(
+    keys_buf: &mut Option<Array>,
+    values_buf: &mut Option<Array>,
+    written: i32,
+    max_size: i32,
+    keys: &Array,
+    values: &Array,
+) -> Result<bool> {
+    let grow = match keys_buf.as_ref() {
+        None => true,
+        Some(k) => written >= k.dim(2) && k.dim(2) < max_size,
+    };
+    if !grow {
+        return Ok(false);
+    }
+    let (b, h, dk, dv) = (keys.dim(0), keys.dim(1), keys.dim(3), values.dim(3));
+    let new_size = STEP.min(max_size - written);
+    let nk = zeros_dtype(&[b, h, new_size, dk], keys.dtype())?;
+    let nv = zeros_dtype(&[b, h, new_size, dv], values.dtype())?;
+    match (keys_buf.take(), values_buf.take()) {
+        (Some(k), Some(v)) => {
+            *keys_buf = Some(concatenate(&[k, nk], 2)?);
+            *values_buf = Some(concatenate(&[v, nv], 2)?);
+        }
+        _ => {
+            *keys_buf = Some(nk);
+            *values_buf = Some(nv);
+        }
+    }
+    Ok(true)
 }
 
 impl KvCache for RotatingKvCache {
