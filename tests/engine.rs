@@ -37,30 +37,9 @@ fn batch_generate_goldens_match_with_single_sequence_first_logits() {
     for name in BATCHED_MODELS {
         let g = golden(name);
         let single = loading::load(&tiny_model_dir(name)).unwrap();
-        let vocab = single.model.info().vocab_size as usize;
         let engine = start(name, EngineConfig::default());
-        for batch in g["batch"].as_array().unwrap() {
-            let rows = batch["rows"].as_array().unwrap();
-            let streams: Vec<_> = rows
-                .iter()
-                .map(|r| {
-                    let mut req = greedy(ids(&r["prompt_ids"]), r["max_tokens"].as_u64().unwrap() as usize);
-                    req.capture_first_logits = vocab;
-                    engine.submit_channel(req).unwrap().1
-                })
-                .collect();
-            for (r, rx) in rows.iter().zip(&streams) {
-                let out = collect(rx);
-                assert_eq!(out.tokens, ids(&r["tokens"]), "{name}: batch of {}", rows.len());
-                assert_eq!(out.finish, Some(FinishReason::Length));
-                // First-step logits equal the single-sequence ones (within 1e-5; bit-equal here).
-                let opts = GenerateOptions { max_tokens: 1, capture_first_logits: vocab, ..Default::default() };
-                let solo = generate(single.model.as_ref(), None, &ids(&r["prompt_ids"]), &opts, |_| true).unwrap();
-                let worst = solo.first_logits.iter().zip(&out.first_logits).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
-                assert_eq!(out.first_logits.len(), vocab);
-                assert!(worst <= 1e-5, "{name}: first logits differ by {worst}");
-            }
-        }
+        // First-step logits equal the single-sequence ones (within 1e-5; bit-equal here).
+        assert_batch_goldens(name, &engine, single.model.as_ref(), &g, |r| ids(&r["tokens"]), 1e-5);
     }
 }
 

@@ -46,31 +46,9 @@ fn batch_generate_goldens_match() {
     for name in GDN_MODELS {
         let g = golden(name);
         let single = load(name);
-        let vocab = single.model.info().vocab_size as usize;
         let engine = Engine::start(load(name), EngineConfig::default()).unwrap();
-        for batch in g["batch"].as_array().unwrap() {
-            let rows = batch["rows"].as_array().unwrap();
-            let streams: Vec<_> = rows
-                .iter()
-                .map(|r| {
-                    let mut req = greedy(ids(&r["prompt_ids"]), r["max_tokens"].as_u64().unwrap() as usize);
-                    req.capture_first_logits = vocab;
-                    engine.submit_channel(req).unwrap().1
-                })
-                .collect();
-            for (r, rx) in rows.iter().zip(&streams) {
-                let out = collect(rx);
-                assert_eq!(out.error, None);
-                assert_eq!(out.tokens, expected(r), "{name}: batch of {}", rows.len());
-                assert_eq!(out.finish, Some(FinishReason::Length));
-                // The first step runs batched; its logits equal the single-sequence ones.
-                let opts = GenerateOptions { max_tokens: 1, capture_first_logits: vocab, ..Default::default() };
-                let solo = generate(single.model.as_ref(), None, &ids(&r["prompt_ids"]), &opts, |_| true).unwrap();
-                assert_eq!(out.first_logits.len(), vocab);
-                let worst = solo.first_logits.iter().zip(&out.first_logits).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
-                assert!(worst <= 1e-5, "{name}: first logits differ by {worst}");
-            }
-        }
+        // The first step runs batched; its logits equal the single-sequence ones.
+        assert_batch_goldens(name, &engine, single.model.as_ref(), &g, expected, 1e-5);
     }
 }
 

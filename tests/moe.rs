@@ -7,7 +7,7 @@ mod support;
 
 use support::*;
 use weft::engine::{Engine, EngineConfig};
-use weft::generate::{generate, FinishReason, GenerateOptions};
+use weft::generate::{generate, GenerateOptions};
 use weft::loading::{self};
 
 const MOE_MODELS: &[&str] = &["qwen3_moe", "qwen3_moe-4bit"];
@@ -27,28 +27,9 @@ fn qwen3_moe_batch_generate_goldens_through_the_engine() {
     for name in MOE_MODELS {
         let g = golden(name);
         let single = loading::load(&tiny_model_dir(name)).unwrap();
-        let vocab = single.model.info().vocab_size as usize;
         let engine = Engine::start(loading::load(&tiny_model_dir(name)).unwrap(), EngineConfig::default()).unwrap();
-        for batch in g["batch"].as_array().unwrap() {
-            let rows = batch["rows"].as_array().unwrap();
-            let streams: Vec<_> = rows
-                .iter()
-                .map(|r| {
-                    let mut req = greedy(ids(&r["prompt_ids"]), r["max_tokens"].as_u64().unwrap() as usize);
-                    req.capture_first_logits = vocab;
-                    engine.submit_channel(req).unwrap().1
-                })
-                .collect();
-            for (r, rx) in rows.iter().zip(&streams) {
-                let out = collect(rx);
-                assert_eq!(out.tokens, ids(&r["tokens"]), "{name}: batch of {}", rows.len());
-                assert_eq!(out.finish, Some(FinishReason::Length));
-                // The batched first step equals the single-sequence one bit for bit.
-                let opts = GenerateOptions { max_tokens: 1, capture_first_logits: vocab, ..Default::default() };
-                let solo = generate(single.model.as_ref(), None, &ids(&r["prompt_ids"]), &opts, |_| true).unwrap();
-                assert_eq!(bit_diffs(&out.first_logits, &solo.first_logits), 0, "{name}: batched first logits");
-            }
-        }
+        // The batched first step equals the single-sequence one bit for bit.
+        assert_batch_goldens(name, &engine, single.model.as_ref(), &g, |r| ids(&r["tokens"]), 0.0);
     }
 }
 

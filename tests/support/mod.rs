@@ -217,3 +217,41 @@ pub fn assert_single_cases_exact(name: &str, model: &dyn weft::models::LanguageM
         assert_eq!(diffs, 0, "{what}: {diffs} of {vocab} first-step logits differ");
     }
 }
+
+/// Every `batch` golden of `g` (mlx-lm `batch_generate`: rows submitted together) through
+/// `engine`: each row's tokens equal `want(row)`, it ends by length, and its first step's
+/// logits are within `tolerance` of `single`'s single-sequence ones (0.0 = equal).
+pub fn assert_batch_goldens(
+    name: &str,
+    engine: &weft::engine::Engine,
+    single: &dyn weft::models::LanguageModel,
+    g: &Value,
+    want: impl Fn(&Value) -> Vec<u32>,
+    tolerance: f32,
+) {
+    use weft::generate::{generate, GenerateOptions};
+    let vocab = single.info().vocab_size as usize;
+    for batch in g["batch"].as_array().unwrap() {
+        let rows = batch["rows"].as_array().unwrap();
+        let streams: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                let mut req = greedy(ids(&r["prompt_ids"]), r["max_tokens"].as_u64().unwrap() as usize);
+                req.capture_first_logits = vocab;
+                engine.submit_channel(req).unwrap().1
+            })
+            .collect();
+        for (r, rx) in rows.iter().zip(&streams) {
+            let out = collect(rx);
+            let what = format!("{name}: batch of {}", rows.len());
+            assert_eq!(out.error, None, "{what}");
+            assert_eq!(out.tokens, want(r), "{what}");
+            assert_eq!(out.finish, Some(FinishReason::Length), "{what}");
+            let opts = GenerateOptions { max_tokens: 1, capture_first_logits: vocab, ..Default::default() };
+            let solo = generate(single, None, &ids(&r["prompt_ids"]), &opts, |_| true).unwrap();
+            assert_eq!(out.first_logits.len(), vocab, "{what}");
+            let worst = solo.first_logits.iter().zip(&out.first_logits).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+            assert!(worst <= tolerance, "{what}: first-step logits differ from single-sequence by {worst}");
+        }
+    }
+}
