@@ -211,7 +211,8 @@ def main() -> None:
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     model, config = load_mlx_lm(mlx_path)
-    vocab = int(config["vocab_size"])
+    # Multimodal-form configs (qwen3_5, gemma3) keep the text model's sizes in text_config.
+    vocab = int(config.get("vocab_size") or config["text_config"]["vocab_size"])
     prompt = prompt_ids(args.seed, args.prompt_len, vocab)
 
     weft_rounds, mlx_rounds = [], []
