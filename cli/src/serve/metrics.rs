@@ -142,73 +142,29 @@ impl Metrics {
         .map(|(r, a)| (format!("{{reason=\"{r}\"}}"), load(a) as f64))
         .collect();
         metric("weft_requests_finished_total", "counter", "Generations finished, by reason.", &finished);
-        metric(
-            "weft_client_disconnects_total",
-            "counter",
-            "Generations cancelled because the client went away.",
-            &one(load(&self.disconnects) as f64),
-        );
-        metric(
-            "weft_requests_in_flight",
-            "gauge",
-            "Generation requests being served.",
-            &one(load(&self.in_flight) as f64),
-        );
-        metric(
-            "weft_prompt_tokens_total",
-            "counter",
-            "Prompt tokens of finished requests.",
-            &one(load(&self.prompt_tokens) as f64),
-        );
-        metric(
-            "weft_prompt_tokens_cached_total",
-            "counter",
-            "Prompt tokens served from the prompt cache.",
-            &one(load(&self.cached_prompt_tokens) as f64),
-        );
-        metric(
-            "weft_generation_tokens_total",
-            "counter",
-            "Completion tokens of finished requests.",
-            &one(load(&self.completion_tokens) as f64),
-        );
-        metric("weft_queue_depth", "gauge", "Requests waiting for admission.", &one(stats.queued_rows as f64));
-        metric(
-            "weft_prefilling_rows",
-            "gauge",
-            "Requests prefilling their prompt.",
-            &one(stats.prefilling_rows as f64),
-        );
-        metric("weft_active_rows", "gauge", "Rows decoding in the batch.", &one(stats.active_rows as f64));
-        metric(
-            "weft_kv_bytes_in_use",
-            "gauge",
-            "Projected KV-cache bytes of admitted rows.",
-            &one(stats.kv_bytes_in_use as f64),
-        );
-        if let Some(b) = stats.kv_budget_bytes {
-            metric("weft_kv_budget_bytes", "gauge", "The KV budget (--kv-budget).", &one(b as f64));
+        // The single-sample metrics, in exposition order (`None`: not exposed).
+        let scalars: [(&str, &str, &str, Option<f64>); 15] = [
+            ("weft_client_disconnects_total", "counter", "Generations cancelled because the client went away.", Some(load(&self.disconnects) as f64)),
+            ("weft_requests_in_flight", "gauge", "Generation requests being served.", Some(load(&self.in_flight) as f64)),
+            ("weft_prompt_tokens_total", "counter", "Prompt tokens of finished requests.", Some(load(&self.prompt_tokens) as f64)),
+            ("weft_prompt_tokens_cached_total", "counter", "Prompt tokens served from the prompt cache.", Some(load(&self.cached_prompt_tokens) as f64)),
+            ("weft_generation_tokens_total", "counter", "Completion tokens of finished requests.", Some(load(&self.completion_tokens) as f64)),
+            ("weft_queue_depth", "gauge", "Requests waiting for admission.", Some(stats.queued_rows as f64)),
+            ("weft_prefilling_rows", "gauge", "Requests prefilling their prompt.", Some(stats.prefilling_rows as f64)),
+            ("weft_active_rows", "gauge", "Rows decoding in the batch.", Some(stats.active_rows as f64)),
+            ("weft_kv_bytes_in_use", "gauge", "Projected KV-cache bytes of admitted rows.", Some(stats.kv_bytes_in_use as f64)),
+            ("weft_kv_budget_bytes", "gauge", "The KV budget (--kv-budget).", stats.kv_budget_bytes.map(|b| b as f64)),
+            ("weft_prompt_cache_bytes", "gauge", "Bytes held by the prompt cache.", Some(stats.prompt_cache_bytes as f64)),
+            ("weft_prompt_cache_entries", "gauge", "Entries in the prompt cache.", Some(stats.prompt_cache_entries as f64)),
+            ("weft_prompt_cache_hits_total", "counter", "Prompt-cache hits.", Some(stats.prompt_cache_hits as f64)),
+            ("weft_decode_steps_total", "counter", "Batched decode steps run.", Some(stats.decode_steps as f64)),
+            ("weft_engine_tokens_generated_total", "counter", "Tokens the engine generated (all requests).", Some(stats.tokens_generated as f64)),
+        ];
+        for (name, kind, help, value) in scalars {
+            if let Some(v) = value {
+                metric(name, kind, help, &one(v));
+            }
         }
-        metric(
-            "weft_prompt_cache_bytes",
-            "gauge",
-            "Bytes held by the prompt cache.",
-            &one(stats.prompt_cache_bytes as f64),
-        );
-        metric(
-            "weft_prompt_cache_entries",
-            "gauge",
-            "Entries in the prompt cache.",
-            &one(stats.prompt_cache_entries as f64),
-        );
-        metric("weft_prompt_cache_hits_total", "counter", "Prompt-cache hits.", &one(stats.prompt_cache_hits as f64));
-        metric("weft_decode_steps_total", "counter", "Batched decode steps run.", &one(stats.decode_steps as f64));
-        metric(
-            "weft_engine_tokens_generated_total",
-            "counter",
-            "Tokens the engine generated (all requests).",
-            &one(stats.tokens_generated as f64),
-        );
         self.ttft.render(&mut out, "weft_time_to_first_token_seconds", "Request arrival to its first token.");
         self.inter_token.render(
             &mut out,
