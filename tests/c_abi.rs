@@ -463,3 +463,15 @@ fn examples_stream_from_the_default_model() {
     assert!(first.ends_with(" tokens, cancelled ==="), "request 0 is cancelled after 2 tokens: {first}");
     assert!(stdout.contains("stats: {"), "{stdout}");
 }
+
+#[test]
+fn a_dead_engine_thread_is_reported_to_c_and_every_request_ends_once() {
+    let source = repo_root().join("ffi/tests/c/fault_test.c");
+    let exe = build(&source, Lang::C, Link::Dynamic);
+    let out = runs_from_rpath(Command::new(&exe))
+        .arg(tiny_model_dir(MODEL))
+        .env("WEFT_FAULTS", "driver-panic@3")
+        .output()
+        .expect("running the C fault test");
+    assert_pass(&out, "fault_test.c with WEFT_FAULTS=driver-panic@3");
+}
