@@ -33,12 +33,20 @@ struct Server {
 
 impl Server {
     fn start(model: &Path, extra: &[&str]) -> Server {
+        Self::start_with_env(model, extra, &[])
+    }
+
+    fn start_with_env(model: &Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_weft"))
             .arg("serve")
             .arg("--model")
             .arg(model)
             .args(["--host", "127.0.0.1", "--port", "0", "--log-level", "WARNING"])
             .args(extra)
+            .env_remove("WEFT_ALLOWED_ORIGINS")
+            .env_remove("WEFT_ALLOWED_HOSTS")
+            .env_remove("WEFT_API_KEY")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -193,7 +201,12 @@ fn node_test(server: &Server, model_id: &str) -> Child {
 fn official_clients_reproduce_the_goldens() {
     let Some(model) = default_model() else { return };
     let server = Server::start(&model, &["--api-key", API_KEY]);
-    let model_id = model.to_string_lossy().into_owned();
+    // The short id the server chose (the model directory's name).
+    let (status, listed) = server.get("/v1/models", &format!("Authorization: Bearer {API_KEY}\r\n"));
+    assert_eq!(status, 200, "{listed}");
+    let listed: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    let model_id = listed["data"][0]["id"].as_str().unwrap().to_string();
+    assert!(!model_id.contains('/'), "not a short id: {model_id}");
     let env = [
         ("WEFT_API_KEY", API_KEY.to_string()),
         ("WEFT_MODEL_ID", model_id.clone()),
@@ -223,8 +236,10 @@ fn official_clients_reproduce_the_goldens() {
 #[test]
 fn bad_inputs_get_protocol_errors() {
     // KV budget 1 MB: the tiny model needs 1536 bytes per token, so about 650 tokens fit.
-    let server =
-        Server::start(&tiny_model(), &["--api-key", API_KEY, "--kv-budget", "1MB", "--served-model-name", "tiny"]);
+    let server = Server::start(
+        &tiny_model(),
+        &["--api-key", API_KEY, "--kv-budget", "1MB", "--served-model-name", "tiny", "--strict-model"],
+    );
     let env = [("WEFT_API_KEY", API_KEY.to_string()), ("WEFT_MODEL_ID", "tiny".to_string())];
     finish("bad inputs (test_errors.py)", run_python("test_errors.py", &server, &env));
 }
@@ -342,4 +357,239 @@ fn startup_errors_are_clear() {
     assert!(err.contains("listening address") && err.contains(&port) && !err.contains("panicked"), "{err}");
     let (status, _) = first.get("/health", "");
     assert_eq!(status, 200);
+}
+
+/// One raw HTTP/1.1 exchange (`Connection: close`); returns (status, head, body with any
+/// chunked framing removed). Panics if the server drops the connection without an answer.
+fn exchange(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, String, Vec<u8>) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut head = format!("{method} {path} HTTP/1.1\r\n");
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        head += &format!("Host: {addr}\r\n");
+    }
+    for (k, v) in headers {
+        head += &format!("{k}: {v}\r\n");
+    }
+    head += &format!("Content-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap_or_else(|e| panic!("{method} {path}: connection failed: {e}"));
+    parse_response(&raw).unwrap_or_else(|e| panic!("{method} {path}: {e}: {:?}", String::from_utf8_lossy(&raw)))
+}
+
+/// Status, head and de-chunked body of a complete HTTP/1.1 response.
+fn parse_response(raw: &[u8]) -> Result<(u16, String, Vec<u8>), String> {
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").ok_or("no end of headers")?;
+    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).ok_or("no status")?;
+    let mut rest = &raw[split + 4..];
+    let lower = head.to_ascii_lowercase();
+    if !lower.contains("transfer-encoding: chunked") {
+        if let Some(n) = lower.split("content-length:").nth(1).and_then(|v| v.lines().next()?.trim().parse::<usize>().ok()) {
+            if rest.len() != n {
+                return Err(format!("body is {} bytes, Content-Length {n}", rest.len()));
+            }
+        }
+        return Ok((status, head, rest.to_vec()));
+    }
+    let mut body = Vec::new();
+    loop {
+        let eol = rest.windows(2).position(|w| w == b"\r\n").ok_or("truncated chunk size")?;
+        let size = usize::from_str_radix(String::from_utf8_lossy(&rest[..eol]).trim(), 16).map_err(|e| e.to_string())?;
+        rest = &rest[eol + 2..];
+        if size == 0 {
+            return Ok((status, head, body));
+        }
+        if rest.len() < size + 2 {
+            return Err("truncated chunk (the stream did not end)".into());
+        }
+        body.extend_from_slice(&rest[..size]);
+        rest = &rest[size + 2..];
+    }
+}
+
+fn header_value(head: &str, name: &str) -> Option<String> {
+    head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.trim().eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+    })
+}
+
+/// The security defaults and limits (issue 19), through raw HTTP and the official client:
+/// foreign origins and hosts refused, local ones allowed, oversize bodies 413 before they are
+/// read, limits with 4xx JSON, the API key on everything but /health.
+#[test]
+fn security_defaults_and_limits() {
+    let server = Server::start(
+        &tiny_model(),
+        &[
+            "--api-key",
+            API_KEY,
+            "--served-model-name",
+            "tiny",
+            "--max-body-bytes",
+            "1MB",
+            "--max-messages",
+            "4",
+            "--max-tokens-limit",
+            "64",
+            "--max-connections",
+            "8",
+        ],
+    );
+    let env = [("WEFT_API_KEY", API_KEY.to_string()), ("WEFT_MODEL_ID", "tiny".to_string())];
+    finish("security (test_security.py)", run_python("test_security.py", &server, &env));
+}
+
+/// `--allowed-origins` / `$WEFT_ALLOWED_ORIGINS` replace the default origins (`local` keeps
+/// them), `*` allows any; `--allowed-hosts` extends the Host allowlist, `*` turns it off.
+#[test]
+fn origins_and_hosts_are_configurable() {
+    let chat = br#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":1}"#;
+    let server = Server::start_with_env(
+        &tiny_model(),
+        &["--allowed-hosts", "mybox.local"],
+        &[("WEFT_ALLOWED_ORIGINS", "https://app.example.com")],
+    );
+    let post = |origin: &str, host: &str| {
+        let (status, head, _) = exchange(
+            &server.addr,
+            "POST",
+            "/v1/chat/completions",
+            &[("Origin", origin), ("Host", host), ("Content-Type", "application/json")],
+            chat,
+        );
+        (status, header_value(&head, "access-control-allow-origin"))
+    };
+    let own = server.addr.clone();
+    assert_eq!(post("https://app.example.com", &own), (200, Some("https://app.example.com".into())));
+    assert_eq!(post("http://localhost:3000", &own).0, 403, "the env list replaces the defaults");
+    assert_eq!(post("https://app.example.com", "mybox.local:8080").0, 200);
+    assert_eq!(post("https://app.example.com", "evil.example").0, 403);
+    drop(server);
+
+    let server = Server::start_with_env(
+        &tiny_model(),
+        &["--allowed-origins", "local,https://app.example.com", "--allowed-hosts", "*"],
+        &[("WEFT_ALLOWED_ORIGINS", "https://ignored.example")],
+    );
+    let post = |origin: &str, host: &str| {
+        exchange(&server.addr, "POST", "/v1/chat/completions", &[("Origin", origin), ("Host", host)], chat).0
+    };
+    assert_eq!(post("http://localhost:3000", "evil.example"), 200, "hosts unchecked with *");
+    assert_eq!(post("https://app.example.com", &server.addr), 200);
+    assert_eq!(post("https://ignored.example", &server.addr), 403, "the flag wins over the env var");
+    drop(server);
+
+    let server = Server::start(&tiny_model(), &["--allowed-origins", "*"]);
+    let (status, head, _) =
+        exchange(&server.addr, "OPTIONS", "/v1/chat/completions", &[("Origin", "https://evil.example")], b"");
+    assert_eq!((status, header_value(&head, "access-control-allow-origin")), (204, Some("*".into())));
+}
+
+/// The `data:` payloads of an SSE body.
+fn sse_payloads(body: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(body).lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_string).collect()
+}
+
+fn stats(server: &Server) -> serde_json::Value {
+    let (status, body) = server.get("/stats", "");
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+/// SSE back-pressure: a client that stops reading parks only its own row (the engine's
+/// `paused_rows`), another request meanwhile runs to its end, and once the slow client reads
+/// again its stream resumes where it stopped: its first tokens equal mlx-lm's goldens and the
+/// whole stream equals the same request served without a stall.
+#[test]
+fn slow_stream_parks_only_its_own_row() {
+    let server = Server::start(&tiny_model(), &["--served-model-name", "tiny"]);
+    let golden = golden("gguf/llama-q4_1");
+    let case = &golden["single"][0];
+    let prompt = ids(&case["prompt_ids"]);
+    let golden_tokens = ids(&case["tokens"]);
+    let tokenizer = weft::loading::load(&tiny_model()).unwrap().tokenizer.expect("the tiny GGUF has a tokenizer");
+    let golden_texts: Vec<String> = golden_tokens.iter().map(|&t| tokenizer.decode(&[t], false).unwrap()).collect();
+
+    // Greedy, EOS ignored, 20 alternatives a token: ~1.5 kB an event, far more than the
+    // socket buffers hold for a client that does not read.
+    let body = serde_json::json!({
+        "prompt": prompt, "max_tokens": 1200, "temperature": 0, "ignore_eos": true, "logprobs": 20, "stream": true,
+    })
+    .to_string();
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let addr: std::net::SocketAddr = server.addr.parse().unwrap();
+    socket.connect(&addr.into()).unwrap();
+    let mut slow: TcpStream = socket.into();
+    write!(
+        slow,
+        "POST /v1/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        server.addr,
+        body.len()
+    )
+    .unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let s = stats(&server);
+        if s["paused_rows"] == 1 {
+            break;
+        }
+        assert!(s["requests_finished"] == 0, "the slow stream finished without being parked: {s}");
+        assert!(Instant::now() < deadline, "the slow client's row was never parked: {s}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Another client is served to its end while the slow row stays parked.
+    let other = br#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":40,"ignore_eos":true}"#;
+    let (status, _, reply) = exchange(&server.addr, "POST", "/v1/chat/completions", &[], other);
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&reply));
+    let reply: serde_json::Value = serde_json::from_slice(&reply).unwrap();
+    assert_eq!(reply["usage"]["completion_tokens"], 40);
+    let s = stats(&server);
+    assert_eq!((s["paused_rows"].as_u64(), s["active_rows"].as_u64()), (Some(1), Some(0)), "{s}");
+
+    // The slow client reads again: the stream resumes and ends normally.
+    let mut raw = Vec::new();
+    slow.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    slow.read_to_end(&mut raw).unwrap();
+    let (status, _, sse) = parse_response(&raw).unwrap();
+    assert_eq!(status, 200);
+    let events = sse_payloads(&sse);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let mut texts = Vec::new();
+    let mut logprobs = Vec::new();
+    let mut finish = None;
+    for e in &events[..events.len() - 1] {
+        let chunk: serde_json::Value = serde_json::from_str(e).unwrap();
+        let choice = &chunk["choices"][0];
+        if let Some(lp) = choice["logprobs"].as_object() {
+            texts.extend(lp["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap().to_string()));
+            logprobs.extend(lp["token_logprobs"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()));
+        }
+        if !choice["finish_reason"].is_null() {
+            finish = choice["finish_reason"].as_str().map(str::to_string);
+        }
+    }
+    assert_eq!(finish.as_deref(), Some("length"));
+    assert_eq!(texts.len(), 1200);
+    assert_eq!(texts[..golden_texts.len()], golden_texts[..], "the resumed stream left mlx-lm's greedy trajectory");
+
+    // The same request without a stall: token for token and logprob for logprob.
+    let plain = serde_json::json!({
+        "prompt": prompt, "max_tokens": 1200, "temperature": 0, "ignore_eos": true, "logprobs": 20,
+    })
+    .to_string();
+    let (status, _, reply) = exchange(&server.addr, "POST", "/v1/completions", &[], plain.as_bytes());
+    assert_eq!(status, 200);
+    let reply: serde_json::Value = serde_json::from_slice(&reply).unwrap();
+    let lp = &reply["choices"][0]["logprobs"];
+    let plain_texts: Vec<String> = lp["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap().to_string()).collect();
+    let plain_logprobs: Vec<f64> = lp["token_logprobs"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    assert_eq!(texts, plain_texts);
+    assert_eq!(logprobs, plain_logprobs);
+    assert_eq!(stats(&server)["paused_rows"], 0);
 }
