@@ -8,6 +8,7 @@
 //! - [`params`], [`errors`]: request fields and each protocol's error JSON
 //! - [`security`]: CORS origins, the `Host` allowlist, the API key
 //! - [`limits`]: body size, message count, `max_tokens`, connections, over-context prompts
+//! - [`memory`]: freed heap memory handed back to the OS when the server goes idle
 //!
 //! One tokio runtime (two workers: HTTP work is light next to the engine's own thread) serves
 //! every connection; all generation goes through one [`weft::engine::Engine`].
@@ -15,6 +16,7 @@
 mod anthropic;
 mod errors;
 mod limits;
+mod memory;
 mod metrics;
 mod openai;
 mod params;
@@ -259,8 +261,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
     };
     let state = Arc::new(AppState::new(engine, served, defaults, chat_template, access, limits, level == "DEBUG"));
 
+    // Tokenizing is CPU work: more blocking threads than cores only adds threads (and their
+    // allocator arenas, which is most of what RSS would otherwise grow by under load).
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .max_blocking_threads(cores.clamp(2, 8))
         .thread_name("weft-http")
         .enable_all()
         .build()
@@ -306,6 +312,7 @@ async fn serve(state: Arc<AppState>, args: &ServeArgs, info: bool) -> Result<()>
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let grace = Duration::from_secs_f64(args.shutdown_timeout.max(0.0));
     tokio::spawn(watch_signals(Arc::clone(&state), signals, stop_tx, grace, info));
+    tokio::spawn(memory::trim_when_idle(Arc::downgrade(&state)));
     // Machine-readable, for apps and tests that start the server on port 0.
     println!("listening on http://{local}");
 
