@@ -90,11 +90,18 @@ pub struct LimitedListener {
     open: Arc<AtomicUsize>,
     limit: usize,
     refused_body: Arc<str>,
+    refused: u64,
 }
 
 impl LimitedListener {
     pub fn new(inner: TcpListener, limit: usize, refused_body: String) -> Self {
-        LimitedListener { inner, open: Arc::new(AtomicUsize::new(0)), limit: limit.max(1), refused_body: refused_body.into() }
+        LimitedListener {
+            inner,
+            open: Arc::new(AtomicUsize::new(0)),
+            limit: limit.max(1),
+            refused_body: refused_body.into(),
+            refused: 0,
+        }
     }
 }
 
@@ -116,6 +123,16 @@ impl axum::serve::Listener for LimitedListener {
                 };
                 if self.open.fetch_add(1, Ordering::SeqCst) >= self.limit {
                     self.open.fetch_sub(1, Ordering::SeqCst);
+                    // Said once, then every 1000th: a refusing sidecar should not be silent,
+                    // nor flood its log.
+                    if self.refused % 1000 == 0 {
+                        eprintln!(
+                            "weft serve: {} open connections, refusing more (--max-connections); {} refused so far",
+                            self.limit,
+                            self.refused + 1
+                        );
+                    }
+                    self.refused += 1;
                     tokio::spawn(refuse(stream, Arc::clone(&self.refused_body)));
                     continue;
                 }
