@@ -74,6 +74,11 @@ enum weft_status
    * implement.
    */
   WEFT_ERR_UNSUPPORTED = -7,
+  /**
+   * The engine's thread failed (a bug): every outstanding request got an ERROR event and the
+   * engine takes no more requests. Free it and create a new one.
+   */
+  WEFT_ERR_ENGINE_FAILED = -8,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -179,9 +184,10 @@ typedef struct weft_event {
   int32_t token_id;
   /**
    * TOKEN: the UTF-8 text this token adds. Never a partial code point; may be empty (text
-   * held back until a character or a possible stop string completes). NUL-terminated for
-   * convenience, but use text_len (the text may contain NUL bytes). Never NULL ("" for
-   * other kinds).
+   * held back until a character or a possible stop string completes). DONE: the text still
+   * held back when the request ended (often ""); the whole output is every TOKEN's text
+   * followed by DONE's. NUL-terminated for convenience, but use text_len (the text may
+   * contain NUL bytes). Never NULL ("" for ERROR).
    */
   const char *text;
   /**
@@ -228,6 +234,24 @@ typedef struct weft_event {
    * Number of entries in top_logprobs.
    */
   size_t top_logprobs_len;
+  /**
+   * DONE with WEFT_FINISH_STOP: a weft_stop_kind (WEFT_STOP_EOS or WEFT_STOP_STRING);
+   * WEFT_STOP_NONE (0) otherwise.
+   */
+  int32_t stop_kind;
+  /**
+   * DONE with WEFT_STOP_EOS: the end-of-sequence token that ended the request; -1 otherwise.
+   */
+  int32_t stop_token_id;
+  /**
+   * DONE with WEFT_STOP_STRING: the stop string that matched (UTF-8, NUL-terminated, see
+   * stop_string_len). Never NULL ("" otherwise).
+   */
+  const char *stop_string;
+  /**
+   * Length of stop_string in bytes, excluding the terminating NUL.
+   */
+  size_t stop_string_len;
 } weft_event;
 
 /**
@@ -364,6 +388,14 @@ int32_t weft_cancel(struct weft_engine *engine, uint64_t request_id);
  * Any thread, also from inside a callback.
  */
 int32_t weft_engine_stats(struct weft_engine *engine, char *buf, size_t cap, size_t *out_len);
+
+/**
+ * Whether the engine is serving: WEFT_OK, or WEFT_ERR_ENGINE_FAILED once its thread has
+ * failed (weft_last_error says why; every outstanding request got an ERROR event and later
+ * weft_submit calls fail the same way), or WEFT_ERR_SHUTDOWN after weft_engine_shutdown.
+ * Any thread, also from inside a callback.
+ */
+int32_t weft_engine_health(struct weft_engine *engine);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -4,8 +4,8 @@ a share of whose clients hang up mid-stream, repeated; the server's memory must 
 Checks, per storm: every stream that was not aborted ends with a finish reason (strict
 grammar, see wire.py), no request errors, the engine drains to zero rows with no KV held.
 Across storms: the server's RSS after the last storm is within 10% of its RSS after the first
-(each read once the server has been idle for SETTLE_S, the time it takes to hand freed heap
-memory back, see cli/src/serve/memory.rs).
+(each read once the server has been idle for SETTLE_S: the engine returns MLX's buffer cache
+and the heap's free pages when it goes idle, and the HTTP side frees its buffers after that).
 
     WEFT_URL=... WEFT_PID=<server pid> WEFT_MODEL_ID=tiny .venv/bin/python tests/server/test_soak.py
     SOAK_STORMS=10 SOAK_CLIENTS=500 ...   # the longer run reported in docs/server.md

@@ -100,14 +100,6 @@ impl Metrics {
         }
     }
 
-    /// Generations finished for any reason.
-    pub fn finished_total(&self) -> u64 {
-        [&self.finished_stop, &self.finished_length, &self.finished_cancelled, &self.finished_error]
-            .iter()
-            .map(|c| c.load(Ordering::Relaxed))
-            .sum()
-    }
-
     pub fn count_http(&self, endpoint: &'static str, status: u16) {
         let mut h = self.http.lock().unwrap_or_else(|p| p.into_inner());
         match h.iter_mut().find(|(e, s, _)| *e == endpoint && *s == status) {

@@ -8,7 +8,6 @@
 //! - [`params`], [`errors`]: request fields and each protocol's error JSON
 //! - [`security`]: CORS origins, the `Host` allowlist, the API key
 //! - [`limits`]: body size, message count, `max_tokens`, connections, over-context prompts
-//! - [`memory`]: freed heap memory handed back to the OS when the server goes idle
 //!
 //! One tokio runtime (two workers: HTTP work is light next to the engine's own thread) serves
 //! every connection; all generation goes through one [`weft::engine::Engine`].
@@ -16,7 +15,6 @@
 mod anthropic;
 mod errors;
 mod limits;
-mod memory;
 mod metrics;
 mod openai;
 mod params;
@@ -93,6 +91,8 @@ pub struct ServeArgs {
     pub prompt_cache_bytes: u64,
     #[command(flatten)]
     pub kv: crate::common::KvArgs,
+    #[command(flatten)]
+    pub memory: crate::common::MemoryArgs,
     /// Require this key as `Authorization: Bearer KEY` or `x-api-key: KEY` (all but /health).
     /// Default: $WEFT_API_KEY, else none.
     #[arg(long)]
@@ -224,6 +224,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         kv_bits: args.kv.kv_bits,
         kv_group_size: args.kv.kv_group_size,
         quantized_kv_start: args.kv.quantized_kv_start,
+        memory: args.memory.policy(),
+        faults: None,
     };
     let engine = Engine::start(model, config)?;
     let chat_template = args.chat_template.as_deref().map(|t| load_chat_template(t, &engine)).transpose()?;
@@ -262,7 +264,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let state = Arc::new(AppState::new(engine, served, defaults, chat_template, access, limits, level == "DEBUG"));
 
     // Tokenizing is CPU work: more blocking threads than cores only adds threads (and their
-    // allocator arenas, which is most of what RSS would otherwise grow by under load).
+    // allocator arenas).
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -312,7 +314,6 @@ async fn serve(state: Arc<AppState>, args: &ServeArgs, info: bool) -> Result<()>
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let grace = Duration::from_secs_f64(args.shutdown_timeout.max(0.0));
     tokio::spawn(watch_signals(Arc::clone(&state), signals, stop_tx, grace, info));
-    tokio::spawn(memory::trim_when_idle(Arc::downgrade(&state)));
     // Machine-readable, for apps and tests that start the server on port 0.
     println!("listening on http://{local}");
 
@@ -505,6 +506,9 @@ async fn gate(State(state): State<Arc<AppState>>, req: Request, next: Next) -> R
 async fn health(State(state): State<Arc<AppState>>) -> Response {
     if state.shutting_down.load(Ordering::SeqCst) {
         return json_response(StatusCode::SERVICE_UNAVAILABLE, &json!({"status": "shutting_down"}));
+    }
+    if let Err(e) = state.engine.health() {
+        return json_response(StatusCode::SERVICE_UNAVAILABLE, &json!({"status": "failed", "error": e.to_string()}));
     }
     json_response(StatusCode::OK, &json!({"status": "ok", "model": state.model_id}))
 }

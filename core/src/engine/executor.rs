@@ -17,7 +17,8 @@ use mlx_rs::transforms::{async_eval, eval};
 use mlx_rs::{Array, Dtype};
 
 use super::prompt_cache::PromptCache;
-use super::{Event, RequestId, RowFlow, Sink, Submission, TokenLogprobs, Usage};
+use super::faults::Faults;
+use super::{Event, EventSink, RequestId, RowFlow, StopCause, Submission, TokenLogprobs, Usage};
 use crate::cache::{extend_rows_mixed, maybe_quantize, KvCache, KvQuantization};
 use crate::generate::{as_f32_slice, prefill_with, FinishReason};
 use crate::models::LanguageModel;
@@ -62,7 +63,7 @@ pub(super) struct Row {
     stop_token_ids: Vec<u32>,
     sampler: Sampler,
     text: TextStream,
-    sink: Sink,
+    sink: EventSink,
     flow: Option<RowFlow>,
     cached_tokens: usize,
     capture_first_logits: usize,
@@ -73,11 +74,10 @@ pub(super) struct Row {
     /// The last token, not yet forwarded (host-known rows only; in-flight rows have it on device).
     next_input: Option<u32>,
     finish: Option<FinishReason>,
-    /// The stop token that ended the row, if one did.
-    end_token: Option<u32>,
+    /// What ended a `Stop` finish.
+    stop: Option<StopCause>,
     /// Set when the row failed (reported instead of `Done`).
     error: Option<String>,
-    stopped_by_string: bool,
 }
 
 impl Row {
@@ -86,58 +86,54 @@ impl Row {
         self.finish.is_none() && self.flow.as_ref().is_some_and(|f| f.is_paused())
     }
 
-    fn emit(&mut self, ev: Event) -> bool {
-        (self.sink)(&ev)
-    }
-
     /// Applies a sampled token: stop checks, text streaming, the consumer's verdict.
     /// `logprobs` is the step's log-probability row when the request asked for them.
     fn accept(&mut self, token: u32, context_left: usize, logprobs: Option<&[f32]>) -> Result<()> {
         if self.stop_token_ids.contains(&token) {
             self.finish = Some(FinishReason::Stop);
-            self.end_token = Some(token);
+            self.stop = Some(StopCause::Eos { token_id: token });
             return Ok(());
         }
         self.generated.push(token);
         self.sampler.observe(&[token]);
         self.next_input = Some(token);
-        let (mut text, hit_stop) = self.text.push(token)?;
-        if hit_stop {
-            self.stopped_by_string = true;
+        let (text, hit_stop) = self.text.push(token)?;
+        if let Some(stop) = hit_stop {
             self.finish = Some(FinishReason::Stop);
+            self.stop = Some(StopCause::StopString { stop });
         } else if self.generated.len() >= self.max_tokens || context_left == 0 {
             self.finish = Some(FinishReason::Length);
-            // The last token carries whatever text was still held back.
-            text.push_str(&self.text.finish()?);
         }
         let logprobs = match (self.logprobs, logprobs) {
             (Some(k), Some(row)) => Some(token_logprobs(row, token, k)),
             _ => None,
         };
-        if !self.emit(Event::Token { token_id: token, text, logprobs }) {
+        if !self.sink.token(&Event::Token { token_id: token, text, logprobs }) {
             self.finish = Some(FinishReason::Cancelled);
+            self.stop = None;
         }
         Ok(())
     }
 
-    /// Sends the final `Done`. When a stop token ended the row, text still held back (a
-    /// possible stop-string prefix, an incomplete character) goes out first in a last `Token`
-    /// event carrying that stop token's id, which is not counted as a completion token.
+    /// Sends the final `Done`, with the text still held back (a possible stop-string prefix,
+    /// an incomplete character) unless a stop string cut the output or the row was cancelled.
     fn finish(mut self, reason: FinishReason) {
-        if let (FinishReason::Stop, Some(end)) = (reason, self.end_token) {
-            if let Ok(rest) = self.text.finish() {
-                if !rest.is_empty() {
-                    self.emit(Event::Token { token_id: end, text: rest, logprobs: None });
-                }
-            }
-        }
+        let text = match (reason, &self.stop) {
+            (FinishReason::Cancelled, _) | (_, Some(StopCause::StopString { .. })) => Ok(String::new()),
+            _ => self.text.finish(),
+        };
+        let text = match text {
+            Ok(text) => text,
+            Err(e) => return self.fail(format!("decoding the final text failed: {e}")),
+        };
         let usage = Usage {
             prompt_tokens: self.prompt.len(),
             completion_tokens: self.generated.len(),
             cached_tokens: self.cached_tokens,
         };
         let first_logits = std::mem::take(&mut self.first_logits);
-        self.emit(Event::Done { finish_reason: reason, usage, first_logits });
+        let stop = if reason == FinishReason::Stop { self.stop.take() } else { None };
+        self.sink.close(Event::Done { finish_reason: reason, stop, text, usage, first_logits });
     }
 
     /// Sends the final event this row has earned: its error if it failed, else `Done`.
@@ -150,7 +146,7 @@ impl Row {
     }
 
     fn fail(mut self, message: String) {
-        self.emit(Event::Error { message });
+        self.sink.close(Event::Error { message });
     }
 
     /// The tokens whose KV a cache of `len` positions holds for this row.
@@ -203,6 +199,8 @@ pub(super) struct Executor {
     parked: Vec<Parked>,
     /// KV quantization applied after every forward (None = full precision).
     kv: Option<KvQuantization>,
+    /// Injected failures still to fire.
+    faults: Faults,
     pub prompt_cache: PromptCache,
     pub decode_steps: u64,
     pub timing: StepTiming,
@@ -227,6 +225,7 @@ impl Executor {
             in_flight: None,
             parked: Vec::new(),
             kv: None,
+            faults: Faults::default(),
             prompt_cache: PromptCache::new(prompt_cache_bytes),
             decode_steps: 0,
             timing: StepTiming::default(),
@@ -239,6 +238,12 @@ impl Executor {
     /// forward, applied to the solo prefill caches and the batch alike).
     pub fn with_kv_quantization(mut self, kv: Option<KvQuantization>) -> Self {
         self.kv = kv;
+        self
+    }
+
+    /// Fail or panic at the decode steps `faults` names (fault-injection tests).
+    pub fn with_faults(mut self, faults: Faults) -> Self {
+        self.faults = faults;
         self
     }
 
@@ -298,9 +303,8 @@ impl Executor {
             projected_kv_bytes,
             next_input: None,
             finish: None,
-            end_token: None,
+            stop: None,
             error: None,
-            stopped_by_string: false,
             prompt,
         };
         let reuse = if self.prompt_cache.enabled() {
@@ -517,6 +521,13 @@ impl Executor {
             if self.rows.is_empty() {
                 return Ok(());
             }
+        }
+        let step = self.decode_steps + 1;
+        if Faults::fire(&mut self.faults.forward_error_at_step, step) {
+            return Err(Error::Mlx(format!("injected fault: forward-error at decode step {step}")));
+        }
+        if Faults::fire(&mut self.faults.step_panic_at_step, step) {
+            panic!("injected fault: step-panic at decode step {step}");
         }
         let started = Instant::now();
         let inputs = self.step_inputs()?;
