@@ -759,6 +759,7 @@ mod fuzz {
                 .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
                 .sum()
         };
+        println!("fuzz: {} answered 200, {} 400 (and /health)", count("200") as u64, count("400") as u64);
         assert!(count("200") >= 20.0 && count("400") >= 100.0, "{metrics}");
         assert_eq!(count("5"), 0.0, "{metrics}");
     }
