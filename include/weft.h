@@ -9,9 +9,11 @@
  * - Options and requests are JSON objects; unknown fields are rejected.
  * - weft_engine is an opaque handle: weft_engine_new ... weft_engine_free. All functions on a
  *   live handle may be called from any thread concurrently, except weft_engine_free.
- * - Events of a request arrive, in order, on the engine's own thread through the weft_event_fn
- *   given to weft_submit: zero or more TOKEN events, then exactly one DONE or ERROR. Inside a
- *   callback you may call weft_cancel, weft_submit and weft_engine_stats, but not
+ * - Events of a request arrive, in order, on a delivery thread the library runs for that request,
+ *   through the weft_event_fn given to weft_submit: zero or more TOKEN events, then exactly one
+ *   DONE or ERROR, on every path (cancellation, shutdown, a failed step, a failed engine).
+ *   The output text is every TOKEN's text followed by DONE's. Inside a callback you may call
+ *   weft_cancel, weft_submit, weft_engine_stats and weft_engine_health, but not
  *   weft_engine_shutdown or weft_engine_free. Event pointers are valid only during the callback.
  */
 
@@ -143,6 +145,35 @@ enum weft_finish_reason
 typedef enum weft_finish_reason weft_finish_reason;
 #else
 typedef int32_t weft_finish_reason;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * weft_event.stop_kind of a DONE event with WEFT_FINISH_STOP: what stopped the request.
+ */
+enum weft_stop_kind
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * Not a WEFT_FINISH_STOP (or not a DONE event).
+   */
+  WEFT_STOP_NONE = 0,
+  /**
+   * One of the model's end-of-sequence tokens (stop_token_id; not counted, not in the text).
+   */
+  WEFT_STOP_EOS = 1,
+  /**
+   * One of the request's stop strings (stop_string); it and what followed are cut.
+   */
+  WEFT_STOP_STRING = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum weft_stop_kind weft_stop_kind;
+#else
+typedef int32_t weft_stop_kind;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 

@@ -8,12 +8,14 @@
 //! - [`executor`]: MLX execution (solo chunked prefill, join, batched decode, evict).
 //! - [`prompt_cache`]: reuse of KV for shared token prefixes.
 
+mod batch;
 mod core;
 mod events;
 mod executor;
 mod faults;
 mod memory;
 mod prompt_cache;
+mod row;
 mod scheduler;
 
 pub use self::core::EngineCore;
