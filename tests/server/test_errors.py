@@ -1,4 +1,4 @@
-"""Bad inputs against `weft serve` (started with --api-key and a small --kv-budget on the tiny
+"""Bad inputs against `weft serve` (started with --api-key, --strict-model and a small --kv-budget on the tiny
 goldens GGUF, context 2048): each gets a 4xx with its protocol's error JSON, checked both on the
 wire and through the official clients' exception classes, and the server keeps serving.
 
@@ -67,7 +67,8 @@ class Errors(unittest.TestCase):
         self.assert_anthropic_error(request("POST", MESSAGES, raw=b'"hi"'))
 
     def test_body_too_large(self):
-        raw = b'{"prompt": "' + b"a" * (33 << 20) + b'"}'
+        # The default --max-body-bytes is 4MB.
+        raw = b'{"prompt": "' + b"a" * 4_000_000 + b'"}'
         self.assert_openai_error(None, request("POST", COMPLETIONS, raw=raw), code=413)
 
     # ---- wrong types and values
@@ -122,6 +123,7 @@ class Errors(unittest.TestCase):
     # ---- model, context, KV budget
 
     def test_unknown_model(self):
+        # --strict-model: other names are a 404 naming the served model.
         err = self.assert_openai_error(None, request("POST", CHAT, chat_body(model="gpt-4o")), code=404, param="model")
         self.assertEqual(err["code"], "model_not_found")
         self.assertIn(f"`{MODEL_ID}`", err["message"])  # echoes the served model
@@ -180,9 +182,9 @@ class Errors(unittest.TestCase):
         self.assert_openai_error(None, request("POST", "/v1/embeddings", {}), code=404)
         self.assert_openai_error(None, request("GET", CHAT), code=405)
         self.assert_anthropic_error(request("GET", MESSAGES), code=405)
-        st, headers, _ = request("OPTIONS", CHAT, headers={"Origin": "http://app.local"})
+        st, headers, _ = request("OPTIONS", CHAT, headers={"Origin": "http://localhost:3000"})
         self.assertEqual(st, 204)
-        self.assertEqual(headers.get("access-control-allow-origin"), "*")
+        self.assertEqual(headers.get("access-control-allow-origin"), "http://localhost:3000")
 
     def test_official_clients_raise_bad_request(self):
         client = openai.OpenAI(base_url=URL + "/v1", api_key=API_KEY or "none", max_retries=0)

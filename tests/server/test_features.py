@@ -148,12 +148,21 @@ class Features(unittest.TestCase):
 
     def test_model_names(self):
         self.assertEqual([m.id for m in oai().models.list().data], [MODEL_ID])
+        st, _, listed = request("GET", "/v1/models")
+        (entry,) = listed["data"]
+        self.assertTrue(entry["path"].endswith("goldens/gguf/llama-q4_1.gguf"), entry)
         self.assertEqual(oai().models.retrieve(MODEL_ID).id, MODEL_ID)
-        for name in (MODEL_ID, "default_model", "llama-q4_1.gguf", "llama-q4_1"):
+        self.assertEqual(oai().models.retrieve("llama-q4_1").id, MODEL_ID)
+        with self.assertRaises(openai.NotFoundError):
+            oai().models.retrieve("gpt-4o")
+        # Any name is accepted (the official clients always send one) and the served id echoed.
+        for name in (MODEL_ID, "default_model", "llama-q4_1.gguf", "llama-q4_1", "gpt-4o", "claude-x", ""):
             st, _, body = request("POST", "/v1/chat/completions",
                                   {"model": name, "messages": HELLO, "max_tokens": 1})
             self.assertEqual(st, 200, (name, body))
             self.assertEqual(body["model"], MODEL_ID)
+        m = claude().messages.create(model="claude-whatever", max_tokens=1, messages=HELLO)
+        self.assertEqual(m.model, MODEL_ID)
 
     def test_health_stats_metrics(self):
         st, headers, body = request("GET", "/health", headers={})

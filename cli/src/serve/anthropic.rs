@@ -22,11 +22,10 @@ use weft::tokenizer::ChatMessage;
 use super::errors::{json_response, ApiError, ErrorKind, Protocol};
 use super::params::{self, get, opt_bool, opt_count, opt_ranged, Object};
 use super::state::{sse_event, AppState, EventStream, Generation, StreamEncoder};
-use super::BODY_LIMIT;
 
 pub async fn messages(State(state): State<Arc<AppState>>, req: axum::extract::Request) -> Response {
     let arrived = Instant::now();
-    match messages_inner(&state, req.into_body(), arrived).await {
+    match messages_inner(&state, req, arrived).await {
         Ok(r) => r,
         Err(e) => e.into_response(Protocol::Anthropic),
     }
@@ -34,9 +33,10 @@ pub async fn messages(State(state): State<Arc<AppState>>, req: axum::extract::Re
 
 pub async fn count_tokens(State(state): State<Arc<AppState>>, req: axum::extract::Request) -> Response {
     let result = async {
-        let body = params::read_body(req.into_body(), BODY_LIMIT).await?;
+        let body = params::read_body(req, state.limits.body_bytes).await?;
         state.check_model(body.get("model"))?;
-        let prompt = state.tokenize_messages(&conversation(&body)?)?;
+        let messages = conversation(&state, &body)?;
+        let prompt = state.blocking(move |state| state.tokenize_messages(&messages)).await?;
         Ok::<_, ApiError>(json_response(StatusCode::OK, &json!({"input_tokens": prompt.len()})))
     }
     .await;
@@ -73,7 +73,7 @@ fn blocks_text(v: &Value, param: &str) -> Result<String, ApiError> {
 }
 
 /// `system` first (as a system message), then `messages` (user / assistant turns).
-fn conversation(body: &Object) -> Result<Vec<ChatMessage>, ApiError> {
+fn conversation(state: &AppState, body: &Object) -> Result<Vec<ChatMessage>, ApiError> {
     let mut out = Vec::new();
     if let Some(system) = get(body, "system") {
         let text = blocks_text(system, "system")?;
@@ -87,6 +87,7 @@ fn conversation(body: &Object) -> Result<Vec<ChatMessage>, ApiError> {
         None => return Err(ApiError::field("messages", "`messages` is required")),
         Some(_) => return Err(ApiError::field("messages", "`messages` must be an array")),
     };
+    state.limits.check_messages(list.len(), "messages")?;
     for (i, m) in list.iter().enumerate() {
         let param = format!("messages.{i}");
         let m = m.as_object().ok_or_else(|| ApiError::field(&param, format!("`{param}` must be an object")))?;
@@ -104,17 +105,21 @@ fn conversation(body: &Object) -> Result<Vec<ChatMessage>, ApiError> {
     Ok(out)
 }
 
-async fn messages_inner(state: &Arc<AppState>, body: Body, arrived: Instant) -> Result<Response, ApiError> {
+async fn messages_inner(
+    state: &Arc<AppState>,
+    req: axum::extract::Request,
+    arrived: Instant,
+) -> Result<Response, ApiError> {
     state.check_open()?;
-    let body = params::read_body(body, BODY_LIMIT).await?;
+    let body = params::read_body(req, state.limits.body_bytes).await?;
     state.check_model(body.get("model"))?;
     params::no_tools(&body)?;
     let max_tokens =
         opt_count(&body, "max_tokens", 1)?.ok_or_else(|| ApiError::field("max_tokens", "`max_tokens` is required"))?;
+    state.limits.check_max_tokens(max_tokens, "max_tokens")?;
     let stream = opt_bool(&body, "stream")?.unwrap_or(false);
-    let messages = conversation(&body)?;
-    let prompt = state.tokenize_messages(&messages)?;
-    let prompt_len = prompt.len();
+    let messages = conversation(state, &body)?;
+    state.check_prompt_bytes(messages.iter().map(|m| m.content.len()).sum())?;
 
     // Anthropic has temperature, top_p and top_k; the rest keep the server defaults.
     let mut sampling_fields = Object::new();
@@ -125,12 +130,18 @@ async fn messages_inner(state: &Arc<AppState>, body: Body, arrived: Instant) -> 
     }
     opt_ranged(&body, "temperature", 0.0, f64::MAX)?;
     let vocab = state.engine.model_info().vocab_size as usize;
-    let mut request = Request::new(Input::Tokens(prompt));
+    let mut request = Request::new(Input::Tokens(Vec::new()));
     request.max_tokens = max_tokens;
     request.sampling = params::sampling(&sampling_fields, &state.defaults, vocab)?;
     request.stop = params::stop_strings(&body, "stop_sequences")?;
     request.ignore_eos = opt_bool(&body, "ignore_eos")?.unwrap_or(false);
-    let generation = state.start(request, arrived)?;
+    let (generation, prompt_len) = state
+        .blocking(move |state| {
+            let prompt = state.tokenize_messages(&messages)?;
+            let len = prompt.len();
+            Ok((state.start(Request { input: Input::Tokens(prompt), ..request }, arrived)?, len))
+        })
+        .await?;
     let id = state.new_id("msg_");
 
     if stream {

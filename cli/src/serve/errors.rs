@@ -22,12 +22,16 @@ pub enum ErrorKind {
     InvalidRequest,
     /// 401: missing or wrong API key.
     Authentication,
+    /// 403: a foreign browser origin or `Host` name.
+    Forbidden,
     /// 404: unknown model or path.
     NotFound,
     /// 405
     MethodNotAllowed,
     /// 413: request body larger than the server accepts.
     TooLarge,
+    /// 429: more connections open than `--max-connections`.
+    TooManyRequests,
     /// 503: the server is shutting down.
     Unavailable,
     /// 500: the engine failed.
@@ -67,6 +71,8 @@ impl ApiError {
         match self.kind {
             ErrorKind::InvalidRequest => StatusCode::BAD_REQUEST,
             ErrorKind::Authentication => StatusCode::UNAUTHORIZED,
+            ErrorKind::Forbidden => StatusCode::FORBIDDEN,
+            ErrorKind::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
             ErrorKind::NotFound => StatusCode::NOT_FOUND,
             ErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
@@ -85,6 +91,8 @@ impl ApiError {
                         "invalid_request_error"
                     }
                     ErrorKind::Authentication => "authentication_error",
+                    ErrorKind::Forbidden => "permission_error",
+                    ErrorKind::TooManyRequests => "rate_limit_error",
                     ErrorKind::NotFound => "not_found_error",
                     ErrorKind::Unavailable => "service_unavailable",
                     ErrorKind::Internal => "server_error",
@@ -95,6 +103,8 @@ impl ApiError {
                 let kind = match self.kind {
                     ErrorKind::InvalidRequest | ErrorKind::MethodNotAllowed => "invalid_request_error",
                     ErrorKind::Authentication => "authentication_error",
+                    ErrorKind::Forbidden => "permission_error",
+                    ErrorKind::TooManyRequests => "rate_limit_error",
                     ErrorKind::NotFound => "not_found_error",
                     ErrorKind::TooLarge => "request_too_large",
                     ErrorKind::Unavailable => "overloaded_error",

@@ -6,15 +6,19 @@
 //! - [`metrics`]: `/metrics` (Prometheus) and `/stats` (JSON); `/health` is here
 //! - [`state`]: shared state and the engine-sink → async bridge (disconnect = cancel)
 //! - [`params`], [`errors`]: request fields and each protocol's error JSON
+//! - [`security`]: CORS origins, the `Host` allowlist, the API key
+//! - [`limits`]: body size, message count, `max_tokens`, connections, over-context prompts
 //!
 //! One tokio runtime (two workers: HTTP work is light next to the engine's own thread) serves
 //! every connection; all generation goes through one [`weft::engine::Engine`].
 
 mod anthropic;
 mod errors;
+mod limits;
 mod metrics;
 mod openai;
 mod params;
+mod security;
 mod state;
 
 use std::net::SocketAddr;
@@ -24,7 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::http::{header, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -36,12 +40,11 @@ use weft::tokenizer::ChatTemplate;
 use weft::{Error, Result};
 
 use errors::{json_response, ApiError, ErrorKind, Protocol};
-use state::{AppState, Defaults};
+use limits::{LimitedListener, Limits};
+use security::{HostPolicy, OriginPolicy};
+use state::{Access, AppState, Defaults, ServedModel};
 
 use crate::common::{resolve_model_path, ModelArgs};
-
-/// Largest request body accepted (413 beyond).
-pub const BODY_LIMIT: usize = 32 << 20;
 
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
@@ -94,6 +97,31 @@ pub struct ServeArgs {
     /// Default: $WEFT_API_KEY, else none.
     #[arg(long)]
     pub api_key: Option<String>,
+    /// Browser origins allowed (CORS), comma-separated: exact origins, `local` (the default:
+    /// loopback pages and app schemes), `null`, or `*` (any). Default: $WEFT_ALLOWED_ORIGINS,
+    /// else `local`. Requests from other origins get 403.
+    #[arg(long, value_delimiter = ',')]
+    pub allowed_origins: Vec<String>,
+    /// Extra `Host` names accepted when bound to loopback (the DNS-rebinding defence), comma-
+    /// separated; `*` turns the check off. Default: $WEFT_ALLOWED_HOSTS, else none.
+    #[arg(long, value_delimiter = ',')]
+    pub allowed_hosts: Vec<String>,
+    /// Largest request body (413 beyond, before any of it is parsed): bytes, or 4MB, 1GB.
+    #[arg(long, value_parser = parse_bytes, default_value = "4MB")]
+    pub max_body_bytes: u64,
+    /// Most messages in one chat / Messages request.
+    #[arg(long, default_value_t = 2048)]
+    pub max_messages: usize,
+    /// Largest `max_tokens` a request may ask for (default: no ceiling beyond the context).
+    #[arg(long)]
+    pub max_tokens_limit: Option<usize>,
+    /// Connections open at once; one more gets a 429 and is closed.
+    #[arg(long, default_value_t = 512)]
+    pub max_connections: usize,
+    /// Answer 404 when a request names a model other than the served one (default: accept any
+    /// name and echo the served id).
+    #[arg(long)]
+    pub strict_model: bool,
     /// A chat template replacing the model's: a file, or the template text itself.
     #[arg(long)]
     pub chat_template: Option<String>,
@@ -101,9 +129,6 @@ pub struct ServeArgs {
     /// default model's file name).
     #[arg(long)]
     pub served_model_name: Option<String>,
-    /// CORS origins allowed, comma-separated ("*" = any).
-    #[arg(long, default_value = "*", value_delimiter = ',')]
-    pub allowed_origins: Vec<String>,
     /// DEBUG logs every request; INFO startup and shutdown; WARNING and above only problems.
     #[arg(long, default_value = "INFO", value_parser = ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], ignore_case = true)]
     pub log_level: String,
@@ -144,16 +169,13 @@ fn parse_gb(s: &str) -> std::result::Result<u64, String> {
     }
 }
 
-/// The id a model path is served under when no name is given: the argument as typed (what
-/// mlx_lm.server echoes), or the file name of the default model.
+/// The id a model is served under when no name is given: the file stem of a `.gguf`, the
+/// directory name of an mlx-lm model (short, as the clients' model pickers show it); the
+/// argument as typed and the path are aliases.
 fn model_names(arg: Option<&Path>, path: &Path, served: Option<&str>) -> (String, Vec<String>) {
     let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned());
-    let stem = path.file_stem().map(|n| n.to_string_lossy().into_owned());
-    let id = served
-        .map(str::to_string)
-        .or_else(|| arg.map(|a| a.to_string_lossy().into_owned()))
-        .or_else(|| stem.clone())
-        .unwrap_or_else(|| "weft".into());
+    let stem = if path.is_dir() { file_name.clone() } else { path.file_stem().map(|n| n.to_string_lossy().into_owned()) };
+    let id = served.map(str::to_string).or_else(|| stem.clone()).unwrap_or_else(|| "weft".into());
     let mut aliases: Vec<String> = vec!["default_model".into(), path.to_string_lossy().into_owned()];
     if let Ok(abs) = std::fs::canonicalize(path) {
         aliases.push(abs.to_string_lossy().into_owned());
@@ -208,7 +230,30 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let engine = Engine::start(model, config)?;
     let chat_template = args.chat_template.as_deref().map(|t| load_chat_template(t, &engine)).transpose()?;
     let (model_id, aliases) = model_names(args.model.model.as_deref(), &path, args.served_model_name.as_deref());
+    let served = ServedModel {
+        id: model_id,
+        aliases,
+        path: std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone()).to_string_lossy().into_owned(),
+        strict: args.strict_model,
+    };
     let api_key = args.api_key.clone().or_else(|| std::env::var("WEFT_API_KEY").ok()).filter(|k| !k.is_empty());
+    let from_env = |flag: &[String], var: &str| -> Vec<String> {
+        if !flag.is_empty() {
+            return flag.to_vec();
+        }
+        std::env::var(var).map(|v| v.split(',').map(str::to_string).collect()).unwrap_or_default()
+    };
+    let access = Access {
+        api_key,
+        origins: OriginPolicy::new(&from_env(&args.allowed_origins, "WEFT_ALLOWED_ORIGINS")),
+        hosts: HostPolicy::new(&args.host, &from_env(&args.allowed_hosts, "WEFT_ALLOWED_HOSTS")),
+    };
+    let limits = Limits {
+        body_bytes: usize::try_from(args.max_body_bytes).unwrap_or(usize::MAX),
+        messages: args.max_messages,
+        max_tokens: args.max_tokens_limit,
+        connections: args.max_connections,
+    };
     let defaults = Defaults {
         temperature: args.temperature,
         top_p: args.top_p,
@@ -216,19 +261,14 @@ pub fn run(args: ServeArgs) -> Result<()> {
         min_p: args.min_p,
         max_tokens: args.max_tokens,
     };
-    let state = Arc::new(AppState::new(
-        engine,
-        model_id,
-        aliases,
-        defaults,
-        chat_template,
-        api_key,
-        args.allowed_origins.clone(),
-        level == "DEBUG",
-    ));
+    let state = Arc::new(AppState::new(engine, served, defaults, chat_template, access, limits, level == "DEBUG"));
 
+    // Tokenizing is CPU work: more blocking threads than cores only adds threads (and their
+    // allocator arenas).
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .max_blocking_threads(cores.clamp(2, 8))
         .thread_name("weft-http")
         .enable_all()
         .build()
@@ -255,12 +295,21 @@ async fn serve(state: Arc<AppState>, args: &ServeArgs, info: bool) -> Result<()>
     let local: SocketAddr = listener.local_addr().map_err(|e| Error::io(addr.clone(), e))?;
     if info {
         eprintln!(
-            "weft serve: serving {} on http://{local} (decode concurrency {}, {})",
+            "weft serve: serving {} on http://{local} (decode concurrency {}, {}, browser origins: {}{})",
             state.model_id,
             args.decode_concurrency,
-            if state.api_key.is_some() { "API key required" } else { "no API key" }
+            if state.access.api_key.is_some() { "API key required" } else { "no API key" },
+            state.access.origins.describe(),
+            if state.access.hosts.is_enforced() { ", Host checked" } else { "" },
         );
     }
+    let refused = ApiError::new(
+        ErrorKind::TooManyRequests,
+        format!("too many open connections (--max-connections {})", state.limits.connections),
+    )
+    .body(Protocol::OpenAi)
+    .to_string();
+    let listener = LimitedListener::new(listener, state.limits.connections, refused);
     let signals = Signals::new();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let grace = Duration::from_secs_f64(args.shutdown_timeout.max(0.0));
@@ -401,41 +450,44 @@ async fn method_not_allowed(req: Request) -> Response {
         .into_response(protocol_of(&path))
 }
 
-/// Keys compared without an early exit.
-fn same_key(given: &str, expected: &str) -> bool {
-    given.len() == expected.len() && given.bytes().zip(expected.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
-}
-
-fn presented_key(headers: &HeaderMap) -> Option<&str> {
-    if let Some(v) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
-        let v = v.trim();
-        if v.len() > 7 && v[..7].eq_ignore_ascii_case("bearer ") {
-            return Some(v[7..].trim());
-        }
-    }
-    headers.get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim)
-}
-
-/// Every request: CORS preflight and headers, the API key, per-endpoint counts and logging.
+/// Every request: the `Host` and `Origin` checks, CORS preflight and headers, the API key,
+/// per-endpoint counts and logging.
 async fn gate(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let path = req.uri().path().to_string();
     let method = req.method().clone();
     let origin = req.headers().get(header::ORIGIN).cloned();
+    let request_headers = req.headers().get(header::ACCESS_CONTROL_REQUEST_HEADERS).cloned();
     let endpoint = endpoint_of(&path);
-    let mut response = if method == Method::OPTIONS {
+    let protocol = protocol_of(&path);
+    let access = &state.access;
+    let host = req.headers().get(header::HOST).map(|h| h.to_str().unwrap_or("\u{fffd}"));
+    let origin_ok = origin.as_ref().is_none_or(|o| o.to_str().is_ok_and(|o| access.origins.allows(o)));
+    let mut response = if !access.hosts.allows(host) {
+        ApiError::new(
+            ErrorKind::Forbidden,
+            "this server only answers requests addressed to a loopback name (Host header); see --allowed-hosts",
+        )
+        .into_response(protocol)
+    } else if !origin_ok {
+        ApiError::new(
+            ErrorKind::Forbidden,
+            "requests from this browser origin are not allowed; see --allowed-origins",
+        )
+        .into_response(protocol)
+    } else if method == Method::OPTIONS {
         StatusCode::NO_CONTENT.into_response()
-    } else if let (Some(expected), false) = (state.api_key.as_deref(), path == "/health") {
-        match presented_key(req.headers()) {
-            Some(k) if same_key(k, expected) => next.run(req).await,
+    } else if let (Some(expected), false) = (access.api_key.as_deref(), path == "/health") {
+        match security::presented_key(req.headers()) {
+            Some(k) if security::same_key(k, expected) => next.run(req).await,
             Some(_) => ApiError::new(ErrorKind::Authentication, "invalid API key")
                 .with_code("invalid_api_key")
-                .into_response(protocol_of(&path)),
+                .into_response(protocol),
             None => ApiError::new(
                 ErrorKind::Authentication,
                 "missing API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`",
             )
             .with_code("invalid_api_key")
-            .into_response(protocol_of(&path)),
+            .into_response(protocol),
         }
     } else {
         next.run(req).await
@@ -445,22 +497,10 @@ async fn gate(State(state): State<Arc<AppState>>, req: Request, next: Next) -> R
     if state.verbose || status >= 500 {
         eprintln!("weft serve: {method} {path} -> {status}");
     }
-    cors(&state, origin, response.headers_mut());
-    response
-}
-
-fn cors(state: &AppState, origin: Option<HeaderValue>, headers: &mut HeaderMap) {
-    let allowed = if state.allowed_origins.iter().any(|o| o == "*") {
-        Some(HeaderValue::from_static("*"))
-    } else {
-        origin.filter(|o| o.to_str().is_ok_and(|o| state.allowed_origins.iter().any(|a| a == o)))
-    };
-    if let Some(o) = allowed {
-        headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, o);
-        headers.insert(header::VARY, HeaderValue::from_static("Origin"));
-        headers.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static("*"));
-        headers.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, HeaderValue::from_static("*"));
+    if origin_ok {
+        security::cors_headers(&access.origins, origin.as_ref(), request_headers.as_ref(), response.headers_mut());
     }
+    response
 }
 
 async fn health(State(state): State<Arc<AppState>>) -> Response {
@@ -502,9 +542,11 @@ mod tests {
     }
 
     #[test]
-    fn keys_compare_exactly() {
-        assert!(same_key("abc", "abc"));
-        assert!(!same_key("abd", "abc"));
-        assert!(!same_key("ab", "abc"));
+    fn served_ids_are_short() {
+        let (id, aliases) = model_names(Some(Path::new("models/tiny.gguf")), Path::new("models/tiny.gguf"), None);
+        assert_eq!(id, "tiny");
+        assert!(aliases.contains(&"models/tiny.gguf".to_string()) && aliases.contains(&"default_model".to_string()));
+        let (id, _) = model_names(None, Path::new("models/tiny.gguf"), Some("mine"));
+        assert_eq!(id, "mine");
     }
 }

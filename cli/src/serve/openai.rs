@@ -20,7 +20,6 @@ use weft::tokenizer::ChatMessage;
 use super::errors::{json_response, ApiError, ErrorKind, Protocol};
 use super::params::{self, get, opt_bool, opt_count, opt_int, opt_str, Object};
 use super::state::{sse_data, AppState, EventStream, Generation, StreamEncoder};
-use super::BODY_LIMIT;
 
 fn system_fingerprint() -> String {
     concat!("weft-", env!("CARGO_PKG_VERSION")).to_string()
@@ -79,7 +78,7 @@ fn sse_response(body: Body) -> Response {
 
 pub async fn chat_completions(State(state): State<Arc<AppState>>, req: axum::extract::Request) -> Response {
     let arrived = Instant::now();
-    match chat_inner(&state, req.into_body(), arrived).await {
+    match chat_inner(&state, req, arrived).await {
         Ok(r) => r,
         Err(e) => e.into_response(Protocol::OpenAi),
     }
@@ -87,13 +86,14 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, req: axum::ext
 
 /// OpenAI `messages`: roles and text content (a string, or an array of text parts joined as
 /// mlx_lm.server joins them). `developer` is the newer name for `system`.
-fn chat_messages(body: &Object) -> Result<Vec<ChatMessage>, ApiError> {
+fn chat_messages(state: &AppState, body: &Object) -> Result<Vec<ChatMessage>, ApiError> {
     let list = match get(body, "messages") {
         Some(Value::Array(a)) if !a.is_empty() => a,
         Some(Value::Array(_)) => return Err(ApiError::field("messages", "`messages` must not be empty")),
         None => return Err(ApiError::field("messages", "`messages` is required")),
         Some(_) => return Err(ApiError::field("messages", "`messages` must be an array")),
     };
+    state.limits.check_messages(list.len(), "messages")?;
     list.iter()
         .enumerate()
         .map(|(i, m)| {
@@ -194,6 +194,7 @@ fn engine_request(
     let vocab = state.engine.model_info().vocab_size as usize;
     let mut r = Request::new(Input::Tokens(prompt));
     r.max_tokens = params::max_tokens(body, &["max_completion_tokens", "max_tokens"], state.defaults.max_tokens)?;
+    state.limits.check_max_tokens(r.max_tokens, "max_tokens")?;
     r.sampling = params::sampling(body, &state.defaults, vocab)?;
     r.stop = params::stop_strings(body, "stop")?;
     r.ignore_eos = opt_bool(body, "ignore_eos")?.unwrap_or(false);
@@ -201,19 +202,25 @@ fn engine_request(
     Ok(r)
 }
 
-async fn chat_inner(state: &Arc<AppState>, body: Body, arrived: Instant) -> Result<Response, ApiError> {
+async fn chat_inner(state: &Arc<AppState>, req: axum::extract::Request, arrived: Instant) -> Result<Response, ApiError> {
     state.check_open()?;
-    let body = params::read_body(body, BODY_LIMIT).await?;
+    let body = params::read_body(req, state.limits.body_bytes).await?;
     state.check_model(body.get("model"))?;
     params::single_choice(&body)?;
     params::no_tools(&body)?;
     check_response_format(&body)?;
     let (stream, include_usage) = stream_flags(&body)?;
     let logprobs = chat_logprobs(&body)?;
-    let messages = chat_messages(&body)?;
-    let prompt = state.tokenize_messages(&messages)?;
-    let request = engine_request(state, &body, prompt, logprobs)?;
-    let generation = state.start(request, arrived)?;
+    let messages = chat_messages(state, &body)?;
+    state.check_prompt_bytes(messages.iter().map(|m| m.content.len()).sum())?;
+    // Field checks before tokenizing: a bad request costs no tokenizer time.
+    let request = engine_request(state, &body, Vec::new(), logprobs)?;
+    let generation = state
+        .blocking(move |state| {
+            let prompt = state.tokenize_messages(&messages)?;
+            state.start(Request { input: Input::Tokens(prompt), ..request }, arrived)
+        })
+        .await?;
     let id = state.new_id("chatcmpl-");
     if stream {
         let encoder = ChatEncoder { state: Arc::clone(state), id, include_usage, logprobs: logprobs.is_some() };
@@ -351,14 +358,20 @@ impl StreamEncoder for ChatEncoder {
 
 pub async fn completions(State(state): State<Arc<AppState>>, req: axum::extract::Request) -> Response {
     let arrived = Instant::now();
-    match completions_inner(&state, req.into_body(), arrived).await {
+    match completions_inner(&state, req, arrived).await {
         Ok(r) => r,
         Err(e) => e.into_response(Protocol::OpenAi),
     }
 }
 
+/// The legacy `prompt`: text to tokenize or token ids.
+enum Prompt {
+    Text(String),
+    Ids(Vec<u32>),
+}
+
 /// The legacy `prompt`: a string, token ids, or a one-element array of either.
-fn completion_prompt(state: &AppState, body: &Object) -> Result<(Vec<u32>, String), ApiError> {
+fn completion_prompt(body: &Object) -> Result<Prompt, ApiError> {
     let bad = || {
         ApiError::field("prompt", "`prompt` must be a string, an array of token ids, or a one-element array of either")
     };
@@ -374,15 +387,8 @@ fn completion_prompt(state: &AppState, body: &Object) -> Result<(Vec<u32>, Strin
         }
     }
     match prompt {
-        Value::String(s) => Ok((state.tokenize_prompt(s)?, s.clone())),
-        Value::Array(a) => {
-            let ids = ids_of(a)?;
-            let text = match state.engine.tokenizer() {
-                Some(t) => t.decode(&ids, false).unwrap_or_default(),
-                None => String::new(),
-            };
-            Ok((ids, text))
-        }
+        Value::String(s) => Ok(Prompt::Text(s.clone())),
+        Value::Array(a) => Ok(Prompt::Ids(ids_of(a)?)),
         _ => Err(bad()),
     }
 }
@@ -400,9 +406,13 @@ fn completion_logprobs(body: &Object) -> Result<Option<usize>, ApiError> {
     }
 }
 
-async fn completions_inner(state: &Arc<AppState>, body: Body, arrived: Instant) -> Result<Response, ApiError> {
+async fn completions_inner(
+    state: &Arc<AppState>,
+    req: axum::extract::Request,
+    arrived: Instant,
+) -> Result<Response, ApiError> {
     state.check_open()?;
-    let body = params::read_body(body, BODY_LIMIT).await?;
+    let body = params::read_body(req, state.limits.body_bytes).await?;
     state.check_model(body.get("model"))?;
     params::single_choice(&body)?;
     let (stream, include_usage) = stream_flags(&body)?;
@@ -414,9 +424,26 @@ async fn completions_inner(state: &Arc<AppState>, body: Body, arrived: Instant) 
     if opt_str(&body, "suffix")?.is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::field("suffix", "`suffix` is not supported"));
     }
-    let (prompt, prompt_text) = completion_prompt(state, &body)?;
-    let request = engine_request(state, &body, prompt, logprobs)?;
-    let generation = state.start(request, arrived)?;
+    let prompt = completion_prompt(&body)?;
+    if let Prompt::Text(text) = &prompt {
+        state.check_prompt_bytes(text.len())?;
+    }
+    let request = engine_request(state, &body, Vec::new(), logprobs)?;
+    let (generation, prompt_text) = state
+        .blocking(move |state| {
+            let (ids, text) = match prompt {
+                Prompt::Text(text) => (state.tokenize_prompt(&text)?, text),
+                Prompt::Ids(ids) => {
+                    let text = match state.engine.tokenizer() {
+                        Some(t) => t.decode(&ids, false).unwrap_or_default(),
+                        None => String::new(),
+                    };
+                    (ids, text)
+                }
+            };
+            Ok((state.start(Request { input: Input::Tokens(ids), ..request }, arrived)?, text))
+        })
+        .await?;
     let id = state.new_id("cmpl-");
     let echo_text = if echo { prompt_text } else { String::new() };
     if stream {
@@ -541,17 +568,26 @@ impl StreamEncoder for CompletionEncoder {
 
 // ---------------------------------------------------------------- /v1/models
 
+/// The served model: its short id, and where it was loaded from (`path`, a Weft extension).
 fn model_json(state: &AppState) -> Value {
-    json!({"id": state.model_id, "object": "model", "created": state.created, "owned_by": "weft"})
+    json!({
+        "id": state.model_id,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "weft",
+        "path": state.model.path,
+    })
 }
 
 pub async fn models(State(state): State<Arc<AppState>>) -> Response {
     json_response(StatusCode::OK, &json!({"object": "list", "data": [model_json(&state)]}))
 }
 
+/// A lookup, so only the served model's names are found (whatever `--strict-model` says).
 pub async fn model(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
-    match state.check_model(Some(&Value::String(id))) {
-        Ok(()) => json_response(StatusCode::OK, &model_json(&state)),
-        Err(e) => e.into_response(Protocol::OpenAi),
+    if state.is_served_name(&id) {
+        json_response(StatusCode::OK, &model_json(&state))
+    } else {
+        state.unknown_model(&id).into_response(Protocol::OpenAi)
     }
 }

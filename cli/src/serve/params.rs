@@ -2,6 +2,8 @@
 //! 400 naming the field (serde's derive would report the first problem in its own words and
 //! could not tell `null` from absent the way the OpenAI SDKs send them).
 
+use axum::body::BodyDataStream;
+use futures_core::Stream as _;
 use serde_json::{Map, Value};
 use weft::sampling::SamplingParams;
 
@@ -19,19 +21,51 @@ pub fn parse_body(bytes: &[u8]) -> Result<Object, ApiError> {
     }
 }
 
-/// Reads the body (bounded) from an axum request.
-pub async fn read_body(body: axum::body::Body, limit: usize) -> Result<Object, ApiError> {
-    let bytes = axum::body::to_bytes(body, limit).await.map_err(|e| {
-        let too_large = std::error::Error::source(&e).is_some_and(|s| s.to_string().contains("length limit"))
-            || e.to_string().contains("length limit");
-        if too_large {
-            ApiError::new(ErrorKind::TooLarge, format!("the request body is larger than {limit} bytes"))
-        } else {
-            ApiError::invalid(format!("cannot read the request body: {e}"))
+/// The request body as a JSON object, at most `limit` bytes. A body declared (Content-Length)
+/// or found larger is a 413 before any of it is parsed; what the client is still sending is
+/// read and discarded for a moment (bounded) so that it sees the 413 rather than a reset.
+pub async fn read_body(req: axum::extract::Request, limit: usize) -> Result<Object, ApiError> {
+    let declared = req
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let too_large = || ApiError::new(ErrorKind::TooLarge, format!("the request body is larger than {limit} bytes"));
+    let mut stream = req.into_body().into_data_stream();
+    if declared.is_some_and(|n| n > limit as u64) {
+        drain(&mut stream).await;
+        return Err(too_large());
+    }
+    let mut bytes = Vec::with_capacity(declared.unwrap_or(0) as usize);
+    while let Some(chunk) = next_chunk(&mut stream).await {
+        let chunk = chunk.map_err(|e| ApiError::invalid(format!("cannot read the request body: {e}")))?;
+        if bytes.len() + chunk.len() > limit {
+            drain(&mut stream).await;
+            return Err(too_large());
         }
-    })?;
+        bytes.extend_from_slice(&chunk);
+    }
     parse_body(&bytes)
 }
+
+/// Discards what the client keeps sending, up to [`DRAIN_BYTES`] and while it arrives without
+/// a pause of [`DRAIN_IDLE`].
+async fn drain(stream: &mut BodyDataStream) {
+    let mut seen = 0usize;
+    while seen < DRAIN_BYTES {
+        match tokio::time::timeout(DRAIN_IDLE, next_chunk(stream)).await {
+            Ok(Some(Ok(chunk))) => seen += chunk.len(),
+            _ => return,
+        }
+    }
+}
+
+async fn next_chunk(stream: &mut BodyDataStream) -> Option<Result<axum::body::Bytes, axum::Error>> {
+    std::future::poll_fn(|cx| std::pin::Pin::new(&mut *stream).poll_next(cx)).await
+}
+
+const DRAIN_BYTES: usize = 64 << 20;
+const DRAIN_IDLE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// `m[key]`, with `null` meaning absent.
 pub fn get<'a>(m: &'a Object, key: &str) -> Option<&'a Value> {

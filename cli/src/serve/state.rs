@@ -1,11 +1,19 @@
 //! What every handler shares (the engine, the served model's names, defaults, metrics) and the
 //! bridge from the engine's per-request sink (called on the engine thread) to async handlers.
 //!
-//! A request's events cross into tokio through an unbounded channel: the sink never blocks the
-//! engine thread, and once the handler is gone (client disconnect) the send fails, the sink
-//! returns `false` and the engine evicts the row. A [`RowGuard`] also cancels the row
-//! explicitly when its handler or stream is dropped, which covers a request still queued or
-//! prefilling (no event yet to fail on).
+//! A request's events cross into tokio through a channel: the sink never blocks the engine
+//! thread, and once the handler is gone (client disconnect) the send fails, the sink returns
+//! `false` and the engine evicts the row. A [`RowGuard`] also cancels the row explicitly when
+//! its handler or stream is dropped, which covers a request still queued or prefilling (no
+//! event yet to fail on).
+//!
+//! Back-pressure, as the C ABI and Node do it: the channel counts events not yet taken by the
+//! response; at [`PAUSE_AT`] the row is paused ([`RowFlow`]: parked in the engine while the
+//! rest of the batch goes on), and it resumes once the client has read down to [`RESUME_AT`].
+//! A client that stops reading holds a bounded number of events, and only its own row waits.
+//!
+//! Tokenization, chat-template rendering and the engine's `submit` run on tokio's blocking
+//! pool ([`AppState::blocking`]), never on the workers that serve connections.
 
 use std::collections::{HashSet, VecDeque};
 use std::convert::Infallible;
@@ -17,12 +25,41 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use tokio::sync::mpsc;
-use weft::engine::{Engine, Event, Request, RequestId};
+use weft::engine::{Engine, Event, Request, RequestId, RowFlow};
 use weft::generate::FinishReason;
 use weft::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 
 use super::errors::{ApiError, ErrorKind};
+use super::limits::{Limits, PromptBound};
 use super::metrics::Metrics;
+use super::security::{HostPolicy, OriginPolicy};
+
+/// Undelivered events at which a stream's row is paused, and the count it resumes at.
+pub const PAUSE_AT: usize = 64;
+pub const RESUME_AT: usize = 16;
+
+/// The served model's names and how strictly requests must name it.
+#[derive(Debug, Clone)]
+pub struct ServedModel {
+    /// The short id `/v1/models` lists and responses carry.
+    pub id: String,
+    /// Other names for it (the `--model` argument, its file name, its absolute path,
+    /// mlx_lm.server's `default_model`); with `strict`, the only other names accepted.
+    pub aliases: Vec<String>,
+    /// Where it was loaded from (absolute when it can be resolved).
+    pub path: String,
+    /// `--strict-model`: a request naming another model gets 404 (default: any name is
+    /// accepted and the served id is echoed, as the official clients always send one).
+    pub strict: bool,
+}
+
+/// Who may call: the API key, browser origins, `Host` names.
+#[derive(Debug, Clone)]
+pub struct Access {
+    pub api_key: Option<String>,
+    pub origins: OriginPolicy,
+    pub hosts: HostPolicy,
+}
 
 /// Request defaults from the command line (mlx_lm.server's `--temp`, `--top-p`, ...).
 #[derive(Debug, Clone)]
@@ -36,16 +73,15 @@ pub struct Defaults {
 
 pub struct AppState {
     pub engine: Engine,
-    /// The id `/v1/models` lists and responses carry.
+    /// The id `/v1/models` lists and responses carry (= `model.id`).
     pub model_id: String,
-    /// Other names a request may use for the served model (the `--model` argument, its file
-    /// name, its absolute path, mlx_lm.server's `default_model`).
-    pub aliases: Vec<String>,
+    pub model: ServedModel,
     pub defaults: Defaults,
     /// `--chat-template`, replacing the model's own.
     pub chat_template: Option<ChatTemplate>,
-    pub api_key: Option<String>,
-    pub allowed_origins: Vec<String>,
+    pub access: Access,
+    pub limits: Limits,
+    prompt_bound: PromptBound,
     pub metrics: Metrics,
     /// Unix seconds at startup (`created` in responses).
     pub created: u64,
@@ -58,27 +94,27 @@ pub struct AppState {
 }
 
 impl AppState {
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
         engine: Engine,
-        model_id: String,
-        aliases: Vec<String>,
+        model: ServedModel,
         defaults: Defaults,
         chat_template: Option<ChatTemplate>,
-        api_key: Option<String>,
-        allowed_origins: Vec<String>,
+        access: Access,
+        limits: Limits,
         verbose: bool,
     ) -> Self {
         let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
         let id_seed = (now.as_nanos() as u64) ^ (u64::from(std::process::id()) << 32);
+        let prompt_bound = PromptBound::new(engine.tokenizer(), engine.model_info().max_position_embeddings);
         AppState {
             engine,
-            model_id,
-            aliases,
+            model_id: model.id.clone(),
+            model,
             defaults,
             chat_template,
-            api_key,
-            allowed_origins,
+            access,
+            limits,
+            prompt_bound,
             metrics: Metrics::new(),
             created: now.as_secs(),
             verbose,
@@ -100,20 +136,30 @@ impl AppState {
         format!("{prefix}{z:016x}{:08x}", n as u32)
     }
 
-    /// Accepts a request's `model` field: absent, the served id or one of its aliases.
+    /// Accepts a request's `model` field: any string (the served id is echoed), or with
+    /// `--strict-model` only the served id and its aliases.
     pub fn check_model(&self, model: Option<&serde_json::Value>) -> Result<(), ApiError> {
         match model {
             None | Some(serde_json::Value::Null) => Ok(()),
-            Some(serde_json::Value::String(m)) if *m == self.model_id || self.aliases.contains(m) => Ok(()),
-            Some(serde_json::Value::String(m)) => Err(ApiError {
-                param: Some("model".into()),
-                ..ApiError::new(
-                    ErrorKind::NotFound,
-                    format!("The model `{m}` does not exist; this server serves `{}`", self.model_id),
-                )
-                .with_code("model_not_found")
-            }),
+            Some(serde_json::Value::String(m)) if !self.model.strict || self.is_served_name(m) => Ok(()),
+            Some(serde_json::Value::String(m)) => Err(self.unknown_model(m)),
             Some(_) => Err(ApiError::field("model", "`model` must be a string")),
+        }
+    }
+
+    /// The served id or one of its aliases.
+    pub fn is_served_name(&self, name: &str) -> bool {
+        name == self.model.id || self.model.aliases.iter().any(|a| a == name)
+    }
+
+    pub fn unknown_model(&self, name: &str) -> ApiError {
+        ApiError {
+            param: Some("model".into()),
+            ..ApiError::new(
+                ErrorKind::NotFound,
+                format!("The model `{name}` does not exist; this server serves `{}`", self.model.id),
+            )
+            .with_code("model_not_found")
         }
     }
 
@@ -131,23 +177,40 @@ impl AppState {
         })
     }
 
+    /// Runs `f` on tokio's blocking pool (tokenizing, rendering templates, submitting), so
+    /// the workers serving connections never wait on it.
+    pub async fn blocking<T: Send + 'static>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&Arc<AppState>) -> Result<T, ApiError> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let state = Arc::clone(self);
+        tokio::task::spawn_blocking(move || f(&state))
+            .await
+            .unwrap_or_else(|e| Err(ApiError::new(ErrorKind::Internal, format!("request preparation failed: {e}"))))
+    }
+
     /// The conversation's prompt ids: the chat template (`--chat-template` or the model's),
     /// rendered with the generation prompt, encoded without adding special tokens again.
-    /// Tokenizing a long prompt takes a while: it runs with the worker marked as blocking so
-    /// other connections keep being served.
+    /// Call through [`AppState::blocking`].
     pub fn tokenize_messages(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, ApiError> {
         let tokenizer = self.tokenizer()?;
-        let ids = tokio::task::block_in_place(|| match &self.chat_template {
+        let ids = match &self.chat_template {
             Some(t) => t.render(messages, true).and_then(|text| tokenizer.encode(&text, false)),
             None => tokenizer.apply_chat_template(messages, true),
-        });
+        };
         ids.map_err(ApiError::from_engine)
     }
 
     /// Raw text, encoded as the tokenizer encodes a sequence (special tokens added per its config).
+    /// Call through [`AppState::blocking`].
     pub fn tokenize_prompt(&self, text: &str) -> Result<Vec<u32>, ApiError> {
         let tokenizer = self.tokenizer()?;
-        tokio::task::block_in_place(|| tokenizer.encode(text, true)).map_err(ApiError::from_engine)
+        tokenizer.encode(text, true).map_err(ApiError::from_engine)
+    }
+
+    /// Refuses a prompt whose text (`bytes` long) cannot fit the context, before tokenizing it.
+    pub fn check_prompt_bytes(&self, bytes: usize) -> Result<(), ApiError> {
+        self.prompt_bound.check(bytes)
     }
 
     /// A token's text for logprobs (decoded alone; special tokens kept).
@@ -174,9 +237,12 @@ impl AppState {
     /// Submits `request` to the engine. Validation and admission errors come back here (4xx);
     /// events arrive through the returned [`Generation`]. `arrived` is when the HTTP request
     /// came in (the start of its time to first token).
+    /// Call through [`AppState::blocking`] (the engine tokenizes stop strings and validates).
     pub fn start(self: &Arc<Self>, request: Request, arrived: Instant) -> Result<Generation, ApiError> {
         self.check_open()?;
         let (tx, rx) = mpsc::unbounded_channel();
+        let backlog = Arc::new(Backlog { undelivered: Mutex::new(0), flow: RowFlow::new() });
+        let sink_backlog = Arc::clone(&backlog);
         let state = Arc::clone(self);
         let mut last_token: Option<Instant> = None;
         let sink = Box::new(move |ev: &Event| {
@@ -207,12 +273,44 @@ impl AppState {
                     m.request_duration.observe(now - arrived);
                 }
             }
-            tx.send(ev.clone()).is_ok()
+            sink_backlog.sent(|| tx.send(ev.clone()).is_ok(), ev.is_final())
         });
-        let id = self.engine.submit(request, sink).map_err(ApiError::from_engine)?;
+        let id = self.engine.submit_with_flow(request, sink, backlog.flow.clone()).map_err(ApiError::from_engine)?;
         self.in_flight.lock().unwrap_or_else(|p| p.into_inner()).insert(id);
         self.metrics.in_flight.fetch_add(1, Ordering::Relaxed);
-        Ok(Generation { rx, guard: RowGuard { state: Arc::clone(self), id, finished: false } })
+        Ok(Generation { rx, backlog, guard: RowGuard { state: Arc::clone(self), id, finished: false } })
+    }
+}
+
+/// Events sent to a request's channel and not yet taken by its response. Counting and the
+/// pause / resume decisions share one lock, so a pause can never come after the drain that
+/// should have undone it (which would park the row for good).
+struct Backlog {
+    undelivered: Mutex<usize>,
+    flow: RowFlow,
+}
+
+impl Backlog {
+    /// On the engine thread: `send` the event and pause the row once [`PAUSE_AT`] wait unread.
+    fn sent(&self, send: impl FnOnce() -> bool, is_final: bool) -> bool {
+        let mut n = self.undelivered.lock().unwrap_or_else(|p| p.into_inner());
+        if !send() {
+            return false;
+        }
+        *n += 1;
+        if *n >= PAUSE_AT && !is_final {
+            self.flow.pause();
+        }
+        true
+    }
+
+    /// On the response side, per event taken.
+    fn taken(&self) {
+        let mut n = self.undelivered.lock().unwrap_or_else(|p| p.into_inner());
+        *n = n.saturating_sub(1);
+        if *n <= RESUME_AT {
+            self.flow.resume();
+        }
     }
 }
 
@@ -243,6 +341,7 @@ impl Drop for RowGuard {
 /// One request's events, in order: tokens, then exactly one `Done` or `Error`.
 pub struct Generation {
     rx: mpsc::UnboundedReceiver<Event>,
+    backlog: Arc<Backlog>,
     guard: RowGuard,
 }
 
@@ -267,6 +366,9 @@ impl Generation {
     }
 
     fn note(&mut self, ev: &Option<Event>) {
+        if ev.is_some() {
+            self.backlog.taken();
+        }
         match ev {
             Some(e) if e.is_final() => self.guard.finished = true,
             Some(_) => {}
