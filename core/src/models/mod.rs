@@ -2,12 +2,15 @@
 
 mod config;
 pub mod gemma3;
+pub mod granite;
 pub mod llama;
+pub mod minicpm;
 pub mod qwen2;
 pub mod qwen3;
 pub mod qwen3_5;
 pub mod qwen3_next;
 pub mod qwen3_moe;
+pub mod smollm3;
 
 pub use config::ConfigReader;
 
@@ -95,9 +98,12 @@ pub fn build(config: &serde_json::Value, weights: Weights, dtype: Dtype) -> Resu
         "qwen3_5" | "qwen3_5_moe" => Box::new(qwen3_5::load(config, weights, dtype)?),
         "qwen3_moe" => Box::new(qwen3_moe::load(&cfg, weights, dtype)?),
         "gemma3_text" | "gemma3" => Box::new(gemma3::load(&cfg, weights, dtype)?),
+        "granite" => Box::new(granite::load(&cfg, weights, dtype)?),
+        "minicpm" => Box::new(minicpm::load(&cfg, weights, dtype)?),
+        "smollm3" => Box::new(smollm3::load(&cfg, weights, dtype)?),
         other => {
             return Err(Error::Unsupported(format!(
-                "model_type {other:?} (supported: llama, mistral, qwen2, qwen3, qwen3_moe, qwen3_next, qwen3_5, qwen3_5_moe, gemma3_text, gemma3)"
+                "model_type {other:?} (supported: llama, mistral, qwen2, qwen3, qwen3_moe, qwen3_next, qwen3_5, qwen3_5_moe, gemma3_text, gemma3, granite, minicpm, smollm3)"
             )))
         }
     })
