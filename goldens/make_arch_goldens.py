@@ -46,6 +46,15 @@ def llama(**kw):
 
 UNTIED = dict(embed=8.0, qk=3.0, lm_head=12.0)
 
+MINISTRAL3_TEXT = dict(
+    hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-5, vocab_size=256,
+    max_position_embeddings=4096, tie_word_embeddings=False,
+    rope_parameters={"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0,
+                     "original_max_position_embeddings": 8, "beta_fast": 32.0, "beta_slow": 1.0,
+                     "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.5},
+    bos_token_id=1, eos_token_id=2, torch_dtype="float32")
+
 MODELS = {
     "rope-linear": dict(seed=2001, config=llama(rope_scaling={"type": "linear", "factor": 2.0})),
     # Llama 3.x's scaling; original context 64 (Llama 3.1 uses 8192) so most bands change.
@@ -95,10 +104,45 @@ MODELS = {
         rope_theta=5000000.0, max_position_embeddings=4096, no_rope_layer_interval=2,
         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, torch_dtype="float32"),
         scales=dict(embed=4.0, qk=3.0, vo=4.0, mlp=4.0)),
+    # Phi-3 / Phi-4-mini shape: fused qkv_proj and gate_up_proj, half of each head rotated,
+    # longrope past an original context of 32 (factor 256 / 32 = 8, so mscale applies).
+    "phi3": dict(seed=2104, config=mg._base_config(
+        "phi3", "Phi3ForCausalLM",
+        hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=256,
+        rope_theta=10000.0, partial_rotary_factor=0.5, max_position_embeddings=256,
+        original_max_position_embeddings=32,
+        rope_scaling={"type": "longrope", "short_factor": [1.0, 1.0, 1.0, 1.0],
+                      "long_factor": [1.0, 1.5, 3.0, 6.0]},
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, torch_dtype="float32"),
+        suffix_scales={"qkv_proj.weight": 3.0}),
+    # Gemma 2: soft-capped attention scores and logits (caps small enough to bite), GQA,
+    # head_dim != hidden / heads, query_pre_attn_scalar != head_dim. mlx-lm's batched
+    # gemma2 lines the batch mask up with the kv-head axis (wrong for GQA), so batch and
+    # schedule references are single-sequence trajectories.
+    "gemma2": dict(seed=2105, config=mg._base_config(
+        "gemma2", "Gemma2ForCausalLM",
+        hidden_size=64, num_hidden_layers=3, intermediate_size=128,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6,
+        vocab_size=256, rope_theta=10000.0, attn_logit_softcapping=5.0,
+        final_logit_softcapping=8.0, query_pre_attn_scalar=48, sliding_window=4096,
+        max_position_embeddings=8192, bos_token_id=2, eos_token_id=1, torch_dtype="float32"),
+        scales=dict(embed=0.25, qk=3.0, vo=8.0, mlp=8.0), batch=False, batch_reference=True,
+        chunked_reference=True),
+    # Ministral 3: rope_parameters (yarn) and Llama 4 query scaling that steps every 8
+    # positions (original context 8), so prompts and generations cross several steps.
+    "ministral3": dict(seed=2106, config=mg._base_config(
+        "ministral3", "Ministral3ForCausalLM", **MINISTRAL3_TEXT)),
+    # The same text model inside a mistral3 (multimodal-form) checkpoint: text_config, tensors
+    # under language_model. as mlx-lm saves them.
+    "mistral3": dict(seed=2107, config=mg._base_config(
+        "mistral3", "Mistral3ForConditionalGeneration",
+        text_config=dict(MINISTRAL3_TEXT, model_type="ministral3"),
+        vocab_size=MINISTRAL3_TEXT["vocab_size"], eos_token_id=2, torch_dtype="float32")),
 }
 
 
-def batch_reference(name, model, config, doc):
+def batch_reference(name, model, config, doc, chunked=False):
     """batch / schedule goldens as single-sequence trajectories (same prompts as goldens_tiny)."""
     draw = mg.prompt_pool(name + "/batch", config["vocab_size"])
 
@@ -128,6 +172,9 @@ def batch_reference(name, model, config, doc):
                      "tokens": single(p, m)["tokens"], "finish_reason": "length", "equals_single": True})
     doc["schedule"] = {"prefill_step_size": 2048, "reference": "single", "rows": rows}
     doc.pop("schedule_chunked", None)
+    if chunked:
+        # Chunking does not change full attention: the same references, prefilled by 8.
+        doc["schedule_chunked"] = dict(doc["schedule"], prefill_step_size=8)
 
 
 def make(name):
@@ -136,14 +183,32 @@ def make(name):
     spec.setdefault("scales", UNTIED)
     spec.setdefault("batch", True)
     mg.TINY_MODELS[name] = spec
-    model, config = mg.build_tiny(name)
+    rescale = mg._rescale
+    extra = spec.get("suffix_scales", {})
+
+    def rescale_with_extra(model, scales):
+        # make_goldens' rescale, plus weights it does not know by name (fused projections).
+        rescale(model, scales)
+        from mlx.utils import tree_map_with_path
+        model.update(tree_map_with_path(
+            lambda p, w: w * next((f for suf, f in extra.items() if p.endswith(suf)), 1.0),
+            model.parameters()))
+        mx.eval(model.parameters())
+
+    mg._rescale = rescale_with_extra
+    try:
+        model, config = mg.build_tiny(name)
+    finally:
+        mg._rescale = rescale
     doc = mg.goldens_tiny(name, model, config)
     if spec.get("batch_reference"):
-        batch_reference(name, model, config, doc)
+        batch_reference(name, model, config, doc, chunked=spec.get("chunked_reference", False))
     cfg = mg.config_summary(config)
-    for k in ("rope_scaling", "max_position_embeddings", "embedding_multiplier", "residual_multiplier",
+    for k in ("rope_scaling", "rope_parameters", "text_config", "max_position_embeddings", "embedding_multiplier", "residual_multiplier",
               "attention_multiplier", "logits_scaling", "scale_emb", "scale_depth", "dim_model_base",
-              "no_rope_layer_interval", "no_rope_layers"):
+              "no_rope_layer_interval", "no_rope_layers", "partial_rotary_factor",
+              "original_max_position_embeddings", "attn_logit_softcapping", "final_logit_softcapping",
+              "query_pre_attn_scalar"):
         if k in config:
             cfg[k] = config[k]
     doc["config"] = cfg

@@ -1,7 +1,9 @@
-//! Architectures from mlx-lm 0.32.2 built on the shared Llama-family layers (granite,
-//! minicpm, smollm3), against goldens/make_arch_goldens.py: single-sequence trajectories with
+//! Architectures from mlx-lm 0.32.2 (granite, minicpm, smollm3, phi3, ministral3 and the
+//! mistral3 text path on the shared dense decoder; gemma2 with soft-capped attention), against goldens/make_arch_goldens.py: single-sequence trajectories with
 //! bit-equal first-step logits, batch_generate B=2/B=4 and BatchGenerator join/evict
-//! schedules (plain and chunked prefill) through the engine, and config errors.
+//! schedules (plain and chunked prefill) through the engine, and config errors. gemma2's
+//! batch references are single-sequence trajectories (mlx-lm's batched gemma2 mis-broadcasts
+//! the mask under grouped-query attention; see the goldens script).
 
 mod support;
 
@@ -11,14 +13,16 @@ use weft::engine::{Engine, EngineConfig};
 use weft::loading;
 
 /// Golden name = model dir.
-const ARCHS: &[&str] = &["granite", "minicpm", "smollm3"];
+const ARCHS: &[&str] = &["granite", "minicpm", "smollm3", "phi3", "gemma2", "ministral3", "mistral3"];
 
 #[test]
 fn single_sequence_tokens_and_first_logits_are_exact() {
     for name in ARCHS {
         let g = golden(name);
         let loaded = loading::load(&tiny_model_dir(name)).unwrap();
-        assert_eq!(loaded.model.info().model_type, *name);
+        // mistral3 is a wrapper: its text model is a ministral3.
+        let want_type = if *name == "mistral3" { "ministral3" } else { name };
+        assert_eq!(loaded.model.info().model_type, want_type);
         assert_single_cases_exact(name, loaded.model.as_ref(), &g);
     }
 }
@@ -79,5 +83,90 @@ fn missing_multipliers_fail_at_load_naming_them() {
         })
         .unwrap_err();
         assert!(err.contains(key), "{dir} without {key}: {err}");
+    }
+}
+
+#[test]
+fn gemma2_soft_caps_change_the_model() {
+    let want = ids(&golden("gemma2")["single"][2]["tokens"]);
+    assert_eq!(tokens_with("gemma2", |_| {}).unwrap(), want);
+    assert_ne!(tokens_with("gemma2", |v| v["attn_logit_softcapping"] = json!(1e6)).unwrap(), want);
+    // The final cap is monotonic (greedy tokens keep), so look at the logits.
+    use weft::generate::{generate, GenerateOptions};
+    let case = &golden("gemma2")["single"][2];
+    let tmp = copy_model("gemma2");
+    edit_config(tmp.path(), |v| v["final_logit_softcapping"] = json!(1e6));
+    let loaded = loading::load(tmp.path()).unwrap();
+    let opts = GenerateOptions { max_tokens: 1, capture_first_logits: 256, ..Default::default() };
+    let out = generate(loaded.model.as_ref(), None, &ids(&case["prompt_ids"]), &opts, |_| true).unwrap();
+    assert!(bit_diffs(&out.first_logits, &floats(&case["first_logits"])) > 200);
+    let err = tokens_with("gemma2", |v| v["hidden_activation"] = json!("relu")).unwrap_err();
+    assert!(err.contains("hidden_activation"), "{err}");
+}
+
+#[test]
+fn phi3_rope_options_are_read_or_refused() {
+    let want = ids(&golden("phi3")["single"][2]["tokens"]);
+    // longrope is what the trajectory depends on; "su" is its older name.
+    assert_eq!(tokens_with("phi3", |v| v["rope_scaling"]["type"] = json!("su")).unwrap(), want);
+    assert_ne!(tokens_with("phi3", |v| v["rope_scaling"] = Value::Null).unwrap(), want);
+    let cases: Vec<(Box<dyn Fn(&mut Value)>, &str)> = vec![
+        (Box::new(|v: &mut Value| v["rope_scaling"]["type"] = json!("yarn")), "\"yarn\""),
+        (Box::new(|v: &mut Value| { v["rope_scaling"].as_object_mut().unwrap().remove("long_factor"); }), "long_factor"),
+        (Box::new(|v: &mut Value| v["rope_scaling"]["long_factor"] = json!([1.0, 2.0])), "long_factor"),
+        (Box::new(|v: &mut Value| v["partial_rotary_factor"] = json!(0.1)), "partial_rotary_factor"),
+    ];
+    for (edit, needle) in cases {
+        let err = tokens_with("phi3", |v| edit(v)).unwrap_err();
+        assert!(err.contains(needle), "{needle}: {err}");
+    }
+}
+
+#[test]
+fn ministral3_query_scaling_and_mistral3_layouts() {
+    let want = ids(&golden("ministral3")["single"][2]["tokens"]);
+    // beta 0 turns the position scaling off, and the trajectory changes.
+    assert_ne!(tokens_with("ministral3", |v| v["rope_parameters"]["llama_4_scaling_beta"] = json!(0.0)).unwrap(), want);
+    let err = tokens_with("ministral3", |v| {
+        v["rope_parameters"].as_object_mut().unwrap().remove("llama_4_scaling_beta");
+    })
+    .unwrap_err();
+    assert!(err.contains("llama_4_scaling_beta"), "{err}");
+    // Hugging Face's layout of a mistral3 checkpoint (model.language_model.*, lm_head.weight,
+    // a vision tower) loads the same model as mlx-lm's (language_model.*).
+    let tmp = copy_model("mistral3");
+    let idx = tmp.path().join("model.safetensors.index.json");
+    let _ = std::fs::remove_file(&idx);
+    let path = tmp.path().join("model.safetensors");
+    let tensors = mlx_rs::Array::load_safetensors(&path).unwrap();
+    let renamed: std::collections::HashMap<String, mlx_rs::Array> = tensors
+        .into_iter()
+        .map(|(k, v)| {
+            let k = match k.strip_prefix("language_model.model.") {
+                Some(rest) => format!("model.language_model.{rest}"),
+                None => k.strip_prefix("language_model.").unwrap().to_string(),
+            };
+            (k, v)
+        })
+        .chain([("model.vision_tower.patch_conv.weight".to_string(), mlx_rs::Array::from_slice(&[0f32; 4], &[2, 2]))])
+        .collect();
+    // Arrays load lazily from `path`: write elsewhere, then replace it.
+    let out = tmp.path().join("renamed.safetensors");
+    mlx_rs::Array::save_safetensors(&renamed, None::<&std::collections::HashMap<String, String>>, &out).unwrap();
+    drop(renamed);
+    std::fs::rename(&out, &path).unwrap();
+    let loaded = loading::load(tmp.path()).unwrap();
+    assert_single_cases_exact("mistral3 (Hugging Face layout)", loaded.model.as_ref(), &golden("mistral3"));
+}
+
+#[test]
+fn granite_and_minicpm_gguf_files_load_the_same_models() {
+    // goldens/make_arch_gguf_goldens.py: llama.cpp's layout of the same F32 weights, so the
+    // safetensors goldens (mlx-lm on those weights) apply bit for bit.
+    for name in ["granite", "minicpm"] {
+        let path = goldens_dir().join("gguf").join(format!("{name}-f32.gguf"));
+        let loaded = loading::load(&path).unwrap();
+        assert_eq!(loaded.model.info().model_type, name);
+        assert_single_cases_exact(&format!("{name} (GGUF)"), loaded.model.as_ref(), &golden(name));
     }
 }

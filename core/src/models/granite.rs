@@ -54,6 +54,7 @@ pub fn load(cfg: &ConfigReader, weights: Weights, dtype: Dtype) -> Result<DenseD
             rope,
         },
         nope_layers: Vec::new(),
+        fused_projections: false,
         scaling: DecoderScaling {
             embedding: Some(cfg.req_f32("embedding_multiplier")?),
             residual: Some(cfg.req_f32("residual_multiplier")?),

@@ -52,6 +52,7 @@ pub(crate) fn spec(cfg: &ConfigReader, dtype: Dtype, model_type: &str) -> Result
             rope,
         },
         nope_layers: Vec::new(),
+        fused_projections: false,
         scaling: DecoderScaling::default(),
     })
 }

@@ -48,6 +48,7 @@ pub fn load(cfg: &ConfigReader, weights: Weights, dtype: Dtype) -> Result<DenseD
             rope,
         },
         nope_layers: Vec::new(),
+        fused_projections: false,
         scaling: DecoderScaling {
             embedding: Some(cfg.req_f32("scale_emb")?),
             residual: Some(depth as f32),

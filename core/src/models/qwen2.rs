@@ -39,6 +39,7 @@ pub fn load(cfg: &ConfigReader, weights: Weights, dtype: Dtype) -> Result<DenseD
             rope: cfg.rope(head_dim, Some(1_000_000.0), cfg.bool_or("rope_traditional", false)?)?,
         },
         nope_layers: Vec::new(),
+        fused_projections: false,
         scaling: DecoderScaling::default(),
     };
     DenseDecoder::load(weights, spec)

@@ -40,6 +40,7 @@ pub fn load(cfg: &ConfigReader, weights: Weights, dtype: Dtype) -> Result<DenseD
             rope: cfg.rope(head_dim, None, false)?,
         },
         nope_layers: Vec::new(),
+        fused_projections: false,
         scaling: DecoderScaling::default(),
     };
     DenseDecoder::load(weights, spec)

@@ -26,6 +26,8 @@ pub struct DenseDecoderSpec {
     pub attention: AttentionOptions,
     /// Layers whose attention applies no rotary embedding (SmolLM3's NoPE layers).
     pub nope_layers: Vec<usize>,
+    /// Phi-3's fused `qkv_proj` and `gate_up_proj` instead of separate projections.
+    pub fused_projections: bool,
     pub scaling: DecoderScaling,
 }
 
@@ -44,6 +46,9 @@ pub struct DecoderScaling {
     pub head_input_divisor: Option<f32>,
     /// `logits / d` (Granite `logits_scaling`).
     pub logits_divisor: Option<f32>,
+    /// Queries × `1 + beta * ln(1 + floor(pos / original_max))` (Ministral 3's
+    /// `llama_4_scaling_beta`, `original_max_position_embeddings`).
+    pub query_position_scaling: Option<(f32, i32)>,
     /// Untied, but a checkpoint without `lm_head.weight` uses the embedding (MiniCPM's
     /// sanitize copies it).
     pub head_falls_back_to_embedding: bool,
@@ -92,13 +97,24 @@ impl DenseDecoder {
             if spec.nope_layers.contains(&i) {
                 opts.rope = Rope::none(opts.rope.dims());
             }
-            let mut self_attn = Attention::load(&mut w, &format!("{p}.self_attn"), opts)?;
+            let mut self_attn = if spec.fused_projections {
+                Attention::load_fused(&mut w, &format!("{p}.self_attn"), opts)?
+            } else {
+                Attention::load(&mut w, &format!("{p}.self_attn"), opts)?
+            };
             if let Some(scale) = spec.scaling.attention {
                 self_attn = self_attn.with_scale(scale);
             }
+            if let Some((beta, original_max)) = spec.scaling.query_position_scaling {
+                self_attn = self_attn.with_query_scaling(beta, original_max);
+            }
             layers.push(DecoderBlock {
                 self_attn,
-                mlp: Mlp::load(&mut w, &format!("{p}.mlp"), hidden, spec.intermediate, spec.mlp_bias)?,
+                mlp: if spec.fused_projections {
+                    Mlp::load_fused(&mut w, &format!("{p}.mlp"), hidden, spec.intermediate)?
+                } else {
+                    Mlp::load(&mut w, &format!("{p}.mlp"), hidden, spec.intermediate, spec.mlp_bias)?
+                },
                 input_layernorm: RmsNorm::load(&mut w, &format!("{p}.input_layernorm"), hidden, eps)?,
                 post_attention_layernorm: RmsNorm::load(
                     &mut w,
