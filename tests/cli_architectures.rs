@@ -1,6 +1,6 @@
 //! `weft generate` and `weft replay` on every architecture's tiny model give mlx-lm's tokens:
 //! Gemma 3 (sliding-window rings that wrap), qwen3_moe, qwen3_next and qwen3_5 (gated
-//! DeltaNet), gemma2, phi3, granite, minicpm, smollm3 and Llama with llama3 / yarn RoPE, against
+//! DeltaNet), gemma2, phi3, granite, minicpm, smollm3, ministral3, mistral3 and Llama with llama3 / yarn RoPE, against
 //! their goldens.
 
 mod support;
@@ -71,6 +71,8 @@ const ARCHITECTURES: &[(&str, &str)] = &[
     ("granite", "granite"),
     ("minicpm", "minicpm"),
     ("smollm3", "smollm3"),
+    ("ministral3", "ministral3"),
+    ("mistral3", "mistral3"),
     // Llama 3.x RoPE scaling, and yarn (Qwen2.5 long-context).
     ("rope-llama3", "rope-llama3"),
     ("rope-yarn", "rope-yarn"),
