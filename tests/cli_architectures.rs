@@ -1,6 +1,7 @@
 //! `weft generate` and `weft replay` on every architecture's tiny model give mlx-lm's tokens:
 //! Gemma 3 (sliding-window rings that wrap), qwen3_moe, qwen3_next and qwen3_5 (gated
-//! DeltaNet), against their goldens.
+//! DeltaNet), gemma2, phi3, granite, minicpm, smollm3, ministral3, mistral3 and Llama with llama3 / yarn RoPE, against
+//! their goldens.
 
 mod support;
 
@@ -60,8 +61,22 @@ fn replay_matches_the_gemma3_batch_generator_schedule() {
 }
 
 /// (golden, model dir) of each architecture added after the Llama family.
-const ARCHITECTURES: &[(&str, &str)] =
-    &[("gemma3", "gemma3-text"), ("qwen3_moe", "qwen3_moe"), ("qwen3_next", "qwen3_next"), ("qwen3_5", "qwen3_5")];
+const ARCHITECTURES: &[(&str, &str)] = &[
+    ("gemma3", "gemma3-text"),
+    ("qwen3_moe", "qwen3_moe"),
+    ("qwen3_next", "qwen3_next"),
+    ("qwen3_5", "qwen3_5"),
+    ("gemma2", "gemma2"),
+    ("phi3", "phi3"),
+    ("granite", "granite"),
+    ("minicpm", "minicpm"),
+    ("smollm3", "smollm3"),
+    ("ministral3", "ministral3"),
+    ("mistral3", "mistral3"),
+    // Llama 3.x RoPE scaling, and yarn (Qwen2.5 long-context).
+    ("rope-llama3", "rope-llama3"),
+    ("rope-yarn", "rope-yarn"),
+];
 
 #[test]
 fn generate_matches_every_architecture_golden() {

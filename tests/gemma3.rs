@@ -192,7 +192,7 @@ fn kv_budget_counts_sliding_layers_at_most_their_window() {
 #[test]
 fn unsupported_config_options_fail_at_load_naming_them() {
     let cases: Vec<(&str, Box<dyn Fn(&mut Value)>)> = vec![
-        ("\"yarn\"", Box::new(|v: &mut Value| v["rope_scaling"] = serde_json::json!({"rope_type": "yarn", "factor": 4.0}))),
+        ("\"ntk-by-parts\"", Box::new(|v: &mut Value| v["rope_scaling"] = serde_json::json!({"rope_type": "ntk-by-parts", "factor": 4.0}))),
         ("attn_logit_softcapping", Box::new(|v: &mut Value| v["attn_logit_softcapping"] = serde_json::json!(50.0))),
         ("hidden_activation", Box::new(|v: &mut Value| v["hidden_activation"] = serde_json::json!("relu"))),
         ("layer_types", Box::new(|v: &mut Value| v["layer_types"] = serde_json::json!(vec!["full_attention"; 6]))),

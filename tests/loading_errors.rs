@@ -56,10 +56,11 @@ fn wrong_typed_config_value_names_the_key() {
 #[test]
 fn unsupported_rope_scaling_names_the_kind() {
     let tmp = copy_model("llama-fp32");
-    edit_config(tmp.path(), |c| c["rope_scaling"] = json!({"rope_type": "longrope", "factor": 2.0}));
+    // (longrope and the other mlx-lm kinds load: tests/rope_scaling.rs.)
+    edit_config(tmp.path(), |c| c["rope_scaling"] = json!({"rope_type": "ntk-by-parts", "factor": 2.0}));
     let e = load_err(tmp.path());
     assert!(matches!(e, Error::Unsupported(_)), "{e}");
-    assert!(e.to_string().contains("longrope"), "{e}");
+    assert!(e.to_string().contains("ntk-by-parts"), "{e}");
 }
 
 #[test]

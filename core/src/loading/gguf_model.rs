@@ -48,7 +48,7 @@ pub fn load(path: &Path) -> Result<LoadedModel> {
     let heads = config["num_attention_heads"].as_i64().unwrap_or(0) as i32;
     let kv_heads = config["num_key_value_heads"].as_i64().unwrap_or(0) as i32;
     // llama.cpp interleaves q/k rows for its RoPE only in llama-style conversions.
-    let permuted_qk = matches!(arch.as_str(), "llama" | "mistral");
+    let permuted_qk = matches!(arch.as_str(), "llama" | "mistral" | "granite" | "minicpm");
     // llama.cpp stores Gemma's RMSNorm weights as 1 + w (its norm multiplies by the weight).
     let norm_shift = arch.starts_with("gemma");
 
@@ -90,7 +90,9 @@ pub fn load(path: &Path) -> Result<LoadedModel> {
     if !quantization.is_empty() {
         config["quantization"] = serde_json::Value::Object(quantization);
     }
-    if !tensors.contains_key("lm_head.weight") {
+    // llama.cpp's minicpm scales the head input whether or not the head is tied, which is
+    // mlx-lm's untied MiniCPM with the embedding as head.
+    if !tensors.contains_key("lm_head.weight") && arch != "minicpm" {
         config["tie_word_embeddings"] = json!(true);
     }
     let model = build_model(&config, tensors)?;
@@ -122,9 +124,11 @@ fn config_from_metadata(h: &GgufHeader, arch: &str) -> Result<serde_json::Value>
         "qwen2" => "qwen2",
         "qwen3" => "qwen3",
         "gemma3" => "gemma3_text",
+        "granite" => "granite",
+        "minicpm" => "minicpm",
         other => {
             return Err(Error::Unsupported(format!(
-                "GGUF architecture {other:?} (supported: llama, mistral, qwen2, qwen3, gemma3)"
+                "GGUF architecture {other:?} (supported: llama, mistral, qwen2, qwen3, gemma3, granite, minicpm)"
             )))
         }
     };
@@ -158,6 +162,32 @@ fn config_from_metadata(h: &GgufHeader, arch: &str) -> Result<serde_json::Value>
     });
     if let Some(ctx) = h.get_u64(&format!("{arch}.context_length")) {
         cfg["max_position_embeddings"] = json!(ctx);
+    }
+    let float = |k: &str| -> Result<f64> {
+        h.get_f64(&format!("{arch}.{k}"))
+            .ok_or_else(|| Error::ModelLoad(format!("GGUF metadata is missing {arch}.{k}")))
+    };
+    if arch == "granite" {
+        // llama.cpp's granite keys for Granite's four multipliers.
+        cfg["attention_multiplier"] = json!(float("attention.scale")?);
+        cfg["embedding_multiplier"] = json!(float("embedding_scale")?);
+        cfg["residual_multiplier"] = json!(float("residual_scale")?);
+        cfg["logits_scaling"] = json!(float("logit_scale")?);
+        cfg["attention_bias"] = json!(false);
+        cfg["mlp_bias"] = json!(false);
+    }
+    if arch == "minicpm" {
+        // llama.cpp stores the derived scales: residual = scale_depth / sqrt(layers),
+        // logit = hidden / dim_model_base.
+        let layers = int("block_count")? as f64;
+        cfg["scale_emb"] = json!(float("embedding_scale")?);
+        cfg["scale_depth"] = json!(float("residual_scale")? * layers.sqrt());
+        let logit = float("logit_scale")?;
+        let base = hidden as f64 / logit;
+        if base.fract() != 0.0 || base < 1.0 {
+            return Err(Error::ModelLoad(format!("GGUF minicpm.logit_scale {logit} does not divide the hidden size {hidden}")));
+        }
+        cfg["dim_model_base"] = json!(base as u64);
     }
     if arch == "gemma3" {
         // What the GGUF does not say, llama.cpp fixes for Gemma 3 as the Hugging Face configs do:

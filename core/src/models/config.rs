@@ -2,7 +2,7 @@
 
 use serde_json::Value;
 
-use crate::nn::Rope;
+use crate::nn::{Rope, RopeContext};
 use crate::{Error, Result};
 
 pub struct ConfigReader<'a> {
@@ -73,39 +73,25 @@ impl<'a> ConfigReader<'a> {
         }
     }
 
-    /// RoPE from `rope_theta` and `rope_scaling` (or transformers 5's `rope_parameters`).
-    /// Scaling kinds not implemented yet fail here, naming the kind.
-    pub fn rope(&self, head_dim: i32, default_theta: Option<f32>, traditional: bool) -> Result<Rope> {
+    /// RoPE from `rope_theta` and `rope_scaling` (or transformers 5's `rope_parameters`, which
+    /// may carry the theta too), as mlx-lm's `initialize_rope`: every scaling kind of
+    /// [`Rope::from_scaling`]; others fail here, naming the kind. `dims` is the rotated
+    /// feature count (`head_dim` unless the architecture rotates part of each head).
+    pub fn rope(&self, dims: i32, default_theta: Option<f32>, traditional: bool) -> Result<Rope> {
         let params = self.get("rope_parameters");
         let theta = match (self.get("rope_theta"), params.and_then(|p| p.get("rope_theta")), default_theta) {
-            (Some(_), _, _) => self.req_f32("rope_theta")?,
-            (None, Some(t), _) => t.as_f64().unwrap_or(10000.0) as f32,
-            (None, None, Some(d)) => d,
+            (Some(_), _, _) => self.req_f64("rope_theta")?,
+            (None, Some(t), _) => t.as_f64().unwrap_or(10000.0),
+            (None, None, Some(d)) => d as f64,
             (None, None, None) => return Err(Error::ModelLoad("config.json: missing \"rope_theta\"".into())),
         };
         let scaling = self.get("rope_scaling").or(params);
-        let mut scale = 1.0;
-        if let Some(s) = scaling {
-            let kind = s
-                .get("type")
-                .or_else(|| s.get("rope_type"))
-                .and_then(|k| k.as_str())
-                .unwrap_or("default");
-            match kind {
-                "default" => {}
-                "linear" => {
-                    let factor = s.get("factor").and_then(|f| f.as_f64()).ok_or_else(|| {
-                        Error::ModelLoad("config.json: linear rope_scaling needs \"factor\"".into())
-                    })?;
-                    scale = 1.0 / factor as f32;
-                }
-                other => {
-                    return Err(Error::Unsupported(format!(
-                        "rope_scaling type {other:?} is not implemented (supported: default, linear)"
-                    )))
-                }
-            }
-        }
-        Ok(Rope { dims: head_dim, base: theta, scale, traditional })
+        let ctx = RopeContext { max_position_embeddings: self.opt_i32("max_position_embeddings")? };
+        Rope::from_scaling(dims, theta, traditional, scaling, ctx)
+    }
+
+    fn req_f64(&self, key: &str) -> Result<f64> {
+        let x = self.get(key).ok_or_else(|| Error::ModelLoad(format!("config.json: missing {key:?}")))?;
+        x.as_f64().ok_or_else(|| Error::ModelLoad(format!("config.json: {key:?} must be a number, got {x}")))
     }
 }

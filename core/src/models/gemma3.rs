@@ -3,7 +3,7 @@
 //! - layers alternate sliding-window and global attention: layer i is global when
 //!   `(i + 1) % sliding_window_pattern == 0`; sliding layers cache a ring of `sliding_window`
 //!   positions and use RoPE base `rope_local_base_freq`, global layers a full cache and
-//!   `rope_theta` with `rope_scaling` (linear);
+//!   `rope_theta` with `rope_scaling` (any kind `nn::Rope` supports);
 //! - Gemma RMSNorm (`1 + w`) everywhere, four norms per block (post-attention and
 //!   post-feed-forward norms apply to the branch before the residual add), per-head q/k norms;
 //! - attention scale `query_pre_attn_scalar^-0.5`, embeddings scaled by `sqrt(hidden)` rounded
@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use super::{ConfigReader, LanguageModel, ModelInfo, SlidingWindowLayers};
 use crate::cache::{KvCache, KvCacheSingle, RotatingKvCache};
-use crate::nn::{Attention, AttentionOptions, Embedding, Linear, Mlp, MlpActivation, RmsNorm, Rope, Weights};
+use crate::nn::{Attention, AttentionOptions, Embedding, Linear, Mlp, MlpActivation, RmsNorm, Rope, RopeContext, Weights};
 use crate::{Error, Result};
 
 struct Block {
@@ -62,25 +62,6 @@ fn int_or(cfg: &ConfigReader, key: &str, default: i32) -> Result<i32> {
     Ok(cfg.opt_i32(key)?.unwrap_or(default))
 }
 
-/// RoPE scale of the global layers from `rope_scaling` (mlx-lm `initialize_rope`): only the
-/// kinds implemented here are accepted; anything else fails naming the option.
-fn global_rope_scale(cfg: &ConfigReader) -> Result<f32> {
-    let Some(s) = cfg.get("rope_scaling") else { return Ok(1.0) };
-    let kind = s.get("type").or_else(|| s.get("rope_type")).and_then(|k| k.as_str()).unwrap_or("default");
-    match kind {
-        "default" => Ok(1.0),
-        "linear" => {
-            let factor = s.get("factor").and_then(|f| f.as_f64()).ok_or_else(|| {
-                Error::ModelLoad("config.json: rope_scaling of type \"linear\" needs a numeric \"factor\"".into())
-            })?;
-            Ok((1.0 / factor) as f32)
-        }
-        other => Err(Error::Unsupported(format!(
-            "gemma3: rope_scaling type {other:?} is not implemented (supported: default, linear)"
-        ))),
-    }
-}
-
 pub fn load(cfg: &ConfigReader, mut w: Weights, dtype: Dtype) -> Result<Gemma3> {
     let multimodal = cfg.req_str("model_type")? == "gemma3";
     let text = if multimodal { text_config(cfg)? } else { Value::Null };
@@ -112,7 +93,6 @@ pub fn load(cfg: &ConfigReader, mut w: Weights, dtype: Dtype) -> Result<Gemma3> 
     let head_dim = int_or(cfg, "head_dim", 256)?;
     let eps = cfg.f32_or("rms_norm_eps", 1e-6)?;
     let vocab = int_or(cfg, "vocab_size", 262_144)?;
-    let rope_theta = cfg.f32_or("rope_theta", 1_000_000.0)?;
     let rope_local = cfg.f32_or("rope_local_base_freq", 10_000.0)?;
     let qpas = match cfg.get("query_pre_attn_scalar") {
         None => 256.0,
@@ -140,7 +120,14 @@ pub fn load(cfg: &ConfigReader, mut w: Weights, dtype: Dtype) -> Result<Gemma3> 
             Error::ModelLoad(format!("config.json: \"final_logit_softcapping\" must be a positive number, got {v}"))
         })? as f32),
     };
-    let global_scale = global_rope_scale(cfg)?;
+    // mlx-lm: global layers take rope_scaling (any initialize_rope kind), sliding ones not.
+    let global_rope = Rope::from_scaling(
+        head_dim,
+        cfg.f32_or("rope_theta", 1_000_000.0)? as f64,
+        false,
+        cfg.get("rope_scaling"),
+        RopeContext { max_position_embeddings: cfg.opt_i32("max_position_embeddings")? },
+    )?;
 
     w.ignore_suffix("self_attn.rotary_emb.inv_freq");
     let tied = !w.contains("lm_head.weight");
@@ -150,11 +137,7 @@ pub fn load(cfg: &ConfigReader, mut w: Weights, dtype: Dtype) -> Result<Gemma3> 
     for i in 0..num_layers {
         let p = format!("model.layers.{i}");
         let global = is_global(i);
-        let rope = if global {
-            Rope { dims: head_dim, base: rope_theta, scale: global_scale, traditional: false }
-        } else {
-            Rope { dims: head_dim, base: rope_local, scale: 1.0, traditional: false }
-        };
+        let rope = if global { global_rope.clone() } else { Rope::plain(head_dim, rope_local, 1.0, false) };
         let opts = AttentionOptions {
             hidden,
             heads,

@@ -4,29 +4,36 @@
 use mlx_rs::Dtype;
 
 use super::{ConfigReader, ModelInfo};
-use crate::nn::{AttentionOptions, DenseDecoder, DenseDecoderSpec, Weights};
+use crate::nn::{AttentionOptions, DecoderScaling, DenseDecoder, DenseDecoderSpec, Weights};
 use crate::{Error, Result};
 
 pub fn load(cfg: &ConfigReader, weights: Weights, dtype: Dtype) -> Result<DenseDecoder> {
+    DenseDecoder::load(weights, spec(cfg, dtype, "llama")?)
+}
+
+/// The Llama stack as mlx-lm's `llama.ModelArgs` reads `cfg` (SmolLM3 and others build on it).
+pub(crate) fn spec(cfg: &ConfigReader, dtype: Dtype, model_type: &str) -> Result<DenseDecoderSpec> {
     let hidden = cfg.req_i32("hidden_size")?;
     let heads = cfg.req_i32("num_attention_heads")?;
     let kv_heads = cfg.opt_i32("num_key_value_heads")?.unwrap_or(heads);
     let head_dim = cfg.opt_i32("head_dim")?.unwrap_or(hidden / heads);
     if let Some(types) = cfg.get("layer_types").and_then(|t| t.as_array()) {
         if types.iter().any(|t| t.as_str() != Some("full_attention")) {
-            return Err(Error::Unsupported("llama with sliding-window layer_types".into()));
+            return Err(Error::Unsupported(format!("{model_type} with sliding-window layer_types")));
         }
     }
     let attention_bias = cfg.bool_or("attention_bias", false)?;
-    let spec = DenseDecoderSpec {
+    let rope = cfg.rope(head_dim, Some(10000.0), cfg.bool_or("rope_traditional", false)?)?;
+    let max_positions = cfg.opt_i32("max_position_embeddings")?.map(|n| n as usize);
+    Ok(DenseDecoderSpec {
         info: ModelInfo {
-            model_type: "llama".into(),
+            model_type: model_type.into(),
             vocab_size: cfg.req_i32("vocab_size")?,
             hidden_size: hidden,
             num_layers: cfg.req_i32("num_hidden_layers")? as usize,
             kv_heads,
             head_dim,
-            max_position_embeddings: cfg.opt_i32("max_position_embeddings")?.map(|n| n as usize),
+            max_position_embeddings: if rope.extends_context() { None } else { max_positions },
             activation_dtype: dtype,
             sliding_window: None,
         },
@@ -42,8 +49,10 @@ pub fn load(cfg: &ConfigReader, weights: Weights, dtype: Dtype) -> Result<DenseD
             qkv_bias: attention_bias,
             o_bias: attention_bias,
             qk_norm_eps: None,
-            rope: cfg.rope(head_dim, Some(10000.0), cfg.bool_or("rope_traditional", false)?)?,
+            rope,
         },
-    };
-    DenseDecoder::load(weights, spec)
+        nope_layers: Vec::new(),
+        fused_projections: false,
+        scaling: DecoderScaling::default(),
+    })
 }

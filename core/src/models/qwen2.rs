@@ -4,7 +4,7 @@
 use mlx_rs::Dtype;
 
 use super::{ConfigReader, ModelInfo};
-use crate::nn::{AttentionOptions, DenseDecoder, DenseDecoderSpec, Weights};
+use crate::nn::{AttentionOptions, DecoderScaling, DenseDecoder, DenseDecoderSpec, Weights};
 use crate::Result;
 
 pub fn load(cfg: &ConfigReader, weights: Weights, dtype: Dtype) -> Result<DenseDecoder> {
@@ -38,6 +38,9 @@ pub fn load(cfg: &ConfigReader, weights: Weights, dtype: Dtype) -> Result<DenseD
             qk_norm_eps: None,
             rope: cfg.rope(head_dim, Some(1_000_000.0), cfg.bool_or("rope_traditional", false)?)?,
         },
+        nope_layers: Vec::new(),
+        fused_projections: false,
+        scaling: DecoderScaling::default(),
     };
     DenseDecoder::load(weights, spec)
 }

@@ -4,7 +4,7 @@
 use mlx_rs::Dtype;
 
 use super::{ConfigReader, ModelInfo};
-use crate::nn::{AttentionOptions, DenseDecoder, DenseDecoderSpec, Weights};
+use crate::nn::{AttentionOptions, DecoderScaling, DenseDecoder, DenseDecoderSpec, Weights};
 use crate::Result;
 
 pub fn load(cfg: &ConfigReader, weights: Weights, dtype: Dtype) -> Result<DenseDecoder> {
@@ -39,6 +39,9 @@ pub fn load(cfg: &ConfigReader, weights: Weights, dtype: Dtype) -> Result<DenseD
             qk_norm_eps: Some(eps),
             rope: cfg.rope(head_dim, None, false)?,
         },
+        nope_layers: Vec::new(),
+        fused_projections: false,
+        scaling: DecoderScaling::default(),
     };
     DenseDecoder::load(weights, spec)
 }

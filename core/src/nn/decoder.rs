@@ -1,10 +1,11 @@
 //! The plain pre-norm decoder stack shared by the Llama family (llama, mistral, qwen2, qwen3):
 //! embed → N × (x + attn(norm(x)); h + mlp(norm(h))) → norm → lm_head (or tied embedding).
-//! Architectures differ only in their attention options, which their own files decide.
+//! Architectures differ only in their attention options and [`DecoderScaling`] (Granite's
+//! multipliers, MiniCPM's depth scaling), which their own files decide.
 
 use mlx_rs::Array;
 
-use super::{Attention, AttentionOptions, Embedding, Linear, Mlp, RmsNorm, Weights};
+use super::{Attention, AttentionOptions, Embedding, Linear, Mlp, RmsNorm, Rope, Weights};
 use crate::cache::{KvCache, KvCacheSingle};
 use crate::language_model::{LanguageModel, ModelInfo};
 use crate::{Error, Result};
@@ -23,6 +24,49 @@ pub struct DenseDecoderSpec {
     pub mlp_bias: bool,
     pub tie_word_embeddings: bool,
     pub attention: AttentionOptions,
+    /// Layers whose attention applies no rotary embedding (SmolLM3's NoPE layers).
+    pub nope_layers: Vec<usize>,
+    /// Phi-3's fused `qkv_proj` and `gate_up_proj` instead of separate projections.
+    pub fused_projections: bool,
+    pub scaling: DecoderScaling,
+}
+
+/// Scalar multipliers some Llama-family models put on the stream. `None` = the plain stack.
+/// Each is applied as mlx-lm does: a Python float, rounded to the activation dtype.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DecoderScaling {
+    /// `embed(x) * m` (Granite `embedding_multiplier`, MiniCPM `scale_emb`).
+    pub embedding: Option<f32>,
+    /// `x + branch * m` for both residual branches (Granite `residual_multiplier`, MiniCPM
+    /// `scale_depth / sqrt(layers)`).
+    pub residual: Option<f32>,
+    /// Softmax scale instead of `head_dim^-0.5` (Granite `attention_multiplier`).
+    pub attention: Option<f32>,
+    /// `lm_head(h / d)` when the head is untied (MiniCPM `hidden_size / dim_model_base`).
+    pub head_input_divisor: Option<f32>,
+    /// `logits / d` (Granite `logits_scaling`).
+    pub logits_divisor: Option<f32>,
+    /// Queries × `1 + beta * ln(1 + floor(pos / original_max))` (Ministral 3's
+    /// `llama_4_scaling_beta`, `original_max_position_embeddings`).
+    pub query_position_scaling: Option<(f32, i32)>,
+    /// Untied, but a checkpoint without `lm_head.weight` uses the embedding (MiniCPM's
+    /// sanitize copies it).
+    pub head_falls_back_to_embedding: bool,
+}
+
+/// `x * m` with `m` in `x`'s dtype (a Python scalar in mlx).
+fn times(x: &Array, m: Option<f32>) -> Result<Array> {
+    match m {
+        None => Ok(x.clone()),
+        Some(m) => Ok(x.multiply(Array::from_f32(m).as_dtype(x.dtype())?)?),
+    }
+}
+
+fn divided(x: &Array, d: Option<f32>) -> Result<Array> {
+    match d {
+        None => Ok(x.clone()),
+        Some(d) => Ok(x.divide(Array::from_f32(d).as_dtype(x.dtype())?)?),
+    }
 }
 
 pub struct DenseDecoder {
@@ -31,6 +75,7 @@ pub struct DenseDecoder {
     norm: RmsNorm,
     lm_head: Option<Linear>,
     info: ModelInfo,
+    scaling: DecoderScaling,
 }
 
 impl DenseDecoder {
@@ -48,9 +93,28 @@ impl DenseDecoder {
         let mut layers = Vec::with_capacity(info.num_layers);
         for i in 0..info.num_layers {
             let p = format!("model.layers.{i}");
+            let mut opts = spec.attention.clone();
+            if spec.nope_layers.contains(&i) {
+                opts.rope = Rope::none(opts.rope.dims());
+            }
+            let mut self_attn = if spec.fused_projections {
+                Attention::load_fused(&mut w, &format!("{p}.self_attn"), opts)?
+            } else {
+                Attention::load(&mut w, &format!("{p}.self_attn"), opts)?
+            };
+            if let Some(scale) = spec.scaling.attention {
+                self_attn = self_attn.with_scale(scale);
+            }
+            if let Some((beta, original_max)) = spec.scaling.query_position_scaling {
+                self_attn = self_attn.with_query_scaling(beta, original_max);
+            }
             layers.push(DecoderBlock {
-                self_attn: Attention::load(&mut w, &format!("{p}.self_attn"), spec.attention.clone())?,
-                mlp: Mlp::load(&mut w, &format!("{p}.mlp"), hidden, spec.intermediate, spec.mlp_bias)?,
+                self_attn,
+                mlp: if spec.fused_projections {
+                    Mlp::load_fused(&mut w, &format!("{p}.mlp"), hidden, spec.intermediate)?
+                } else {
+                    Mlp::load(&mut w, &format!("{p}.mlp"), hidden, spec.intermediate, spec.mlp_bias)?
+                },
                 input_layernorm: RmsNorm::load(&mut w, &format!("{p}.input_layernorm"), hidden, eps)?,
                 post_attention_layernorm: RmsNorm::load(
                     &mut w,
@@ -61,13 +125,18 @@ impl DenseDecoder {
             });
         }
         let norm = RmsNorm::load(&mut w, "model.norm", hidden, eps)?;
-        let lm_head = if spec.tie_word_embeddings {
+        let head_from_embedding = spec.scaling.head_falls_back_to_embedding && !w.contains("lm_head.weight");
+        let lm_head = if spec.tie_word_embeddings || head_from_embedding {
             None
         } else {
             Some(Linear::load(&mut w, "lm_head", hidden, vocab, false)?)
         };
         w.finish()?;
-        Ok(DenseDecoder { embed_tokens, layers, norm, lm_head, info })
+        let mut scaling = spec.scaling;
+        if spec.tie_word_embeddings {
+            scaling.head_input_divisor = None;
+        }
+        Ok(DenseDecoder { embed_tokens, layers, norm, lm_head, info, scaling })
     }
 }
 
@@ -80,19 +149,21 @@ impl LanguageModel for DenseDecoder {
                 self.layers.len()
             )));
         }
-        let mut h = self.embed_tokens.forward(tokens)?;
+        let sc = &self.scaling;
+        let mut h = times(&self.embed_tokens.forward(tokens)?, sc.embedding)?;
         let mask = caches[0].make_mask(h.dim(1), None)?;
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
             let r = layer.self_attn.forward(&layer.input_layernorm.forward(&h)?, &mask, cache.as_mut())?;
-            let h1 = h.add(&r)?;
+            let h1 = h.add(&times(&r, sc.residual)?)?;
             let r = layer.mlp.forward(&layer.post_attention_layernorm.forward(&h1)?)?;
-            h = h1.add(&r)?;
+            h = h1.add(&times(&r, sc.residual)?)?;
         }
         let h = self.norm.forward(&h)?;
-        match &self.lm_head {
-            Some(head) => head.forward(&h),
-            None => self.embed_tokens.as_linear(&h),
-        }
+        let logits = match &self.lm_head {
+            Some(head) => head.forward(&divided(&h, sc.head_input_divisor)?)?,
+            None => self.embed_tokens.as_linear(&divided(&h, sc.head_input_divisor)?)?,
+        };
+        divided(&logits, sc.logits_divisor)
     }
 
     fn make_caches(&self) -> Vec<Box<dyn KvCache>> {

@@ -13,9 +13,14 @@ pub enum MlpActivation {
     GeluApprox,
 }
 
+enum GateUp {
+    Separate { gate_proj: Linear, up_proj: Linear },
+    /// Phi-3's `gate_up_proj`: gate then up halves (`mx.split(x, 2, axis=-1)`).
+    Fused(Linear),
+}
+
 pub struct Mlp {
-    gate_proj: Linear,
-    up_proj: Linear,
+    gate_up: GateUp,
     down_proj: Linear,
     activation: MlpActivation,
 }
@@ -34,15 +39,32 @@ impl Mlp {
         activation: MlpActivation,
     ) -> Result<Self> {
         Ok(Mlp {
-            gate_proj: Linear::load(w, &format!("{prefix}.gate_proj"), hidden, intermediate, bias)?,
-            up_proj: Linear::load(w, &format!("{prefix}.up_proj"), hidden, intermediate, bias)?,
+            gate_up: GateUp::Separate {
+                gate_proj: Linear::load(w, &format!("{prefix}.gate_proj"), hidden, intermediate, bias)?,
+                up_proj: Linear::load(w, &format!("{prefix}.up_proj"), hidden, intermediate, bias)?,
+            },
             down_proj: Linear::load(w, &format!("{prefix}.down_proj"), intermediate, hidden, bias)?,
             activation,
         })
     }
 
+    /// Phi-3's fused `gate_up_proj` (SwiGLU, no biases).
+    pub fn load_fused(w: &mut Weights, prefix: &str, hidden: i32, intermediate: i32) -> Result<Self> {
+        Ok(Mlp {
+            gate_up: GateUp::Fused(Linear::load(w, &format!("{prefix}.gate_up_proj"), hidden, 2 * intermediate, false)?),
+            down_proj: Linear::load(w, &format!("{prefix}.down_proj"), intermediate, hidden, false)?,
+            activation: MlpActivation::Silu,
+        })
+    }
+
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        let (gate, up) = (self.gate_proj.forward(x)?, self.up_proj.forward(x)?);
+        let (gate, up) = match &self.gate_up {
+            GateUp::Separate { gate_proj, up_proj } => (gate_proj.forward(x)?, up_proj.forward(x)?),
+            GateUp::Fused(proj) => {
+                let mut halves = mlx_rs::ops::split_equal(&proj.forward(x)?, 2, -1)?.into_iter();
+                (halves.next().unwrap(), halves.next().unwrap())
+            }
+        };
         let h = match self.activation {
             MlpActivation::Silu => swiglu(&gate, &up)?,
             MlpActivation::GeluApprox => gelu_approx(&gate)?.multiply(&up)?,

@@ -9,16 +9,18 @@ mod hybrid;
 mod linear;
 mod mlp;
 mod moe_shared;
+mod rope;
 mod switch;
 mod weights;
 
 pub use attention::{Attention, AttentionOptions};
-pub use decoder::{DenseDecoder, DenseDecoderSpec};
+pub use decoder::{DecoderScaling, DenseDecoder, DenseDecoderSpec};
 pub use gated_attention::{GatedAttention, GatedAttentionOptions};
 pub use gated_delta::{GatedDeltaNet, GatedDeltaOptions, ProjectionLayout, RmsNormGated};
 pub use hybrid::{FeedForwardSpec, HybridDecoder, HybridDecoderSpec};
 pub use moe_shared::{SharedExpertMoe, SharedExpertMoeOptions};
 pub use linear::{Embedding, Linear, RmsNorm};
+pub use rope::{scaling_kind, Rope, RopeContext};
 pub use mlp::{Mlp, MlpActivation};
 pub use switch::{stack_expert_weights, SparseMoe, SwitchGlu, SwitchLinear};
 pub use weights::{QuantConfig, QuantSpec, Weights};
@@ -27,31 +29,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
 
 pub use crate::cache::sdpa;
-use crate::cache::RopeOffset;
 use crate::Result;
-
-/// Rotary position embedding (`mx.fast.rope`), with a scalar offset for a single sequence or a
-/// per-row offset array for a batch of left-padded rows.
-#[derive(Debug, Clone)]
-pub struct Rope {
-    pub dims: i32,
-    pub base: f32,
-    pub scale: f32,
-    pub traditional: bool,
-}
-
-impl Rope {
-    pub fn apply(&self, x: &Array, offset: &RopeOffset) -> Result<Array> {
-        Ok(match offset {
-            RopeOffset::Scalar(o) => mlx_rs::fast::rope(
-                x, self.dims, self.traditional, self.base, self.scale, *o, None,
-            )?,
-            RopeOffset::PerRow(offsets) => mlx_rs::fast::rope_dynamic(
-                x, self.dims, self.traditional, self.base, self.scale, offsets, None,
-            )?,
-        })
-    }
-}
 
 /// `silu(gate) * up`, as mlx-lm's `swiglu`.
 pub fn swiglu(gate: &Array, up: &Array) -> Result<Array> {

@@ -105,6 +105,16 @@ impl Weights {
         names.len()
     }
 
+    /// Renames every tensor `from + rest` to `to + rest` (Hugging Face's
+    /// `model.language_model.` layout of multimodal checkpoints).
+    pub fn rename_prefix(&mut self, from: &str, to: &str) {
+        let names: Vec<String> = self.tensors.keys().filter(|k| k.starts_with(from)).cloned().collect();
+        for name in names {
+            let a = self.tensors.remove(&name).unwrap();
+            self.tensors.insert(format!("{to}{}", &name[from.len()..]), a);
+        }
+    }
+
     /// Drops every tensor whose name starts with `prefix` (parts of a checkpoint not used).
     pub fn remove_prefix(&mut self, prefix: &str) {
         self.tensors.retain(|k, _| !k.starts_with(prefix));

@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""GGUF files of the tiny granite and minicpm models (goldens/models/granite, .../minicpm), laid
+out as llama.cpp's convert_hf_to_gguf.py writes those architectures.
+
+Usage (from the repo root):
+    .venv/bin/python goldens/make_arch_gguf_goldens.py
+
+Writes goldens/gguf/granite-f32.gguf and goldens/gguf/minicpm-f32.gguf: llama.cpp tensor names
+and q/k row permutation (make_gguf_goldens.py's `gguf_name` / `permute`, as llama.cpp's Granite
+and MiniCPM converters permute like Llama), every tensor F32, and the architecture's scalars
+in llama.cpp's keys:
+- granite: `granite.attention.scale` = attention_multiplier, `granite.embedding_scale`,
+  `granite.residual_scale`, `granite.logit_scale` = logits_scaling;
+- minicpm: `minicpm.embedding_scale` = scale_emb, `minicpm.residual_scale` =
+  scale_depth / sqrt(num_hidden_layers), `minicpm.logit_scale` = hidden_size / dim_model_base.
+The weights are the safetensors model's exactly, so goldens/granite.json and goldens/minicpm.json
+(mlx-lm on those weights) are the references. The script reads every tensor back with MLX's
+GGUF reader and checks it against the source after un-permuting.
+"""
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import mlx.core as mx
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import make_gguf_goldens as mgg  # noqa: E402  (names, permutation, source loading)
+
+import gguf  # noqa: E402
+
+
+def write(src):
+    weights, cfg = mgg.load_source(src)
+    arch = cfg["model_type"]
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    head_dim = cfg["hidden_size"] // heads
+    path = mgg.OUT_DIR / f"{src}-f32.gguf"
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_type("model")
+    w.add_name(f"weft-tiny-{src}")
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_rope_dimension_count(head_dim)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_rope_freq_base(cfg["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_eos_token_id(cfg["eos_token_id"])
+    if arch == "granite":
+        w.add_attention_scale(cfg["attention_multiplier"])
+        w.add_embedding_scale(cfg["embedding_multiplier"])
+        w.add_residual_scale(cfg["residual_multiplier"])
+        w.add_logit_scale(cfg["logits_scaling"])
+    elif arch == "minicpm":
+        w.add_embedding_scale(cfg["scale_emb"])
+        w.add_residual_scale(cfg["scale_depth"] / math.sqrt(cfg["num_hidden_layers"]))
+        w.add_logit_scale(cfg["hidden_size"] / cfg["dim_model_base"])
+    else:
+        raise ValueError(arch)
+    perm = {"attn_q": heads, "attn_k": kv}
+    for hf in sorted(weights, key=mgg._tensor_order):
+        g = mgg.gguf_name(hf)
+        data = weights[hf]
+        stem = g.rsplit(".", 1)[0].split(".")[-1]
+        if stem in perm:
+            data = mgg.permute(data, perm[stem])
+        w.add_tensor(g, data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    back = mx.load(str(path))
+    for hf, v in weights.items():
+        g = mgg.gguf_name(hf)
+        got = np.array(back[g])
+        stem = g.rsplit(".", 1)[0].split(".")[-1]
+        if stem in perm:
+            n = perm[stem]
+            got = got.reshape(n, got.shape[0] // n // 2, 2, *got.shape[1:]).swapaxes(1, 2).reshape(got.shape)
+        assert np.array_equal(got, v), (src, hf)
+    print(f"wrote {path.relative_to(HERE.parent)} ({path.stat().st_size} bytes)")
+
+
+def main():
+    mx.set_default_device(mx.cpu)
+    for src in ("granite", "minicpm"):
+        write(src)
+
+
+if __name__ == "__main__":
+    main()
