@@ -9,9 +9,11 @@
  * - Options and requests are JSON objects; unknown fields are rejected.
  * - weft_engine is an opaque handle: weft_engine_new ... weft_engine_free. All functions on a
  *   live handle may be called from any thread concurrently, except weft_engine_free.
- * - Events of a request arrive, in order, on the engine's own thread through the weft_event_fn
- *   given to weft_submit: zero or more TOKEN events, then exactly one DONE or ERROR. Inside a
- *   callback you may call weft_cancel, weft_submit and weft_engine_stats, but not
+ * - Events of a request arrive, in order, on a delivery thread the library runs for that request,
+ *   through the weft_event_fn given to weft_submit: zero or more TOKEN events, then exactly one
+ *   DONE or ERROR, on every path (cancellation, shutdown, a failed step, a failed engine).
+ *   The output text is every TOKEN's text followed by DONE's. Inside a callback you may call
+ *   weft_cancel, weft_submit, weft_engine_stats and weft_engine_health, but not
  *   weft_engine_shutdown or weft_engine_free. Event pointers are valid only during the callback.
  */
 
@@ -74,6 +76,11 @@ enum weft_status
    * implement.
    */
   WEFT_ERR_UNSUPPORTED = -7,
+  /**
+   * The engine's thread failed (a bug): every outstanding request got an ERROR event and the
+   * engine takes no more requests. Free it and create a new one.
+   */
+  WEFT_ERR_ENGINE_FAILED = -8,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -142,6 +149,35 @@ typedef int32_t weft_finish_reason;
 #endif // __cplusplus
 
 /**
+ * weft_event.stop_kind of a DONE event with WEFT_FINISH_STOP: what stopped the request.
+ */
+enum weft_stop_kind
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * Not a WEFT_FINISH_STOP (or not a DONE event).
+   */
+  WEFT_STOP_NONE = 0,
+  /**
+   * One of the model's end-of-sequence tokens (stop_token_id; not counted, not in the text).
+   */
+  WEFT_STOP_EOS = 1,
+  /**
+   * One of the request's stop strings (stop_string); it and what followed are cut.
+   */
+  WEFT_STOP_STRING = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum weft_stop_kind weft_stop_kind;
+#else
+typedef int32_t weft_stop_kind;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * A loaded model and its running engine thread (opaque to C).
  */
 typedef struct weft_engine weft_engine;
@@ -179,9 +215,10 @@ typedef struct weft_event {
   int32_t token_id;
   /**
    * TOKEN: the UTF-8 text this token adds. Never a partial code point; may be empty (text
-   * held back until a character or a possible stop string completes). NUL-terminated for
-   * convenience, but use text_len (the text may contain NUL bytes). Never NULL ("" for
-   * other kinds).
+   * held back until a character or a possible stop string completes). DONE: the text still
+   * held back when the request ended (often ""); the whole output is every TOKEN's text
+   * followed by DONE's. NUL-terminated for convenience, but use text_len (the text may
+   * contain NUL bytes). Never NULL ("" for ERROR).
    */
   const char *text;
   /**
@@ -228,6 +265,24 @@ typedef struct weft_event {
    * Number of entries in top_logprobs.
    */
   size_t top_logprobs_len;
+  /**
+   * DONE with WEFT_FINISH_STOP: a weft_stop_kind (WEFT_STOP_EOS or WEFT_STOP_STRING);
+   * WEFT_STOP_NONE (0) otherwise.
+   */
+  int32_t stop_kind;
+  /**
+   * DONE with WEFT_STOP_EOS: the end-of-sequence token that ended the request; -1 otherwise.
+   */
+  int32_t stop_token_id;
+  /**
+   * DONE with WEFT_STOP_STRING: the stop string that matched (UTF-8, NUL-terminated, see
+   * stop_string_len). Never NULL ("" otherwise).
+   */
+  const char *stop_string;
+  /**
+   * Length of stop_string in bytes, excluding the terminating NUL.
+   */
+  size_t stop_string_len;
 } weft_event;
 
 /**
@@ -364,6 +419,14 @@ int32_t weft_cancel(struct weft_engine *engine, uint64_t request_id);
  * Any thread, also from inside a callback.
  */
 int32_t weft_engine_stats(struct weft_engine *engine, char *buf, size_t cap, size_t *out_len);
+
+/**
+ * Whether the engine is serving: WEFT_OK, or WEFT_ERR_ENGINE_FAILED once its thread has
+ * failed (weft_last_error says why; every outstanding request got an ERROR event and later
+ * weft_submit calls fail the same way), or WEFT_ERR_SHUTDOWN after weft_engine_shutdown.
+ * Any thread, also from inside a callback.
+ */
+int32_t weft_engine_health(struct weft_engine *engine);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -90,7 +90,7 @@ fn collect(rx: &std::sync::mpsc::Receiver<Event>) -> (Vec<u32>, Vec<f32>) {
         match rx.recv_timeout(Duration::from_secs(120)).expect("no final event within 120 s") {
             Event::Token { token_id, .. } => tokens.push(token_id),
             Event::Done { usage, first_logits, .. } => {
-                tokens.truncate(usage.completion_tokens);
+                assert_eq!(tokens.len(), usage.completion_tokens);
                 return (tokens, first_logits);
             }
             Event::Error { message } => panic!("request failed: {message}"),

@@ -6,21 +6,17 @@ export type WeftErrorCode =
   | 'INVALID_ARGUMENT'
   /** The request can never fit the engine's limits (e.g. more KV than the whole budget). */
   | 'CAPACITY'
-  /** The model directory / file is missing, unreadable or inconsistent. */
+  /** The model is missing, unreadable, inconsistent, or could not be downloaded or verified. */
   | 'MODEL_LOAD'
   /** The model uses an architecture or option Weft does not implement. */
   | 'UNSUPPORTED'
-  /** Tokenizer or chat-template failure. */
-  | 'TOKENIZER'
-  /** Downloading or verifying the default model failed. */
-  | 'DOWNLOAD'
-  | 'IO'
-  /** An MLX operation failed. */
-  | 'MLX'
   /** The engine was closed. */
   | 'ENGINE_CLOSED'
+  /** The engine's thread failed (a bug): every request got an error; load a new engine. */
+  | 'ENGINE_FAILED'
   /** A request failed while generating (its stream or `complete` promise reports it). */
   | 'GENERATION_FAILED'
+  /** A failure inside the engine or MLX. */
   | 'INTERNAL'
 
 /** Every error the Weft API throws or rejects with. */

@@ -81,16 +81,14 @@ impl Collector {
                             if r.ttft_s.is_none() {
                                 r.ttft_s = Some(at.duration_since(submitted).as_secs_f64());
                             }
-                            // A text flush after a stop token is not a completion token;
-                            // `Done`'s usage count trims it below.
                             r.tokens.push(token_id);
                             r.text.push_str(&text);
                         }
-                        Event::Done { finish_reason, usage, first_logits } => {
+                        Event::Done { finish_reason, usage, first_logits, text, .. } => {
                             r.finish_reason = Some(finish_reason);
                             r.first_logits = first_logits;
                             r.prompt_tokens = usage.prompt_tokens;
-                            r.tokens.truncate(usage.completion_tokens);
+                            r.text.push_str(&text);
                         }
                         Event::Error { message } => r.error = Some(message),
                     }

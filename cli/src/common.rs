@@ -205,3 +205,32 @@ impl KvArgs {
         }
     }
 }
+
+/// How MLX's memory is bounded (weft::engine::MemoryPolicy).
+#[derive(Args, Debug, Clone)]
+pub struct MemoryArgs {
+    /// Largest buffer cache MLX keeps for reuse, in GB (default: MLX's own limit).
+    #[arg(long, value_name = "GB")]
+    pub mlx_cache_limit: Option<f64>,
+    /// Return MLX's buffer cache every this many decode steps (0 = only when idle).
+    #[arg(long, default_value_t = 256, value_name = "STEPS")]
+    pub clear_cache_interval: u64,
+    /// MLX's memory limit in GB (default: MLX's own, from the device).
+    #[arg(long, value_name = "GB")]
+    pub mlx_memory_limit: Option<f64>,
+    /// Memory MLX may keep wired on Apple GPUs, in GB (macOS only; default: MLX's own).
+    #[arg(long, value_name = "GB")]
+    pub mlx_wired_limit: Option<f64>,
+}
+
+impl MemoryArgs {
+    pub fn policy(&self) -> weft::engine::MemoryPolicy {
+        let bytes = |gb: Option<f64>| gb.map(|g| (g.max(0.0) * 1e9) as usize);
+        weft::engine::MemoryPolicy {
+            cache_limit_bytes: bytes(self.mlx_cache_limit),
+            clear_cache_every_steps: self.clear_cache_interval,
+            memory_limit_bytes: bytes(self.mlx_memory_limit),
+            wired_limit_bytes: bytes(self.mlx_wired_limit),
+        }
+    }
+}

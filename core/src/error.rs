@@ -25,6 +25,9 @@ pub enum Error {
     /// The engine has shut down and takes no more requests.
     #[error("the engine has shut down")]
     Shutdown,
+    /// The engine's driver thread died (a bug); it takes no more requests.
+    #[error("the engine has failed: {0}")]
+    EngineFailed(String),
     /// Downloading or verifying the default model.
     #[error("model download error: {0}")]
     Download(String),
@@ -44,5 +47,97 @@ impl Error {
 impl From<mlx_rs::error::Exception> for Error {
     fn from(e: mlx_rs::error::Exception) -> Self {
         Error::Mlx(e.to_string())
+    }
+}
+
+/// The error codes every face reports, from one mapping: the C ABI's status codes, the `code`
+/// of Node's and Swift's `WeftError`, and the server's HTTP statuses are all derived from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    /// The caller's request or options are wrong (bad values, unknown fields, a prompt the
+    /// model cannot take, a conversation its chat template rejects).
+    InvalidArgument,
+    /// The model could not be found, read, downloaded or parsed.
+    ModelLoad,
+    /// The model uses an architecture or option this engine does not implement.
+    Unsupported,
+    /// The request can never fit the engine's limits.
+    Capacity,
+    /// The engine was shut down (or closed).
+    EngineClosed,
+    /// The engine's driver thread died; the engine takes no more requests.
+    EngineFailed,
+    /// A failure inside the engine or MLX.
+    Internal,
+    /// A request that was accepted failed while generating (an `Error` event).
+    GenerationFailed,
+}
+
+impl ErrorCode {
+    /// The stable spelling (Node's and Swift's `code`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::InvalidArgument => "INVALID_ARGUMENT",
+            ErrorCode::ModelLoad => "MODEL_LOAD",
+            ErrorCode::Unsupported => "UNSUPPORTED",
+            ErrorCode::Capacity => "CAPACITY",
+            ErrorCode::EngineClosed => "ENGINE_CLOSED",
+            ErrorCode::EngineFailed => "ENGINE_FAILED",
+            ErrorCode::Internal => "INTERNAL",
+            ErrorCode::GenerationFailed => "GENERATION_FAILED",
+        }
+    }
+
+    pub const ALL: [ErrorCode; 8] = [
+        ErrorCode::InvalidArgument,
+        ErrorCode::ModelLoad,
+        ErrorCode::Unsupported,
+        ErrorCode::Capacity,
+        ErrorCode::EngineClosed,
+        ErrorCode::EngineFailed,
+        ErrorCode::Internal,
+        ErrorCode::GenerationFailed,
+    ];
+}
+
+impl Error {
+    /// The code of an error from submitting a request (or any call on a running engine).
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Error::ModelLoad(_) | Error::Io { .. } | Error::Download(_) => ErrorCode::ModelLoad,
+            Error::Unsupported(_) => ErrorCode::Unsupported,
+            Error::Tokenizer(_) | Error::InvalidRequest(_) => ErrorCode::InvalidArgument,
+            Error::Capacity(_) => ErrorCode::Capacity,
+            Error::Shutdown => ErrorCode::EngineClosed,
+            Error::EngineFailed(_) => ErrorCode::EngineFailed,
+            Error::Mlx(_) => ErrorCode::Internal,
+        }
+    }
+
+    /// The code of an error from loading a model, where tokenizer and MLX failures mean the
+    /// model's files are at fault.
+    pub fn load_code(&self) -> ErrorCode {
+        match self {
+            Error::Tokenizer(_) | Error::Mlx(_) => ErrorCode::ModelLoad,
+            other => other.code(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_distinct_and_loading_blames_the_files() {
+        let names: std::collections::HashSet<_> = ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
+        assert_eq!(names.len(), ErrorCode::ALL.len());
+        assert_eq!(Error::Tokenizer("x".into()).code(), ErrorCode::InvalidArgument);
+        assert_eq!(Error::Tokenizer("x".into()).load_code(), ErrorCode::ModelLoad);
+        assert_eq!(Error::Mlx("x".into()).code(), ErrorCode::Internal);
+        assert_eq!(Error::Mlx("x".into()).load_code(), ErrorCode::ModelLoad);
+        assert_eq!(Error::Download("x".into()).code(), ErrorCode::ModelLoad);
+        assert_eq!(Error::EngineFailed("x".into()).code(), ErrorCode::EngineFailed);
+        assert_eq!(Error::Shutdown.code(), ErrorCode::EngineClosed);
     }
 }

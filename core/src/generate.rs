@@ -257,7 +257,7 @@ pub fn generate(
         let (delta, hit_stop) = text.push(token_id)?;
         let keep_going = on_token(TokenEvent { token_id, text: &delta });
         out.text.push_str(&delta);
-        if hit_stop {
+        if hit_stop.is_some() {
             stopped_by_string = true;
             out.finish_reason = FinishReason::Stop;
             break;

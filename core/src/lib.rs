@@ -19,4 +19,4 @@ pub mod sampling;
 pub mod stop;
 pub mod tokenizer;
 
-pub use error::{Error, Result};
+pub use error::{Error, ErrorCode, Result};

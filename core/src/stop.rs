@@ -15,17 +15,19 @@ impl StopMatcher {
         StopMatcher { stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(), held: String::new() }
     }
 
-    /// Feeds new text; returns the text safe to emit and whether a stop string was reached
+    /// Feeds new text; returns the text safe to emit and the stop string reached, if one was
     /// (the emitted text then ends just before it).
-    pub fn push(&mut self, new: &str) -> (String, bool) {
+    pub fn push(&mut self, new: &str) -> (String, Option<String>) {
         self.held.push_str(new);
         if self.stops.is_empty() {
-            return (std::mem::take(&mut self.held), false);
+            return (std::mem::take(&mut self.held), None);
         }
-        if let Some(pos) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
-            let out = self.held[..pos].to_string();
+        // The earliest match wins; at the same position, the stop listed first.
+        let hit = self.stops.iter().filter_map(|s| self.held.find(s.as_str()).map(|pos| (pos, s))).min_by_key(|&(pos, _)| pos);
+        if let Some((pos, stop)) = hit {
+            let (out, stop) = (self.held[..pos].to_string(), stop.clone());
             self.held.clear();
-            return (out, true);
+            return (out, Some(stop));
         }
         // Hold back the longest suffix that is a proper prefix of some stop string.
         let mut hold_from = self.held.len();
@@ -38,7 +40,7 @@ impl StopMatcher {
         }
         let out = self.held[..hold_from].to_string();
         self.held.drain(..hold_from);
-        (out, false)
+        (out, None)
     }
 
     /// Text still held back when generation ends without a stop string.
@@ -58,10 +60,11 @@ impl TextStream {
         TextStream { decoder: tokenizer.map(|t| t.stream_decoder()), stops }
     }
 
-    /// Returns the text to emit for this token and whether a stop string ended the output.
-    pub fn push(&mut self, token: u32) -> Result<(String, bool)> {
+    /// Returns the text to emit for this token and the stop string that ended the output, if
+    /// one did.
+    pub fn push(&mut self, token: u32) -> Result<(String, Option<String>)> {
         let Some(decoder) = self.decoder.as_mut() else {
-            return Ok((String::new(), false));
+            return Ok((String::new(), None));
         };
         let new = decoder.step(token)?.unwrap_or_default();
         Ok(self.stops.push(&new))
@@ -86,22 +89,22 @@ mod tests {
     #[test]
     fn holds_back_possible_stop_prefixes() {
         let mut m = StopMatcher::new(&["END".to_string()]);
-        assert_eq!(m.push("abc E"), ("abc ".to_string(), false));
-        assert_eq!(m.push("N"), (String::new(), false));
-        assert_eq!(m.push("D tail"), (String::new(), true));
+        assert_eq!(m.push("abc E"), ("abc ".to_string(), None));
+        assert_eq!(m.push("N"), (String::new(), None));
+        assert_eq!(m.push("D tail"), (String::new(), Some("END".to_string())));
     }
 
     #[test]
     fn releases_held_text_when_it_diverges() {
         let mut m = StopMatcher::new(&["END".to_string()]);
-        assert_eq!(m.push("E"), (String::new(), false));
-        assert_eq!(m.push("x"), ("Ex".to_string(), false));
+        assert_eq!(m.push("E"), (String::new(), None));
+        assert_eq!(m.push("x"), ("Ex".to_string(), None));
         assert_eq!(m.finish(), "");
     }
 
     #[test]
     fn earliest_of_several_stops_wins() {
         let mut m = StopMatcher::new(&["bb".to_string(), "a".to_string()]);
-        assert_eq!(m.push("xxbba"), ("xx".to_string(), true));
+        assert_eq!(m.push("xxbba"), ("xx".to_string(), Some("bb".to_string())));
     }
 }

@@ -28,11 +28,11 @@ typedef struct {
 
 static void on_event(void *user_data, const weft_event *ev) {
   stream *s = (stream *)user_data;
-  if (ev->kind == WEFT_EVENT_TOKEN) {
+  if (ev->kind != WEFT_EVENT_ERROR) { /* TOKEN text, then DONE's held-back tail */
     fwrite(ev->text, 1, ev->text_len, stdout);
     fflush(stdout);
-    return;
   }
+  if (ev->kind == WEFT_EVENT_TOKEN) return;
   if (ev->kind == WEFT_EVENT_DONE) {
     static const char *reasons[] = {"stop", "length", "cancelled"};
     fprintf(stderr, "\n[%s: %u prompt + %u completion tokens]\n",

@@ -36,13 +36,15 @@ static int g_remaining;
 
 static void on_event(void *user_data, const weft_event *ev) {
   row *r = (row *)user_data;
-  if (ev->kind == WEFT_EVENT_TOKEN) {
+  if (ev->kind != WEFT_EVENT_ERROR) { /* TOKEN text; DONE carries the held-back tail */
     char *grown = (char *)realloc(r->text, r->len + ev->text_len + 1);
     if (grown == NULL) return;
     r->text = grown;
     memcpy(r->text + r->len, ev->text, ev->text_len);
     r->len += ev->text_len;
     r->text[r->len] = '\0';
+  }
+  if (ev->kind == WEFT_EVENT_TOKEN) {
     r->tokens++;
     if (r->cancel_after > 0 && r->tokens == (unsigned)r->cancel_after) {
       weft_cancel(r->engine, ev->request_id); /* allowed inside a callback */

@@ -8,7 +8,8 @@ static int done = 0;
 
 static void on_event(void *user_data, const weft_event *ev) { /* runs on a library thread */
   (void)user_data;
-  if (ev->kind == WEFT_EVENT_TOKEN) { fwrite(ev->text, 1, ev->text_len, stdout); fflush(stdout); return; }
+  if (ev->kind != WEFT_EVENT_ERROR) { fwrite(ev->text, 1, ev->text_len, stdout); fflush(stdout); }  /* DONE: the tail */
+  if (ev->kind == WEFT_EVENT_TOKEN) return;
   pthread_mutex_lock(&mu); done = 1; pthread_cond_signal(&cv); pthread_mutex_unlock(&mu); /* DONE or ERROR: last */
 }
 

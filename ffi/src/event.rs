@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
-use weft::engine::{Event, RowFlow, Sink};
+use weft::engine::{Event, RowFlow, Sink, StopCause};
 use weft::generate::FinishReason;
 
 use crate::IN_CALLBACK;
@@ -42,6 +42,22 @@ const WEFT_FINISH_STOP: i32 = weft_finish_reason::WEFT_FINISH_STOP as i32;
 const WEFT_FINISH_LENGTH: i32 = weft_finish_reason::WEFT_FINISH_LENGTH as i32;
 const WEFT_FINISH_CANCELLED: i32 = weft_finish_reason::WEFT_FINISH_CANCELLED as i32;
 
+/// weft_event.stop_kind of a DONE event with WEFT_FINISH_STOP: what stopped the request.
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum weft_stop_kind {
+    /// Not a WEFT_FINISH_STOP (or not a DONE event).
+    WEFT_STOP_NONE = 0,
+    /// One of the model's end-of-sequence tokens (stop_token_id; not counted, not in the text).
+    WEFT_STOP_EOS = 1,
+    /// One of the request's stop strings (stop_string); it and what followed are cut.
+    WEFT_STOP_STRING = 2,
+}
+
+const WEFT_STOP_NONE: i32 = weft_stop_kind::WEFT_STOP_NONE as i32;
+const WEFT_STOP_EOS: i32 = weft_stop_kind::WEFT_STOP_EOS as i32;
+const WEFT_STOP_STRING: i32 = weft_stop_kind::WEFT_STOP_STRING as i32;
+
 /// One of the most likely tokens at a step (see weft_event.top_logprobs).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -65,9 +81,10 @@ pub struct weft_event {
     /// TOKEN: the generated token id; -1 for other kinds.
     pub token_id: i32,
     /// TOKEN: the UTF-8 text this token adds. Never a partial code point; may be empty (text
-    /// held back until a character or a possible stop string completes). NUL-terminated for
-    /// convenience, but use text_len (the text may contain NUL bytes). Never NULL ("" for
-    /// other kinds).
+    /// held back until a character or a possible stop string completes). DONE: the text still
+    /// held back when the request ended (often ""); the whole output is every TOKEN's text
+    /// followed by DONE's. NUL-terminated for convenience, but use text_len (the text may
+    /// contain NUL bytes). Never NULL ("" for ERROR).
     pub text: *const c_char,
     /// Length of text in bytes, excluding the terminating NUL.
     pub text_len: usize,
@@ -93,6 +110,16 @@ pub struct weft_event {
     pub top_logprobs: *const weft_token_logprob,
     /// Number of entries in top_logprobs.
     pub top_logprobs_len: usize,
+    /// DONE with WEFT_FINISH_STOP: a weft_stop_kind (WEFT_STOP_EOS or WEFT_STOP_STRING);
+    /// WEFT_STOP_NONE (0) otherwise.
+    pub stop_kind: i32,
+    /// DONE with WEFT_STOP_EOS: the end-of-sequence token that ended the request; -1 otherwise.
+    pub stop_token_id: i32,
+    /// DONE with WEFT_STOP_STRING: the stop string that matched (UTF-8, NUL-terminated, see
+    /// stop_string_len). Never NULL ("" otherwise).
+    pub stop_string: *const c_char,
+    /// Length of stop_string in bytes, excluding the terminating NUL.
+    pub stop_string_len: usize,
 }
 
 /// Receives a request's events, in order, on a delivery thread the library runs for that
@@ -140,6 +167,7 @@ impl IdSlot {
 struct Buffers {
     text: Vec<u8>,
     message: Vec<u8>,
+    stop: Vec<u8>,
     top: Vec<weft_token_logprob>,
 }
 
@@ -229,7 +257,7 @@ impl Delivery {
 
     fn run(self, cb: Callback, slot: &IdSlot) {
         let id = slot.wait();
-        let mut bufs = Buffers { text: Vec::new(), message: Vec::new(), top: Vec::new() };
+        let mut bufs = Buffers { text: Vec::new(), message: Vec::new(), stop: Vec::new(), top: Vec::new() };
         loop {
             let ev = {
                 let mut state = self.queue.lock();
@@ -281,6 +309,10 @@ fn deliver(cb: &Callback, id: u64, ev: &Event, bufs: &mut Buffers) {
         logprob: f32::NAN,
         top_logprobs: std::ptr::null(),
         top_logprobs_len: 0,
+        stop_kind: WEFT_STOP_NONE,
+        stop_token_id: -1,
+        stop_string: empty,
+        stop_string_len: 0,
     };
     let sat = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
     match ev {
@@ -303,8 +335,20 @@ fn deliver(cb: &Callback, id: u64, ev: &Event, bufs: &mut Buffers) {
                 }
             }
         }
-        Event::Done { finish_reason, usage, .. } => {
+        Event::Done { finish_reason, usage, text, stop, .. } => {
             e.kind = WEFT_EVENT_DONE;
+            (e.text, e.text_len) = nul_terminated(&mut bufs.text, text);
+            match stop {
+                Some(StopCause::Eos { token_id }) => {
+                    e.stop_kind = WEFT_STOP_EOS;
+                    e.stop_token_id = i32::try_from(*token_id).unwrap_or(i32::MAX);
+                }
+                Some(StopCause::StopString { stop }) => {
+                    e.stop_kind = WEFT_STOP_STRING;
+                    (e.stop_string, e.stop_string_len) = nul_terminated(&mut bufs.stop, stop);
+                }
+                None => {}
+            }
             e.finish_reason = match finish_reason {
                 FinishReason::Stop => WEFT_FINISH_STOP,
                 FinishReason::Length => WEFT_FINISH_LENGTH,

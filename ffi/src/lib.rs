@@ -379,3 +379,16 @@ pub extern "C" fn weft_engine_stats(
         Ok(())
     })
 }
+
+/// Whether the engine is serving: WEFT_OK, or WEFT_ERR_ENGINE_FAILED once its thread has
+/// failed (weft_last_error says why; every outstanding request got an ERROR event and later
+/// weft_submit calls fail the same way), or WEFT_ERR_SHUTDOWN after weft_engine_shutdown.
+/// Any thread, also from inside a callback.
+#[no_mangle]
+pub extern "C" fn weft_engine_health(engine: *mut weft_engine) -> i32 {
+    const F: &str = "weft_engine_health";
+    guard(F, || {
+        let e = engine_ref(engine, F)?;
+        e.with(|engine| engine.health().map_err(|err| from_engine_error(&err, false)))
+    })
+}

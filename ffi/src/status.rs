@@ -29,6 +29,9 @@ pub enum weft_status {
     /// The model is well formed but uses an architecture or option this engine does not
     /// implement.
     WEFT_ERR_UNSUPPORTED = -7,
+    /// The engine's thread failed (a bug): every outstanding request got an ERROR event and the
+    /// engine takes no more requests. Free it and create a new one.
+    WEFT_ERR_ENGINE_FAILED = -8,
 }
 
 pub(crate) const WEFT_OK: i32 = weft_status::WEFT_OK as i32;
@@ -39,6 +42,7 @@ pub(crate) const WEFT_ERR_CAPACITY: i32 = weft_status::WEFT_ERR_CAPACITY as i32;
 pub(crate) const WEFT_ERR_SHUTDOWN: i32 = weft_status::WEFT_ERR_SHUTDOWN as i32;
 pub(crate) const WEFT_ERR_INTERNAL: i32 = weft_status::WEFT_ERR_INTERNAL as i32;
 pub(crate) const WEFT_ERR_UNSUPPORTED: i32 = weft_status::WEFT_ERR_UNSUPPORTED as i32;
+pub(crate) const WEFT_ERR_ENGINE_FAILED: i32 = weft_status::WEFT_ERR_ENGINE_FAILED as i32;
 
 pub(crate) fn status_str(status: i32) -> &'static CStr {
     match status {
@@ -50,6 +54,7 @@ pub(crate) fn status_str(status: i32) -> &'static CStr {
         WEFT_ERR_SHUTDOWN => c"engine shut down",
         WEFT_ERR_INTERNAL => c"internal error",
         WEFT_ERR_UNSUPPORTED => c"unsupported model",
+        WEFT_ERR_ENGINE_FAILED => c"engine failed",
         _ => c"unknown status",
     }
 }
@@ -117,18 +122,22 @@ pub(crate) fn guard(name: &str, body: impl FnOnce() -> FfiResult<()>) -> i32 {
 /// Maps an engine error to a status code. `loading`: the error came from opening a model, where
 /// tokenizer and MLX failures mean the model files are at fault.
 pub(crate) fn from_engine_error(e: &weft::Error, loading: bool) -> Failure {
-    use weft::Error as E;
-    let status = match e {
-        E::ModelLoad(_) | E::Io { .. } | E::Download(_) => WEFT_ERR_MODEL_LOAD,
-        E::Unsupported(_) => WEFT_ERR_UNSUPPORTED,
-        E::Tokenizer(_) | E::Mlx(_) if loading => WEFT_ERR_MODEL_LOAD,
-        E::Tokenizer(_) => WEFT_ERR_INVALID_ARGUMENT,
-        E::Shutdown => WEFT_ERR_SHUTDOWN,
-        E::Capacity(_) => WEFT_ERR_CAPACITY,
-        E::InvalidRequest(_) => WEFT_ERR_INVALID_ARGUMENT,
-        E::Mlx(_) => WEFT_ERR_INTERNAL,
-    };
-    Failure::new(status, e.to_string())
+    let code = if loading { e.load_code() } else { e.code() };
+    Failure::new(status_of(code), e.to_string())
+}
+
+/// The C status of each of the engine's error codes.
+pub(crate) fn status_of(code: weft::ErrorCode) -> i32 {
+    use weft::ErrorCode as C;
+    match code {
+        C::InvalidArgument => WEFT_ERR_INVALID_ARGUMENT,
+        C::ModelLoad => WEFT_ERR_MODEL_LOAD,
+        C::Unsupported => WEFT_ERR_UNSUPPORTED,
+        C::Capacity => WEFT_ERR_CAPACITY,
+        C::EngineClosed => WEFT_ERR_SHUTDOWN,
+        C::EngineFailed => WEFT_ERR_ENGINE_FAILED,
+        C::Internal | C::GenerationFailed => WEFT_ERR_INTERNAL,
+    }
 }
 
 #[cfg(test)]
@@ -165,6 +174,7 @@ mod tests {
         assert_eq!(code(E::InvalidRequest("the prompt is empty".into()), false), WEFT_ERR_INVALID_ARGUMENT);
         assert_eq!(code(E::Shutdown, false), WEFT_ERR_SHUTDOWN);
         assert_eq!(code(E::Capacity("needs 9 bytes".into()), false), WEFT_ERR_CAPACITY);
+        assert_eq!(code(E::EngineFailed("boom".into()), false), WEFT_ERR_ENGINE_FAILED);
         for s in [
             WEFT_OK,
             WEFT_ERR_INVALID_ARGUMENT,
@@ -174,6 +184,7 @@ mod tests {
             WEFT_ERR_SHUTDOWN,
             WEFT_ERR_INTERNAL,
             WEFT_ERR_UNSUPPORTED,
+            WEFT_ERR_ENGINE_FAILED,
         ] {
             assert_ne!(status_str(s).to_bytes(), b"unknown status", "{s}");
         }

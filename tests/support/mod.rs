@@ -93,7 +93,7 @@ pub fn edit_config(dir: &Path, edit: impl FnOnce(&mut Value)) {
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 
-use weft::engine::{prepare, EngineConfig, EngineCore, Event, Input, Request, Usage};
+use weft::engine::{prepare, EngineConfig, EngineCore, Event, Input, Request, StopCause, Usage};
 use weft::generate::FinishReason;
 use weft::loading::LoadedModel;
 use weft::sampling::SamplingParams;
@@ -119,20 +119,35 @@ pub struct Outcome {
     pub usage: Usage,
     pub first_logits: Vec<f32>,
     pub error: Option<String>,
+    /// What ended a `Stop` finish, and the held-back text `Done` carried.
+    pub stop: Option<StopCause>,
+    pub tail: String,
+    /// Every `Token`'s text followed by `Done`'s tail: the whole output.
+    pub text: String,
     /// Final events seen (must be exactly 1).
     pub finals: usize,
+    /// Events seen after the first final one (must be 0).
+    pub after_final: usize,
 }
 
 impl Outcome {
     pub fn record(&mut self, ev: &Event) {
+        if self.finals > 0 {
+            self.after_final += 1;
+        }
         match ev {
-            Event::Token { token_id, .. } => self.tokens.push(*token_id),
-            Event::Done { finish_reason, usage, first_logits } => {
+            Event::Token { token_id, text, .. } => {
+                self.tokens.push(*token_id);
+                self.text.push_str(text);
+            }
+            Event::Done { finish_reason, usage, first_logits, stop, text } => {
+                self.text.push_str(text);
                 self.finish = Some(*finish_reason);
+                self.stop = stop.clone();
+                self.tail = text.clone();
                 self.usage = *usage;
                 self.first_logits = first_logits.clone();
-                // A trailing text-only event may reuse the stop token's id; usage is the count.
-                self.tokens.truncate(usage.completion_tokens);
+                assert_eq!(self.tokens.len(), usage.completion_tokens, "one Token event per generated token");
                 self.finals += 1;
             }
             Event::Error { message } => {
@@ -145,7 +160,20 @@ impl Outcome {
 
 /// Drains a request's channel until its final event (bounded wait: a hang fails the test).
 pub fn collect(rx: &Receiver<Event>) -> Outcome {
+    collect_into(Outcome::default(), rx)
+}
+
+/// [`collect`] for a stream whose first events the caller already took (`seen`).
+pub fn collect_after(seen: &[Event], rx: &Receiver<Event>) -> Outcome {
     let mut o = Outcome::default();
+    seen.iter().for_each(|ev| o.record(ev));
+    if o.finals > 0 {
+        return o;
+    }
+    collect_into(o, rx)
+}
+
+fn collect_into(mut o: Outcome, rx: &Receiver<Event>) -> Outcome {
     loop {
         let ev = rx.recv_timeout(std::time::Duration::from_secs(120)).expect("no final event within 120 s");
         o.record(&ev);

@@ -29,22 +29,17 @@ impl Fail {
     pub fn closed() -> Self {
         Fail::new("ENGINE_CLOSED", "the engine is closed")
     }
+
+    /// An error from loading a model (the core's one code mapping, as every face uses).
+    pub fn loading(e: weft::Error) -> Self {
+        Fail::new(e.load_code().as_str(), e.to_string())
+    }
 }
 
 impl From<weft::Error> for Fail {
+    /// An error from a running engine (submitting); see [`Fail::loading`] for loading.
     fn from(e: weft::Error) -> Self {
-        use weft::Error as E;
-        match e {
-            E::ModelLoad(m) => Fail::new("MODEL_LOAD", m),
-            E::Unsupported(m) => Fail::new("UNSUPPORTED", m),
-            E::Tokenizer(m) => Fail::new("TOKENIZER", m),
-            E::InvalidRequest(m) => Fail::new("INVALID_ARGUMENT", m),
-            E::Capacity(m) => Fail::new("CAPACITY", m),
-            E::Shutdown => Fail::new("ENGINE_CLOSED", "the engine has shut down"),
-            E::Download(m) => Fail::new("DOWNLOAD", m),
-            E::Mlx(m) => Fail::new("MLX", m),
-            e @ E::Io { .. } => Fail::new("IO", e.to_string()),
-        }
+        Fail::new(e.code().as_str(), e.to_string())
     }
 }
 

@@ -110,7 +110,9 @@ pub struct Chunk {
     /// Text this token completes (may be empty while a multi-byte character or a possible stop
     /// string is held back).
     pub text: String,
-    pub token_id: u32,
+    /// The generated token; absent on a last chunk that only carries text held back when the
+    /// request ended.
+    pub token_id: Option<u32>,
 }
 
 /// Why a request ended: `"stop"` (an end-of-sequence token or a stop string), `"length"`
@@ -242,9 +244,9 @@ impl Task for LoadTask {
 fn load_engine(params: options::LoadParams) -> Res<(weft::engine::Engine, ModelInfo)> {
     let path = match params.model {
         Some(p) => std::path::PathBuf::from(p),
-        None => weft::model_store::ModelStore::from_env().default_model_path(&mut |_| {})?,
+        None => weft::model_store::ModelStore::from_env().default_model_path(&mut |_| {}).map_err(Fail::loading)?,
     };
-    let loaded = weft::loading::load(&path)?;
+    let loaded = weft::loading::load(&path).map_err(Fail::loading)?;
     let engine = weft::engine::Engine::start(loaded, params.config)?;
     let i = engine.model_info();
     let info = ModelInfo {
@@ -574,26 +576,14 @@ fn on_event(row: &Row, ev: &Event) -> bool {
             st.text.push_str(text);
             st.token_ids.push(*token_id);
             if st.stream {
-                let chunk = Chunk { text: text.clone(), token_id: *token_id };
-                match st.waiters.pop_front() {
-                    Some(Waiter::Next(d)) => d.resolve(Box::new(move |_| Ok(Step::Chunk(chunk)))),
-                    Some(other) => {
-                        // A pending return(): the consumer no longer wants chunks.
-                        st.waiters.push_front(other);
-                    }
-                    None => {
-                        st.queue.push_back(chunk);
-                        if st.queue.len() >= PAUSE_AT {
-                            row.flow.pause();
-                        }
-                    }
-                }
+                push_chunk(&mut st, row, Chunk { text: text.clone(), token_id: Some(*token_id) });
             }
         }
-        Event::Done { finish_reason, usage, .. } => {
-            // A stop token's held-back text arrives as a last Token carrying that token's id; it
-            // is not a completion token.
-            st.token_ids.truncate(usage.completion_tokens);
+        Event::Done { finish_reason, usage, text, .. } => {
+            st.text.push_str(text);
+            if st.stream && !text.is_empty() {
+                push_chunk(&mut st, row, Chunk { text: text.clone(), token_id: None });
+            }
             st.summary = Some((*finish_reason, *usage));
             st.end = Some(End::Done);
             flush_end(&mut st, row.serial);
@@ -604,6 +594,23 @@ fn on_event(row: &Row, ev: &Event) -> bool {
         }
     }
     !row.cancelled.load(Ordering::Relaxed)
+}
+
+/// Hands a chunk to a waiting `next()` or queues it (pausing the row when the queue is deep).
+fn push_chunk(st: &mut RowState, row: &Row, chunk: Chunk) {
+    match st.waiters.pop_front() {
+        Some(Waiter::Next(d)) => d.resolve(Box::new(move |_| Ok(Step::Chunk(chunk)))),
+        Some(other) => {
+            // A pending return(): the consumer no longer wants chunks.
+            st.waiters.push_front(other);
+        }
+        None => {
+            st.queue.push_back(chunk);
+            if st.queue.len() >= PAUSE_AT {
+                row.flow.pause();
+            }
+        }
+    }
 }
 
 /// Hands the end to pending waiters (engine thread). Waiters exist only when the queue is empty.

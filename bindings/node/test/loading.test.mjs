@@ -27,9 +27,9 @@ test('require() works from another directory with no library path set', () => {
 test('the package exports Engine, Generation and WeftError', () => {
   assert.deepEqual(Object.keys(weft).filter((k) => k !== 'default').sort(), ['Engine', 'Generation', 'WeftError'])
   assert.equal(typeof weft.Engine.load, 'function')
-  const e = new weft.WeftError('m', 'IO')
+  const e = new weft.WeftError('m', 'MODEL_LOAD')
   assert.ok(e instanceof Error)
-  assert.equal(e.code, 'IO')
+  assert.equal(e.code, 'MODEL_LOAD')
   assert.equal(e.name, 'WeftError')
 })
 

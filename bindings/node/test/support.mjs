@@ -33,7 +33,7 @@ export async function collect(generation) {
   const ids = []
   let text = ''
   for await (const chunk of generation) {
-    ids.push(chunk.tokenId)
+    if (chunk.tokenId !== undefined) ids.push(chunk.tokenId)
     text += chunk.text
   }
   return { ids, text }

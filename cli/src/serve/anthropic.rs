@@ -15,7 +15,7 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
-use weft::engine::{Event, Input, Request, Usage};
+use weft::engine::{Event, Input, Request, StopCause, Usage};
 use weft::generate::FinishReason;
 use weft::tokenizer::ChatMessage;
 
@@ -130,13 +130,11 @@ async fn messages_inner(state: &Arc<AppState>, body: Body, arrived: Instant) -> 
     request.sampling = params::sampling(&sampling_fields, &state.defaults, vocab)?;
     request.stop = params::stop_strings(&body, "stop_sequences")?;
     request.ignore_eos = opt_bool(&body, "ignore_eos")?.unwrap_or(false);
-    let stops = request.stop.clone();
     let generation = state.start(request, arrived)?;
     let id = state.new_id("msg_");
-    let mut tracker = StopTracker::new(state, stops);
 
     if stream {
-        let encoder = MessageEncoder { state: Arc::clone(state), id, prompt_tokens: prompt_len, tracker };
+        let encoder = MessageEncoder { state: Arc::clone(state), id, prompt_tokens: prompt_len };
         return Ok((
             StatusCode::OK,
             [(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")],
@@ -145,8 +143,8 @@ async fn messages_inner(state: &Arc<AppState>, body: Body, arrived: Instant) -> 
             .into_response());
     }
 
-    let (text, finish_reason, usage) = collect(generation, &mut tracker).await?;
-    let (stop_reason, stop_sequence) = tracker.stop_reason(finish_reason);
+    let (text, finish_reason, stop, usage) = collect(generation).await?;
+    let (stop_reason, stop_sequence) = stop_reason(finish_reason, stop.as_ref());
     Ok(json_response(
         StatusCode::OK,
         &json!({
@@ -179,59 +177,28 @@ fn engine_error(message: &str) -> ApiError {
     ApiError::new(ErrorKind::Internal, format!("generation failed: {message}"))
 }
 
-async fn collect(mut g: Generation, tracker: &mut StopTracker) -> Result<(String, FinishReason, Usage), ApiError> {
+async fn collect(mut g: Generation) -> Result<(String, FinishReason, Option<StopCause>, Usage), ApiError> {
     let mut text = String::new();
     loop {
         match g.next().await {
-            Some(Event::Token { token_id, text: t, .. }) => {
-                tracker.push(token_id);
-                text.push_str(&t);
-            }
+            Some(Event::Token { text: t, .. }) => text.push_str(&t),
             Some(Event::Done { finish_reason: FinishReason::Cancelled, .. }) => return Err(cancelled_error()),
-            Some(Event::Done { finish_reason, usage, .. }) => return Ok((text, finish_reason, usage)),
+            Some(Event::Done { finish_reason, stop, text: tail, usage, .. }) => {
+                text.push_str(&tail);
+                return Ok((text, finish_reason, stop, usage));
+            }
             Some(Event::Error { message }) => return Err(engine_error(&message)),
             None => return Err(engine_error("the engine stopped")),
         }
     }
 }
 
-/// Tells a stop sequence from an end-of-turn token. The engine reports both as `stop`; the
-/// generated ids, decoded, contain a stop sequence only if one ended the generation.
-struct StopTracker {
-    state: Arc<AppState>,
-    stops: Vec<String>,
-    eos: Vec<u32>,
-    ids: Vec<u32>,
-}
-
-impl StopTracker {
-    fn new(state: &Arc<AppState>, stops: Vec<String>) -> Self {
-        let eos = state.engine.tokenizer().map(|t| t.eos_token_ids().to_vec()).unwrap_or_default();
-        StopTracker { state: Arc::clone(state), stops, eos, ids: Vec::new() }
-    }
-
-    fn push(&mut self, id: u32) {
-        if !self.stops.is_empty() && !self.eos.contains(&id) {
-            self.ids.push(id);
-        }
-    }
-
-    /// `(stop_reason, stop_sequence)`.
-    fn stop_reason(&self, reason: FinishReason) -> (&'static str, Value) {
-        match reason {
-            FinishReason::Length => ("max_tokens", Value::Null),
-            _ if self.stops.is_empty() => ("end_turn", Value::Null),
-            _ => {
-                let text =
-                    self.state.engine.tokenizer().and_then(|t| t.decode(&self.ids, false).ok()).unwrap_or_default();
-                let hit =
-                    self.stops.iter().filter_map(|s| text.find(s.as_str()).map(|at| (at, s))).min_by_key(|(at, _)| *at);
-                match hit {
-                    Some((_, s)) => ("stop_sequence", json!(s)),
-                    None => ("end_turn", Value::Null),
-                }
-            }
-        }
+/// Anthropic's `(stop_reason, stop_sequence)` for how the engine finished.
+fn stop_reason(reason: FinishReason, stop: Option<&StopCause>) -> (&'static str, Value) {
+    match (reason, stop) {
+        (FinishReason::Length, _) => ("max_tokens", Value::Null),
+        (_, Some(StopCause::StopString { stop })) => ("stop_sequence", json!(stop)),
+        _ => ("end_turn", Value::Null),
     }
 }
 
@@ -239,7 +206,14 @@ struct MessageEncoder {
     state: Arc<AppState>,
     id: String,
     prompt_tokens: usize,
-    tracker: StopTracker,
+}
+
+/// A `content_block_delta` with `text` ("" for no text).
+fn text_delta(text: &str) -> String {
+    if text.is_empty() {
+        return String::new();
+    }
+    sse_event("content_block_delta", &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}))
 }
 
 fn stream_error(e: &ApiError) -> String {
@@ -268,20 +242,12 @@ impl StreamEncoder for MessageEncoder {
 
     fn event(&mut self, ev: &Event) -> String {
         match ev {
-            Event::Token { token_id, text, .. } => {
-                self.tracker.push(*token_id);
-                if text.is_empty() {
-                    return String::new();
-                }
-                sse_event(
-                    "content_block_delta",
-                    &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}),
-                )
-            }
+            Event::Token { text, .. } => text_delta(text),
             Event::Done { finish_reason: FinishReason::Cancelled, .. } => stream_error(&cancelled_error()),
-            Event::Done { finish_reason, usage, .. } => {
-                let (stop_reason, stop_sequence) = self.tracker.stop_reason(*finish_reason);
-                sse_event("content_block_stop", &json!({"type": "content_block_stop", "index": 0}))
+            Event::Done { finish_reason, stop, text, usage, .. } => {
+                let (stop_reason, stop_sequence) = stop_reason(*finish_reason, stop.as_ref());
+                text_delta(text)
+                    + &sse_event("content_block_stop", &json!({"type": "content_block_stop", "index": 0}))
                     + &sse_event(
                         "message_delta",
                         &json!({

@@ -113,10 +113,14 @@ impl ApiError {
     /// context, more KV than the whole budget, a template that rejects the conversation), 503
     /// once the engine has shut down, 500 when the engine itself failed.
     pub fn from_engine(e: weft::Error) -> Self {
-        match e {
-            weft::Error::InvalidRequest(m) | weft::Error::Capacity(m) | weft::Error::Tokenizer(m) => Self::invalid(m),
-            weft::Error::Shutdown => Self::new(ErrorKind::Unavailable, "the server is shutting down"),
-            other => Self::new(ErrorKind::Internal, other.to_string()),
+        use weft::ErrorCode as C;
+        match (e.code(), e) {
+            (C::InvalidArgument | C::Capacity, weft::Error::InvalidRequest(m) | weft::Error::Capacity(m) | weft::Error::Tokenizer(m)) => {
+                Self::invalid(m)
+            }
+            (C::EngineClosed, _) => Self::new(ErrorKind::Unavailable, "the server is shutting down"),
+            (C::EngineFailed, e) => Self::new(ErrorKind::Unavailable, e.to_string()),
+            (_, other) => Self::new(ErrorKind::Internal, other.to_string()),
         }
     }
 }

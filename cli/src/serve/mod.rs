@@ -88,6 +88,8 @@ pub struct ServeArgs {
     pub prompt_cache_bytes: u64,
     #[command(flatten)]
     pub kv: crate::common::KvArgs,
+    #[command(flatten)]
+    pub memory: crate::common::MemoryArgs,
     /// Require this key as `Authorization: Bearer KEY` or `x-api-key: KEY` (all but /health).
     /// Default: $WEFT_API_KEY, else none.
     #[arg(long)]
@@ -200,6 +202,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         kv_bits: args.kv.kv_bits,
         kv_group_size: args.kv.kv_group_size,
         quantized_kv_start: args.kv.quantized_kv_start,
+        memory: args.memory.policy(),
+        faults: None,
     };
     let engine = Engine::start(model, config)?;
     let chat_template = args.chat_template.as_deref().map(|t| load_chat_template(t, &engine)).transpose()?;
@@ -462,6 +466,9 @@ fn cors(state: &AppState, origin: Option<HeaderValue>, headers: &mut HeaderMap) 
 async fn health(State(state): State<Arc<AppState>>) -> Response {
     if state.shutting_down.load(Ordering::SeqCst) {
         return json_response(StatusCode::SERVICE_UNAVAILABLE, &json!({"status": "shutting_down"}));
+    }
+    if let Err(e) = state.engine.health() {
+        return json_response(StatusCode::SERVICE_UNAVAILABLE, &json!({"status": "failed", "error": e.to_string()}));
     }
     json_response(StatusCode::OK, &json!({"status": "ok", "model": state.model_id}))
 }

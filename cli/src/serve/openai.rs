@@ -265,7 +265,8 @@ async fn collect(mut g: Generation, state: &AppState, logprobs: bool) -> Result<
                 }
             }
             Some(Event::Done { finish_reason: FinishReason::Cancelled, .. }) => return Err(cancelled_error()),
-            Some(Event::Done { finish_reason, usage, .. }) => {
+            Some(Event::Done { finish_reason, usage, text: tail, .. }) => {
+                text.push_str(&tail);
                 return Ok(Collected { text, finish_reason, usage, chat_logprobs, tokens })
             }
             Some(Event::Error { message }) => return Err(engine_error(&message)),
@@ -332,9 +333,10 @@ impl StreamEncoder for ChatEncoder {
                 sse_data(&self.chunk(json!({"content": text}), lp.unwrap_or(Value::Null), None))
             }
             Event::Done { finish_reason: FinishReason::Cancelled, .. } => stream_error(&cancelled_error()),
-            Event::Done { finish_reason, usage, .. } => {
+            Event::Done { finish_reason, usage, text, .. } => {
+                let tail = if text.is_empty() { String::new() } else { sse_data(&self.chunk(json!({"content": text}), Value::Null, None)) };
                 let last = self.chunk(json!({}), Value::Null, Some(finish_str(*finish_reason)));
-                stream_tail(&self.state, &self.id, "chat.completion.chunk", &last, self.include_usage.then_some(usage))
+                tail + &stream_tail(&self.state, &self.id, "chat.completion.chunk", &last, self.include_usage.then_some(usage))
             }
             Event::Error { message } => stream_error(&engine_error(message)),
         }
@@ -523,9 +525,10 @@ impl StreamEncoder for CompletionEncoder {
                 sse_data(&self.chunk(text, lp.unwrap_or(Value::Null), None))
             }
             Event::Done { finish_reason: FinishReason::Cancelled, .. } => stream_error(&cancelled_error()),
-            Event::Done { finish_reason, usage, .. } => {
+            Event::Done { finish_reason, usage, text, .. } => {
+                let tail = if text.is_empty() { String::new() } else { sse_data(&self.chunk(text, Value::Null, None)) };
                 let last = self.chunk("", Value::Null, Some(finish_str(*finish_reason)));
-                stream_tail(&self.state, &self.id, "text_completion", &last, self.include_usage.then_some(usage))
+                tail + &stream_tail(&self.state, &self.id, "text_completion", &last, self.include_usage.then_some(usage))
             }
             Event::Error { message } => stream_error(&engine_error(message)),
         }

@@ -178,22 +178,18 @@ impl AppState {
         self.check_open()?;
         let (tx, rx) = mpsc::unbounded_channel();
         let state = Arc::clone(self);
-        // Tokens that end a row are reported in a last `Token` event only to flush held-back
-        // text; they are not generated tokens and must not count as one in the latency numbers.
-        let eos: Vec<u32> = if request.ignore_eos { Vec::new() } else { self.engine_eos_ids() };
         let mut last_token: Option<Instant> = None;
         let sink = Box::new(move |ev: &Event| {
             let now = Instant::now();
             let m = &state.metrics;
             match ev {
-                Event::Token { token_id, .. } if !eos.contains(token_id) => {
+                Event::Token { .. } => {
                     match last_token {
                         None => m.ttft.observe(now - arrived),
                         Some(t) => m.inter_token.observe(now - t),
                     }
                     last_token = Some(now);
                 }
-                Event::Token { .. } => {}
                 Event::Done { finish_reason, usage, .. } => {
                     m.prompt_tokens.fetch_add(usage.prompt_tokens as u64, Ordering::Relaxed);
                     m.cached_prompt_tokens.fetch_add(usage.cached_tokens as u64, Ordering::Relaxed);
@@ -217,10 +213,6 @@ impl AppState {
         self.in_flight.lock().unwrap_or_else(|p| p.into_inner()).insert(id);
         self.metrics.in_flight.fetch_add(1, Ordering::Relaxed);
         Ok(Generation { rx, guard: RowGuard { state: Arc::clone(self), id, finished: false } })
-    }
-
-    fn engine_eos_ids(&self) -> Vec<u32> {
-        self.engine.tokenizer().map(|t| t.eos_token_ids().to_vec()).unwrap_or_default()
     }
 }
 

@@ -1,20 +1,29 @@
 //! The engine's single-threaded loop body: admission (policy) then execution.
 
 use super::executor::Executor;
+use super::faults::Faults;
+use super::memory::{mlx_memory, release_cached_memory};
 use super::scheduler::{projected_kv_bytes_for, Load, Scheduler};
 use super::{EngineConfig, EngineStats, Event, RequestId, Submission};
+use crate::generate::FinishReason;
 use crate::loading::LoadedModel;
 
 pub struct EngineCore {
     scheduler: Scheduler,
     executor: Executor,
+    /// Faults still to fire (tests of the final-event guarantee).
+    faults: Faults,
+    /// The decode step after which MLX's buffer cache was last returned.
+    released_at_step: u64,
 }
 
 impl EngineCore {
     pub fn new(model: LoadedModel, config: EngineConfig) -> Self {
+        let faults = config.faults.unwrap_or_default();
         let executor = Executor::new(model.model, model.tokenizer, config.prefill_step_size, config.prompt_cache_bytes)
-            .with_kv_quantization(config.kv_quantization());
-        EngineCore { scheduler: Scheduler::new(config), executor }
+            .with_kv_quantization(config.kv_quantization())
+            .with_faults(faults);
+        EngineCore { scheduler: Scheduler::new(config), executor, faults, released_at_step: 0 }
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -53,31 +62,30 @@ impl EngineCore {
 
     pub fn cancel(&mut self, id: RequestId) {
         if let Some(sub) = self.scheduler.remove(id) {
-            let mut sink = sub.sink;
-            let usage = super::Usage { prompt_tokens: sub.prompt.len(), ..Default::default() };
-            sink(&Event::Done {
-                finish_reason: crate::generate::FinishReason::Cancelled,
-                usage,
-                first_logits: Vec::new(),
-            });
-            self.executor.finished += 1;
+            self.cancel_queued(sub);
             return;
         }
         self.executor.cancel(id);
     }
 
+    /// A request cancelled before it was admitted: `Done(cancelled)`, nothing generated.
+    fn cancel_queued(&mut self, mut sub: Submission) {
+        let usage = super::Usage { prompt_tokens: sub.prompt.len(), ..Default::default() };
+        sub.sink.close(Event::Done {
+            finish_reason: FinishReason::Cancelled,
+            stop: None,
+            text: String::new(),
+            usage,
+            first_logits: Vec::new(),
+        });
+        self.executor.finished += 1;
+    }
+
     pub fn cancel_all(&mut self) {
-        let queued: Vec<RequestId> = self.scheduler.drain().map(|s| {
-            let id = s.id;
-            let mut sink = s.sink;
-            sink(&Event::Done {
-                finish_reason: crate::generate::FinishReason::Cancelled,
-                usage: super::Usage { prompt_tokens: s.prompt.len(), ..Default::default() },
-                first_logits: Vec::new(),
-            });
-            id
-        }).collect();
-        self.executor.finished += queued.len() as u64;
+        let queued: Vec<Submission> = self.scheduler.drain().collect();
+        for sub in queued {
+            self.cancel_queued(sub);
+        }
         self.executor.cancel_all();
     }
 
@@ -85,6 +93,38 @@ impl EngineCore {
     /// stay queued. Used after an unexpected failure left the running state unusable.
     pub fn fail_running(&mut self, message: &str) {
         self.executor.fail_all(message);
+    }
+
+    /// Fails every request, queued ones included (the engine cannot go on).
+    pub fn fail_all(&mut self, message: &str) {
+        let queued: Vec<Submission> = self.scheduler.drain().collect();
+        for mut sub in queued {
+            sub.sink.close(Event::Error { message: message.to_string() });
+            self.executor.finished += 1;
+        }
+        self.executor.fail_all(message);
+    }
+
+    /// The driver is about to wait for work: give MLX's buffer cache and free heap back.
+    pub fn on_idle(&mut self) {
+        if self.released_at_step != self.executor.decode_steps || self.executor.decode_steps == 0 {
+            release_cached_memory();
+            self.released_at_step = self.executor.decode_steps;
+        }
+    }
+
+    /// Housekeeping between iterations: the periodic cache release, and the injected
+    /// driver fault (which must panic outside the step's guard).
+    pub fn after_step(&mut self) {
+        let step = self.executor.decode_steps;
+        if step != self.released_at_step && self.config().memory.due(step) {
+            release_cached_memory();
+            self.released_at_step = step;
+        }
+        if self.faults.driver_panic_after_step.is_some_and(|n| step >= n) {
+            self.faults.driver_panic_after_step = None;
+            panic!("injected fault: driver-panic after decode step {step}");
+        }
     }
 
     /// One scheduling iteration: admit what fits, run one prefill chunk (so decoding rows stall
@@ -100,6 +140,11 @@ impl EngineCore {
         }
         self.executor.prefill_step();
         self.executor.decode_step();
+    }
+
+    /// Rows whose events have not ended yet: queued, prefilling, parked and decoding.
+    pub fn outstanding(&self) -> usize {
+        self.scheduler.waiting() + self.executor.prefilling() + self.executor.parked() + self.executor.decoding()
     }
 
     pub fn stats(&self) -> EngineStats {
@@ -119,6 +164,8 @@ impl EngineCore {
             decode_graph_build_s: self.executor.timing.graph_build.as_secs_f64(),
             decode_eval_wait_s: self.executor.timing.eval_wait.as_secs_f64(),
             decode_host_s: self.executor.timing.host.as_secs_f64(),
+            mlx_active_bytes: mlx_memory().0,
+            mlx_cache_bytes: mlx_memory().1,
         }
     }
 }

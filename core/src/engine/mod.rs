@@ -8,12 +8,20 @@
 //! - [`executor`]: MLX execution (solo chunked prefill, join, batched decode, evict).
 //! - [`prompt_cache`]: reuse of KV for shared token prefixes.
 
+mod batch;
 mod core;
+mod events;
 mod executor;
+mod faults;
+mod memory;
 mod prompt_cache;
+mod row;
 mod scheduler;
 
 pub use self::core::EngineCore;
+pub use events::EventSink;
+pub use faults::Faults;
+pub use memory::MemoryPolicy;
 pub use prompt_cache::PromptCache;
 pub use scheduler::Scheduler;
 
@@ -91,12 +99,29 @@ pub struct Usage {
     pub cached_tokens: usize,
 }
 
-/// A request's stream: tokens, then exactly one `Done` or `Error`.
+/// What ended a request that finished with [`FinishReason::Stop`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopCause {
+    /// One of the model's end-of-sequence tokens (not part of the output, not counted).
+    Eos { token_id: u32 },
+    /// One of the request's stop strings (cut from the output, with everything after it).
+    StopString { stop: String },
+}
+
+/// A request's stream: tokens, then exactly one `Done` or `Error`, on every path (normal end,
+/// cancellation, a consumer that went away or panicked, a failed step, shutdown, a dead engine
+/// thread).
 #[derive(Debug, Clone)]
 pub enum Event {
-    /// `logprobs` is set when the request asked for them.
+    /// One generated token and the text it releases (possibly empty: text that may still turn
+    /// out to be part of a stop string, or half a character, is held back). `logprobs` is set
+    /// when the request asked for them.
     Token { token_id: u32, text: String, logprobs: Option<TokenLogprobs> },
-    Done { finish_reason: FinishReason, usage: Usage, first_logits: Vec<f32> },
+    /// The request finished. `text` is the output text still held back when it ended (empty
+    /// when cancelled or cut by a stop string); the full output is the concatenation of every
+    /// `Token`'s text and this. `stop` says which stop ended a `Stop` finish.
+    Done { finish_reason: FinishReason, stop: Option<StopCause>, text: String, usage: Usage, first_logits: Vec<f32> },
     Error { message: String },
 }
 
@@ -170,6 +195,10 @@ pub struct EngineConfig {
     pub kv_group_size: i32,
     /// Rows' caches turn quantized once they hold this many positions (`quantized_kv_start`).
     pub quantized_kv_start: usize,
+    /// How MLX's memory is bounded and when its buffer cache is returned.
+    pub memory: MemoryPolicy,
+    /// Deliberate failures, for tests of the final-event guarantee; `None` reads `WEFT_FAULTS`.
+    pub faults: Option<Faults>,
 }
 
 impl Default for EngineConfig {
@@ -183,6 +212,8 @@ impl Default for EngineConfig {
             kv_bits: None,
             kv_group_size: KvQuantization::DEFAULT_GROUP_SIZE,
             quantized_kv_start: 0,
+            memory: MemoryPolicy::default(),
+            faults: None,
         }
     }
 }
@@ -200,7 +231,7 @@ impl EngineConfig {
         if let Some(q) = self.kv_quantization() {
             q.validate(None)?;
         }
-        Ok(())
+        self.memory.validate()
     }
 
     /// [`EngineConfig::validate`], plus the checks that need the model (the KV group size must
@@ -239,6 +270,9 @@ pub struct EngineStats {
     pub decode_graph_build_s: f64,
     pub decode_eval_wait_s: f64,
     pub decode_host_s: f64,
+    /// Bytes MLX has allocated now (weights, KV, activations) and holds in its buffer cache.
+    pub mlx_active_bytes: u64,
+    pub mlx_cache_bytes: u64,
 }
 
 /// A validated, tokenized request ready for the core.
@@ -247,7 +281,7 @@ pub struct Submission {
     pub prompt: Vec<u32>,
     pub request: Request,
     pub stop_token_ids: Vec<u32>,
-    pub sink: Sink,
+    pub sink: EventSink,
     /// Set by [`Engine::submit_with_flow`].
     pub flow: Option<RowFlow>,
 }
@@ -260,11 +294,32 @@ enum Command {
     Shutdown,
 }
 
+/// Whether the driver thread is alive. Once it has died (a panic outside any step, which
+/// only a bug causes) the engine takes no more requests and says why.
+#[derive(Default)]
+struct Health {
+    failure: Mutex<Option<String>>,
+}
+
+impl Health {
+    fn check(&self) -> Result<()> {
+        match self.failure.lock().as_ref() {
+            Some(why) => Err(Error::EngineFailed(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn mark_dead(&self, why: String) {
+        self.failure.lock().get_or_insert(why);
+    }
+}
+
 /// Thread-safe handle to a running engine. Dropping it cancels outstanding requests (each gets
 /// its final event) and joins the driver thread.
 pub struct Engine {
     tx: Sender<Command>,
     stats: Arc<Mutex<EngineStats>>,
+    health: Arc<Health>,
     driver: Option<JoinHandle<()>>,
     tokenizer: Option<Tokenizer>,
     info: ModelInfo,
@@ -274,25 +329,31 @@ pub struct Engine {
 }
 
 impl Engine {
-    pub fn start(model: LoadedModel, config: EngineConfig) -> Result<Engine> {
+    pub fn start(model: LoadedModel, mut config: EngineConfig) -> Result<Engine> {
         config.validate_for(model.model.info())?;
+        if config.faults.is_none() {
+            config.faults = Faults::from_env()?;
+        }
+        config.memory.apply()?;
         let stats = Arc::new(Mutex::new(EngineStats {
             kv_budget_bytes: config.kv_budget_bytes,
             ..EngineStats::default()
         }));
+        let health = Arc::new(Health::default());
         let (tx, rx) = mpsc::channel();
         let tokenizer = model.tokenizer.clone();
         let info = model.model.info().clone();
         let eos_token_ids = model.eos_token_ids.clone();
         let core_config = config.clone();
-        let shared_stats = Arc::clone(&stats);
+        let (shared_stats, shared_health) = (Arc::clone(&stats), Arc::clone(&health));
         let driver = std::thread::Builder::new()
             .name("weft-engine".into())
-            .spawn(move || drive(EngineCore::new(model, core_config), rx, shared_stats))
+            .spawn(move || drive(EngineCore::new(model, core_config), rx, shared_stats, shared_health))
             .map_err(|e| Error::Mlx(format!("cannot start the engine thread: {e}")))?;
         Ok(Engine {
             tx,
             stats,
+            health,
             driver: Some(driver),
             tokenizer,
             info,
@@ -314,6 +375,12 @@ impl Engine {
         &self.config
     }
 
+    /// `Ok` while the engine serves requests; [`Error::EngineFailed`] once its driver thread
+    /// has died (every outstanding request then got an `Error` event).
+    pub fn health(&self) -> Result<()> {
+        self.health.check()
+    }
+
     /// Validates and tokenizes `request` on the caller's thread (so bad requests fail here,
     /// synchronously), then queues it. Events go to `sink` on the engine thread.
     pub fn submit(&self, request: Request, sink: Sink) -> Result<RequestId> {
@@ -327,15 +394,18 @@ impl Engine {
     }
 
     fn submit_flow(&self, request: Request, sink: Sink, flow: Option<RowFlow>) -> Result<RequestId> {
+        self.health.check()?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut sub = prepare(id, request, sink, self.tokenizer.as_ref(), &self.info, &self.eos_token_ids, &self.config)?;
         if let Some(flow) = &flow {
             *flow.inner.wake.lock() = Some(self.tx.clone());
         }
         sub.flow = flow;
-        self.tx
-            .send(Command::Submit(sub))
-            .map_err(|_| Error::Shutdown)?;
+        if let Err(mpsc::SendError(Command::Submit(mut sub))) = self.tx.send(Command::Submit(sub)) {
+            // The driver is gone: no event will ever come, so the caller gets the error instead.
+            sub.sink.discard();
+            return Err(self.health.check().err().unwrap_or(Error::Shutdown));
+        }
         Ok(id)
     }
 
@@ -417,14 +487,40 @@ pub fn prepare(
         }
     }
     let stop_token_ids = if request.ignore_eos { Vec::new() } else { eos_token_ids.to_vec() };
-    Ok(Submission { id, prompt, request, stop_token_ids, sink, flow: None })
+    Ok(Submission { id, prompt, request, stop_token_ids, sink: EventSink::new(sink), flow: None })
 }
 
-fn drive(mut core: EngineCore, rx: Receiver<Command>, stats: Arc<Mutex<EngineStats>>) {
+/// The driver thread: runs the core until shutdown. A panic inside a step fails the rows in
+/// flight and the engine goes on; a panic anywhere else kills the engine, which then fails
+/// every outstanding request and reports itself dead.
+fn drive(core: EngineCore, rx: Receiver<Command>, stats: Arc<Mutex<EngineStats>>, health: Arc<Health>) {
+    let mut core = Some(core);
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| serve(&mut core, &rx, &stats)));
+    if let Err(panic) = run {
+        let why = format!("the engine thread failed: {}", events::panic_message(panic.as_ref()));
+        health.mark_dead(why.clone());
+        if let Some(mut core) = core.take() {
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| core.fail_all(&why)));
+            // Whatever is left (a row the failure stranded) gets its final event when dropped.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(core)));
+        }
+        // Requests submitted before the handle saw the failure.
+        for cmd in rx.try_iter() {
+            if let Command::Submit(mut sub) = cmd {
+                sub.sink.close(Event::Error { message: why.clone() });
+            }
+        }
+        stats.lock().active_rows = 0;
+    }
+}
+
+fn serve(core: &mut Option<EngineCore>, rx: &Receiver<Command>, stats: &Mutex<EngineStats>) {
+    let Some(core) = core.as_mut() else { return };
     let mut shutting_down = false;
     loop {
         // Block only when there is nothing to compute (parked rows wait for a Wake).
         let first = if core.is_idle() && !shutting_down {
+            core.on_idle();
             match rx.recv() {
                 Ok(c) => Some(c),
                 Err(_) => break,
@@ -434,10 +530,9 @@ fn drive(mut core: EngineCore, rx: Receiver<Command>, stats: Arc<Mutex<EngineSta
         };
         for cmd in first.into_iter().chain(std::iter::from_fn(|| rx.try_recv().ok())) {
             match cmd {
-                Command::Submit(sub) => {
+                Command::Submit(mut sub) => {
                     if shutting_down {
-                        let mut sink = sub.sink;
-                        sink(&Event::Error { message: "the engine is shutting down".into() });
+                        sub.sink.close(Event::Error { message: "the engine is shutting down".into() });
                     } else {
                         core.enqueue(sub);
                     }
@@ -452,19 +547,15 @@ fn drive(mut core: EngineCore, rx: Receiver<Command>, stats: Arc<Mutex<EngineSta
             *stats.lock() = core.stats();
             break;
         }
-        // A bug (or a panicking sink) must not kill the driver and leave every request hanging:
-        // the rows in flight get an error event and the engine keeps serving the queue.
+        // A bug in a step must not leave requests hanging: the rows in flight get an error
+        // event (rows the unwinding dropped get theirs from their EventSink) and the engine
+        // keeps serving the queue.
         let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| core.iterate()));
         if let Err(panic) = step {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                core.fail_running(&format!("internal error: {what}"))
-            }));
+            let what = events::panic_message(panic.as_ref());
+            core.fail_running(&format!("internal error: {what}"));
         }
+        core.after_step();
         *stats.lock() = core.stats();
     }
 }

@@ -161,7 +161,13 @@ static void on_event(void *user_data, const weft_event *ev) {
       r->finish_reason = ev->finish_reason;
       r->prompt_tokens = ev->prompt_tokens;
       r->completion_tokens = ev->completion_tokens;
-      if (ev->token_id != -1 || ev->text_len != 0) r->bad_fields++;
+      if (ev->token_id != -1) r->bad_fields++;
+      if (ev->finish_reason == WEFT_FINISH_STOP) {
+        if (ev->stop_kind == WEFT_STOP_EOS ? ev->stop_token_id < 0 : ev->stop_kind != WEFT_STOP_STRING || ev->stop_string_len == 0)
+          r->bad_fields++;
+      } else if (ev->stop_kind != WEFT_STOP_NONE || ev->stop_token_id != -1 || ev->stop_string_len != 0) {
+        r->bad_fields++;
+      }
       break;
     case WEFT_EVENT_ERROR:
       r->finals++;

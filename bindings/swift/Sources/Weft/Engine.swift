@@ -60,7 +60,7 @@ public final class Engine: Sendable {
 
     /// Loads the model and starts the engine thread. Blocks while loading; call it off the main
     /// actor in apps. Throws `WeftError` (`.invalidArgument`, `.modelLoad`, `.unsupported`,
-    /// `.download`...).
+    /// `.capacity`...).
     public init(options: Options = Options()) throws {
         func count(_ name: String, _ value: Int) throws -> UInt32 {
             guard value >= 1, value <= Int(UInt32.max) else {

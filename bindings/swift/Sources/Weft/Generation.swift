@@ -114,22 +114,23 @@ final class RowState: @unchecked Sendable {
         row?.cancel()
     }
 
+    /// The id the Rust half passes with text held back until the request ended (no token).
+    static let noToken = Int(UInt32.max)
+
     // Engine thread.
     func token(_ id: Int, _ piece: String) {
+        let tokenId: Int? = id == RowState.noToken ? nil : id
         lock.lock()
         text += piece
-        tokenIds.append(id)
+        if let tokenId { tokenIds.append(tokenId) }
         lock.unlock()
-        continuation.yield(Chunk(text: piece, tokenId: id))
+        continuation.yield(Chunk(text: piece, tokenId: tokenId))
     }
 
     // Engine thread.
     func done(reason: UInt8, prompt: UInt64, completion: UInt64, cached: UInt64) {
         let finish: FinishReason = reason == 0 ? .stop : reason == 1 ? .length : .cancelled
         lock.lock()
-        // A stop token's held-back text arrives as a last token carrying that token's id; it is
-        // not a completion token.
-        if tokenIds.count > Int(completion) { tokenIds.removeLast(tokenIds.count - Int(completion)) }
         let result = Completion(
             text: text,
             tokenIds: tokenIds,

@@ -7,19 +7,19 @@ public struct WeftError: Error, Sendable, Equatable, CustomStringConvertible {
 
         /// A bad option or request (out of range, empty prompt, unknown token id...).
         public static let invalidArgument = Code(rawValue: "INVALID_ARGUMENT")
-        /// The model could not be loaded (missing files, bad config or weights).
+        /// The model could not be loaded (missing files, bad config or weights, a failed
+        /// download or verification).
         public static let modelLoad = Code(rawValue: "MODEL_LOAD")
         /// An architecture or quantization Weft does not support.
         public static let unsupported = Code(rawValue: "UNSUPPORTED")
-        public static let tokenizer = Code(rawValue: "TOKENIZER")
         /// The request can never fit the engine's KV budget.
         public static let capacity = Code(rawValue: "CAPACITY")
         /// The engine was closed.
         public static let engineClosed = Code(rawValue: "ENGINE_CLOSED")
-        /// Fetching the default model failed.
-        public static let download = Code(rawValue: "DOWNLOAD")
-        public static let mlx = Code(rawValue: "MLX")
-        public static let io = Code(rawValue: "IO")
+        /// The engine's thread failed (a bug): every request got an error; create a new engine.
+        public static let engineFailed = Code(rawValue: "ENGINE_FAILED")
+        /// A failure inside the engine or MLX.
+        public static let internalError = Code(rawValue: "INTERNAL")
         /// The engine failed while generating (the stream ends with this error).
         public static let generationFailed = Code(rawValue: "GENERATION_FAILED")
     }
@@ -117,7 +117,9 @@ public struct Chunk: Sendable, Equatable {
     /// Text this token completes (may be empty while a multi-byte character or a possible stop
     /// string is held back).
     public let text: String
-    public let tokenId: Int
+    /// The generated token; nil on a last chunk that only carries text held back when the
+    /// request ended.
+    public let tokenId: Int?
 }
 
 public enum FinishReason: String, Sendable, Equatable {

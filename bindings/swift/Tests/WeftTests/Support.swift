@@ -78,7 +78,7 @@ func collect(_ generation: Generation) async throws -> (ids: [Int], text: String
     var ids: [Int] = []
     var text = ""
     for try await chunk in generation {
-        ids.append(chunk.tokenId)
+        if let id = chunk.tokenId { ids.append(id) }
         text += chunk.text
     }
     return (ids, text)

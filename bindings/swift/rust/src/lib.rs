@@ -114,6 +114,11 @@ impl RustError {
         RustError::new("ENGINE_CLOSED", "the engine is closed")
     }
 
+    /// An error from loading a model (the core's one code mapping, as every face uses).
+    fn loading(e: weft::Error) -> Self {
+        RustError::new(e.load_code().as_str(), e.to_string())
+    }
+
     fn code(&self) -> String {
         self.code.to_string()
     }
@@ -124,19 +129,9 @@ impl RustError {
 }
 
 impl From<weft::Error> for RustError {
+    /// An error from a running engine (submitting); see [`RustError::loading`] for loading.
     fn from(e: weft::Error) -> Self {
-        use weft::Error as E;
-        match e {
-            E::ModelLoad(m) => RustError::new("MODEL_LOAD", m),
-            E::Unsupported(m) => RustError::new("UNSUPPORTED", m),
-            E::Tokenizer(m) => RustError::new("TOKENIZER", m),
-            E::InvalidRequest(m) => RustError::new("INVALID_ARGUMENT", m),
-            E::Capacity(m) => RustError::new("CAPACITY", m),
-            E::Shutdown => RustError::new("ENGINE_CLOSED", "the engine has shut down"),
-            E::Download(m) => RustError::new("DOWNLOAD", m),
-            E::Mlx(m) => RustError::new("MLX", m),
-            e @ E::Io { .. } => RustError::new("IO", e.to_string()),
-        }
+        RustError::new(e.code().as_str(), e.to_string())
     }
 }
 
@@ -202,16 +197,17 @@ fn load_engine(
         kv_bits: (kv_bits > 0).then_some(kv_bits.min(i32::MAX as u32) as i32),
         kv_group_size: kv_group_size.min(i32::MAX as u32) as i32,
         quantized_kv_start: quantized_kv_start as usize,
+        ..EngineConfig::default()
     };
     if config.max_batch == 0 || config.prompt_concurrency == 0 || config.prefill_step_size == 0 {
         return Err(RustError::arg("maxBatch, promptConcurrency and prefillStepSize must be at least 1"));
     }
     let path = if model.is_empty() {
-        weft::model_store::ModelStore::from_env().default_model_path(&mut |_| {})?
+        weft::model_store::ModelStore::from_env().default_model_path(&mut |_| {}).map_err(RustError::loading)?
     } else {
         std::path::PathBuf::from(model)
     };
-    let loaded = weft::loading::load(&path)?;
+    let loaded = weft::loading::load(&path).map_err(RustError::loading)?;
     let engine = weft::engine::Engine::start(loaded, config)?;
     let info = engine.model_info().clone();
     let has_tokenizer = engine.tokenizer().is_some();
@@ -494,11 +490,18 @@ struct SendSink(EventSink);
 
 unsafe impl Send for SendSink {}
 
+/// The token id `on_token` gets for text that is not a token's: what was still held back when
+/// the request ended (`RowState.token` in Generation.swift knows it).
+const NO_TOKEN: u32 = u32::MAX;
+
 /// The engine's sink: runs on the engine thread and never blocks on Swift.
 fn deliver(sink: &SendSink, flag: &RowFlag, ev: &Event) -> bool {
     match ev {
         Event::Token { token_id, text, .. } => sink.0.on_token(*token_id, text.clone()),
-        Event::Done { finish_reason, usage, .. } => {
+        Event::Done { finish_reason, usage, text, .. } => {
+            if !text.is_empty() {
+                sink.0.on_token(NO_TOKEN, text.clone());
+            }
             let reason = match finish_reason {
                 FinishReason::Stop => 0,
                 FinishReason::Length => 1,

@@ -1,0 +1,144 @@
+//! The running batch: its rows, their per-layer batched caches, and the tokens of a decode step
+//! still being computed. The invariant the executor relies on: row `b` of `rows`, row `b` of
+//! every cache, and (for `b < in_flight.rows`) element `b` of the in-flight token array are the
+//! same request; every operation here keeps the three aligned.
+
+use mlx_rs::ops::concatenate;
+use mlx_rs::Array;
+
+use super::row::Row;
+use crate::cache::{extend_rows_mixed, KvCache};
+use crate::{Error, Result};
+
+/// Tokens of a decode step still being computed, for the first `rows` rows of the batch.
+pub(super) struct InFlight {
+    pub(super) tokens: Array,
+    pub(super) rows: usize,
+}
+
+/// A row taken out of the batch, with its KV as single-sequence caches when they were asked
+/// for (for the prompt cache, or to park the row).
+pub(super) struct Removed {
+    pub(super) row: Row,
+    pub(super) caches: Option<Vec<Box<dyn KvCache>>>,
+}
+
+#[derive(Default)]
+pub(super) struct RunningBatch {
+    pub(super) rows: Vec<Row>,
+    /// Per-layer batched caches of `rows` (`None` exactly when there are no rows).
+    caches: Option<Vec<Box<dyn KvCache>>>,
+    pub(super) in_flight: Option<InFlight>,
+}
+
+impl RunningBatch {
+    /// A batch of rows whose batched caches are ready (e.g. rows that just prefilled).
+    pub(super) fn new(rows: Vec<Row>, caches: Vec<Box<dyn KvCache>>) -> RunningBatch {
+        let caches = (!rows.is_empty()).then_some(caches);
+        RunningBatch { rows, caches, in_flight: None }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    pub(super) fn caches_mut(&mut self) -> Result<&mut Vec<Box<dyn KvCache>>> {
+        self.caches.as_mut().ok_or_else(|| Error::Mlx("decoding rows without a batch cache".into()))
+    }
+
+    pub(super) fn nbytes(&self) -> usize {
+        self.caches.iter().flatten().map(|c| c.nbytes()).sum()
+    }
+
+    /// Appends `other`'s rows after this batch's own (a step in flight keeps covering the rows
+    /// it covered; the new rows' inputs are on the host). `other` must have no step in flight.
+    /// On failure this batch's caches may be half-extended (the caller fails it) and `other`'s
+    /// rows come back with the error.
+    pub(super) fn append(&mut self, other: RunningBatch) -> std::result::Result<(), (Error, Vec<Row>)> {
+        debug_assert!(other.in_flight.is_none());
+        let RunningBatch { rows, caches, .. } = other;
+        let Some(caches) = caches else { return Ok(()) };
+        match self.caches.as_mut() {
+            None => self.caches = Some(caches),
+            Some(batch) => {
+                if let Err(e) = batch.iter_mut().zip(caches).try_for_each(|(b, c)| extend_rows_mixed(b, c)) {
+                    return Err((e, rows));
+                }
+            }
+        }
+        self.rows.extend(rows);
+        Ok(())
+    }
+
+    /// `[B, 1]` inputs: the in-flight tokens (on device) for the rows they cover, then the
+    /// host-known last tokens of rows that joined after.
+    pub(super) fn step_inputs(&self) -> Result<Array> {
+        let covered = self.in_flight.as_ref().map_or(0, |f| f.rows);
+        let host: Vec<u32> = self.rows[covered..]
+            .iter()
+            .map(|r| r.next_input.ok_or_else(|| Error::Mlx("a decoding row has no input token".into())))
+            .collect::<Result<_>>()?;
+        let host = Array::from_slice(&host, &[host.len() as i32]);
+        let tokens = match &self.in_flight {
+            Some(f) if host.size() == 0 => f.tokens.clone(),
+            Some(f) => concatenate(&[f.tokens.clone(), host], 0)?,
+            None => host,
+        };
+        Ok(tokens.reshape(&[-1, 1])?)
+    }
+
+    /// Takes the rows `remove` says out of the batch (caches and in-flight tokens alike), in
+    /// batch order, extracting their KV where `extract` says so. An extraction failure leaves
+    /// that row's caches `None`; a failure to filter the batch is an error for the whole batch.
+    pub(super) fn remove(&mut self, remove: impl Fn(&Row) -> bool, extract: impl Fn(&Row) -> bool) -> Result<Vec<Removed>> {
+        if !self.rows.iter().any(&remove) {
+            return Ok(Vec::new());
+        }
+        let keep: Vec<usize> = (0..self.rows.len()).filter(|&i| !remove(&self.rows[i])).collect();
+        let extracted: Vec<Option<Vec<Box<dyn KvCache>>>> = self
+            .rows
+            .iter()
+            .enumerate()
+            .map(|(i, r)| match (&self.caches, remove(r) && extract(r)) {
+                (Some(caches), true) => caches.iter().map(|c| c.extract_row(i)).collect::<Result<Vec<_>>>().ok(),
+                _ => None,
+            })
+            .collect();
+        if let Some(f) = self.in_flight.as_mut() {
+            let kept: Vec<u32> = keep.iter().filter(|&&i| i < f.rows).map(|&i| i as u32).collect();
+            if kept.is_empty() {
+                self.in_flight = None;
+            } else if kept.len() < f.rows {
+                let idx = Array::from_slice(&kept, &[kept.len() as i32]);
+                f.tokens = f.tokens.take_axis(&idx, 0)?;
+                f.rows = kept.len();
+            }
+        }
+        let mut removed = Vec::new();
+        for ((i, row), caches) in std::mem::take(&mut self.rows).into_iter().enumerate().zip(extracted) {
+            if keep.binary_search(&i).is_ok() {
+                self.rows.push(row);
+            } else {
+                removed.push(Removed { row, caches });
+            }
+        }
+        if self.rows.is_empty() {
+            self.caches = None;
+            self.in_flight = None;
+        } else if let Some(caches) = self.caches.as_mut() {
+            caches.iter_mut().try_for_each(|c| c.filter_rows(&keep))?;
+        }
+        Ok(removed)
+    }
+
+    /// Empties the batch (after a failed step), returning its rows.
+    pub(super) fn clear(&mut self) -> Vec<Row> {
+        self.caches = None;
+        self.in_flight = None;
+        std::mem::take(&mut self.rows)
+    }
+}

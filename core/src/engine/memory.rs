@@ -1,0 +1,73 @@
+//! Keeping the engine's memory bounded: MLX's limits, and when its buffer cache (freed
+//! buffers MLX keeps for reuse) and the C heap's free pages go back to the system.
+
+use crate::{Error, Result};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryPolicy {
+    /// Largest buffer cache MLX keeps (`mlx.set_cache_limit`); `None` leaves MLX's default.
+    pub cache_limit_bytes: Option<usize>,
+    /// Return the buffer cache every this many decode steps (0 = only when idle). mlx-lm's
+    /// server and the product this grows from clear it every 256 steps.
+    pub clear_cache_every_steps: u64,
+    /// MLX's memory limit (`mlx.set_memory_limit`): allocations beyond it wait for buffers in
+    /// flight to be freed, then fail. `None` leaves MLX's default.
+    pub memory_limit_bytes: Option<usize>,
+    /// Memory MLX may keep wired (resident) on Apple GPUs (`mlx.set_wired_limit`); ignored
+    /// elsewhere. `None` leaves MLX's default.
+    pub wired_limit_bytes: Option<usize>,
+}
+
+impl Default for MemoryPolicy {
+    fn default() -> Self {
+        MemoryPolicy { cache_limit_bytes: None, clear_cache_every_steps: 256, memory_limit_bytes: None, wired_limit_bytes: None }
+    }
+}
+
+impl MemoryPolicy {
+    pub fn validate(&self) -> Result<()> {
+        if self.memory_limit_bytes == Some(0) {
+            return Err(Error::InvalidRequest("memory_limit_bytes must be positive when set".into()));
+        }
+        Ok(())
+    }
+
+    /// Sets MLX's process-wide limits (the last engine started sets them).
+    pub fn apply(&self) -> Result<()> {
+        if let Some(limit) = self.cache_limit_bytes {
+            mlx_rs::memory::set_cache_limit(limit)?;
+        }
+        if let Some(limit) = self.memory_limit_bytes {
+            mlx_rs::memory::set_memory_limit(limit)?;
+        }
+        if let Some(limit) = self.wired_limit_bytes {
+            if cfg!(target_os = "macos") {
+                mlx_rs::memory::set_wired_limit(limit)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the cache is due after decode step `step`.
+    pub(crate) fn due(&self, step: u64) -> bool {
+        self.clear_cache_every_steps > 0 && step > 0 && step % self.clear_cache_every_steps == 0
+    }
+}
+
+/// Gives MLX's buffer cache back, and (glibc) the heap's free pages, so an idle engine's RSS
+/// returns to what it holds.
+pub(crate) fn release_cached_memory() {
+    let _ = mlx_rs::memory::clear_cache();
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free heap pages to the kernel.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// What MLX holds now: (active bytes, buffer-cache bytes).
+pub fn mlx_memory() -> (u64, u64) {
+    let active = mlx_rs::memory::active_memory().unwrap_or(0) as u64;
+    let cache = mlx_rs::memory::cache_memory().unwrap_or(0) as u64;
+    (active, cache)
+}

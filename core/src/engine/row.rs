@@ -1,0 +1,201 @@
+//! One request's row from admission to its final event: the state machine that turns sampled
+//! tokens into events (stop ids, streamed text and stop strings, the length limit, the
+//! consumer's verdict) and ends with exactly one `Done` or `Error`.
+
+use mlx_rs::{Array, Dtype};
+
+use super::{Event, EventSink, RequestId, RowFlow, StopCause, Submission, TokenLogprobs, Usage};
+use crate::cache::KvCache;
+use crate::generate::{as_f32_slice, FinishReason};
+use crate::sampling::Sampler;
+use crate::stop::{StopMatcher, TextStream};
+use crate::tokenizer::Tokenizer;
+use crate::Result;
+
+/// The chosen token's log-probability and the `k` best alternatives (first index on ties).
+pub(super) fn token_logprobs(row: &[f32], token: u32, k: usize) -> TokenLogprobs {
+    let mut order: Vec<usize> = (0..row.len()).collect();
+    let k = k.min(row.len());
+    if k > 0 {
+        order.select_nth_unstable_by(k - 1, |&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+        order.truncate(k);
+        order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+    } else {
+        order.clear();
+    }
+    TokenLogprobs {
+        logprob: row.get(token as usize).copied().unwrap_or(f32::NEG_INFINITY),
+        top: order.into_iter().map(|i| (i as u32, row[i])).collect(),
+    }
+}
+
+/// The first `n` values of a logits row, as float32 (empty if it cannot be read).
+pub(super) fn leading_values(row: &Array, n: usize) -> Vec<f32> {
+    let Ok(row) = row.as_dtype(Dtype::Float32) else { return Vec::new() };
+    if row.eval().is_err() {
+        return Vec::new();
+    }
+    as_f32_slice(&row).map(|v| v[..n.min(v.len())].to_vec()).unwrap_or_default()
+}
+
+/// One request from admission to its final event.
+pub(super) struct Row {
+    pub id: RequestId,
+    pub(super) prompt: Vec<u32>,
+    pub(super) generated: Vec<u32>,
+    pub(super) max_tokens: usize,
+    pub(super) stop_token_ids: Vec<u32>,
+    pub(super) sampler: Sampler,
+    pub(super) text: TextStream,
+    pub(super) sink: EventSink,
+    pub(super) flow: Option<RowFlow>,
+    pub(super) cached_tokens: usize,
+    pub(super) capture_first_logits: usize,
+    pub(super) first_logits: Vec<f32>,
+    /// Top alternatives to report with each token's log-probability, if requested.
+    pub(super) logprobs: Option<usize>,
+    pub projected_kv_bytes: u64,
+    /// The last token, not yet forwarded (host-known rows only; in-flight rows have it on device).
+    pub(super) next_input: Option<u32>,
+    pub(super) finish: Option<FinishReason>,
+    /// What ended a `Stop` finish.
+    pub(super) stop: Option<StopCause>,
+    /// Set when the row failed (reported instead of `Done`).
+    pub(super) error: Option<String>,
+}
+
+impl Row {
+    /// The consumer asked this row to wait (and it has not finished).
+    pub(super) fn paused(&self) -> bool {
+        self.finish.is_none() && self.flow.as_ref().is_some_and(|f| f.is_paused())
+    }
+
+    /// Applies a sampled token: stop checks, text streaming, the consumer's verdict.
+    /// `logprobs` is the step's log-probability row when the request asked for them.
+    pub(super) fn accept(&mut self, token: u32, context_left: usize, logprobs: Option<&[f32]>) -> Result<()> {
+        if self.stop_token_ids.contains(&token) {
+            self.finish = Some(FinishReason::Stop);
+            self.stop = Some(StopCause::Eos { token_id: token });
+            return Ok(());
+        }
+        self.generated.push(token);
+        self.sampler.observe(&[token]);
+        self.next_input = Some(token);
+        let (text, hit_stop) = self.text.push(token)?;
+        if let Some(stop) = hit_stop {
+            self.finish = Some(FinishReason::Stop);
+            self.stop = Some(StopCause::StopString { stop });
+        } else if self.generated.len() >= self.max_tokens || context_left == 0 {
+            self.finish = Some(FinishReason::Length);
+        }
+        let logprobs = self.logprobs_for(token, logprobs);
+        if !self.sink.token(&Event::Token { token_id: token, text, logprobs }) {
+            self.finish = Some(FinishReason::Cancelled);
+            self.stop = None;
+        }
+        Ok(())
+    }
+
+    /// Sends the final `Done`, with the text still held back (a possible stop-string prefix,
+    /// an incomplete character) unless a stop string cut the output or the row was cancelled.
+    pub(super) fn finish(mut self, reason: FinishReason) {
+        let text = match (reason, &self.stop) {
+            (FinishReason::Cancelled, _) | (_, Some(StopCause::StopString { .. })) => Ok(String::new()),
+            _ => self.text.finish(),
+        };
+        let text = match text {
+            Ok(text) => text,
+            Err(e) => return self.fail(format!("decoding the final text failed: {e}")),
+        };
+        let usage = Usage {
+            prompt_tokens: self.prompt.len(),
+            completion_tokens: self.generated.len(),
+            cached_tokens: self.cached_tokens,
+        };
+        let first_logits = std::mem::take(&mut self.first_logits);
+        let stop = if reason == FinishReason::Stop { self.stop.take() } else { None };
+        self.sink.close(Event::Done { finish_reason: reason, stop, text, usage, first_logits });
+    }
+
+    /// Sends the final event this row has earned: its error if it failed, else `Done`.
+    pub(super) fn close(self) {
+        match (self.error.clone(), self.finish) {
+            (Some(message), _) => self.fail(message),
+            (None, Some(reason)) => self.finish(reason),
+            (None, None) => self.fail("the row ended without a finish reason".into()),
+        }
+    }
+
+    pub(super) fn fail(mut self, message: String) {
+        self.sink.close(Event::Error { message });
+    }
+
+    /// The tokens whose KV a cache of `len` positions holds for this row.
+    pub(super) fn cached_sequence(&self, len: usize) -> Vec<u32> {
+        self.prompt.iter().chain(&self.generated).take(len).copied().collect()
+    }
+}
+
+impl Row {
+    /// The row of an admitted request.
+    pub(super) fn new(sub: Submission, tokenizer: Option<&Tokenizer>, projected_kv_bytes: u64) -> Row {
+        let Submission { id, prompt, request, stop_token_ids, sink, flow } = sub;
+        let mut sampler = Sampler::new(request.sampling.clone());
+        sampler.observe(&prompt);
+        Row {
+            id,
+            generated: Vec::new(),
+            max_tokens: request.max_tokens,
+            stop_token_ids,
+            sampler,
+            text: TextStream::new(tokenizer, StopMatcher::new(&request.stop)),
+            sink,
+            flow,
+            cached_tokens: 0,
+            capture_first_logits: request.capture_first_logits,
+            logprobs: request.logprobs,
+            first_logits: Vec::new(),
+            projected_kv_bytes,
+            next_input: None,
+            finish: None,
+            stop: None,
+            error: None,
+            prompt,
+        }
+    }
+
+    /// Marks the row failed by `e` (it is reported when the row closes).
+    pub(super) fn fail_later(&mut self, e: &crate::Error) {
+        self.error = Some(e.to_string());
+        self.finish = Some(FinishReason::Stop);
+    }
+
+    /// The log-probabilities requested for `token`, from the step's row.
+    pub(super) fn logprobs_for(&self, token: u32, row: Option<&[f32]>) -> Option<TokenLogprobs> {
+        match (self.logprobs, row) {
+            (Some(k), Some(row)) => Some(token_logprobs(row, token, k)),
+            _ => None,
+        }
+    }
+
+    /// Keeps the first `capture_first_logits` raw logits of the first step (parity tooling).
+    pub(super) fn capture_first(&mut self, logits: &Array) {
+        if self.capture_first_logits > 0 {
+            self.first_logits = leading_values(logits, self.capture_first_logits);
+        }
+    }
+}
+
+/// A decoding row set aside while its consumer catches up, with its KV as single-sequence
+/// caches (what `extract_row` gives); it rejoins like a newly prefilled row.
+pub(super) struct Parked {
+    pub(super) row: Row,
+    pub(super) caches: Vec<Box<dyn KvCache>>,
+}
+
+pub(super) struct Prefilling {
+    pub(super) row: Row,
+    pub(super) caches: Vec<Box<dyn KvCache>>,
+    /// Prompt positions already in `caches`.
+    pub(super) done: usize,
+}
