@@ -7,10 +7,11 @@
 //!
 //! Every case must either fail with a status code and a message (never WEFT_ERR_INTERNAL, which
 //! is what a caught panic becomes, and then no callback at all), or succeed and end with exactly
-//! one final event (DONE or ERROR) and nothing after it. Each call runs under a time limit, so a
-//! hang fails the case instead of the suite. A request still running after a short while is
-//! cancelled (also a path under test) so that a huge `max_tokens` stays cheap. Each test ends by
-//! checking that its engine still produces mlx-lm's greedy tokens.
+//! one final event (DONE or ERROR) and nothing after it, the engine still healthy
+//! (`weft_engine_health`). Each call runs under a time limit, so a hang fails the case instead
+//! of the suite. A request still running after a short while is cancelled (also a path under
+//! test) so that a huge `max_tokens` stays cheap. Each test ends by checking that its engine
+//! still produces mlx-lm's greedy tokens.
 //!
 //! The RNG seed is fixed, so CI runs the same cases every time; explore with
 //! `WEFT_FUZZ_SEED=<u64>` and `WEFT_FUZZ_CASES=<multiplier>`:
@@ -27,8 +28,8 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
 use serde_json::{json, Map, Value};
 use weft_ffi::{
-    weft_cancel, weft_engine, weft_engine_free, weft_engine_new, weft_event, weft_event_kind, weft_last_error,
-    weft_status, weft_submit,
+    weft_cancel, weft_engine, weft_engine_free, weft_engine_health, weft_engine_new, weft_event, weft_event_kind,
+    weft_last_error, weft_status, weft_submit,
 };
 
 const OK: i32 = weft_status::WEFT_OK as i32;
@@ -268,6 +269,10 @@ fn submit_case(
     prop_assert_eq!(r.finals, 1);
     prop_assert_eq!(r.after_final, 0);
     prop_assert!(r.malformed.is_empty(), "{:?}", r.malformed);
+    drop(r);
+    // The request did not take the engine down with it.
+    let health = within("weft_engine_health", CALL_LIMIT, move || weft_engine_health(engine.ptr()));
+    prop_assert_eq!(health, OK, "the engine is no longer healthy: {}", last_error());
     Ok(Some(case))
 }
 
