@@ -153,12 +153,13 @@ fn dropping_a_receiver_cancels_its_row_only() {
 fn kv_budget_admission_waits_fifo_and_rejects_what_never_fits() {
     let loaded = loading::load(&tiny_model_dir("llama-fp32")).unwrap();
     let per_token = loaded.model.info().kv_bytes_per_token() as u64;
-    // Room for one 10-token-prompt, 10-token request at a time.
-    let budget = per_token * 20;
+    // KV storage is allocated 256 positions at a time, so a short request takes 256 positions:
+    // room for one at a time.
+    let budget = per_token * (256 + 100);
     let engine = Engine::start(loaded, EngineConfig { kv_budget_bytes: Some(budget), ..Default::default() }).unwrap();
 
-    let too_big = engine.submit_channel(greedy(vec![1; 15], 10)).unwrap_err().to_string();
-    assert!(too_big.contains(&format!("needs {} bytes", per_token * 25)), "{too_big}");
+    let too_big = engine.submit_channel(greedy(vec![1; 250], 10)).unwrap_err().to_string();
+    assert!(too_big.contains(&format!("needs {} bytes", per_token * 512)), "{too_big}");
 
     let g = golden("llama-fp32");
     let prompts: Vec<Vec<u32>> =

@@ -311,17 +311,18 @@ fn kv_settings_are_validated_and_budget_counts_quantized_bytes() {
     let quant = info.kv_bytes_per_token_with(Some(&q));
     assert_eq!(full, 2 * 3 * 2 * 32 * 4);
     assert_eq!(quant, 2 * 3 * 2 * 24);
-    // A budget for exactly one 20-position full-precision request admits 5 quantized ones.
-    let budget = full as u64 * 20;
+    // A budget for exactly one full-precision request (storage grows 256 positions at a time)
+    // admits 5 quantized ones.
+    let budget = full as u64 * 256;
     let config = EngineConfig { kv_budget_bytes: Some(budget), kv_bits: Some(4), kv_group_size: 32, ..Default::default() };
     let engine = Engine::start(loading::load(&tiny_model_dir("llama-fp32")).unwrap(), config).unwrap();
-    let fits = (budget / (quant as u64 * 20)) as usize;
+    let fits = (budget / (quant as u64 * 256)) as usize;
     assert_eq!(fits, 5);
     let streams: Vec<_> = (0..fits).map(|i| engine.submit_channel(greedy(vec![i as u32 + 1; 10], 10, 0)).unwrap().1).collect();
     for rx in &streams {
         assert_eq!(collect(rx).0.len(), 10);
     }
     // A request too large for the whole budget even quantized is refused at submit.
-    let too_big = engine.submit_channel(greedy(vec![1; 100], 40, 0)).unwrap_err().to_string();
-    assert!(too_big.contains(&format!("needs {} bytes", quant * 140)), "{too_big}");
+    let too_big = engine.submit_channel(greedy(vec![1; 1000], 400, 0)).unwrap_err().to_string();
+    assert!(too_big.contains(&format!("needs {} bytes", quant * 1536)), "{too_big}");
 }

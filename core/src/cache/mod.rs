@@ -45,6 +45,17 @@ pub enum AttentionMask {
     Array(Array),
 }
 
+/// Fused scaled-dot-product attention over cached keys and values, with the cache-provided
+/// mask (here, below `nn`, because the caches attend too).
+pub fn sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: &AttentionMask) -> Result<Array> {
+    use mlx_rs::fast::{scaled_dot_product_attention, ScaledDotProductAttentionMask as M};
+    Ok(match mask {
+        AttentionMask::None => scaled_dot_product_attention(q, k, v, scale, None, None)?,
+        AttentionMask::Causal => scaled_dot_product_attention(q, k, v, scale, M::Causal, None)?,
+        AttentionMask::Array(m) => scaled_dot_product_attention(q, k, v, scale, M::Array(m), None)?,
+    })
+}
+
 pub trait KvCache: Send {
     /// RoPE offset for the next `update_and_fetch`.
     fn rope_offset(&self) -> RopeOffset;
@@ -61,7 +72,7 @@ pub trait KvCache: Send {
         mask: &AttentionMask,
     ) -> Result<Array> {
         let (k, v) = self.update_and_fetch(keys, values)?;
-        crate::nn::sdpa(queries, &k, &v, scale, mask)
+        sdpa(queries, &k, &v, scale, mask)
     }
     /// The mask for `n` new query positions (call before `update_and_fetch`).
     fn make_mask(&self, n: i32, window: Option<i32>) -> Result<AttentionMask>;

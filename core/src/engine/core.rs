@@ -51,7 +51,9 @@ impl EngineCore {
         Load {
             decoding: self.executor.decoding() + self.executor.parked(),
             prefilling: self.executor.prefilling(),
-            projected_kv_bytes: self.executor.projected_kv_bytes(),
+            // The rows' projections, or what their caches really hold if that is more (left
+            // padding in the batch, recurrent state, growth beyond a projection).
+            projected_kv_bytes: self.executor.projected_kv_bytes().max(self.executor.kv_bytes_in_use()),
         }
     }
 

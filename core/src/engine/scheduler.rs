@@ -7,14 +7,20 @@ use super::{EngineConfig, Submission};
 use crate::cache::KvQuantization;
 use crate::models::ModelInfo;
 
-/// KV bytes a request may grow to: every prompt and generated position, all layers
-/// (sliding-window layers capped at their window). Under KV quantization `kv`, the larger of the
-/// full-precision cache before it converts (`start` positions) and the quantized cache of every
-/// position.
+/// Positions KV storage grows by at a time (the caches' allocation step, as mlx-lm's).
+pub const KV_ALLOCATION_STEP: usize = 256;
+
+/// KV bytes a request may grow to: every prompt and generated position, rounded up to the
+/// caches' allocation step (storage is allocated in steps, so that is what it really takes), all
+/// layers (sliding-window layers capped at their window). Under KV quantization `kv`, the larger
+/// of the full-precision cache before it converts (`start` positions) and the quantized cache of
+/// every position.
 pub fn projected_kv_bytes_for(info: &ModelInfo, kv: Option<&KvQuantization>, prompt_len: usize, max_tokens: usize) -> u64 {
+    let wanted = prompt_len.saturating_add(max_tokens);
+    let allocated = wanted.div_ceil(KV_ALLOCATION_STEP).saturating_mul(KV_ALLOCATION_STEP);
     let positions = match info.max_position_embeddings {
-        Some(ctx) => prompt_len.saturating_add(max_tokens).min(ctx),
-        None => prompt_len.saturating_add(max_tokens),
+        Some(ctx) => allocated.min(ctx.div_ceil(KV_ALLOCATION_STEP).saturating_mul(KV_ALLOCATION_STEP)),
+        None => allocated,
     };
     let full = info.kv_bytes_for(positions);
     match kv {

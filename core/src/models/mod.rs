@@ -10,78 +10,12 @@ pub mod qwen3_next;
 pub mod qwen3_moe;
 
 pub use config::ConfigReader;
+pub use crate::language_model::{LanguageModel, ModelInfo, SlidingWindowLayers};
 
-use mlx_rs::{Array, Dtype};
+use mlx_rs::Dtype;
 
-use crate::cache::KvCache;
 use crate::nn::Weights;
 use crate::{Error, Result};
-
-/// Shape facts the engine needs without knowing the architecture (KV sizing, validation).
-#[derive(Debug, Clone)]
-pub struct ModelInfo {
-    pub model_type: String,
-    pub vocab_size: i32,
-    pub hidden_size: i32,
-    pub num_layers: usize,
-    pub kv_heads: i32,
-    pub head_dim: i32,
-    /// Longest context the model was trained for, if the config says.
-    pub max_position_embeddings: Option<usize>,
-    /// Dtype of activations / KV entries.
-    pub activation_dtype: Dtype,
-    /// Layers whose cache is a sliding-window ring, and its size: those hold at most `window`
-    /// positions whatever the sequence length (Gemma 3). `None`: every layer keeps all.
-    pub sliding_window: Option<SlidingWindowLayers>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SlidingWindowLayers {
-    pub layers: usize,
-    pub window: usize,
-}
-
-impl ModelInfo {
-    /// KV-cache bytes one token occupies across all layers.
-    pub fn kv_bytes_per_token(&self) -> usize {
-        let elem = match self.activation_dtype {
-            Dtype::Float32 => 4,
-            _ => 2,
-        };
-        2 * self.num_layers * (self.kv_heads * self.head_dim) as usize * elem
-    }
-
-    /// KV-cache bytes one token occupies across all layers, stored as `kv` says (quantized:
-    /// packed weights plus a scale and a bias, in the activation dtype, per group).
-    pub fn kv_bytes_per_token_with(&self, kv: Option<&crate::cache::KvQuantization>) -> usize {
-        let Some(q) = kv else { return self.kv_bytes_per_token() };
-        let elem = match self.activation_dtype {
-            Dtype::Float32 => 4,
-            _ => 2,
-        };
-        2 * self.num_layers * self.kv_heads as usize * q.vector_bytes(self.head_dim, elem)
-    }
-
-    /// KV-cache bytes a sequence of `positions` tokens occupies across all layers, counting
-    /// sliding-window layers at no more than their window.
-    pub fn kv_bytes_for(&self, positions: usize) -> u64 {
-        let per_layer = (self.kv_bytes_per_token() / self.num_layers.max(1)) as u64;
-        let (sliding, window) = self.sliding_window.map_or((0, 0), |s| (s.layers.min(self.num_layers), s.window));
-        let full = (self.num_layers - sliding) as u64;
-        let layer_positions = full
-            .saturating_mul(positions as u64)
-            .saturating_add((sliding as u64).saturating_mul(positions.min(window) as u64));
-        per_layer.saturating_mul(layer_positions)
-    }
-}
-
-pub trait LanguageModel: Send {
-    /// `tokens`: `[B, L]` int32 → logits `[B, L, vocab]`, extending `caches` by `L` positions.
-    fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array>;
-    /// Fresh per-layer caches for one sequence.
-    fn make_caches(&self) -> Vec<Box<dyn KvCache>>;
-    fn info(&self) -> &ModelInfo;
-}
 
 /// Builds the architecture named by `config["model_type"]` from `weights`.
 pub fn build(config: &serde_json::Value, weights: Weights, dtype: Dtype) -> Result<Box<dyn LanguageModel>> {

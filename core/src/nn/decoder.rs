@@ -6,7 +6,7 @@ use mlx_rs::Array;
 
 use super::{Attention, AttentionOptions, Embedding, Linear, Mlp, RmsNorm, Weights};
 use crate::cache::{KvCache, KvCacheSingle};
-use crate::models::{LanguageModel, ModelInfo};
+use crate::language_model::{LanguageModel, ModelInfo};
 use crate::{Error, Result};
 
 pub struct DecoderBlock {

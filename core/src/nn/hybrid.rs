@@ -11,7 +11,7 @@ use super::{
     SharedExpertMoe, SharedExpertMoeOptions, Weights,
 };
 use crate::cache::{AttentionMask, KvCache, KvCacheSingle, RecurrentCache};
-use crate::models::{LanguageModel, ModelInfo};
+use crate::language_model::{LanguageModel, ModelInfo};
 use crate::{Error, Result};
 
 enum Mixer {

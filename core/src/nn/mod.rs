@@ -26,7 +26,8 @@ pub use weights::{QuantConfig, QuantSpec, Weights};
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
 
-use crate::cache::{AttentionMask, RopeOffset};
+pub use crate::cache::sdpa;
+use crate::cache::RopeOffset;
 use crate::Result;
 
 /// Rotary position embedding (`mx.fast.rope`), with a scalar offset for a single sequence or a
@@ -67,16 +68,6 @@ pub fn gelu_approx(x: &Array) -> Result<Array> {
     let inner = x.add(&c(0.044715)?.multiply(&cube)?)?;
     let t = mlx_rs::ops::tanh(&c((2.0 / std::f64::consts::PI).sqrt())?.multiply(&inner)?)?;
     Ok(c(0.5)?.multiply(x)?.multiply(&c(1.0)?.add(&t)?)?)
-}
-
-/// Fused scaled-dot-product attention with the cache-provided mask.
-pub fn sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: &AttentionMask) -> Result<Array> {
-    use mlx_rs::fast::{scaled_dot_product_attention, ScaledDotProductAttentionMask as M};
-    Ok(match mask {
-        AttentionMask::None => scaled_dot_product_attention(q, k, v, scale, None, None)?,
-        AttentionMask::Causal => scaled_dot_product_attention(q, k, v, scale, M::Causal, None)?,
-        AttentionMask::Array(m) => scaled_dot_product_attention(q, k, v, scale, M::Array(m), None)?,
-    })
 }
 
 /// Waits for all work queued on the default stream. Needed before tearing down state that

@@ -647,7 +647,7 @@ int main(int argc, char **argv) {
   n_use = strcmp(mode, "quick") == 0 ? (n_rows < 3 ? n_rows : 3) : n_rows;
 
   snprintf(options, sizeof options, "{\"model\": \"%s\", \"max_batch\": 8, \"prefill_step_size\": 2048}", model_dir);
-  snprintf(budget_options, sizeof budget_options, "{\"model\": \"%s\", \"kv_budget_bytes\": 100000, \"max_batch\": 2}",
+  snprintf(budget_options, sizeof budget_options, "{\"model\": \"%s\", \"kv_budget_bytes\": 500000, \"max_batch\": 2}",
            model_dir);
   st = weft_engine_new(options, &engine);
   check(st == WEFT_OK && engine != NULL, "weft_engine_new", weft_last_error());
