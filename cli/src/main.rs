@@ -11,6 +11,7 @@ mod bench;
 mod chat;
 mod common;
 mod generate_cmd;
+mod progress;
 mod replay;
 mod serve;
 
