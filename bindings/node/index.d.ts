@@ -111,7 +111,21 @@ export interface Chunk {
    * string is held back).
    */
   text: string
-  tokenId: number
+  /**
+   * The generated token; absent on a last chunk that only carries text held back when the
+   * request ended.
+   */
+  tokenId?: number
+  /**
+   * With `logprobs: true`: the token's natural-log probability (after logit bias and
+   * penalties, before temperature). Absent otherwise and on a held-back-text chunk.
+   */
+  logprob?: number
+  /**
+   * With `logprobs: true`: the `topLogprobs` most likely tokens at this step, best first
+   * (empty when `topLogprobs` is 0).
+   */
+  topLogprobs?: Array<TokenLogprob>
 }
 
 /** The result of {@link Engine.complete}, and {@link Generation.summary} once a stream ended. */
@@ -121,6 +135,8 @@ export interface Completion {
   tokenIds: Array<number>
   finishReason: FinishReason
   usage: Usage
+  /** With `logprobs: true`: one entry per generated token, in the order of `tokenIds`. */
+  logprobs?: Array<TokenLogprobs>
 }
 
 /** A snapshot of the engine's scheduler and counters. */
@@ -174,7 +190,7 @@ export interface GenerateOptions {
   frequencyPenalty?: number
   /** How many recent tokens the penalties look at (default 20). */
   penaltyContext?: number
-  /** Additive bias per token id. */
+  /** Additive bias per token id; `-Infinity` bans a token. */
   logitBias?: Record<number, number>
   /** Makes sampling reproducible. */
   seed?: number
@@ -182,6 +198,10 @@ export interface GenerateOptions {
   stop?: string | string[]
   /** Keep going past the model's end-of-sequence tokens. */
   ignoreEos?: boolean
+  /** Report each generated token's log-probability (`Chunk.logprob`, `Completion.logprobs`). */
+  logprobs?: boolean
+  /** Also report this many most likely alternatives per token (0 to 20; needs `logprobs`). */
+  topLogprobs?: number
   /**
    * Aborting it cancels the request in the engine; the stream then ends normally with
    * `finishReason: "cancelled"` (nothing is thrown).
@@ -215,6 +235,14 @@ export interface LoadOptions {
   kvGroupSize?: number
   /** Positions a row holds in full precision before its KV is quantized (default 0). */
   quantizedKvStart?: number
+  /** Largest buffer cache (freed buffers kept for reuse) MLX keeps (default: MLX's). */
+  cacheLimitBytes?: number
+  /** Return MLX's buffer cache every this many decode steps (default 256; 0: only when idle). */
+  clearCacheEverySteps?: number
+  /** MLX's memory limit, >= 1 (default: MLX's). */
+  memoryLimitBytes?: number
+  /** Memory MLX may keep wired on Apple GPUs; ignored elsewhere (default: MLX's). */
+  wiredLimitBytes?: number
 }
 
 export interface ModelInfo {
@@ -228,6 +256,21 @@ export interface ModelInfo {
   contextLength?: number
   /** Whether the model has a tokenizer (else only `promptIds` work). */
   hasTokenizer: boolean
+}
+
+/** One of the most likely tokens at a step. */
+export interface TokenLogprob {
+  tokenId: number
+  /** Natural-log probability. */
+  logprob: number
+}
+
+/** A generated token's log-probability and the most likely alternatives at its step. */
+export interface TokenLogprobs {
+  tokenId: number
+  logprob: number
+  /** Best first; empty when `topLogprobs` is 0. */
+  topLogprobs: Array<TokenLogprob>
 }
 
 export interface Usage {

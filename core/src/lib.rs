@@ -4,9 +4,11 @@
 //! [`models`] one file per architecture → [`cache`] KV caches behind one trait →
 //! [`sampling`] → [`generate`] single-sequence generation → [`engine`] continuous batching
 //! (the API bindings and the server wrap). Tokenization and chat templates live in
-//! [`tokenizer`]; the default model is fetched by [`model_store`].
+//! [`tokenizer`]; the default model is fetched by [`model_store`]. [`contract`] is the one
+//! schema and validation of requests and engine options that every face parses with.
 
 pub mod cache;
+pub mod contract;
 pub mod error;
 pub mod engine;
 pub mod generate;

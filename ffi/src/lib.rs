@@ -160,8 +160,14 @@ pub extern "C" fn weft_last_error() -> *const c_char {
 ///   "kv_bits": store keys/values affine-quantized to this many bits (2, 3, 4, 5, 6 or 8;
 ///              default: full precision, the mode that matches mlx-lm exactly);
 ///   "kv_group_size": elements per quantization group: 32, 64 (default) or 128, dividing head_dim;
-///   "quantized_kv_start": positions a row holds before its cache is quantized (default 0).
-/// Unknown fields are errors (WEFT_ERR_INVALID_ARGUMENT).
+///   "quantized_kv_start": positions a row holds before its cache is quantized (default 0);
+///   "cache_limit_bytes": largest buffer cache MLX keeps (default: MLX's);
+///   "clear_cache_every_steps": return MLX's buffer cache every this many decode steps
+///                              (default 256; 0 = only when idle);
+///   "memory_limit_bytes": MLX's memory limit, >= 1 (default: MLX's);
+///   "wired_limit_bytes": memory MLX may keep wired on Apple GPUs (default: MLX's).
+/// Unknown fields are errors (WEFT_ERR_INVALID_ARGUMENT). The schema is weft::contract's, shared
+/// with the Node and Swift packages (docs/c-api.md lists every field and range).
 ///
 /// On success stores a new handle in *out_engine and returns WEFT_OK; free it with
 /// weft_engine_free. On failure stores NULL (if out_engine is not NULL) and returns
@@ -258,9 +264,10 @@ pub extern "C" fn weft_engine_free(engine: *mut weft_engine) {
 ///   "prompt_ids": [token ids];
 /// and optionally (null = default): "max_tokens" (1..2^32-1, default 256), "temperature" (default 0 =
 /// greedy), "top_p" (default 1), "top_k" (default 0 = off), "min_p" (default 0), "seed",
-/// "repetition_penalty", "presence_penalty", "frequency_penalty", "penalty_context" (default
-/// 20), "logit_bias" ({"<token id>": bias}), "stop" (a string or an array of strings),
-/// "ignore_eos" (default false), "logprobs" (bool), "top_logprobs" (0..20, needs "logprobs").
+/// "repetition_penalty", "presence_penalty", "frequency_penalty", "penalty_context" (>= 1,
+/// default 20), "logit_bias" ({"<token id>": bias}; the bias "-Infinity" bans the token),
+/// "stop" (a string or an array of non-empty strings), "ignore_eos" (default false),
+/// "logprobs" (bool), "top_logprobs" (0..20, needs "logprobs"). The input must not be empty.
 /// Unknown fields are errors.
 ///
 /// Returns WEFT_OK, WEFT_ERR_INVALID_ARGUMENT (NULL engine / request_json / on_event, bad JSON,

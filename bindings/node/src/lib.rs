@@ -53,6 +53,14 @@ pub struct LoadOptions {
     pub kv_group_size: Option<u32>,
     /// Positions a row holds in full precision before its KV is quantized (default 0).
     pub quantized_kv_start: Option<u32>,
+    /// Largest buffer cache (freed buffers kept for reuse) MLX keeps (default: MLX's).
+    pub cache_limit_bytes: Option<f64>,
+    /// Return MLX's buffer cache every this many decode steps (default 256; 0: only when idle).
+    pub clear_cache_every_steps: Option<f64>,
+    /// MLX's memory limit, >= 1 (default: MLX's).
+    pub memory_limit_bytes: Option<f64>,
+    /// Memory MLX may keep wired on Apple GPUs; ignored elsewhere (default: MLX's).
+    pub wired_limit_bytes: Option<f64>,
 }
 
 /// One turn of a conversation.
@@ -88,7 +96,7 @@ pub struct GenerateOptions {
     pub frequency_penalty: Option<f64>,
     /// How many recent tokens the penalties look at (default 20).
     pub penalty_context: Option<u32>,
-    /// Additive bias per token id.
+    /// Additive bias per token id; `-Infinity` bans a token.
     #[napi(ts_type = "Record<number, number>")]
     pub logit_bias: Option<HashMap<String, f64>>,
     /// Makes sampling reproducible.
@@ -98,6 +106,10 @@ pub struct GenerateOptions {
     pub stop: Option<Vec<String>>,
     /// Keep going past the model's end-of-sequence tokens.
     pub ignore_eos: Option<bool>,
+    /// Report each generated token's log-probability (`Chunk.logprob`, `Completion.logprobs`).
+    pub logprobs: Option<bool>,
+    /// Also report this many most likely alternatives per token (0 to 20; needs `logprobs`).
+    pub top_logprobs: Option<u32>,
     /// Aborting it cancels the request in the engine; the stream then ends normally with
     /// `finishReason: "cancelled"` (nothing is thrown).
     #[napi(ts_type = "AbortSignal")]
@@ -113,6 +125,31 @@ pub struct Chunk {
     /// The generated token; absent on a last chunk that only carries text held back when the
     /// request ended.
     pub token_id: Option<u32>,
+    /// With `logprobs: true`: the token's natural-log probability (after logit bias and
+    /// penalties, before temperature). Absent otherwise and on a held-back-text chunk.
+    pub logprob: Option<f64>,
+    /// With `logprobs: true`: the `topLogprobs` most likely tokens at this step, best first
+    /// (empty when `topLogprobs` is 0).
+    pub top_logprobs: Option<Vec<TokenLogprob>>,
+}
+
+/// One of the most likely tokens at a step.
+#[napi(object)]
+#[derive(Clone)]
+pub struct TokenLogprob {
+    pub token_id: u32,
+    /// Natural-log probability.
+    pub logprob: f64,
+}
+
+/// A generated token's log-probability and the most likely alternatives at its step.
+#[napi(object)]
+#[derive(Clone)]
+pub struct TokenLogprobs {
+    pub token_id: u32,
+    pub logprob: f64,
+    /// Best first; empty when `topLogprobs` is 0.
+    pub top_logprobs: Vec<TokenLogprob>,
 }
 
 /// Why a request ended: `"stop"` (an end-of-sequence token or a stop string), `"length"`
@@ -145,6 +182,8 @@ pub struct Completion {
     pub token_ids: Vec<u32>,
     pub finish_reason: FinishReason,
     pub usage: Usage,
+    /// With `logprobs: true`: one entry per generated token, in the order of `tokenIds`.
+    pub logprobs: Option<Vec<TokenLogprobs>>,
 }
 
 /// A snapshot of the engine's scheduler and counters.
@@ -369,7 +408,7 @@ impl Engine {
     fn start(&self, env: sys::napi_env, options: Option<sys::napi_value>, stream: bool) -> Res<Generation> {
         let params = options::generate_params(env, options)?;
         let row = Arc::new(Row {
-            state: Mutex::new(RowState::new(stream)),
+            state: Mutex::new(RowState::new(stream, params.request.logprobs.is_some())),
             cancelled: AtomicBool::new(false),
             serial: NEXT_SERIAL.fetch_add(1, Ordering::Relaxed),
             flow: RowFlow::new(),
@@ -473,6 +512,8 @@ struct RowState {
     waiters: VecDeque<Waiter>,
     text: String,
     token_ids: Vec<u32>,
+    /// Per generated token, when the request asked for log-probabilities.
+    logprobs: Option<Vec<TokenLogprobs>>,
     /// The final event, once the engine sent it and until it is handed to JavaScript.
     end: Option<End>,
     /// The summary, once the engine finished the row successfully.
@@ -483,13 +524,14 @@ struct RowState {
 }
 
 impl RowState {
-    fn new(stream: bool) -> Self {
+    fn new(stream: bool, logprobs: bool) -> Self {
         RowState {
             stream,
             queue: VecDeque::new(),
             waiters: VecDeque::new(),
             text: String::new(),
             token_ids: Vec::new(),
+            logprobs: logprobs.then(Vec::new),
             end: None,
             summary: None,
             delivered: false,
@@ -511,6 +553,7 @@ impl RowState {
                 completion_tokens: usage.completion_tokens as u32,
                 cached_tokens: usage.cached_tokens as u32,
             },
+            logprobs: self.logprobs.clone(),
         })
     }
 }
@@ -572,17 +615,29 @@ fn failure(message: &str) -> Fail {
 fn on_event(row: &Row, ev: &Event) -> bool {
     let mut st = row.state.lock();
     match ev {
-        Event::Token { token_id, text, .. } => {
+        Event::Token { token_id, text, logprobs } => {
             st.text.push_str(text);
             st.token_ids.push(*token_id);
+            let lp = logprobs.as_ref().map(|lp| TokenLogprobs {
+                token_id: *token_id,
+                logprob: lp.logprob as f64,
+                top_logprobs: lp.top.iter().map(|&(t, l)| TokenLogprob { token_id: t, logprob: l as f64 }).collect(),
+            });
+            if let (Some(all), Some(lp)) = (st.logprobs.as_mut(), &lp) {
+                all.push(lp.clone());
+            }
             if st.stream {
-                push_chunk(&mut st, row, Chunk { text: text.clone(), token_id: Some(*token_id) });
+                let (logprob, top_logprobs) = match lp {
+                    Some(lp) => (Some(lp.logprob), Some(lp.top_logprobs)),
+                    None => (None, None),
+                };
+                push_chunk(&mut st, row, Chunk { text: text.clone(), token_id: Some(*token_id), logprob, top_logprobs });
             }
         }
         Event::Done { finish_reason, usage, text, .. } => {
             st.text.push_str(text);
             if st.stream && !text.is_empty() {
-                push_chunk(&mut st, row, Chunk { text: text.clone(), token_id: None });
+                push_chunk(&mut st, row, Chunk { text: text.clone(), token_id: None, logprob: None, top_logprobs: None });
             }
             st.summary = Some((*finish_reason, *usage));
             st.end = Some(End::Done);
@@ -678,6 +733,7 @@ impl CloneCompletion for Option<Completion> {
                 FinishReason::Cancelled => FinishReason::Cancelled,
             },
             usage: c.usage.clone(),
+            logprobs: c.logprobs.clone(),
         })
     }
 }

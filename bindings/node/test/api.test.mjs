@@ -62,7 +62,7 @@ test('the addon accepts exactly the declared GenerateOptions fields', () => {
     const g = engine.generate({ promptIds: [187], maxTokens: 1, [key]: undefined })
     g.cancel()
   }
-  assert.throws(() => engine.generate({ promptIds: [187], notAnOption: 1 }), /unknown option 'notAnOption'/)
+  assert.throws(() => engine.generate({ promptIds: [187], notAnOption: 1 }), /unknown field "notAnOption"/)
 })
 
 test('Engine.load accepts exactly the declared LoadOptions fields', async () => {
@@ -72,18 +72,26 @@ test('Engine.load accepts exactly the declared LoadOptions fields', async () => 
     const e = await Engine.load({ model: modelDir, [key]: undefined })
     await e.close()
   }
-  await assert.rejects(Engine.load({ model: modelDir, notAnOption: 1 }), /unknown option 'notAnOption'/)
+  await assert.rejects(Engine.load({ model: modelDir, notAnOption: 1 }), /unknown field "notAnOption"/)
 })
 
 test('returned objects carry the declared fields', async () => {
-  const r = await engine.complete({ promptIds: [187], maxTokens: 2, ignoreEos: true })
+  // With logprobs every optional field is present.
+  const r = await engine.complete({ promptIds: [187], maxTokens: 2, ignoreEos: true, logprobs: true, topLogprobs: 1 })
   assert.deepEqual(new Set(Object.keys(r)), declaredFields('Completion'))
+  assert.deepEqual(new Set(Object.keys(r.logprobs[0])), declaredFields('TokenLogprobs'))
+  assert.deepEqual(new Set(Object.keys(r.logprobs[0].topLogprobs[0])), declaredFields('TokenLogprob'))
+  const plain = await engine.complete({ promptIds: [187], maxTokens: 2, ignoreEos: true })
+  for (const k of Object.keys(plain)) assert.ok(declaredFields('Completion').has(k), `completion.${k} is not declared`)
   assert.deepEqual(new Set(Object.keys(r.usage)), declaredFields('Usage'))
   const stats = engine.stats()
   const statsFields = declaredFields('EngineStats')
   for (const k of Object.keys(stats)) assert.ok(statsFields.has(k), `stats.${k} is not declared`)
   const info = engine.modelInfo
   for (const k of Object.keys(info)) assert.ok(declaredFields('ModelInfo').has(k), `modelInfo.${k} is not declared`)
-  const chunk = (await engine.generate({ promptIds: [187], maxTokens: 1, ignoreEos: true }).next()).value
+  // Held in a variable: a Generation collected while its next() is pending is cancelled.
+  const g = engine.generate({ promptIds: [187], maxTokens: 1, ignoreEos: true, logprobs: true })
+  const chunk = (await g.next()).value
   assert.deepEqual(new Set(Object.keys(chunk)), declaredFields('Chunk'))
+  g.cancel()
 })

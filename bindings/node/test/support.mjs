@@ -8,8 +8,8 @@ export const modelDir = join(repoRoot, 'goldens', 'models', 'llama-fp32')
 
 const goldens = JSON.parse(readFileSync(join(repoRoot, 'goldens', 'llama-fp32.json'), 'utf8'))
 
-/** Greedy single-sequence trajectories (24 tokens, EOS ignored). */
-export const singles = goldens.single.map((s) => ({ promptIds: s.prompt_ids, tokens: s.tokens }))
+/** Greedy single-sequence trajectories (24 tokens, EOS ignored) and mlx-lm's first-step log-probabilities. */
+export const singles = goldens.single.map((s) => ({ promptIds: s.prompt_ids, tokens: s.tokens, firstLogprobs: s.first_logprobs }))
 
 /** Rows of mlx-lm's batch_generate (each equal to its single-sequence trajectory). */
 export const batchRows = goldens.batch.flatMap((b) =>

@@ -1,7 +1,7 @@
 // Compiled by `tsc --noEmit` (test/types.test.mjs, test.sh): the public API as a TypeScript
 // user writes it. Never run.
 import { Engine, Generation, WeftError } from 'weft'
-import type { Chunk, Completion, EngineStats, FinishReason, GenerateOptions, WeftErrorCode } from 'weft'
+import type { Chunk, Completion, EngineStats, FinishReason, GenerateOptions, TokenLogprob, TokenLogprobs, WeftErrorCode } from 'weft'
 
 export async function quickStart(): Promise<string> {
   const engine: Engine = await Engine.load({ model: 'path/to/model', maxBatch: 4 })
@@ -19,13 +19,16 @@ export async function quickStart(): Promise<string> {
   const generation: Generation = engine.generate(options)
   for await (const chunk of generation) {
     const c: Chunk = chunk
-    text += c.text + String(c.tokenId)
+    text += c.text + String(c.tokenId) + String(c.logprob ?? 0) + String(c.topLogprobs?.length ?? 0)
   }
   const summary: Completion | null = generation.summary
   const reason: FinishReason | undefined = summary?.finishReason
   if (reason === 'cancelled' || reason === 'stop' || reason === 'length') text += reason
 
-  const r: Completion = await engine.complete({ promptIds: [1, 2, 3], stop: 'x' })
+  const r: Completion = await engine.complete({ promptIds: [1, 2, 3], stop: 'x', logprobs: true, topLogprobs: 2 })
+  const lp: TokenLogprobs | undefined = r.logprobs?.[0]
+  const alt: TokenLogprob | undefined = lp?.topLogprobs[0]
+  text += String((lp?.logprob ?? 0) + (alt?.tokenId ?? 0))
   const n: number = r.usage.promptTokens + r.usage.completionTokens + r.usage.cachedTokens
   const ids: number[] = r.tokenIds
   const stats: EngineStats = engine.stats()

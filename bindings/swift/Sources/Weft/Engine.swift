@@ -1,3 +1,4 @@
+import Foundation
 import WeftBridge
 
 /// A loaded model served by a continuous-batching engine. Share one engine across tasks:
@@ -31,6 +32,15 @@ public final class Engine: Sendable {
         public var kvGroupSize: Int
         /// Positions a row keeps in full precision before its KV is quantized.
         public var quantizedKvStart: Int
+        /// Largest buffer cache (freed buffers kept for reuse) MLX keeps; `nil` = MLX's default.
+        public var cacheLimitBytes: UInt64?
+        /// Return MLX's buffer cache every this many decode steps (0 = only when idle); `nil` =
+        /// the engine's default (256).
+        public var clearCacheEverySteps: Int?
+        /// MLX's memory limit (>= 1); `nil` = MLX's default.
+        public var memoryLimitBytes: UInt64?
+        /// Memory MLX may keep wired on Apple GPUs; `nil` = MLX's default.
+        public var wiredLimitBytes: UInt64?
 
         public init(
             model: String? = nil,
@@ -41,7 +51,11 @@ public final class Engine: Sendable {
             promptCacheBytes: UInt64 = 0,
             kvBits: Int? = nil,
             kvGroupSize: Int = 64,
-            quantizedKvStart: Int = 0
+            quantizedKvStart: Int = 0,
+            cacheLimitBytes: UInt64? = nil,
+            clearCacheEverySteps: Int? = nil,
+            memoryLimitBytes: UInt64? = nil,
+            wiredLimitBytes: UInt64? = nil
         ) {
             self.model = model
             self.maxBatch = maxBatch
@@ -52,6 +66,30 @@ public final class Engine: Sendable {
             self.kvBits = kvBits
             self.kvGroupSize = kvGroupSize
             self.quantizedKvStart = quantizedKvStart
+            self.cacheLimitBytes = cacheLimitBytes
+            self.clearCacheEverySteps = clearCacheEverySteps
+            self.memoryLimitBytes = memoryLimitBytes
+            self.wiredLimitBytes = wiredLimitBytes
+        }
+
+        /// The options as the request contract's camelCase fields (checked on the Rust side).
+        var contractFields: [String: Any] {
+            var o: [String: Any] = [
+                "maxBatch": maxBatch,
+                "promptConcurrency": promptConcurrency,
+                "prefillStepSize": prefillStepSize,
+                "promptCacheBytes": promptCacheBytes,
+                "kvGroupSize": kvGroupSize,
+                "quantizedKvStart": quantizedKvStart,
+            ]
+            o["model"] = model
+            o["kvBudgetBytes"] = kvBudgetBytes
+            o["kvBits"] = kvBits
+            o["cacheLimitBytes"] = cacheLimitBytes
+            o["clearCacheEverySteps"] = clearCacheEverySteps
+            o["memoryLimitBytes"] = memoryLimitBytes
+            o["wiredLimitBytes"] = wiredLimitBytes
+            return o
         }
     }
 
@@ -62,36 +100,8 @@ public final class Engine: Sendable {
     /// actor in apps. Throws `WeftError` (`.invalidArgument`, `.modelLoad`, `.unsupported`,
     /// `.capacity`...).
     public init(options: Options = Options()) throws {
-        func count(_ name: String, _ value: Int) throws -> UInt32 {
-            guard value >= 1, value <= Int(UInt32.max) else {
-                throw WeftError.invalid("\(name) must be an integer >= 1, got \(value)")
-            }
-            return UInt32(value)
-        }
-        if options.model == "" {
-            throw WeftError.invalid("model must be a non-empty path (nil for the default model)")
-        }
-        if options.kvBudgetBytes == 0 {
-            throw WeftError.invalid("kvBudgetBytes must be positive when set")
-        }
-        if let bits = options.kvBits, bits < 1 || bits > 16 {
-            throw WeftError.invalid("kvBits must be 2, 3, 4, 5, 6 or 8, got \(bits)")
-        }
-        if options.quantizedKvStart < 0 {
-            throw WeftError.invalid("quantizedKvStart must be >= 0, got \(options.quantizedKvStart)")
-        }
         do {
-            rust = try load_engine(
-                options.model ?? "",
-                try count("maxBatch", options.maxBatch),
-                try count("promptConcurrency", options.promptConcurrency),
-                try count("prefillStepSize", options.prefillStepSize),
-                options.kvBudgetBytes ?? 0,
-                options.promptCacheBytes,
-                UInt32(options.kvBits ?? 0),
-                try count("kvGroupSize", options.kvGroupSize),
-                UInt64(options.quantizedKvStart)
-            )
+            rust = try load_engine(ContractJSON.text(options.contractFields))
         } catch let e as RustError {
             throw WeftError(e)
         }
@@ -110,31 +120,17 @@ public final class Engine: Sendable {
     /// Leaving the loop early or cancelling the consuming task cancels the request in the
     /// engine. An invalid request throws its `WeftError` from the first iteration.
     public func generate(messages: [Message], options: GenerateOptions = GenerateOptions()) -> Generation {
-        start(options) { r in
-            guard !messages.isEmpty else { throw WeftError.invalid("messages must not be empty") }
-            for m in messages { r.add_message(m.role, m.content) }
-        }
+        start(options, input: ["messages": messages.map { ["role": $0.role, "content": $0.content] }])
     }
 
     /// Streams the continuation of raw text (tokenized as is).
     public func generate(prompt: String, options: GenerateOptions = GenerateOptions()) -> Generation {
-        start(options) { r in
-            guard !prompt.isEmpty else { throw WeftError.invalid("prompt must not be empty") }
-            r.set_prompt(prompt)
-        }
+        start(options, input: ["prompt": prompt])
     }
 
     /// Streams the continuation of token ids (works with models that have no tokenizer).
     public func generate(promptIds: [Int], options: GenerateOptions = GenerateOptions()) -> Generation {
-        start(options) { r in
-            guard !promptIds.isEmpty else { throw WeftError.invalid("promptIds must not be empty") }
-            for (i, id) in promptIds.enumerated() {
-                guard let id32 = UInt32(exactly: id) else {
-                    throw WeftError.invalid("promptIds[\(i)] must be a token id (an integer >= 0), got \(id)")
-                }
-                r.add_prompt_id(id32)
-            }
-        }
+        start(options, input: ["promptIds": promptIds])
     }
 
     /// Runs a conversation to the end: text, token ids, finish reason and usage. Cancelling the
@@ -183,14 +179,14 @@ public final class Engine: Sendable {
         rust.close()
     }
 
-    private func start(_ options: GenerateOptions, input: (RustRequest) throws -> Void) -> Generation {
-        let state = RowState()
+    /// `input`: the request's prompt, messages or promptIds field.
+    private func start(_ options: GenerateOptions, input: [String: Any]) -> Generation {
+        let state = RowState(logprobs: options.logprobs)
         do {
-            let request = new_request()
-            try input(request)
-            try options.apply(to: request)
+            let request = options.contractFields.merging(input) { _, given in given }
             let sink = EventSink(
-                onToken: { [state] id, text in state.token(Int(id), text) },
+                onTopLogprob: { [state] id, logprob in state.topLogprob(Int(id), logprob) },
+                onToken: { [state] id, text, logprob in state.token(Int(id), text, logprob) },
                 onDone: { [state] reason, prompt, completion, cached in
                     state.done(reason: reason, prompt: prompt, completion: completion, cached: cached)
                 },
@@ -198,7 +194,7 @@ public final class Engine: Sendable {
             )
             let row: RustRow
             do {
-                row = try rust.submit(request, sink)
+                row = try rust.submit(ContractJSON.text(request), sink)
             } catch let e as RustError {
                 throw WeftError(e)
             }
@@ -219,27 +215,45 @@ extension WeftError {
 }
 
 extension GenerateOptions {
-    func apply(to r: RustRequest) throws {
-        guard maxTokens >= 1 else { throw WeftError.invalid("maxTokens must be at least 1, got \(maxTokens)") }
-        r.set_max_tokens(UInt64(maxTokens))
-        r.set_temperature(temperature)
-        r.set_top_p(topP)
-        guard let k = UInt32(exactly: topK) else { throw WeftError.invalid("topK must be an integer >= 0, got \(topK)") }
-        r.set_top_k(k)
-        r.set_min_p(minP)
-        if let p = repetitionPenalty { r.set_repetition_penalty(p) }
-        if let p = presencePenalty { r.set_presence_penalty(p) }
-        if let p = frequencyPenalty { r.set_frequency_penalty(p) }
-        if let n = penaltyContext {
-            guard n >= 1 else { throw WeftError.invalid("penaltyContext must be at least 1, got \(n)") }
-            r.set_penalty_context(UInt64(n))
+    /// The options as the request contract's camelCase fields (checked on the Rust side).
+    var contractFields: [String: Any] {
+        var o: [String: Any] = [
+            "maxTokens": maxTokens,
+            "temperature": ContractJSON.number(temperature),
+            "topP": ContractJSON.number(topP),
+            "topK": topK,
+            "minP": ContractJSON.number(minP),
+            "ignoreEos": ignoreEos,
+            "logprobs": logprobs,
+        ]
+        o["repetitionPenalty"] = repetitionPenalty.map(ContractJSON.number)
+        o["presencePenalty"] = presencePenalty.map(ContractJSON.number)
+        o["frequencyPenalty"] = frequencyPenalty.map(ContractJSON.number)
+        o["penaltyContext"] = penaltyContext
+        o["seed"] = seed
+        o["topLogprobs"] = topLogprobs
+        if !logitBias.isEmpty {
+            o["logitBias"] = Dictionary(uniqueKeysWithValues: logitBias.map { (String($0.key), ContractJSON.number($0.value)) })
         }
-        for (id, bias) in logitBias.sorted(by: { $0.key < $1.key }) {
-            guard let id32 = UInt32(exactly: id) else { throw WeftError.invalid("logitBias key \(id) is not a token id") }
-            r.add_logit_bias(id32, bias)
-        }
-        if let s = seed { r.set_seed(s) }
-        for s in stop { r.add_stop(s) }
-        r.set_ignore_eos(ignoreEos)
+        if !stop.isEmpty { o["stop"] = stop }
+        return o
+    }
+}
+
+/// The JSON text the Rust half parses with the core's request contract (`weft::contract`).
+enum ContractJSON {
+    /// A number JSON can hold; the non-finite ones as the words the contract names in its
+    /// messages (`"-Infinity"` is also how a logit bias bans a token).
+    static func number(_ x: Double) -> Any {
+        if x.isNaN { return "NaN" }
+        if x.isInfinite { return x > 0 ? "Infinity" : "-Infinity" }
+        return x
+    }
+
+    /// Only strings, numbers, booleans, arrays and dictionaries go in; should serialization still
+    /// fail, `null` makes the contract report it as an invalid argument.
+    static func text(_ object: [String: Any]) -> String {
+        guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) else { return "null" }
+        return String(decoding: data, as: UTF8.self)
     }
 }

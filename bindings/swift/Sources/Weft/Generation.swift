@@ -85,10 +85,15 @@ final class RowState: @unchecked Sendable {
     private var cancelRequested = false
     private var text = ""
     private var tokenIds: [Int] = []
+    /// Per token when the request asked for log-probabilities.
+    private var logprobs: [TokenLogprobs]?
+    /// The alternatives of the token whose `token` call comes next.
+    private var pendingTop: [TokenLogprob] = []
     private var outcome: Result<Completion, WeftError>?
     private var waiters: [CheckedContinuation<Completion, Error>] = []
 
-    init() {
+    init(logprobs: Bool = false) {
+        self.logprobs = logprobs ? [] : nil
         var c: AsyncThrowingStream<Chunk, Error>.Continuation!
         stream = AsyncThrowingStream(bufferingPolicy: .unbounded) { c = $0 }
         continuation = c
@@ -117,14 +122,30 @@ final class RowState: @unchecked Sendable {
     /// The id the Rust half passes with text held back until the request ended (no token).
     static let noToken = Int(UInt32.max)
 
-    // Engine thread.
-    func token(_ id: Int, _ piece: String) {
+    // Engine thread: one of the next token's top alternatives (they come before it).
+    func topLogprob(_ id: Int, _ logprob: Double) {
+        lock.lock()
+        pendingTop.append(TokenLogprob(tokenId: id, logprob: logprob))
+        lock.unlock()
+    }
+
+    // Engine thread. `logprob`: NaN unless the request asked for log-probabilities.
+    func token(_ id: Int, _ piece: String, _ logprob: Double) {
         let tokenId: Int? = id == RowState.noToken ? nil : id
         lock.lock()
         text += piece
-        if let tokenId { tokenIds.append(tokenId) }
+        let top = pendingTop
+        pendingTop = []
+        var scored: TokenLogprobs?
+        if let tokenId {
+            tokenIds.append(tokenId)
+            if !logprob.isNaN {
+                scored = TokenLogprobs(tokenId: tokenId, logprob: logprob, topLogprobs: top)
+                logprobs?.append(scored!)
+            }
+        }
         lock.unlock()
-        continuation.yield(Chunk(text: piece, tokenId: tokenId))
+        continuation.yield(Chunk(text: piece, tokenId: tokenId, logprob: scored?.logprob, topLogprobs: scored?.topLogprobs))
     }
 
     // Engine thread.
@@ -135,7 +156,8 @@ final class RowState: @unchecked Sendable {
             text: text,
             tokenIds: tokenIds,
             finishReason: finish,
-            usage: Usage(promptTokens: Int(prompt), completionTokens: Int(completion), cachedTokens: Int(cached))
+            usage: Usage(promptTokens: Int(prompt), completionTokens: Int(completion), cachedTokens: Int(cached)),
+            logprobs: logprobs
         )
         let waiting = settle(.success(result))
         lock.unlock()

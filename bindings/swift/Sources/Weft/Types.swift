@@ -80,6 +80,10 @@ public struct GenerateOptions: Sendable {
     public var stop: [String]
     /// Keep going past the model's end-of-sequence tokens.
     public var ignoreEos: Bool
+    /// Report each generated token's log-probability (`Chunk.logprob`, `Completion.logprobs`).
+    public var logprobs: Bool
+    /// Also report this many most likely alternatives per token (0...20; needs `logprobs`).
+    public var topLogprobs: Int?
 
     public init(
         maxTokens: Int = 256,
@@ -94,7 +98,9 @@ public struct GenerateOptions: Sendable {
         logitBias: [Int: Double] = [:],
         seed: UInt64? = nil,
         stop: [String] = [],
-        ignoreEos: Bool = false
+        ignoreEos: Bool = false,
+        logprobs: Bool = false,
+        topLogprobs: Int? = nil
     ) {
         self.maxTokens = maxTokens
         self.temperature = temperature
@@ -109,6 +115,8 @@ public struct GenerateOptions: Sendable {
         self.seed = seed
         self.stop = stop
         self.ignoreEos = ignoreEos
+        self.logprobs = logprobs
+        self.topLogprobs = topLogprobs
     }
 }
 
@@ -120,6 +128,27 @@ public struct Chunk: Sendable, Equatable {
     /// The generated token; nil on a last chunk that only carries text held back when the
     /// request ended.
     public let tokenId: Int?
+    /// With `logprobs`: the token's natural-log probability (after logit bias and penalties,
+    /// before temperature); nil otherwise and on a held-back-text chunk.
+    public let logprob: Double?
+    /// With `logprobs`: the `topLogprobs` most likely tokens at this step, best first (empty
+    /// when `topLogprobs` is nil or 0).
+    public let topLogprobs: [TokenLogprob]?
+}
+
+/// One of the most likely tokens at a step.
+public struct TokenLogprob: Sendable, Equatable {
+    public let tokenId: Int
+    /// Natural-log probability.
+    public let logprob: Double
+}
+
+/// A generated token's log-probability and the most likely alternatives at its step.
+public struct TokenLogprobs: Sendable, Equatable {
+    public let tokenId: Int
+    public let logprob: Double
+    /// Best first.
+    public let topLogprobs: [TokenLogprob]
 }
 
 public enum FinishReason: String, Sendable, Equatable {
@@ -145,6 +174,8 @@ public struct Completion: Sendable, Equatable {
     public let tokenIds: [Int]
     public let finishReason: FinishReason
     public let usage: Usage
+    /// With `logprobs`: one entry per generated token, in the order of `tokenIds`.
+    public let logprobs: [TokenLogprobs]?
 }
 
 /// What was loaded.

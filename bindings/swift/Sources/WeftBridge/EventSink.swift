@@ -3,27 +3,37 @@
 /// Receives one request's events. The Rust side calls these methods on the engine's thread, so
 /// the closures must not block (Weft's closures append to the request's own stream buffer).
 public final class EventSink {
-    let token: (UInt32, String) -> Void
+    let top: (UInt32, Double) -> Void
+    let token: (UInt32, String, Double) -> Void
     let done: (UInt8, UInt64, UInt64, UInt64) -> Void
     let error: (String, String) -> Void
 
     /// - Parameters:
-    ///   - onToken: a token id and the text it completes (possibly empty).
+    ///   - onTopLogprob: one of the next token's most likely alternatives (id, log-probability),
+    ///     best first, when the request asked for them.
+    ///   - onToken: a token id, the text it completes (possibly empty) and its log-probability
+    ///     (NaN unless the request asked for log-probabilities).
     ///   - onDone: finish reason (0 stop, 1 length, 2 cancelled), prompt, completion and cached
     ///     token counts. Final.
     ///   - onError: an error code and message. Final.
     public init(
-        onToken: @escaping (UInt32, String) -> Void,
+        onTopLogprob: @escaping (UInt32, Double) -> Void = { _, _ in },
+        onToken: @escaping (UInt32, String, Double) -> Void,
         onDone: @escaping (UInt8, UInt64, UInt64, UInt64) -> Void,
         onError: @escaping (String, String) -> Void
     ) {
+        top = onTopLogprob
         token = onToken
         done = onDone
         error = onError
     }
 
-    func on_token(token_id: UInt32, text: RustString) {
-        token(token_id, text.toString())
+    func on_top_logprob(token_id: UInt32, logprob: Double) {
+        top(token_id, logprob)
+    }
+
+    func on_token(token_id: UInt32, text: RustString, logprob: Double) {
+        token(token_id, text.toString(), logprob)
     }
 
     func on_done(finish_reason: UInt8, prompt_tokens: UInt64, completion_tokens: UInt64, cached_tokens: UInt64) {

@@ -7,7 +7,10 @@ final class ErrorTests: XCTestCase {
         let path = repoRoot.appendingPathComponent("goldens/models/no-such-model").path
         let e = await assertWeftError(.modelLoad) { try Engine(options: .init(model: path)) }
         XCTAssertTrue(e?.message.contains("no-such-model") ?? false, e?.message ?? "")
-        await assertWeftError(.invalidArgument) { try Engine(options: .init(model: modelDir, maxBatch: 0)) }
+        let m = await assertWeftError(.invalidArgument) { try Engine(options: .init(model: modelDir, maxBatch: 0)) }
+        XCTAssertTrue(m?.message.contains("maxBatch must be an integer in [1, 4096], got 0") ?? false, m?.message ?? "")
+        let z = await assertWeftError(.invalidArgument) { try Engine(options: .init(model: modelDir, memoryLimitBytes: 0)) }
+        XCTAssertTrue(z?.message.contains("memoryLimitBytes must be an integer >= 1, got 0") ?? false, z?.message ?? "")
         await assertWeftError(.invalidArgument) { try Engine(options: .init(model: modelDir, kvBits: 7)) }
         // The tiny model's head size is 32: the default KV group of 64 cannot quantize it.
         let g = await assertWeftError(.invalidArgument) { try Engine(options: .init(model: modelDir, kvBits: 4)) }
@@ -19,9 +22,24 @@ final class ErrorTests: XCTestCase {
         // A token id outside the vocabulary.
         let e = await assertWeftError(.invalidArgument) { try await collect(engine.generate(promptIds: [5000], options: greedy(4))) }
         XCTAssertTrue(e?.message.contains("5000") ?? false, e?.message ?? "")
-        await assertWeftError(.invalidArgument) { try await engine.complete(promptIds: [1, 2], options: greedy(0)) }
+        let zero = await assertWeftError(.invalidArgument) { try await engine.complete(promptIds: [1, 2], options: greedy(0)) }
+        XCTAssertTrue(zero?.message.contains("maxTokens must be an integer in [1, 4294967295], got 0") ?? false, zero?.message ?? "")
+        let top = await assertWeftError(.invalidArgument) {
+            try await engine.complete(promptIds: [1], options: .init(topLogprobs: 2))
+        }
+        XCTAssertTrue(top?.message.contains("topLogprobs needs logprobs: true") ?? false, top?.message ?? "")
+        let inf = await assertWeftError(.invalidArgument) {
+            try await engine.complete(promptIds: [1], options: .init(temperature: .infinity))
+        }
+        XCTAssertTrue(inf?.message.contains("temperature must be a finite number >= 0, got \"Infinity\"") ?? false, inf?.message ?? "")
+        // -infinity bans a token: greedy from the golden prompt no longer starts with its first token.
+        let g0 = Goldens.shared.singles[0]
+        let banned = try await engine.complete(
+            promptIds: g0.promptIds, options: .init(maxTokens: 1, logitBias: [g0.tokens[0]: -.infinity], ignoreEos: true))
+        XCTAssertNotEqual(banned.tokenIds.first, g0.tokens[0])
         await assertWeftError(.invalidArgument) { try await engine.complete(promptIds: [], options: greedy(4)) }
-        await assertWeftError(.invalidArgument) { try await engine.complete(promptIds: [-1], options: greedy(4)) }
+        let neg = await assertWeftError(.invalidArgument) { try await engine.complete(promptIds: [-1], options: greedy(4)) }
+        XCTAssertTrue(neg?.message.contains("promptIds[0] must be a token id") ?? false, neg?.message ?? "")
         await assertWeftError(.invalidArgument) {
             try await engine.complete(promptIds: [1], options: .init(maxTokens: 4, temperature: -1))
         }

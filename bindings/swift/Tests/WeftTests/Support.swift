@@ -20,6 +20,8 @@ struct Trajectory {
 struct Goldens {
     let singles: [Trajectory]
     let batchRows: [Trajectory]
+    /// mlx-lm's log-probabilities at the first step of each single run (the whole vocabulary).
+    let firstLogprobs: [[Double]]
 
     static let shared: Goldens = {
         let url = repoRoot.appendingPathComponent("goldens/llama-fp32.json")
@@ -32,7 +34,8 @@ struct Goldens {
             Trajectory(promptIds: o["prompt_ids"] as! [Int], tokens: o["tokens"] as! [Int])
         }
         let rows = batch.flatMap { ($0["rows"] as! [[String: Any]]).map(trajectory) }
-        return Goldens(singles: single.map(trajectory), batchRows: rows)
+        let first = single.map { $0["first_logprobs"] as! [Double] }
+        return Goldens(singles: single.map(trajectory), batchRows: rows, firstLogprobs: first)
     }()
 }
 

@@ -5,7 +5,9 @@
 //! The bridge surface is deliberately small (see ARCHITECTURE.md, "Bindings": swift-bridge
 //! 0.1.59 miscompiles richer signatures): owned `String`s, integers, floats, opaque Rust types,
 //! `Result<Opaque, Opaque>`, and one opaque Swift type, `EventSink`, whose methods the engine
-//! calls with a request's events.
+//! calls with a request's events. Engine options and requests cross as one JSON string each
+//! (camelCase keys, built by the Swift side) and are parsed by the core's request contract
+//! (`weft::contract`), so Swift validates exactly as C and Node do.
 //!
 //! Threading: the engine's driver thread calls each request's sink. The sink never waits on
 //! Swift: `EventSink` appends to the request's own buffer (an `AsyncThrowingStream`), so a slow
@@ -17,32 +19,21 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use weft::engine::{EngineConfig, Event, Input, Request};
+use weft::contract::{self, Spelling};
+use weft::engine::{Event, Request};
 use weft::generate::FinishReason;
-use weft::tokenizer::ChatMessage;
 
 #[swift_bridge::bridge]
 mod ffi {
     extern "Rust" {
         #[swift_bridge(Sendable)]
         type RustEngine;
-        type RustRequest;
         #[swift_bridge(Sendable)]
         type RustRow;
         #[swift_bridge(Sendable)]
         type RustError;
 
-        fn load_engine(
-            model: String,
-            max_batch: u32,
-            prompt_concurrency: u32,
-            prefill_step_size: u32,
-            kv_budget_bytes: u64,
-            prompt_cache_bytes: u64,
-            kv_bits: u32,
-            kv_group_size: u32,
-            quantized_kv_start: u64,
-        ) -> Result<RustEngine, RustError>;
+        fn load_engine(options_json: String) -> Result<RustEngine, RustError>;
 
         fn model_path(self: &RustEngine) -> String;
         fn model_type(self: &RustEngine) -> String;
@@ -50,28 +41,10 @@ mod ffi {
         fn num_layers(self: &RustEngine) -> u32;
         fn context_length(self: &RustEngine) -> u64;
         fn has_tokenizer(self: &RustEngine) -> bool;
-        fn submit(self: &RustEngine, request: &RustRequest, sink: EventSink) -> Result<RustRow, RustError>;
+        fn submit(self: &RustEngine, request_json: String, sink: EventSink) -> Result<RustRow, RustError>;
         fn stat(self: &RustEngine, name: String) -> u64;
         fn is_closed(self: &RustEngine) -> bool;
         fn close(self: &RustEngine);
-
-        fn new_request() -> RustRequest;
-        fn set_prompt(self: &mut RustRequest, text: String);
-        fn add_message(self: &mut RustRequest, role: String, content: String);
-        fn add_prompt_id(self: &mut RustRequest, id: u32);
-        fn set_max_tokens(self: &mut RustRequest, n: u64);
-        fn set_temperature(self: &mut RustRequest, x: f64);
-        fn set_top_p(self: &mut RustRequest, x: f64);
-        fn set_top_k(self: &mut RustRequest, k: u32);
-        fn set_min_p(self: &mut RustRequest, x: f64);
-        fn set_repetition_penalty(self: &mut RustRequest, x: f64);
-        fn set_presence_penalty(self: &mut RustRequest, x: f64);
-        fn set_frequency_penalty(self: &mut RustRequest, x: f64);
-        fn set_penalty_context(self: &mut RustRequest, n: u64);
-        fn set_seed(self: &mut RustRequest, seed: u64);
-        fn add_logit_bias(self: &mut RustRequest, token_id: u32, bias: f64);
-        fn add_stop(self: &mut RustRequest, text: String);
-        fn set_ignore_eos(self: &mut RustRequest, on: bool);
 
         fn request_id(self: &RustRow) -> u64;
         fn cancel(self: &RustRow);
@@ -82,7 +55,10 @@ mod ffi {
 
     extern "Swift" {
         type EventSink;
-        fn on_token(&self, token_id: u32, text: String);
+        // logprob: NaN unless the request asked for logprobs; its top alternatives come first,
+        // one on_top_logprob call each, best first.
+        fn on_top_logprob(&self, token_id: u32, logprob: f64);
+        fn on_token(&self, token_id: u32, text: String, logprob: f64);
         // finish_reason: 0 stop, 1 length, 2 cancelled. (No doc comments in this module: they
         // panic swift-bridge 0.1.59's build script.)
         fn on_done(&self, finish_reason: u8, prompt_tokens: u64, completion_tokens: u64, cached_tokens: u64);
@@ -174,38 +150,19 @@ pub struct RustEngine {
     has_tokenizer: bool,
 }
 
-/// `model` empty: the default model (downloaded and verified on first use). `kv_budget_bytes`
-/// 0: no budget. `kv_bits` 0: full-precision KV (the exact mode).
-#[allow(clippy::too_many_arguments)]
-fn load_engine(
-    model: String,
-    max_batch: u32,
-    prompt_concurrency: u32,
-    prefill_step_size: u32,
-    kv_budget_bytes: u64,
-    prompt_cache_bytes: u64,
-    kv_bits: u32,
-    kv_group_size: u32,
-    quantized_kv_start: u64,
-) -> Result<RustEngine, RustError> {
-    let config = EngineConfig {
-        max_batch: max_batch as usize,
-        prompt_concurrency: prompt_concurrency as usize,
-        prefill_step_size: prefill_step_size as usize,
-        kv_budget_bytes: (kv_budget_bytes > 0).then_some(kv_budget_bytes),
-        prompt_cache_bytes,
-        kv_bits: (kv_bits > 0).then_some(kv_bits.min(i32::MAX as u32) as i32),
-        kv_group_size: kv_group_size.min(i32::MAX as u32) as i32,
-        quantized_kv_start: quantized_kv_start as usize,
-        ..EngineConfig::default()
-    };
-    if config.max_batch == 0 || config.prompt_concurrency == 0 || config.prefill_step_size == 0 {
-        return Err(RustError::arg("maxBatch, promptConcurrency and prefillStepSize must be at least 1"));
-    }
-    let path = if model.is_empty() {
-        weft::model_store::ModelStore::from_env().default_model_path(&mut |_| {}).map_err(RustError::loading)?
-    } else {
-        std::path::PathBuf::from(model)
+/// A JSON document from the Swift side (which builds it; malformed text is a bug there, still
+/// reported as an invalid argument).
+fn parse_json(text: &str) -> Result<serde_json::Value, RustError> {
+    serde_json::from_str(text).map_err(|e| RustError::arg(format!("malformed JSON from the Swift side: {e}")))
+}
+
+/// `options_json`: the engine options, camelCase (`weft::contract::parse_engine_options`).
+fn load_engine(options_json: String) -> Result<RustEngine, RustError> {
+    let options = contract::parse_engine_options(&parse_json(&options_json)?, Spelling::Camel)?;
+    let config = options.config;
+    let path = match options.model {
+        Some(p) => p,
+        None => weft::model_store::ModelStore::from_env().default_model_path(&mut |_| {}).map_err(RustError::loading)?,
     };
     let loaded = weft::loading::load(&path).map_err(RustError::loading)?;
     let engine = weft::engine::Engine::start(loaded, config)?;
@@ -248,8 +205,9 @@ impl RustEngine {
         self.has_tokenizer
     }
 
-    fn submit(&self, request: &RustRequest, sink: EventSink) -> Result<RustRow, RustError> {
-        let request = request.build()?;
+    /// `request_json`: the request, camelCase (`weft::contract::parse_request`).
+    fn submit(&self, request_json: String, sink: EventSink) -> Result<RustRow, RustError> {
+        let request: Request = contract::parse_request(&parse_json(&request_json)?, Spelling::Camel)?;
         let row = Arc::new(RowFlag { cancelled: AtomicBool::new(false) });
         let flag = Arc::clone(&row);
         let sink = SendSink(sink);
@@ -297,168 +255,6 @@ impl RustEngine {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Requests
-
-enum Prompt {
-    None,
-    Text(String),
-    Messages(Vec<ChatMessage>),
-    Ids(Vec<u32>),
-}
-
-/// A request under construction: Swift sets fields one by one, then submits it.
-pub struct RustRequest {
-    prompt: Prompt,
-    /// How many of prompt / messages / promptIds were given (exactly one is valid).
-    inputs: u32,
-    request: Request,
-    problem: Option<String>,
-}
-
-fn new_request() -> RustRequest {
-    RustRequest { prompt: Prompt::None, inputs: 0, request: Request::new(Input::Tokens(Vec::new())), problem: None }
-}
-
-impl RustRequest {
-    fn reject(&mut self, message: String) {
-        self.problem.get_or_insert(message);
-    }
-
-    fn finite(&mut self, name: &str, x: f64, ok: bool, rule: &str) -> Option<f32> {
-        if x.is_finite() && ok {
-            Some(x as f32)
-        } else {
-            self.reject(format!("{name} must be {rule}, got {x}"));
-            None
-        }
-    }
-
-    fn set_prompt(&mut self, text: String) {
-        if text.is_empty() {
-            self.reject("prompt must not be empty".into());
-        }
-        self.inputs += 1;
-        self.prompt = Prompt::Text(text);
-    }
-
-    fn add_message(&mut self, role: String, content: String) {
-        match &mut self.prompt {
-            Prompt::Messages(m) => m.push(ChatMessage::new(role, content)),
-            _ => {
-                self.inputs += 1;
-                self.prompt = Prompt::Messages(vec![ChatMessage::new(role, content)]);
-            }
-        }
-    }
-
-    fn add_prompt_id(&mut self, id: u32) {
-        match &mut self.prompt {
-            Prompt::Ids(ids) => ids.push(id),
-            _ => {
-                self.inputs += 1;
-                self.prompt = Prompt::Ids(vec![id]);
-            }
-        }
-    }
-
-    fn set_max_tokens(&mut self, n: u64) {
-        if n == 0 {
-            self.reject("maxTokens must be at least 1".into());
-        }
-        self.request.max_tokens = n.min(usize::MAX as u64) as usize;
-    }
-
-    fn set_temperature(&mut self, x: f64) {
-        if let Some(t) = self.finite("temperature", x, x >= 0.0, "a finite number >= 0") {
-            self.request.sampling.temperature = t;
-        }
-    }
-
-    fn set_top_p(&mut self, x: f64) {
-        if let Some(p) = self.finite("topP", x, x > 0.0 && x <= 1.0, "a number in (0, 1]") {
-            self.request.sampling.top_p = p;
-        }
-    }
-
-    fn set_top_k(&mut self, k: u32) {
-        self.request.sampling.top_k = k;
-    }
-
-    fn set_min_p(&mut self, x: f64) {
-        if let Some(p) = self.finite("minP", x, (0.0..=1.0).contains(&x), "a number in [0, 1]") {
-            self.request.sampling.min_p = p;
-        }
-    }
-
-    fn set_repetition_penalty(&mut self, x: f64) {
-        if let Some(p) = self.finite("repetitionPenalty", x, x > 0.0, "a finite number > 0") {
-            self.request.sampling.repetition_penalty = Some(p);
-        }
-    }
-
-    fn set_presence_penalty(&mut self, x: f64) {
-        if let Some(p) = self.finite("presencePenalty", x, true, "a finite number") {
-            self.request.sampling.presence_penalty = Some(p);
-        }
-    }
-
-    fn set_frequency_penalty(&mut self, x: f64) {
-        if let Some(p) = self.finite("frequencyPenalty", x, true, "a finite number") {
-            self.request.sampling.frequency_penalty = Some(p);
-        }
-    }
-
-    fn set_penalty_context(&mut self, n: u64) {
-        if n == 0 {
-            self.reject("penaltyContext must be at least 1".into());
-        }
-        self.request.sampling.penalty_context = n.min(usize::MAX as u64) as usize;
-    }
-
-    fn set_seed(&mut self, seed: u64) {
-        self.request.sampling.seed = Some(seed);
-    }
-
-    fn add_logit_bias(&mut self, token_id: u32, bias: f64) {
-        if bias.is_finite() || bias == f64::NEG_INFINITY {
-            self.request.sampling.logit_bias.push((token_id, bias as f32));
-        } else {
-            self.reject(format!("logitBias[{token_id}] must be a finite number or -infinity, got {bias}"));
-        }
-    }
-
-    fn add_stop(&mut self, text: String) {
-        if text.is_empty() {
-            self.reject("stop strings must not be empty".into());
-        }
-        self.request.stop.push(text);
-    }
-
-    fn set_ignore_eos(&mut self, on: bool) {
-        self.request.ignore_eos = on;
-    }
-
-    /// The engine request, or the first problem found while it was built.
-    fn build(&self) -> Result<Request, RustError> {
-        if let Some(p) = &self.problem {
-            return Err(RustError::arg(p.clone()));
-        }
-        let input = match (&self.prompt, self.inputs) {
-            (_, n) if n > 1 => {
-                return Err(RustError::arg(format!("pass exactly one of messages, prompt or promptIds (got {n})")))
-            }
-            (Prompt::None, _) => return Err(RustError::arg("pass messages, a prompt or promptIds")),
-            (Prompt::Text(t), _) => Input::Prompt(t.clone()),
-            (Prompt::Messages(m), _) => Input::Messages(m.clone()),
-            (Prompt::Ids(ids), _) => Input::Tokens(ids.clone()),
-        };
-        let mut request = self.request.clone();
-        request.input = input;
-        Ok(request)
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
 // Rows
 
 struct RowFlag {
@@ -497,10 +293,21 @@ const NO_TOKEN: u32 = u32::MAX;
 /// The engine's sink: runs on the engine thread and never blocks on Swift.
 fn deliver(sink: &SendSink, flag: &RowFlag, ev: &Event) -> bool {
     match ev {
-        Event::Token { token_id, text, .. } => sink.0.on_token(*token_id, text.clone()),
+        Event::Token { token_id, text, logprobs } => {
+            let logprob = match logprobs {
+                Some(lp) => {
+                    for &(t, l) in &lp.top {
+                        sink.0.on_top_logprob(t, l as f64);
+                    }
+                    lp.logprob as f64
+                }
+                None => f64::NAN,
+            };
+            sink.0.on_token(*token_id, text.clone(), logprob)
+        }
         Event::Done { finish_reason, usage, text, .. } => {
             if !text.is_empty() {
-                sink.0.on_token(NO_TOKEN, text.clone());
+                sink.0.on_token(NO_TOKEN, text.clone(), f64::NAN);
             }
             let reason = match finish_reason {
                 FinishReason::Stop => 0,

@@ -1,0 +1,684 @@
+//! The one request contract: the schema of a generation request and of engine options as JSON
+//! values, their validation and their error messages, shared by every face (the C ABI's JSON,
+//! Node's and Swift's option objects).
+//!
+//! A face turns its wire format into a [`serde_json::Value`] and calls [`parse_request`] or
+//! [`parse_engine_options`] with the [`Spelling`] its users write keys in, so that messages name
+//! fields the way the caller spelled them (`max_tokens` in C, `maxTokens` in Node and Swift).
+//!
+//! Parsing is strict: unknown keys are rejected (with a "did you mean" suggestion), wrong types
+//! and out-of-range values name the field and the value, and `null` means "not given". The
+//! range rules of sampling fields are those of [`SamplingParams::validate`], checked here with
+//! the caller's field names; what needs the model (token ids against the vocabulary, the KV
+//! group size against the head size, supported bit widths) stays with the engine.
+//!
+//! [`SamplingParams::validate`]: crate::sampling::SamplingParams::validate
+
+use std::borrow::Cow;
+use std::path::PathBuf;
+
+use serde_json::{Map, Value};
+
+use crate::engine::{EngineConfig, Input, Request};
+use crate::tokenizer::ChatMessage;
+use crate::{Error, Result};
+
+/// How a face spells keys, and so how messages name them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Spelling {
+    /// `max_tokens` (the C ABI, HTTP).
+    Snake,
+    /// `maxTokens` (Node, Swift).
+    Camel,
+}
+
+impl Spelling {
+    /// The key of the field whose snake_case name is `snake`.
+    pub fn key(self, snake: &str) -> Cow<'_, str> {
+        match self {
+            Spelling::Snake => Cow::Borrowed(snake),
+            Spelling::Camel => {
+                let mut out = String::with_capacity(snake.len());
+                let mut upper = false;
+                for c in snake.chars() {
+                    if c == '_' {
+                        upper = true;
+                    } else if upper {
+                        out.extend(c.to_uppercase());
+                        upper = false;
+                    } else {
+                        out.push(c);
+                    }
+                }
+                Cow::Owned(out)
+            }
+        }
+    }
+}
+
+/// Engine options: the model to load and the engine's configuration.
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    /// `None`: the default model (downloaded on first use).
+    pub model: Option<PathBuf>,
+    pub config: EngineConfig,
+}
+
+/// Request fields, snake_case (a face spells them with [`Spelling::key`]).
+pub const REQUEST_FIELDS: &[&str] = &[
+    "prompt",
+    "messages",
+    "prompt_ids",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "penalty_context",
+    "logit_bias",
+    "stop",
+    "ignore_eos",
+    "logprobs",
+    "top_logprobs",
+];
+
+/// Engine option fields, snake_case.
+pub const ENGINE_OPTION_FIELDS: &[&str] = &[
+    "model",
+    "max_batch",
+    "prompt_concurrency",
+    "prefill_step_size",
+    "kv_budget_bytes",
+    "prompt_cache_bytes",
+    "kv_bits",
+    "kv_group_size",
+    "quantized_kv_start",
+    "cache_limit_bytes",
+    "clear_cache_every_steps",
+    "memory_limit_bytes",
+    "wired_limit_bytes",
+];
+
+/// The most top alternatives a request may ask for (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: u64 = 20;
+
+/// The largest token id (ids are `u32`).
+const MAX_TOKEN_ID: u64 = u32::MAX as u64;
+
+/// The logit-bias value that bans a token (JSON has no infinities).
+pub const BAN: &str = "-Infinity";
+
+fn invalid(message: impl Into<String>) -> Error {
+    Error::InvalidRequest(message.into())
+}
+
+/// A JSON value as messages show it: its JSON text, shortened when long.
+pub fn show(v: &Value) -> String {
+    let s = v.to_string();
+    if s.chars().count() > 40 {
+        format!("{}… ({})", s.chars().take(40).collect::<String>(), kind(v))
+    } else {
+        s
+    }
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// The known key closest to `key` (ignoring case, `_` and `-`), for typos like `max_tokens`
+/// in a camelCase face or `temprature`.
+fn suggestion<'a>(key: &str, known: &'a [String]) -> Option<&'a str> {
+    let norm = |s: &str| s.to_lowercase().replace(['_', '-'], "");
+    let k = norm(key);
+    known
+        .iter()
+        .map(|a| (levenshtein(&k, &norm(a)), a.as_str()))
+        .filter(|(d, a)| *d <= 2.max(a.len() / 4))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, a)| a)
+}
+
+fn levenshtein(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            cur.push((prev[j] + (ca != *cb) as usize).min(prev[j + 1] + 1).min(cur[j] + 1));
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+/// Rejects keys not in `known` (already spelled), naming the closest one.
+fn check_keys(where_: &str, map: &Map<String, Value>, known: &[String]) -> Result<()> {
+    if let Some(bad) = map.keys().find(|k| !known.iter().any(|n| n == *k)) {
+        let hint = suggestion(bad, known).map(|s| format!(" (did you mean {s}?)")).unwrap_or_default();
+        return Err(invalid(format!(
+            "{where_}unknown field {}{hint}; the fields are: {}",
+            Value::String(bad.clone()),
+            known.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+/// Typed access to an object's fields by snake_case name, with messages in the face's spelling.
+struct Fields<'a> {
+    map: &'a Map<String, Value>,
+    spelling: Spelling,
+}
+
+impl<'a> Fields<'a> {
+    fn new(v: &'a Value, what: &str, known: &[&str], spelling: Spelling) -> Result<Self> {
+        let Value::Object(map) = v else {
+            return Err(invalid(format!("{what} must be an object, got {}", show(v))));
+        };
+        let known: Vec<String> = known.iter().map(|k| spelling.key(k).into_owned()).collect();
+        check_keys("", map, &known)?;
+        Ok(Fields { map, spelling })
+    }
+
+    fn name(&self, field: &str) -> String {
+        self.spelling.key(field).into_owned()
+    }
+
+    /// The field's value; `None` when absent or null.
+    fn get(&self, field: &str) -> Option<&'a Value> {
+        self.map.get(self.spelling.key(field).as_ref()).filter(|v| !v.is_null())
+    }
+
+    fn err(&self, field: &str, rule: &str, got: &Value) -> Error {
+        invalid(format!("{} must be {rule}, got {}", self.name(field), show(got)))
+    }
+
+    fn int(&self, field: &str, min: u64, max: u64) -> Result<Option<u64>> {
+        let Some(v) = self.get(field) else { return Ok(None) };
+        match v.as_u64() {
+            Some(n) if (min..=max).contains(&n) => Ok(Some(n)),
+            _ if max == u64::MAX => Err(self.err(field, &format!("an integer >= {min}"), v)),
+            _ => Err(self.err(field, &format!("an integer in [{min}, {max}]"), v)),
+        }
+    }
+
+    fn usize(&self, field: &str, min: u64, max: u64) -> Result<Option<usize>> {
+        Ok(self.int(field, min, max.min(usize::MAX as u64))?.map(|n| n as usize))
+    }
+
+    /// A number that is finite as an `f32` and passes `ok`; `rule` says what is expected.
+    fn number(&self, field: &str, rule: &str, ok: impl Fn(f64) -> bool) -> Result<Option<f32>> {
+        let Some(v) = self.get(field) else { return Ok(None) };
+        match v.as_f64() {
+            Some(x) if (x as f32).is_finite() && ok(x) => Ok(Some(x as f32)),
+            _ => Err(self.err(field, rule, v)),
+        }
+    }
+
+    fn bool(&self, field: &str) -> Result<Option<bool>> {
+        let Some(v) = self.get(field) else { return Ok(None) };
+        v.as_bool().map(Some).ok_or_else(|| self.err(field, "true or false", v))
+    }
+
+    fn string(&self, field: &str) -> Result<Option<&'a str>> {
+        let Some(v) = self.get(field) else { return Ok(None) };
+        v.as_str().map(Some).ok_or_else(|| self.err(field, "a string", v))
+    }
+}
+
+/// A generation request. `spelling`: how the caller spells keys (and how messages name them).
+pub fn parse_request(v: &Value, spelling: Spelling) -> Result<Request> {
+    let f = Fields::new(v, "the request", REQUEST_FIELDS, spelling)?;
+
+    let given: Vec<&str> = ["prompt", "messages", "prompt_ids"].into_iter().filter(|k| f.get(k).is_some()).collect();
+    if given.len() != 1 {
+        return Err(invalid(format!(
+            "exactly one of {}, {} or {} is required, got {}",
+            f.name("prompt"),
+            f.name("messages"),
+            f.name("prompt_ids"),
+            if given.is_empty() { "none".to_string() } else { given.iter().map(|k| f.name(k)).collect::<Vec<_>>().join(" and ") }
+        )));
+    }
+    let input = match given[0] {
+        "prompt" => {
+            let p = f.string("prompt")?.unwrap_or_default();
+            if p.is_empty() {
+                return Err(invalid(format!("{} must not be empty", f.name("prompt"))));
+            }
+            Input::Prompt(p.to_string())
+        }
+        "messages" => Input::Messages(parse_messages(&f)?),
+        _ => Input::Tokens(parse_prompt_ids(&f)?),
+    };
+
+    let mut req = Request::new(input);
+    // Capped so the engine's KV projection (prompt + max_tokens) cannot overflow.
+    if let Some(n) = f.usize("max_tokens", 1, u32::MAX as u64)? {
+        req.max_tokens = n;
+    }
+    let s = &mut req.sampling;
+    // The rules of SamplingParams::validate, with the caller's names.
+    if let Some(x) = f.number("temperature", "a finite number >= 0", |x| x >= 0.0)? {
+        s.temperature = x;
+    }
+    if let Some(x) = f.number("top_p", "a number in (0, 1]", |x| x > 0.0 && x <= 1.0)? {
+        s.top_p = x;
+    }
+    if let Some(n) = f.int("top_k", 0, u32::MAX as u64)? {
+        s.top_k = n as u32;
+    }
+    if let Some(x) = f.number("min_p", "a number in [0, 1]", |x| (0.0..=1.0).contains(&x))? {
+        s.min_p = x;
+    }
+    s.seed = f.int("seed", 0, u64::MAX)?;
+    s.repetition_penalty = f.number("repetition_penalty", "a finite number > 0", |x| x > 0.0)?;
+    s.presence_penalty = f.number("presence_penalty", "a finite number", |_| true)?;
+    s.frequency_penalty = f.number("frequency_penalty", "a finite number", |_| true)?;
+    if let Some(n) = f.usize("penalty_context", 1, u32::MAX as u64)? {
+        s.penalty_context = n;
+    }
+    if f.get("logit_bias").is_some() {
+        s.logit_bias = parse_logit_bias(&f)?;
+    }
+    req.stop = parse_stop(&f)?;
+    if let Some(b) = f.bool("ignore_eos")? {
+        req.ignore_eos = b;
+    }
+    let logprobs = f.bool("logprobs")?.unwrap_or(false);
+    let top = f.usize("top_logprobs", 0, MAX_TOP_LOGPROBS)?;
+    req.logprobs = match (logprobs, top) {
+        (true, top) => Some(top.unwrap_or(0)),
+        (false, None) => None,
+        (false, Some(_)) => {
+            return Err(invalid(format!("{} needs {}: true", f.name("top_logprobs"), f.name("logprobs"))));
+        }
+    };
+    Ok(req)
+}
+
+fn parse_messages(f: &Fields) -> Result<Vec<ChatMessage>> {
+    let name = f.name("messages");
+    let v = f.get("messages").expect("present");
+    let Value::Array(items) = v else {
+        return Err(f.err("messages", "an array of { role, content } objects", v));
+    };
+    if items.is_empty() {
+        return Err(invalid(format!("{name} must not be empty")));
+    }
+    let known = ["role".to_string(), "content".to_string()];
+    let mut out = Vec::with_capacity(items.len());
+    for (i, m) in items.iter().enumerate() {
+        let at = format!("{name}[{i}]");
+        let Value::Object(map) = m else {
+            return Err(invalid(format!("{at} must be an object {{ role, content }}, got {}", show(m))));
+        };
+        check_keys(&format!("{at}: "), map, &known)?;
+        let field = |key: &str| match map.get(key).filter(|v| !v.is_null()) {
+            Some(Value::String(s)) => Ok(s.clone()),
+            Some(other) => Err(invalid(format!("{at}.{key} must be a string, got {}", show(other)))),
+            None => Err(invalid(format!("{at}.{key} is required (a string)"))),
+        };
+        out.push(ChatMessage::new(field("role")?, field("content")?));
+    }
+    Ok(out)
+}
+
+fn parse_prompt_ids(f: &Fields) -> Result<Vec<u32>> {
+    let name = f.name("prompt_ids");
+    let v = f.get("prompt_ids").expect("present");
+    let Value::Array(items) = v else { return Err(f.err("prompt_ids", "an array of token ids", v)) };
+    if items.is_empty() {
+        return Err(invalid(format!("{name} must not be empty")));
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, x)| match x.as_u64() {
+            Some(n) if n <= MAX_TOKEN_ID => Ok(n as u32),
+            _ => Err(invalid(format!(
+                "{name}[{i}] must be a token id (an integer in [0, {MAX_TOKEN_ID}]), got {}",
+                show(x)
+            ))),
+        })
+        .collect()
+}
+
+/// `{"<token id>": bias, ...}` (OpenAI's shape); the bias `"-Infinity"` bans the token.
+fn parse_logit_bias(f: &Fields) -> Result<Vec<(u32, f32)>> {
+    let name = f.name("logit_bias");
+    let v = f.get("logit_bias").expect("present");
+    let Value::Object(map) = v else {
+        return Err(f.err("logit_bias", "an object mapping token ids to numbers", v));
+    };
+    let mut out = Vec::with_capacity(map.len());
+    for (k, b) in map {
+        let key = Value::String(k.clone());
+        let id: u32 = k
+            .parse()
+            .map_err(|_| invalid(format!("{name} key {key} is not a token id (a decimal integer in [0, {MAX_TOKEN_ID}])")))?;
+        let bias = match b {
+            Value::String(s) if s == BAN => f32::NEG_INFINITY,
+            _ => b.as_f64().map(|x| x as f32).filter(|x| x.is_finite()).ok_or_else(|| {
+                invalid(format!("{name}[{key}] must be a finite number or \"{BAN}\", got {}", show(b)))
+            })?,
+        };
+        out.push((id, bias));
+    }
+    Ok(out)
+}
+
+fn parse_stop(f: &Fields) -> Result<Vec<String>> {
+    let name = f.name("stop");
+    let Some(v) = f.get("stop") else { return Ok(Vec::new()) };
+    let stops = match v {
+        Value::String(s) if s.is_empty() => return Err(invalid(format!("{name} must not be empty"))),
+        Value::String(s) => vec![s.clone()],
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .map(|(i, x)| match x {
+                Value::String(s) if s.is_empty() => Err(invalid(format!("{name}[{i}] must not be empty"))),
+                Value::String(s) => Ok(s.clone()),
+                other => Err(invalid(format!("{name}[{i}] must be a string, got {}", show(other)))),
+            })
+            .collect::<Result<_>>()?,
+        other => return Err(f.err("stop", "a string or an array of strings", other)),
+    };
+    Ok(stops)
+}
+
+/// Engine options (model + [`EngineConfig`], including its memory policy). What needs the model
+/// or MLX (supported KV bit widths, the group size against the head size) is
+/// [`EngineConfig::validate_for`]'s.
+pub fn parse_engine_options(v: &Value, spelling: Spelling) -> Result<EngineOptions> {
+    let f = Fields::new(v, "the engine options", ENGINE_OPTION_FIELDS, spelling)?;
+    let mut config = EngineConfig::default();
+    let model = match f.string("model")? {
+        Some("") => {
+            return Err(invalid(format!("{} must be a non-empty path (omit it for the default model)", f.name("model"))))
+        }
+        other => other.map(PathBuf::from),
+    };
+    if let Some(n) = f.usize("max_batch", 1, 4096)? {
+        config.max_batch = n;
+    }
+    if let Some(n) = f.usize("prompt_concurrency", 1, 4096)? {
+        config.prompt_concurrency = n;
+    }
+    if let Some(n) = f.usize("prefill_step_size", 1, 1 << 20)? {
+        config.prefill_step_size = n;
+    }
+    config.kv_budget_bytes = f.int("kv_budget_bytes", 1, u64::MAX)?;
+    if let Some(n) = f.int("prompt_cache_bytes", 0, u64::MAX)? {
+        config.prompt_cache_bytes = n;
+    }
+    // Which bit widths MLX quantizes to is the engine's check (EngineConfig::validate).
+    config.kv_bits = f.int("kv_bits", 1, 16)?.map(|b| b as i32);
+    if let Some(n) = f.int("kv_group_size", 1, 4096)? {
+        config.kv_group_size = n as i32;
+    }
+    if let Some(n) = f.usize("quantized_kv_start", 0, u64::MAX)? {
+        config.quantized_kv_start = n;
+    }
+    let m = &mut config.memory;
+    m.cache_limit_bytes = f.usize("cache_limit_bytes", 0, u64::MAX)?;
+    if let Some(n) = f.int("clear_cache_every_steps", 0, u64::MAX)? {
+        m.clear_cache_every_steps = n;
+    }
+    m.memory_limit_bytes = f.usize("memory_limit_bytes", 1, u64::MAX)?;
+    m.wired_limit_bytes = f.usize("wired_limit_bytes", 0, u64::MAX)?;
+    Ok(EngineOptions { model, config })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use Spelling::{Camel, Snake};
+
+    fn req(v: Value) -> Request {
+        parse_request(&v, Snake).unwrap_or_else(|e| panic!("{v}: {e}"))
+    }
+
+    fn req_err(v: Value, spelling: Spelling) -> String {
+        match parse_request(&v, spelling) {
+            Err(Error::InvalidRequest(m)) => m,
+            Err(other) => panic!("{v}: not InvalidRequest: {other}"),
+            Ok(_) => panic!("{v}: expected an error"),
+        }
+    }
+
+    fn opt_err(v: Value, spelling: Spelling) -> String {
+        match parse_engine_options(&v, spelling) {
+            Err(Error::InvalidRequest(m)) => m,
+            Err(other) => panic!("{v}: not InvalidRequest: {other}"),
+            Ok(_) => panic!("{v}: expected an error"),
+        }
+    }
+
+    #[track_caller]
+    fn has(message: &str, needle: &str) {
+        assert!(message.contains(needle), "{message:?} does not contain {needle:?}");
+    }
+
+    #[test]
+    fn camel_case_keys() {
+        assert_eq!(Camel.key("max_tokens"), "maxTokens");
+        assert_eq!(Camel.key("clear_cache_every_steps"), "clearCacheEverySteps");
+        assert_eq!(Camel.key("prompt"), "prompt");
+        assert_eq!(Snake.key("max_tokens"), "max_tokens");
+    }
+
+    #[test]
+    fn every_request_field_is_read() {
+        let r = req(json!({
+            "prompt_ids": [1, 2, 4294967295u64], "max_tokens": 4, "temperature": 0.5, "top_p": 0.9,
+            "top_k": 3, "min_p": 0.05, "seed": 18446744073709551615u64, "repetition_penalty": 1.1,
+            "presence_penalty": -0.5, "frequency_penalty": 0.25, "penalty_context": 7,
+            "logit_bias": {"5": -100, "6": 2.5, "7": "-Infinity"}, "stop": ["x", "yz"],
+            "ignore_eos": true, "logprobs": true, "top_logprobs": 20
+        }));
+        assert!(matches!(r.input, Input::Tokens(ref v) if v == &[1, 2, u32::MAX]));
+        assert_eq!(r.max_tokens, 4);
+        let s = &r.sampling;
+        assert_eq!((s.temperature, s.top_p, s.top_k, s.min_p), (0.5, 0.9, 3, 0.05));
+        assert_eq!(s.seed, Some(u64::MAX));
+        assert_eq!((s.repetition_penalty, s.presence_penalty, s.frequency_penalty), (Some(1.1), Some(-0.5), Some(0.25)));
+        assert_eq!(s.penalty_context, 7);
+        let mut bias = s.logit_bias.clone();
+        bias.sort_by_key(|b| b.0);
+        assert_eq!(bias, vec![(5, -100.0), (6, 2.5), (7, f32::NEG_INFINITY)]);
+        assert_eq!(r.stop, vec!["x".to_string(), "yz".to_string()]);
+        assert!(r.ignore_eos);
+        assert_eq!(r.logprobs, Some(20));
+
+        // Defaults, nulls = absent, and the other two inputs.
+        let d = req(json!({"prompt": "hi", "top_p": null, "stop": null, "logit_bias": null, "seed": null}));
+        let base = Request::new(Input::Prompt(String::new()));
+        assert!(matches!(d.input, Input::Prompt(ref p) if p == "hi"));
+        assert_eq!(d.max_tokens, base.max_tokens);
+        assert_eq!(d.sampling.top_p, 1.0);
+        assert_eq!(d.sampling.seed, None);
+        assert!(d.stop.is_empty() && d.sampling.logit_bias.is_empty() && !d.ignore_eos);
+        assert_eq!(d.logprobs, None);
+        assert_eq!(req(json!({"prompt": "a", "stop": "\n"})).stop, vec!["\n".to_string()]);
+        assert_eq!(req(json!({"prompt": "a", "logprobs": true})).logprobs, Some(0));
+        assert_eq!(req(json!({"prompt": "a", "logprobs": false})).logprobs, None);
+        let m = req(json!({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}]}));
+        let Input::Messages(m) = m.input else { panic!("not messages") };
+        assert_eq!((m[0].role.as_str(), m[0].content.as_str(), m.len()), ("user", "hi", 2));
+
+        // camelCase keys reach the same fields.
+        let c = parse_request(
+            &json!({"promptIds": [3], "maxTokens": 9, "topP": 0.5, "topK": 2, "minP": 0.1, "repetitionPenalty": 1.2,
+                    "presencePenalty": 1, "frequencyPenalty": 2, "penaltyContext": 5, "logitBias": {"1": 1},
+                    "ignoreEos": true, "logprobs": true, "topLogprobs": 3}),
+            Camel,
+        )
+        .unwrap();
+        assert_eq!((c.max_tokens, c.sampling.top_p, c.sampling.top_k, c.sampling.penalty_context), (9, 0.5, 2, 5));
+        assert_eq!((c.sampling.presence_penalty, c.sampling.frequency_penalty), (Some(1.0), Some(2.0)));
+        assert_eq!((c.ignore_eos, c.logprobs, c.sampling.logit_bias.clone()), (true, Some(3), vec![(1, 1.0)]));
+    }
+
+    #[test]
+    fn request_errors_name_the_field_and_the_value() {
+        let p = |extra: Value| {
+            let mut o = json!({"prompt_ids": [1]});
+            o.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            o
+        };
+        let cases: Vec<(Value, &str)> = vec![
+            (json!([1]), "the request must be an object, got [1]"),
+            (json!({}), "exactly one of prompt, messages or prompt_ids is required, got none"),
+            (json!({"prompt": "a", "prompt_ids": [1]}), "got prompt and prompt_ids"),
+            (json!({"prompt": ""}), "prompt must not be empty"),
+            (json!({"prompt": 5}), "prompt must be a string, got 5"),
+            (json!({"prompt_ids": []}), "prompt_ids must not be empty"),
+            (json!({"prompt_ids": "1 2"}), "prompt_ids must be an array of token ids, got \"1 2\""),
+            (json!({"prompt_ids": [1, -2]}), "prompt_ids[1] must be a token id (an integer in [0, 4294967295]), got -2"),
+            (json!({"prompt_ids": [4294967296u64]}), "prompt_ids[0] must be a token id"),
+            (json!({"prompt_ids": [1.5]}), "got 1.5"),
+            (json!({"messages": []}), "messages must not be empty"),
+            (json!({"messages": {"role": "user"}}), "messages must be an array of { role, content } objects"),
+            (json!({"messages": [3]}), "messages[0] must be an object { role, content }, got 3"),
+            (json!({"messages": [{"role": "user"}]}), "messages[0].content is required"),
+            (json!({"messages": [{"role": 1, "content": "x"}]}), "messages[0].role must be a string, got 1"),
+            (json!({"messages": [{"role": "u", "content": "x", "name": "n"}]}), "messages[0]: unknown field \"name\""),
+            (p(json!({"bogus": 1})), "unknown field \"bogus\"; the fields are: prompt, messages"),
+            (p(json!({"temprature": 1})), "unknown field \"temprature\" (did you mean temperature?)"),
+            (p(json!({"maxTokens": 1})), "(did you mean max_tokens?)"),
+            (p(json!({"max_tokens": "7"})), "max_tokens must be an integer in [1, 4294967295], got \"7\""),
+            (p(json!({"max_tokens": 0})), "max_tokens must be an integer in [1, 4294967295], got 0"),
+            (p(json!({"max_tokens": 2.5})), "got 2.5"),
+            (p(json!({"max_tokens": 4294967296u64})), "got 4294967296"),
+            (p(json!({"temperature": -1})), "temperature must be a finite number >= 0, got -1"),
+            (p(json!({"temperature": "hot"})), "temperature must be a finite number >= 0, got \"hot\""),
+            (p(json!({"temperature": 1e300})), "got 1e+300"),
+            (p(json!({"top_p": 0})), "top_p must be a number in (0, 1], got 0"),
+            (p(json!({"top_p": 1.5})), "top_p must be a number in (0, 1], got 1.5"),
+            (p(json!({"top_k": -1})), "top_k must be an integer in [0, 4294967295], got -1"),
+            (p(json!({"min_p": 2})), "min_p must be a number in [0, 1], got 2"),
+            (p(json!({"seed": -3})), "seed must be an integer >= 0, got -3"),
+            (p(json!({"repetition_penalty": 0})), "repetition_penalty must be a finite number > 0, got 0"),
+            (p(json!({"presence_penalty": true})), "presence_penalty must be a finite number, got true"),
+            (p(json!({"frequency_penalty": [1]})), "frequency_penalty must be a finite number, got [1]"),
+            (p(json!({"penalty_context": 0})), "penalty_context must be an integer in [1, 4294967295], got 0"),
+            (p(json!({"logit_bias": [1]})), "logit_bias must be an object mapping token ids to numbers, got [1]"),
+            (p(json!({"logit_bias": {"x": 1}})), "logit_bias key \"x\" is not a token id"),
+            (p(json!({"logit_bias": {"-1": 1}})), "logit_bias key \"-1\" is not a token id"),
+            (p(json!({"logit_bias": {"5": "a"}})), "logit_bias[\"5\"] must be a finite number or \"-Infinity\", got \"a\""),
+            (p(json!({"logit_bias": {"5": 1e300}})), "logit_bias[\"5\"] must be a finite number"),
+            (p(json!({"stop": 5})), "stop must be a string or an array of strings, got 5"),
+            (p(json!({"stop": ""})), "stop must not be empty"),
+            (p(json!({"stop": ["a", ""]})), "stop[1] must not be empty"),
+            (p(json!({"stop": [1]})), "stop[0] must be a string, got 1"),
+            (p(json!({"ignore_eos": 1})), "ignore_eos must be true or false, got 1"),
+            (p(json!({"logprobs": "yes"})), "logprobs must be true or false, got \"yes\""),
+            (p(json!({"top_logprobs": 2})), "top_logprobs needs logprobs: true"),
+            (p(json!({"top_logprobs": 2, "logprobs": false})), "top_logprobs needs logprobs: true"),
+            (p(json!({"top_logprobs": 21, "logprobs": true})), "top_logprobs must be an integer in [0, 20], got 21"),
+            (p(json!({"temperature": "a".repeat(100)})), "… (a string)"),
+        ];
+        for (v, needle) in cases {
+            has(&req_err(v, Snake), needle);
+        }
+    }
+
+    #[test]
+    fn camel_case_messages_name_camel_case_keys() {
+        let cases: Vec<(Value, &str)> = vec![
+            (json!({"promptIds": [1], "max_tokens": 3}), "unknown field \"max_tokens\" (did you mean maxTokens?)"),
+            (json!({"promptIds": [1], "maxToken": 3}), "(did you mean maxTokens?)"),
+            (json!({"promptIds": [1], "maxTokens": 0}), "maxTokens must be an integer in [1, 4294967295], got 0"),
+            (json!({"promptIds": [1], "topP": 0}), "topP must be a number in (0, 1], got 0"),
+            (json!({"promptIds": [1, -2]}), "promptIds[1] must be a token id"),
+            (json!({"promptIds": []}), "promptIds must not be empty"),
+            (json!({"prompt": "a", "promptIds": [1]}), "exactly one of prompt, messages or promptIds is required, got prompt and promptIds"),
+            (json!({"promptIds": [1], "logitBias": {"x": 1}}), "logitBias key \"x\" is not a token id"),
+            (json!({"promptIds": [1], "topLogprobs": 1}), "topLogprobs needs logprobs: true"),
+            (json!({"promptIds": [1], "penaltyContext": 0}), "penaltyContext must be"),
+            (json!({"promptIds": [1], "ignoreEos": "no"}), "ignoreEos must be true or false, got \"no\""),
+        ];
+        for (v, needle) in cases {
+            has(&req_err(v, Camel), needle);
+        }
+        // A snake_case key is unknown to a camelCase face (and vice versa).
+        has(&req_err(json!({"prompt_ids": [1]}), Camel), "unknown field \"prompt_ids\" (did you mean promptIds?)");
+        has(&req_err(json!({"promptIds": [1]}), Snake), "unknown field \"promptIds\" (did you mean prompt_ids?)");
+    }
+
+    #[test]
+    fn every_engine_option_is_read() {
+        let o = parse_engine_options(
+            &json!({"model": "m", "max_batch": 2, "prompt_concurrency": 3, "prefill_step_size": 64,
+                    "kv_budget_bytes": 1000, "prompt_cache_bytes": 5, "kv_bits": 4, "kv_group_size": 32,
+                    "quantized_kv_start": 100, "cache_limit_bytes": 0, "clear_cache_every_steps": 16,
+                    "memory_limit_bytes": 1000000, "wired_limit_bytes": 7}),
+            Snake,
+        )
+        .unwrap();
+        assert_eq!(o.model, Some(PathBuf::from("m")));
+        let c = &o.config;
+        assert_eq!((c.max_batch, c.prompt_concurrency, c.prefill_step_size), (2, 3, 64));
+        assert_eq!((c.kv_budget_bytes, c.prompt_cache_bytes), (Some(1000), 5));
+        assert_eq!((c.kv_bits, c.kv_group_size, c.quantized_kv_start), (Some(4), 32, 100));
+        let m = &c.memory;
+        assert_eq!((m.cache_limit_bytes, m.clear_cache_every_steps), (Some(0), 16));
+        assert_eq!((m.memory_limit_bytes, m.wired_limit_bytes), (Some(1000000), Some(7)));
+
+        let d = parse_engine_options(&json!({"model": null, "kv_budget_bytes": null}), Snake).unwrap();
+        let base = EngineConfig::default();
+        assert!(d.model.is_none());
+        assert_eq!((d.config.max_batch, d.config.kv_budget_bytes, d.config.kv_bits), (base.max_batch, None, None));
+        assert_eq!(d.config.memory, base.memory);
+
+        let c = parse_engine_options(&json!({"maxBatch": 5, "clearCacheEverySteps": 0, "wiredLimitBytes": 9}), Camel)
+            .unwrap()
+            .config;
+        assert_eq!((c.max_batch, c.memory.clear_cache_every_steps, c.memory.wired_limit_bytes), (5, 0, Some(9)));
+    }
+
+    #[test]
+    fn engine_option_errors_name_the_field_and_the_value() {
+        let cases: Vec<(Value, &str)> = vec![
+            (json!("x"), "the engine options must be an object, got \"x\""),
+            (json!({"max_btach": 2}), "unknown field \"max_btach\" (did you mean max_batch?)"),
+            (json!({"model": 3}), "model must be a string, got 3"),
+            (json!({"model": ""}), "model must be a non-empty path"),
+            (json!({"max_batch": 0}), "max_batch must be an integer in [1, 4096], got 0"),
+            (json!({"max_batch": "4"}), "max_batch must be an integer in [1, 4096], got \"4\""),
+            (json!({"prompt_concurrency": 4097}), "prompt_concurrency must be an integer in [1, 4096], got 4097"),
+            (json!({"prefill_step_size": 0}), "prefill_step_size must be an integer in [1, 1048576], got 0"),
+            (json!({"kv_budget_bytes": 0}), "kv_budget_bytes must be an integer >= 1, got 0"),
+            (json!({"prompt_cache_bytes": -1}), "prompt_cache_bytes must be an integer >= 0, got -1"),
+            (json!({"kv_bits": 0}), "kv_bits must be an integer in [1, 16], got 0"),
+            (json!({"kv_group_size": 0}), "kv_group_size must be an integer in [1, 4096], got 0"),
+            (json!({"quantized_kv_start": 1.5}), "quantized_kv_start must be an integer >= 0, got 1.5"),
+            (json!({"cache_limit_bytes": -1}), "cache_limit_bytes must be an integer >= 0, got -1"),
+            (json!({"clear_cache_every_steps": "often"}), "clear_cache_every_steps must be an integer >= 0"),
+            (json!({"memory_limit_bytes": 0}), "memory_limit_bytes must be an integer >= 1, got 0"),
+            (json!({"wired_limit_bytes": true}), "wired_limit_bytes must be an integer >= 0, got true"),
+        ];
+        for (v, needle) in cases {
+            has(&opt_err(v, Snake), needle);
+        }
+        has(&opt_err(json!({"maxBatch": 0}), Camel), "maxBatch must be an integer in [1, 4096], got 0");
+        has(&opt_err(json!({"modle": "m"}), Camel), "unknown field \"modle\" (did you mean model?)");
+        has(&opt_err(json!({"memoryLimitBytes": 0}), Camel), "memoryLimitBytes must be an integer >= 1, got 0");
+    }
+}
