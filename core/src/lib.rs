@@ -11,6 +11,7 @@ pub mod error;
 pub mod engine;
 pub mod generate;
 pub mod gguf;
+pub mod kernels;
 pub mod loading;
 pub mod model_store;
 pub mod models;
