@@ -87,8 +87,8 @@ fn check_all_shapes() {
     for &bits in &[4, 8] {
         for &group_size in &[32, 64] {
             for &dtype in &[Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
-                // M = 1 (decode), M = 7 (one 4-row tile + 3 single rows), a batch of 2 x 3 rows.
-                for (m, k, n) in [(vec![1], 576, 40), (vec![7], 192, 70), (vec![2, 3], 1536, 19)] {
+                // M = 1 (decode); M = 7 (4 + 2 + 1-row tiles); 2 x 3 rows; M = 15 (8 + 4 + 2 + 1).
+                for (m, k, n) in [(vec![1], 576, 40), (vec![7], 192, 70), (vec![2, 3], 1536, 19), (vec![15], 256, 33)] {
                     check(&m, k, n, bits, group_size, dtype, seed);
                     seed += 2;
                 }

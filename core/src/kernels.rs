@@ -91,7 +91,7 @@ pub fn cpu_kernels() -> Result<CpuKernels> {
     match std::env::var(ENV) {
         Ok(v) if !v.is_empty() => v
             .parse()
-            .map_err(|_| Error::Unsupported(format!("{ENV}={v:?}: expected \"exact\" or \"fast\""))),
+            .map_err(|_| Error::ModelLoad(format!("{ENV}={v:?}: expected \"exact\" or \"fast\""))),
         _ => Ok(CpuKernels::Fast),
     }
 }

@@ -23,13 +23,18 @@ namespace WEFT_QMM_ISA {
 namespace {
 
 constexpr int W = WEFT_QMM_WIDTH;
-// Rows of x that share one dequantized weight vector (prefill); 4 keeps the accumulators of
-// all rows in registers with AVX2's 16.
-constexpr int MAX_MT = 4;
+// Rows of x that share one dequantized weight vector (prefill, batched decode): the
+// accumulators of all rows stay in registers (AVX2 has 16 vector registers, AVX-512 32).
+constexpr int MAX_MT = W >= 16 ? 8 : 4;
 // Output rows whose scales are converted together and whose weights stay in cache while every
 // tile of x passes over them.
 constexpr int N_BLOCK = 16;
 constexpr int N_BLOCK_PREFILL = 64;
+
+template <int N>
+struct Int {
+  static constexpr int value = N;
+};
 
 template <int L>
 struct V {
@@ -203,26 +208,37 @@ void rows_impl(const Args& a, int n0, int n1) {
   // Scales and biases of a block of rows as float32. Prefill converts more rows at once so
   // that the weights of the block stay in cache while every tile of x passes over them.
   const int nb = a.M >= MAX_MT ? N_BLOCK_PREFILL : N_BLOCK;
-  float* scp = new float[size_t(nb) * G * 2];
-  float* bsp = scp + size_t(nb) * G;
+  float* scp = a.sdtype == F32 ? nullptr : new float[size_t(nb) * G * 2];
+  float* bsp = scp ? scp + size_t(nb) * G : nullptr;
+  float* const sc_buf = scp;
+  float* const bs_buf = bsp;
   for (int nb0 = n0; nb0 < n1; nb0 += nb) {
     int nb1 = nb0 + nb < n1 ? nb0 + nb : n1;
-    for (int n = nb0; n < nb1; n++) {
-      auto off = size_t(n) * G * ssize;
-      to_f32(static_cast<const char*>(a.scales) + off, a.sdtype, G, scp + (n - nb0) * G);
-      to_f32(static_cast<const char*>(a.biases) + off, a.sdtype, G, bsp + (n - nb0) * G);
+    if (a.sdtype == F32) {
+      // Already float32: read in place.
+      scp = const_cast<float*>(static_cast<const float*>(a.scales)) + size_t(nb0) * G;
+      bsp = const_cast<float*>(static_cast<const float*>(a.biases)) + size_t(nb0) * G;
+    } else {
+      for (int n = nb0; n < nb1; n++) {
+        auto off = size_t(n) * G * ssize;
+        to_f32(static_cast<const char*>(a.scales) + off, a.sdtype, G, sc_buf + (n - nb0) * G);
+        to_f32(static_cast<const char*>(a.biases) + off, a.sdtype, G, bs_buf + (n - nb0) * G);
+      }
     }
     int m = 0;
-    for (; m + MAX_MT <= a.M; m += MAX_MT)
-      for (int n = nb0; n < nb1; n++)
-        tile<MAX_MT, BITS, GS>(a, a.w + size_t(n) * words, scp + (n - nb0) * G,
-                               bsp + (n - nb0) * G, m, n);
-    for (; m < a.M; m++)
-      for (int n = nb0; n < nb1; n++)
-        tile<1, BITS, GS>(a, a.w + size_t(n) * words, scp + (n - nb0) * G, bsp + (n - nb0) * G,
-                          m, n);
+    auto tiles = [&](auto mt) {
+      constexpr int MT = decltype(mt)::value;
+      for (; m + MT <= a.M; m += MT)
+        for (int n = nb0; n < nb1; n++)
+          tile<MT, BITS, GS>(a, a.w + size_t(n) * words, scp + (n - nb0) * G,
+                             bsp + (n - nb0) * G, m, n);
+    };
+    tiles(Int<MAX_MT>{});
+    if constexpr (MAX_MT > 4) tiles(Int<4>{});
+    tiles(Int<2>{});
+    tiles(Int<1>{});
   }
-  delete[] scp;
+  delete[] sc_buf;
 }
 
 void rows(const Args& a, int n0, int n1) {

@@ -52,7 +52,9 @@ namespace {
 
 // ---------------------------------------------------------------------------------------------
 // Thread pool: workers spin briefly between jobs (a decode step runs a few hundred matmuls
-// microseconds apart), then sleep on a futex. The calling thread (MLX's stream thread) works too.
+// microseconds apart), then sleep on a futex. The calling thread (MLX's stream thread) works
+// too and never waits for a worker that has not started: on a loaded machine a descheduled
+// worker simply gets no chunks, and the caller waits only for chunks already taken.
 
 class Pool {
  public:
@@ -75,11 +77,13 @@ class Pool {
     ctx_ = ctx;
     chunks_ = chunks;
     next_.store(0, std::memory_order_relaxed);
-    pending_.store(int(workers_.size()), std::memory_order_relaxed);
-    generation_.fetch_add(1, std::memory_order_release);
+    active_.store(true, std::memory_order_seq_cst);
+    generation_.fetch_add(1, std::memory_order_seq_cst);
     generation_.notify_all();
     work();
-    while (pending_.load(std::memory_order_acquire) != 0) pause();
+    // Every chunk is taken; no worker may start one after this, and those inside finish.
+    active_.store(false, std::memory_order_seq_cst);
+    while (inside_.load(std::memory_order_seq_cst) != 0) pause();
     busy_.unlock();
   }
 
@@ -118,7 +122,7 @@ class Pool {
   void loop() {
     uint64_t seen = 0;
     for (;;) {
-      // Spin ~200 us for the next job before sleeping.
+      // Spin ~100 us for the next job before sleeping.
       auto start = std::chrono::steady_clock::now();
       uint64_t g;
       for (int i = 0;; i++) {
@@ -126,13 +130,15 @@ class Pool {
         if (g != seen) break;
         pause();
         if ((i & 63) == 63 &&
-            std::chrono::steady_clock::now() - start > std::chrono::microseconds(200)) {
+            std::chrono::steady_clock::now() - start > std::chrono::microseconds(100)) {
           generation_.wait(seen, std::memory_order_acquire);
         }
       }
       seen = g;
-      work();
-      pending_.fetch_sub(1, std::memory_order_acq_rel);
+      // Join only a job still being handed out (its fields are published before active_).
+      inside_.fetch_add(1, std::memory_order_seq_cst);
+      if (active_.load(std::memory_order_seq_cst)) work();
+      inside_.fetch_sub(1, std::memory_order_seq_cst);
     }
   }
 
@@ -140,7 +146,8 @@ class Pool {
   std::mutex busy_;
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> next_{0};
-  std::atomic<int> pending_{0};
+  std::atomic<int> inside_{0};
+  std::atomic<bool> active_{false};
   void (*fn_)(void*, int) = nullptr;
   void* ctx_ = nullptr;
   int chunks_ = 0;
