@@ -113,6 +113,26 @@ fn usage_errors_exit_2() {
 }
 
 #[test]
+fn cpu_kernels_flag_and_env_are_checked() {
+    assert_clean_error(&weft(&["--cpu-kernels", "quick", "generate", "--prompt-ids", "1"]), 2, "expected \"exact\" or \"fast\"");
+    let model = tiny_model_dir("llama-4bit");
+    let out = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["generate", "--model", model.to_str().unwrap(), "--prompt-ids", "1,2", "--max-tokens", "2"])
+        .env("WEFT_CPU_KERNELS", "quick")
+        .output()
+        .unwrap();
+    assert_clean_error(&out, 1, "WEFT_CPU_KERNELS");
+    // The flag overrides the environment.
+    let out = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["generate", "--cpu-kernels", "fast", "--model", model.to_str().unwrap(), "--prompt-ids", "1,2"])
+        .args(["--max-tokens", "2", "--no-eos", "--json"])
+        .env("WEFT_CPU_KERNELS", "quick")
+        .output()
+        .unwrap();
+    assert_eq!(json_of(&out)["tokens"].as_array().unwrap().len(), 2);
+}
+
+#[test]
 fn default_model_answers_the_capital_of_france() {
     if default_model().is_none() {
         return;

@@ -22,8 +22,16 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(name = "weft", version, about = "Weft: LLM inference on MLX")]
 struct Cli {
+    /// CPU quantized-matmul kernels: `fast` (Weft's SIMD multi-threaded kernel, the default) or
+    /// `exact` (MLX's own, bit-for-bit mlx-lm). Overrides WEFT_CPU_KERNELS.
+    #[arg(long, global = true, value_parser = parse_cpu_kernels)]
+    cpu_kernels: Option<weft::kernels::CpuKernels>,
     #[command(subcommand)]
     command: Command,
+}
+
+fn parse_cpu_kernels(s: &str) -> Result<weft::kernels::CpuKernels, String> {
+    s.parse().map_err(|_| format!("expected \"exact\" or \"fast\", got {s:?}"))
 }
 
 #[derive(Subcommand)]
@@ -47,6 +55,9 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(mode) = cli.cpu_kernels {
+        weft::kernels::set_cpu_kernels(mode);
+    }
     // A bug must still end in one clear line and a failure code, not a backtrace.
     std::panic::set_hook(Box::new(|info| eprintln!("error: internal error: {info}")));
     let result = std::panic::catch_unwind(|| match cli.command {

@@ -6,8 +6,11 @@
 //!    overrides it with an installed `site-packages/mlx` directory of the same version.
 //! 2. mlx-c: the sources inside the registry `mlx-sys` 0.7.0 package, which cargo downloads and
 //!    checksum-verifies via the tiny locked manifest in `fetch/`. Compiled with cmake against (1).
-//! 3. bindgen over `mlx/c/*.h`, with `shim/weft_mlx_shim.h` force-included to bridge the header
-//!    gaps listed in that file.
+//! 3. Weft's CPU kernels (`kernels/`): a custom MLX primitive for quantized matmul, compiled
+//!    against the same wheel's C++ headers (C++20, libstdc++), its inner loops once per
+//!    instruction set (chosen at run time).
+//! 4. bindgen over `mlx/c/*.h` and `kernels/weft_kernels.h`, with `shim/weft_mlx_shim.h`
+//!    force-included to bridge the header gaps listed in that file.
 
 use std::env;
 use std::fs;
@@ -195,6 +198,8 @@ fn main() {
         fail(format!("libmlxc.a not produced in {}", lib_dir.display()));
     }
 
+    build_kernels(&manifest_dir.join("kernels"), &prefix, &mlx_c, &shim);
+
     println!("cargo:rustc-link-search=native={}", lib_dir.display());
     println!("cargo:rustc-link-lib=static=mlxc");
     let mlx_lib = prefix.join("lib");
@@ -216,6 +221,7 @@ fn main() {
         .filter(|p| p.extension().is_some_and(|x| x == "h"))
         .collect();
     headers.sort();
+    headers.push(manifest_dir.join("kernels/weft_kernels.h"));
     let builder = headers.iter().fold(
         bindgen::Builder::default()
             .rust_target("1.73.0".parse().expect("rust-version"))
@@ -229,4 +235,52 @@ fn main() {
     let bindings = builder.generate().unwrap_or_else(|e| fail(format!("bindgen: {e}")));
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
     bindings.write_to_file(out.join("bindings.rs")).expect("write bindings.rs");
+}
+
+/// Compiles kernels/ into one static library: the primitive and entry points once, the inner
+/// loops (qmm_kernel.cpp) once per instruction set with its own -m flags and namespace.
+fn build_kernels(dir: &Path, prefix: &Path, mlx_c: &Path, shim: &Path) {
+    for file in ["qmm_kernel.h", "qmm_kernel.cpp", "qmm_primitive.cpp", "weft_kernels.h"] {
+        println!("cargo:rerun-if-changed={}", dir.join(file).display());
+    }
+    let arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
+    let base = || {
+        let mut b = cc::Build::new();
+        b.cpp(true)
+            .std("c++20")
+            .opt_level(3)
+            .include(dir)
+            .flag("-fvisibility=hidden")
+            // Vector `acc += a * b` becomes an FMA where the target has one.
+            .flag("-ffp-contract=fast")
+            .warnings(false);
+        b
+    };
+    // (namespace, floats per vector, flags)
+    let mut isas: Vec<(&str, &str, &[&str])> = vec![("generic", "4", &[])];
+    if arch == "x86_64" {
+        isas.push(("avx2", "8", &["-mavx2", "-mfma", "-mf16c"]));
+        isas.push(("avx512", "16", &["-mavx512f", "-mavx2", "-mfma", "-mf16c"]));
+    }
+    let mut objects = Vec::new();
+    for (isa, width, flags) in isas {
+        let mut b = base();
+        b.file(dir.join("qmm_kernel.cpp")).define("WEFT_QMM_ISA", isa).define("WEFT_QMM_WIDTH", width);
+        for f in flags {
+            b.flag(f);
+        }
+        // Each ISA's objects get their own name (same source file).
+        let objs = b.out_dir(PathBuf::from(env::var("OUT_DIR").unwrap()).join(format!("qmm-{isa}"))).compile_intermediates();
+        objects.extend(objs);
+    }
+    let mut b = base();
+    b.file(dir.join("qmm_primitive.cpp"))
+        .include(prefix.join("include"))
+        .include(mlx_c)
+        .flag("-include")
+        .flag(shim.to_str().unwrap());
+    for o in objects {
+        b.object(o);
+    }
+    b.compile("weft_kernels");
 }

@@ -14,6 +14,7 @@ pub mod engine;
 pub mod generate;
 pub mod gguf;
 pub mod language_model;
+pub mod kernels;
 pub mod loading;
 pub mod model_store;
 pub mod models;

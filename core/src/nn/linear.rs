@@ -4,13 +4,28 @@ use mlx_rs::ops::{addmm, dequantize, quantized_matmul};
 use mlx_rs::Array;
 
 use super::weights::{QuantSpec, Weights};
+use crate::kernels::{self, CpuKernels};
 use crate::Result;
 
 /// `y = x W^T (+ b)`; quantized weights use `quantized_matmul(transpose=true)` as mlx's
-/// `QuantizedLinear`.
+/// `QuantizedLinear`, through Weft's fast CPU kernel when the layer was loaded in fast mode.
 pub enum Linear {
     Dense { weight: Array, bias: Option<Array> },
-    Quantized { weight: Array, scales: Array, biases: Array, bias: Option<Array>, spec: QuantSpec },
+    Quantized { weight: Array, scales: Array, biases: Array, bias: Option<Array>, spec: QuantSpec, fast: bool },
+}
+
+/// `x @ w^T` for an affine-quantized `w` with the kernel the layer was loaded with.
+fn qmm(x: &Array, weight: &Array, scales: &Array, biases: &Array, spec: QuantSpec, fast: bool) -> Result<Array> {
+    if fast {
+        kernels::quantized_matmul(x, weight, scales, biases, spec.group_size, spec.bits)
+    } else {
+        Ok(quantized_matmul(x, weight, scales, biases, true, spec.group_size, spec.bits)?)
+    }
+}
+
+/// Whether a quantized layer loaded now takes the fast kernel (see [`kernels`]).
+fn load_fast() -> Result<bool> {
+    Ok(kernels::cpu_kernels()? == CpuKernels::Fast)
 }
 
 impl Linear {
@@ -23,7 +38,7 @@ impl Linear {
         Ok(match w.quant_spec(prefix)? {
             Some(spec) => {
                 let (weight, scales, biases) = w.take_quantized(prefix, out_dim, in_dim, spec)?;
-                Linear::Quantized { weight, scales, biases, bias, spec }
+                Linear::Quantized { weight, scales, biases, bias, spec, fast: load_fast()? }
             }
             None => {
                 Linear::Dense { weight: w.take(&format!("{prefix}.weight"), &[out_dim, in_dim])?, bias }
@@ -35,8 +50,8 @@ impl Linear {
         Ok(match self {
             Linear::Dense { weight, bias: None } => x.matmul(weight.t())?,
             Linear::Dense { weight, bias: Some(b) } => addmm(b, x, weight.t(), None, None)?,
-            Linear::Quantized { weight, scales, biases, bias, spec } => {
-                let y = quantized_matmul(x, weight, scales, biases, true, spec.group_size, spec.bits)?;
+            Linear::Quantized { weight, scales, biases, bias, spec, fast } => {
+                let y = qmm(x, weight, scales, biases, *spec, *fast)?;
                 match bias {
                     Some(b) => y.add(b)?,
                     None => y,
@@ -49,7 +64,7 @@ impl Linear {
 /// Token embedding table; `as_linear` is the tied output projection.
 pub enum Embedding {
     Dense { weight: Array },
-    Quantized { weight: Array, scales: Array, biases: Array, spec: QuantSpec },
+    Quantized { weight: Array, scales: Array, biases: Array, spec: QuantSpec, fast: bool },
 }
 
 impl Embedding {
@@ -57,7 +72,7 @@ impl Embedding {
         Ok(match w.quant_spec(prefix)? {
             Some(spec) => {
                 let (weight, scales, biases) = w.take_quantized(prefix, vocab, dim, spec)?;
-                Embedding::Quantized { weight, scales, biases, spec }
+                Embedding::Quantized { weight, scales, biases, spec, fast: load_fast()? }
             }
             None => Embedding::Dense { weight: w.take(&format!("{prefix}.weight"), &[vocab, dim])? },
         })
@@ -66,7 +81,7 @@ impl Embedding {
     pub fn forward(&self, ids: &Array) -> Result<Array> {
         Ok(match self {
             Embedding::Dense { weight } => weight.take_axis(ids, 0)?,
-            Embedding::Quantized { weight, scales, biases, spec } => dequantize(
+            Embedding::Quantized { weight, scales, biases, spec, .. } => dequantize(
                 weight.take_axis(ids, 0)?,
                 scales.take_axis(ids, 0)?,
                 &biases.take_axis(ids, 0)?,
@@ -79,8 +94,8 @@ impl Embedding {
     pub fn as_linear(&self, x: &Array) -> Result<Array> {
         Ok(match self {
             Embedding::Dense { weight } => x.matmul(weight.t())?,
-            Embedding::Quantized { weight, scales, biases, spec } => {
-                quantized_matmul(x, weight, scales, biases, true, spec.group_size, spec.bits)?
+            Embedding::Quantized { weight, scales, biases, spec, fast } => {
+                qmm(x, weight, scales, biases, *spec, *fast)?
             }
         })
     }

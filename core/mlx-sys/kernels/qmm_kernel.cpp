@@ -1,0 +1,258 @@
+// The quantized-matmul inner loops, compiled once per instruction set: build.rs defines
+// WEFT_QMM_ISA (the namespace) and WEFT_QMM_WIDTH (floats per vector) and passes the -m flags.
+// Written with GCC/Clang vector extensions so one source serves AVX-512, AVX2 and NEON.
+//
+// Only <cstdint> is included and everything but the Kernel table is internal: an inline
+// function from a shared header compiled here with -mavx2 could otherwise be picked by the
+// linker for callers on machines without AVX2.
+#include <cstddef>
+#include <cstdint>
+
+#include "qmm_kernel.h"
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#ifndef WEFT_QMM_ISA
+#error "build.rs defines WEFT_QMM_ISA and WEFT_QMM_WIDTH"
+#endif
+
+namespace weft_qmm {
+namespace WEFT_QMM_ISA {
+namespace {
+
+constexpr int W = WEFT_QMM_WIDTH;
+// Rows of x that share one dequantized weight vector (prefill, batched decode): the
+// accumulators of all rows stay in registers (AVX2 has 16 vector registers, AVX-512 32).
+constexpr int MAX_MT = W >= 16 ? 8 : 4;
+// Output rows whose scales are converted together and whose weights stay in cache while every
+// tile of x passes over them.
+constexpr int N_BLOCK = 16;
+constexpr int N_BLOCK_PREFILL = 64;
+
+template <int N>
+struct Int {
+  static constexpr int value = N;
+};
+
+template <int L>
+struct V {
+  typedef float f __attribute__((vector_size(L * 4)));
+  typedef int32_t i __attribute__((vector_size(L * 4)));
+  typedef uint32_t u __attribute__((vector_size(L * 4)));
+};
+
+template <int L>
+inline typename V<L>::f load_f(const float* p) {
+  typename V<L>::f v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+
+template <int L>
+inline typename V<L>::u load_u(const uint32_t* p) {
+  typename V<L>::u v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+
+template <int L>
+inline float hsum(typename V<L>::f v) {
+  if constexpr (L == 1) {
+    return v[0];
+  } else {
+    // Pairwise halves: the shuffles a compiler emits for a horizontal add.
+    typedef typename V<L / 2>::f half;
+    half lo, hi;
+    __builtin_memcpy(&lo, &v, sizeof lo);
+    __builtin_memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof lo, sizeof hi);
+    return hsum<L / 2>(lo + hi);
+  }
+}
+
+inline float half_to_float(uint16_t h) {
+  uint32_t sign = uint32_t(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1f;
+  uint32_t man = h & 0x3ff;
+  uint32_t bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;
+  } else {
+    // Subnormal: normalize.
+    int e = -1;
+    do {
+      man <<= 1;
+      e++;
+    } while (!(man & 0x400));
+    bits = sign | uint32_t(112 - e) << 23 | ((man & 0x3ff) << 13);
+  }
+  float f;
+  __builtin_memcpy(&f, &bits, 4);
+  return f;
+}
+
+// One row of scales or biases (n values of `dtype`) into float32.
+void to_f32(const void* src, int dtype, int n, float* dst) {
+  if (dtype == F32) {
+    __builtin_memcpy(dst, src, size_t(n) * 4);
+  } else if (dtype == BF16) {
+    auto s = static_cast<const uint16_t*>(src);
+    for (int i = 0; i < n; i++) {
+      uint32_t bits = uint32_t(s[i]) << 16;
+      __builtin_memcpy(dst + i, &bits, 4);
+    }
+  } else {
+    auto s = static_cast<const uint16_t*>(src);
+    int i = 0;
+#if defined(__F16C__)
+    for (; i + 8 <= n; i += 8) {
+      __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+      _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+    }
+#elif defined(__aarch64__)
+    for (; i < n; i++) {
+      __fp16 h;
+      __builtin_memcpy(&h, s + i, 2);
+      dst[i] = float(h);
+    }
+#endif
+    for (; i < n; i++) dst[i] = half_to_float(s[i]);
+  }
+}
+
+// Accumulates, for MT rows of x, one weight row's dot products over the blocks of L packed
+// words in [k0, k1) (elements). `sc` holds the row's scales as float32.
+template <int L, int MT, int BITS, int GS>
+inline void segment(const uint32_t* wrow, const float* const* xrows, const float* sc, int k0,
+                    int k1, float* res) {
+  constexpr int EPU = 32 / BITS;
+  constexpr int BLOCK = L * EPU;
+  constexpr uint32_t MASK = (1u << BITS) - 1;
+  typedef typename V<L>::f vf;
+  typedef typename V<L>::i vi;
+  typedef typename V<L>::u vu;
+  vf tot[MT];
+  for (int m = 0; m < MT; m++) tot[m] = vf{};
+  for (int k = k0; k < k1; k += BLOCK) {
+    vu v = load_u<L>(wrow + k / EPU);
+    vf acc[MT];
+    for (int m = 0; m < MT; m++) acc[m] = vf{};
+#pragma GCC unroll 8
+    for (int j = 0; j < EPU; j++) {
+      vf q = __builtin_convertvector((vi)((v >> (BITS * j)) & MASK), vf);
+      for (int m = 0; m < MT; m++) acc[m] += q * load_f<L>(xrows[m] + k + j * L);
+    }
+    vf s;
+    if constexpr (BLOCK <= GS) {
+      float sv = sc[k / GS];
+      for (int i = 0; i < L; i++) s[i] = sv;
+    } else {
+      // A block spans several groups: GS / EPU lanes each.
+      constexpr int LPG = GS / EPU;
+      for (int i = 0; i < L; i++) s[i] = sc[k / GS + i / LPG];
+    }
+    for (int m = 0; m < MT; m++) tot[m] += acc[m] * s;
+  }
+  for (int m = 0; m < MT; m++) res[m] += hsum<L>(tot[m]);
+}
+
+// The layout permute_x builds: blocks of W lanes, then of W/2, ..., down to 4 lanes (K is a
+// multiple of 32, so 4-lane blocks, 16 or 32 elements, always finish it).
+template <int L, int MT, int BITS, int GS>
+inline void segments(const uint32_t* wrow, const float* const* xrows, const float* sc, int k,
+                     int K, float* res) {
+  constexpr int BLOCK = L * (32 / BITS);
+  int k1 = k + (K - k) / BLOCK * BLOCK;
+  if (k1 > k) segment<L, MT, BITS, GS>(wrow, xrows, sc, k, k1, res);
+  if constexpr (L > 4) segments<L / 2, MT, BITS, GS>(wrow, xrows, sc, k1, K, res);
+}
+
+template <int L>
+inline float dot(const float* a, const float* b, int n) {
+  typedef typename V<L>::f vf;
+  vf acc = {};
+  int i = 0;
+  for (; i + L <= n; i += L) acc += load_f<L>(a + i) * load_f<L>(b + i);
+  float s = hsum<L>(acc);
+  for (; i < n; i++) s += a[i] * b[i];
+  return s;
+}
+
+template <int MT, int BITS, int GS>
+void tile(const Args& a, const uint32_t* wrow, const float* sc, const float* bs, int m0, int n) {
+  const int K = a.K;
+  const int G = K / GS;
+  const float* xrows[MT];
+  float res[MT];
+  for (int m = 0; m < MT; m++) {
+    xrows[m] = a.xp + size_t(m0 + m) * K;
+    res[m] = 0.0f;
+  }
+  segments<W, MT, BITS, GS>(wrow, xrows, sc, 0, K, res);
+  for (int m = 0; m < MT; m++) {
+    res[m] += dot<W>(bs, a.xsum + size_t(m0 + m) * G, G);
+    a.y[size_t(m0 + m) * a.N + n] = res[m];
+  }
+}
+
+template <int BITS, int GS>
+void rows_impl(const Args& a, int n0, int n1) {
+  const int G = a.K / GS;
+  const int words = a.K / (32 / BITS);
+  const int ssize = a.sdtype == F32 ? 4 : 2;
+  // Scales and biases of a block of rows as float32. Prefill converts more rows at once so
+  // that the weights of the block stay in cache while every tile of x passes over them.
+  const int nb = a.M >= MAX_MT ? N_BLOCK_PREFILL : N_BLOCK;
+  float* scp = a.sdtype == F32 ? nullptr : new float[size_t(nb) * G * 2];
+  float* bsp = scp ? scp + size_t(nb) * G : nullptr;
+  float* const sc_buf = scp;
+  float* const bs_buf = bsp;
+  for (int nb0 = n0; nb0 < n1; nb0 += nb) {
+    int nb1 = nb0 + nb < n1 ? nb0 + nb : n1;
+    if (a.sdtype == F32) {
+      // Already float32: read in place.
+      scp = const_cast<float*>(static_cast<const float*>(a.scales)) + size_t(nb0) * G;
+      bsp = const_cast<float*>(static_cast<const float*>(a.biases)) + size_t(nb0) * G;
+    } else {
+      for (int n = nb0; n < nb1; n++) {
+        auto off = size_t(n) * G * ssize;
+        to_f32(static_cast<const char*>(a.scales) + off, a.sdtype, G, sc_buf + (n - nb0) * G);
+        to_f32(static_cast<const char*>(a.biases) + off, a.sdtype, G, bs_buf + (n - nb0) * G);
+      }
+    }
+    int m = 0;
+    auto tiles = [&](auto mt) {
+      constexpr int MT = decltype(mt)::value;
+      for (; m + MT <= a.M; m += MT)
+        for (int n = nb0; n < nb1; n++)
+          tile<MT, BITS, GS>(a, a.w + size_t(n) * words, scp + (n - nb0) * G,
+                             bsp + (n - nb0) * G, m, n);
+    };
+    tiles(Int<MAX_MT>{});
+    if constexpr (MAX_MT > 4) tiles(Int<4>{});
+    tiles(Int<2>{});
+    tiles(Int<1>{});
+  }
+  delete[] sc_buf;
+}
+
+void rows(const Args& a, int n0, int n1) {
+  if (a.bits == 4 && a.group_size == 32) rows_impl<4, 32>(a, n0, n1);
+  else if (a.bits == 4 && a.group_size == 64) rows_impl<4, 64>(a, n0, n1);
+  else if (a.bits == 8 && a.group_size == 32) rows_impl<8, 32>(a, n0, n1);
+  else if (a.bits == 8 && a.group_size == 64) rows_impl<8, 64>(a, n0, n1);
+}
+
+}  // namespace
+
+#define WEFT_STR2(x) #x
+#define WEFT_STR(x) WEFT_STR2(x)
+const Kernel kernel = {rows, W, WEFT_STR(WEFT_QMM_ISA)};
+
+}  // namespace WEFT_QMM_ISA
+}  // namespace weft_qmm

@@ -1,0 +1,47 @@
+// Weft's CPU affine-quantized matmul: y[m][n] = sum_k x[m][k] * (s[n][g] * q[n][k] + b[n][g]).
+// The inner loops live in qmm_kernel.cpp, compiled once per instruction set (AVX-512, AVX2+FMA,
+// and the baseline: SSE2 on x86-64, NEON on aarch64); qmm_primitive.cpp picks one at run time.
+#pragma once
+
+#include <cstdint>
+
+namespace weft_qmm {
+
+enum DType : int { F32 = 0, F16 = 1, BF16 = 2 };
+
+struct Args {
+  // Activations as float32 in the kernel's lane order (see permute_x), [M][K], and the
+  // per-group sums of x, [M][K / group_size]: the bias term is b[n][g] * xsum[m][g].
+  const float* xp;
+  const float* xsum;
+  const uint32_t* w;  // [N][K * bits / 32]
+  const void* scales; // [N][K / group_size], dtype `sdtype`
+  const void* biases; // same
+  int sdtype;
+  float* y;           // [M][N] float32
+  int M, N, K, bits, group_size;
+};
+
+// One instruction set's kernel: rows [n0, n1) of y for every m.
+using RowsFn = void (*)(const Args&, int n0, int n1);
+
+// Vector width (floats) the kernel's activation layout is built for.
+struct Kernel {
+  RowsFn rows;
+  int width;
+  const char* name;
+};
+
+namespace generic { extern const Kernel kernel; }
+#if defined(__x86_64__)
+namespace avx2 { extern const Kernel kernel; }
+namespace avx512 { extern const Kernel kernel; }
+#endif
+
+// x (float32, row-major [M][K]) into the layout a kernel of `width` lanes reads: within each
+// block of width * (32 / bits) elements, element lane * epu + j goes to j * width + lane, so one
+// shifted-and-masked load of `width` packed words meets `width` contiguous activations. The
+// remainder of K that does not fill a block keeps its order.
+void permute_x(const float* x, float* xp, int M, int K, int bits, int width);
+
+}  // namespace weft_qmm

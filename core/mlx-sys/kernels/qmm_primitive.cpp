@@ -1,0 +1,390 @@
+// An MLX Primitive for affine-quantized `x @ W^T` on the CPU (MLX's layout: packed uint32
+// weights, per-group scale and bias), its thread pool, and the extern "C" entry point Rust calls.
+// MLX's own CPU kernel is a scalar single-threaded loop; this one is SIMD (qmm_kernel.cpp),
+// splits the output rows over a small persistent pool, and in prefill dequantizes each weight
+// vector once for several rows of x.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <sched.h>
+
+#include "mlx/allocator.h"
+#include "mlx/array.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+#include "mlx/c/private/array.h"
+#include "mlx/c/private/stream.h"
+
+#include "qmm_kernel.h"
+#include "weft_kernels.h"
+
+namespace mx = mlx::core;
+
+namespace weft_qmm {
+
+void permute_x(const float* x, float* xp, int M, int K, int bits, int width) {
+  const int epu = 32 / bits;
+  for (int m = 0; m < M; m++) {
+    const float* src = x + size_t(m) * K;
+    float* dst = xp + size_t(m) * K;
+    int k = 0;
+    for (int L = width; L >= 4; L /= 2) {
+      const int block = L * epu;
+      for (; k + block <= K; k += block)
+        for (int lane = 0; lane < L; lane++)
+          for (int j = 0; j < epu; j++) dst[k + j * L + lane] = src[k + lane * epu + j];
+    }
+    for (; k < K; k++) dst[k] = src[k];
+  }
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Thread pool: workers spin briefly between jobs (a decode step runs a few hundred matmuls
+// microseconds apart), then sleep on a futex. The calling thread (MLX's stream thread) works
+// too and never waits for a worker that has not started: on a loaded machine a descheduled
+// worker simply gets no chunks, and the caller waits only for chunks already taken.
+
+class Pool {
+ public:
+  static Pool& get() {
+    // Never destroyed: at exit a stream thread may still be inside a job.
+    static Pool* pool = new Pool;
+    return *pool;
+  }
+
+  int threads() const { return int(workers_.size()) + 1; }
+
+  // Runs fn(ctx, chunk) for every chunk in [0, chunks), spread over the pool.
+  void run(int chunks, void (*fn)(void*, int), void* ctx) {
+    if (workers_.empty() || chunks <= 1 || !busy_.try_lock()) {
+      // Busy (another stream's matmul) or nothing to share: run here.
+      for (int c = 0; c < chunks; c++) fn(ctx, c);
+      return;
+    }
+    fn_ = fn;
+    ctx_ = ctx;
+    chunks_ = chunks;
+    next_.store(0, std::memory_order_relaxed);
+    active_.store(true, std::memory_order_seq_cst);
+    generation_.fetch_add(1, std::memory_order_seq_cst);
+    generation_.notify_all();
+    work();
+    // Every chunk is taken; no worker may start one after this, and those inside finish.
+    active_.store(false, std::memory_order_seq_cst);
+    while (inside_.load(std::memory_order_seq_cst) != 0) pause();
+    busy_.unlock();
+  }
+
+ private:
+  Pool() {
+    int n = configured_threads();
+    for (int i = 1; i < n; i++) workers_.emplace_back([this] { loop(); });
+  }
+
+  static int configured_threads() {
+    if (const char* env = std::getenv("WEFT_CPU_THREADS")) {
+      int n = std::atoi(env);
+      if (n >= 1) return std::min(n, 256);
+    }
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+    return std::max(1u, std::thread::hardware_concurrency());
+  }
+
+  static void pause() {
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+  }
+
+  void work() {
+    for (;;) {
+      int c = next_.fetch_add(1, std::memory_order_relaxed);
+      if (c >= chunks_) return;
+      fn_(ctx_, c);
+    }
+  }
+
+  void loop() {
+    uint64_t seen = 0;
+    for (;;) {
+      // Spin ~100 us for the next job before sleeping.
+      auto start = std::chrono::steady_clock::now();
+      uint64_t g;
+      for (int i = 0;; i++) {
+        g = generation_.load(std::memory_order_acquire);
+        if (g != seen) break;
+        pause();
+        if ((i & 63) == 63 &&
+            std::chrono::steady_clock::now() - start > std::chrono::microseconds(100)) {
+          generation_.wait(seen, std::memory_order_acquire);
+        }
+      }
+      seen = g;
+      // Join only a job still being handed out (its fields are published before active_).
+      inside_.fetch_add(1, std::memory_order_seq_cst);
+      if (active_.load(std::memory_order_seq_cst)) work();
+      inside_.fetch_sub(1, std::memory_order_seq_cst);
+    }
+  }
+
+  std::vector<std::thread> workers_;
+  std::mutex busy_;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> next_{0};
+  std::atomic<int> inside_{0};
+  std::atomic<bool> active_{false};
+  void (*fn_)(void*, int) = nullptr;
+  void* ctx_ = nullptr;
+  int chunks_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+
+// 0: the best this CPU has; 1: at most AVX2; 2: generic (tests run every kernel this way).
+int cap_of(const char* isa) {
+  if (std::strcmp(isa, "avx512") == 0) return 0;
+  if (std::strcmp(isa, "avx2") == 0) return 1;
+  if (std::strcmp(isa, "generic") == 0) return 2;
+  return -1;
+}
+
+int initial_cap() {
+  const char* env = std::getenv("WEFT_CPU_ISA");
+  return env && cap_of(env) >= 0 ? cap_of(env) : 0;
+}
+
+std::atomic<int> isa_cap{initial_cap()};
+
+const Kernel& select_kernel(int K, int bits) {
+#if defined(__x86_64__)
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                           __builtin_cpu_supports("f16c");
+  const int cap = isa_cap.load(std::memory_order_relaxed);
+  // The 16-lane kernel only when a 16-lane block fits K at least once.
+  if (avx512 && cap == 0 && K >= 16 * (32 / bits)) return avx512::kernel;
+  if (avx2 && cap <= 1) return avx2::kernel;
+#else
+  (void)K;
+  (void)bits;
+#endif
+  return generic::kernel;
+}
+
+int dtype_code(mx::Dtype d) {
+  if (d == mx::float32) return F32;
+  if (d == mx::float16) return F16;
+  return BF16;
+}
+
+// x (any float dtype, any strides) into float32 row-major [M][K].
+void gather_x(const mx::array& x, float* dst, size_t M, int K) {
+  const auto& shape = x.shape();
+  const auto& strides = x.strides();
+  const int nd = int(shape.size());
+  auto convert = [&](auto tag) {
+    using T = decltype(tag);
+    const T* base = x.data<T>();
+    if (x.flags().row_contiguous) {
+      for (size_t i = 0, n = M * size_t(K); i < n; i++) dst[i] = static_cast<float>(base[i]);
+      return;
+    }
+    std::vector<int> idx(nd, 0);
+    for (size_t m = 0; m < M; m++) {
+      int64_t off = 0;
+      for (int d = 0; d < nd - 1; d++) off += int64_t(idx[d]) * strides[d];
+      const int64_t ks = strides[nd - 1];
+      for (int k = 0; k < K; k++) dst[m * K + k] = static_cast<float>(base[off + k * ks]);
+      for (int d = nd - 2; d >= 0; d--) {
+        if (++idx[d] < shape[d]) break;
+        idx[d] = 0;
+      }
+    }
+  };
+  if (x.dtype() == mx::float32) convert(float{});
+  else if (x.dtype() == mx::float16) convert(mx::float16_t{});
+  else convert(mx::bfloat16_t{});
+}
+
+struct Job {
+  const Kernel* kernel;
+  Args args;
+  int rows_per_chunk;
+};
+
+void run_chunk(void* ctx, int c) {
+  auto* job = static_cast<Job*>(ctx);
+  int n0 = c * job->rows_per_chunk;
+  int n1 = std::min(job->args.N, n0 + job->rows_per_chunk);
+  job->kernel->rows(job->args, n0, n1);
+}
+
+void compute(const mx::array& x, const mx::array& w, const mx::array& scales,
+             const mx::array& biases, mx::array& out, int group_size, int bits) {
+  const int K = x.shape().back();
+  const int N = w.shape(0);
+  const size_t M = x.size() / size_t(K);
+  const int G = K / group_size;
+  thread_local std::vector<float> xf, xp, xsum, y;
+  xf.resize(M * K);
+  xp.resize(M * K);
+  xsum.resize(M * G);
+  gather_x(x, xf.data(), M, K);
+  for (size_t m = 0; m < M; m++)
+    for (int g = 0; g < G; g++) {
+      float s = 0;
+      const float* p = xf.data() + m * K + size_t(g) * group_size;
+      for (int k = 0; k < group_size; k++) s += p[k];
+      xsum[m * G + g] = s;
+    }
+  const Kernel& kernel = select_kernel(K, bits);
+  permute_x(xf.data(), xp.data(), int(M), K, bits, kernel.width);
+  const bool f32_out = out.dtype() == mx::float32;
+  if (!f32_out) y.resize(M * size_t(N));
+  Job job;
+  job.kernel = &kernel;
+  job.args = Args{xp.data(),
+                  xsum.data(),
+                  w.data<uint32_t>(),
+                  scales.data<void>(),
+                  biases.data<void>(),
+                  dtype_code(scales.dtype()),
+                  f32_out ? out.data<float>() : y.data(),
+                  int(M),
+                  N,
+                  K,
+                  bits,
+                  group_size};
+  // Chunks: enough to balance the pool, large enough to amortize a chunk's setup.
+  const int threads = Pool::get().threads();
+  int rows = M >= 4 ? 64 : std::max(16, N / (threads * 8));
+  job.rows_per_chunk = rows;
+  Pool::get().run((N + rows - 1) / rows, run_chunk, &job);
+  if (!f32_out) {
+    const size_t n = M * size_t(N);
+    if (out.dtype() == mx::float16) {
+      auto* o = out.data<mx::float16_t>();
+      for (size_t i = 0; i < n; i++) o[i] = mx::float16_t(y[i]);
+    } else {
+      auto* o = out.data<mx::bfloat16_t>();
+      for (size_t i = 0; i < n; i++) o[i] = mx::bfloat16_t(y[i]);
+    }
+  }
+}
+
+class QuantizedMatmul : public mx::Primitive {
+ public:
+  QuantizedMatmul(mx::Stream stream, int group_size, int bits)
+      : mx::Primitive(stream), group_size_(group_size), bits_(bits) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    auto& out = outputs[0];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    encoder.dispatch([x = inputs[0], w = inputs[1], s = inputs[2], b = inputs[3],
+                      out = mx::array::unsafe_weak_copy(out), gs = group_size_,
+                      bits = bits_]() mutable { compute(x, w, s, b, out, gs, bits); });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("weft QuantizedMatmul runs on the CPU; GPU streams use MLX's own");
+  }
+
+  const char* name() const override { return "WeftQuantizedMatmul"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const QuantizedMatmul*>(&other);
+    return o && o->group_size_ == group_size_ && o->bits_ == bits_;
+  }
+
+ private:
+  int group_size_;
+  int bits_;
+};
+
+thread_local std::string last_error;
+
+bool is_float(mx::Dtype d) { return d == mx::float32 || d == mx::float16 || d == mx::bfloat16; }
+
+// Our kernel's domain; anything else goes to MLX's quantized_matmul (which also reports errors).
+bool supported(const mx::array& x, const mx::array& w, const mx::array& s, const mx::array& b,
+               int group_size, int bits, const mx::Stream& stream) {
+  if (stream.device.type != mx::Device::DeviceType::cpu) return false;
+  if (!(bits == 4 || bits == 8) || !(group_size == 32 || group_size == 64)) return false;
+  if (x.ndim() < 1 || w.ndim() != 2 || s.ndim() != 2 || b.ndim() != 2) return false;
+  if (!is_float(x.dtype()) || w.dtype() != mx::uint32) return false;
+  if (!is_float(s.dtype()) || s.dtype() != b.dtype()) return false;
+  const int K = x.shape().back();
+  const int N = w.shape(0);
+  if (K <= 0 || N <= 0 || int64_t(w.shape(1)) * (32 / bits) != K || K % group_size != 0)
+    return false;
+  if (s.shape(0) != N || s.shape(1) != K / group_size || b.shape() != s.shape()) return false;
+  return true;
+}
+
+mx::array contiguous_rows(const mx::array& a, const mx::Stream& s) {
+  // Weights are normally loaded contiguous and already evaluated: no extra op then.
+  if (a.is_available() && a.flags().row_contiguous) return a;
+  return mx::contiguous(a, false, s);
+}
+
+}  // namespace
+}  // namespace weft_qmm
+
+using namespace weft_qmm;
+
+extern "C" int weft_quantized_matmul(mlx_array* res, const mlx_array x, const mlx_array w,
+                                     const mlx_array scales, const mlx_array biases,
+                                     int group_size, int bits, const mlx_stream stream) {
+  try {
+    const auto& xa = mlx_array_get_(x);
+    const auto& wa = mlx_array_get_(w);
+    const auto& sa = mlx_array_get_(scales);
+    const auto& ba = mlx_array_get_(biases);
+    const auto& st = mlx_stream_get_(stream);
+    if (!supported(xa, wa, sa, ba, group_size, bits, st)) {
+      mlx_array_set_(*res, mx::quantized_matmul(xa, wa, sa, ba, true, group_size, bits, "affine", st));
+      return 0;
+    }
+    auto shape = xa.shape();
+    shape.back() = wa.shape(0);
+    auto prim = std::make_shared<QuantizedMatmul>(st, group_size, bits);
+    mlx_array_set_(*res, mx::array(shape, xa.dtype(), prim,
+                                   {xa, contiguous_rows(wa, st), contiguous_rows(sa, st),
+                                    contiguous_rows(ba, st)}));
+    return 0;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return 1;
+  }
+}
+
+extern "C" const char* weft_kernels_last_error(void) { return last_error.c_str(); }
+
+extern "C" const char* weft_kernels_isa(int k, int bits) {
+  return select_kernel(k, bits).name;
+}
+
+extern "C" int weft_kernels_limit_isa(const char* isa) {
+  int cap = cap_of(isa);
+  if (cap < 0) return 1;
+  isa_cap = cap;
+  return 0;
+}
+
+extern "C" int weft_kernels_threads(void) { return Pool::get().threads(); }

@@ -1,0 +1,39 @@
+/* Weft's CPU kernels for MLX (kernels/qmm_primitive.cpp): a small C API over a custom MLX
+ * primitive, in mlx-c's conventions (result through `res`, 0 on success). */
+#ifndef WEFT_KERNELS_H
+#define WEFT_KERNELS_H
+
+#include "mlx/c/array.h"
+#include "mlx/c/stream.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* `x @ w^T` for affine-quantized `w` ([N, K*bits/32] uint32, scales/biases [N, K/group_size]),
+ * as mlx's quantized_matmul(transpose=true). On a CPU stream with 4/8 bits, group 32/64 and
+ * float32/float16/bfloat16 inputs it builds Weft's primitive; otherwise it returns MLX's op.
+ * On failure returns nonzero; weft_kernels_last_error() has the message (this thread). */
+int weft_quantized_matmul(mlx_array* res, const mlx_array x, const mlx_array w,
+                          const mlx_array scales, const mlx_array biases, int group_size,
+                          int bits, const mlx_stream stream);
+
+const char* weft_kernels_last_error(void);
+
+/* The instruction set the kernel uses for inner dimension k at `bits` ("avx512", "avx2",
+ * "generic"). */
+const char* weft_kernels_isa(int k, int bits);
+
+/* Caps the instruction set at "avx512" (no cap), "avx2" or "generic", process-wide (tests and
+ * benchmarks compare the kernels this way; `WEFT_CPU_ISA` sets it at startup). Nonzero for an
+ * unknown name. */
+int weft_kernels_limit_isa(const char* isa);
+
+/* Threads the kernel's pool runs on (WEFT_CPU_THREADS, else the CPUs this process may use). */
+int weft_kernels_threads(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,150 @@
+//! CPU kernel selection: Weft's quantized matmul (a custom MLX primitive in
+//! `core/mlx-sys/kernels`: SIMD, multi-threaded) or MLX's own kernels.
+//!
+//! - [`CpuKernels::Fast`] (the default): quantized linear layers on a CPU stream run Weft's
+//!   primitive. Its float32 sums are ordered differently from MLX's, so logits differ in the
+//!   last bits; `tests/cpu_kernels.rs` bounds the KL divergence against exact mode.
+//! - [`CpuKernels::Exact`]: MLX's kernels everywhere, bit-for-bit what mlx-lm computes (the
+//!   parity goldens run in this mode; `scripts/test` sets `WEFT_CPU_KERNELS=exact`).
+//!
+//! The mode is read when a model is loaded and kept by its layers, so a model loaded in one
+//! mode stays in it on whatever thread runs it. Precedence: [`with_cpu_kernels`] on the loading
+//! thread, then [`set_cpu_kernels`] (the CLI's `--cpu-kernels`), then `WEFT_CPU_KERNELS`, then
+//! fast. GPU streams always use MLX's kernels.
+
+use std::cell::Cell;
+use std::ffi::CStr;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use mlx_rs::{Array, Stream};
+
+use crate::{Error, Result};
+
+/// Which quantized-matmul kernel CPU layers use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CpuKernels {
+    /// MLX's own kernels (matches mlx-lm exactly).
+    Exact,
+    /// Weft's SIMD multi-threaded quantized matmul.
+    Fast,
+}
+
+impl CpuKernels {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CpuKernels::Exact => "exact",
+            CpuKernels::Fast => "fast",
+        }
+    }
+}
+
+impl std::str::FromStr for CpuKernels {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "exact" => Ok(CpuKernels::Exact),
+            "fast" => Ok(CpuKernels::Fast),
+            other => Err(Error::Unsupported(format!(
+                "CPU kernels {other:?}: expected \"exact\" or \"fast\""
+            ))),
+        }
+    }
+}
+
+/// The environment variable naming the default mode.
+pub const ENV: &str = "WEFT_CPU_KERNELS";
+
+// 0: not set (use the environment), 1: exact, 2: fast.
+static PROCESS_DEFAULT: AtomicU8 = AtomicU8::new(0);
+
+thread_local! {
+    static SCOPED: Cell<Option<CpuKernels>> = const { Cell::new(None) };
+}
+
+/// Sets the process-wide mode (overrides `WEFT_CPU_KERNELS`) for models loaded afterwards.
+pub fn set_cpu_kernels(mode: CpuKernels) {
+    PROCESS_DEFAULT.store(if mode == CpuKernels::Exact { 1 } else { 2 }, Ordering::Relaxed);
+}
+
+/// Runs `f` (typically a model load) with `mode` on this thread only.
+pub fn with_cpu_kernels<R>(mode: CpuKernels, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<CpuKernels>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            SCOPED.with(|s| s.set(self.0));
+        }
+    }
+    let _restore = Restore(SCOPED.with(|s| s.replace(Some(mode))));
+    f()
+}
+
+/// The mode a model loaded now on this thread gets. Errors on an unknown `WEFT_CPU_KERNELS`.
+pub fn cpu_kernels() -> Result<CpuKernels> {
+    if let Some(mode) = SCOPED.with(|s| s.get()) {
+        return Ok(mode);
+    }
+    match PROCESS_DEFAULT.load(Ordering::Relaxed) {
+        1 => return Ok(CpuKernels::Exact),
+        2 => return Ok(CpuKernels::Fast),
+        _ => {}
+    }
+    match std::env::var(ENV) {
+        Ok(v) if !v.is_empty() => v
+            .parse()
+            .map_err(|_| Error::ModelLoad(format!("{ENV}={v:?}: expected \"exact\" or \"fast\""))),
+        _ => Ok(CpuKernels::Fast),
+    }
+}
+
+/// `x @ w^T` for an affine-quantized `w`, as `mlx_rs::ops::quantized_matmul(.., transpose=true)`,
+/// through Weft's primitive on CPU streams (MLX's op elsewhere and for shapes it doesn't cover).
+pub fn quantized_matmul(
+    x: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: &Array,
+    group_size: i32,
+    bits: i32,
+) -> Result<Array> {
+    let stream = Stream::thread_local_or_default();
+    unsafe {
+        let mut res = mlx_sys::mlx_array_new();
+        let status = mlx_sys::weft_quantized_matmul(
+            &mut res,
+            x.as_ptr(),
+            w.as_ptr(),
+            scales.as_ptr(),
+            biases.as_ptr(),
+            group_size,
+            bits,
+            stream.as_ptr(),
+        );
+        if status != 0 {
+            mlx_sys::mlx_array_free(res);
+            let msg = CStr::from_ptr(mlx_sys::weft_kernels_last_error()).to_string_lossy().into_owned();
+            return Err(Error::Mlx(format!("quantized_matmul: {msg}")));
+        }
+        Ok(Array::from_ptr(res))
+    }
+}
+
+/// The instruction set the fast kernel uses for inner dimension `k` at `bits` (reported by
+/// benchmarks and tests): "avx512", "avx2" or "generic".
+pub fn isa(k: i32, bits: i32) -> &'static str {
+    unsafe { CStr::from_ptr(mlx_sys::weft_kernels_isa(k, bits)).to_str().unwrap_or("?") }
+}
+
+/// Caps the fast kernel's instruction set, process-wide: "avx512" (no cap), "avx2" or "generic"
+/// (tests and benchmarks compare them; `WEFT_CPU_ISA` sets it at startup).
+pub fn limit_isa(isa: &str) -> Result<()> {
+    let name = std::ffi::CString::new(isa).map_err(|_| Error::Unsupported(format!("instruction set {isa:?}")))?;
+    match unsafe { mlx_sys::weft_kernels_limit_isa(name.as_ptr()) } {
+        0 => Ok(()),
+        _ => Err(Error::Unsupported(format!("instruction set {isa:?}: expected avx512, avx2 or generic"))),
+    }
+}
+
+/// Threads in the fast kernel's pool (`WEFT_CPU_THREADS`, else the CPUs this process may use).
+pub fn threads() -> usize {
+    unsafe { mlx_sys::weft_kernels_threads() as usize }
+}

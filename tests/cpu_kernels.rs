@@ -1,0 +1,214 @@
+//! Fast CPU kernels (weft::kernels) against MLX's own.
+//!
+//! - The primitive against `mlx quantized_matmul` on random shapes: M = 1 and M > 1 (prefill
+//!   tiles plus a remainder), every bit width / group size / activation dtype, strided x, and
+//!   inner dimensions that need the narrower-vector tails (576 = 4.5 AVX-512 blocks at 4 bits).
+//! - Whole models: the next-token distribution of fast mode against exact mode (KL divergence)
+//!   on the tiny quantized models and the default model, and greedy agreement over the goldens'
+//!   trajectories (printed; the KL bound is the gate).
+
+mod support;
+
+use mlx_rs::ops::{abs, dequantize, quantize, quantized_matmul};
+use mlx_rs::{Array, Dtype};
+use support::*;
+use weft::generate::{generate, GenerateOptions};
+use weft::kernels::{self, with_cpu_kernels, CpuKernels};
+use weft::loading;
+
+fn random(shape: &[i32], seed: u64) -> Array {
+    let key = mlx_rs::random::key(seed).unwrap();
+    mlx_rs::random::normal::<f32>(shape, None, None, &key).unwrap()
+}
+
+fn to_vec(a: &Array) -> Vec<f32> {
+    let a = a.as_dtype(Dtype::Float32).unwrap();
+    a.eval().unwrap();
+    a.as_slice::<f32>().to_vec()
+}
+
+/// Checks the fast kernel on one case against MLX's kernel run in float32 on the same
+/// (dtype-rounded) inputs. The two differ by the order of float32 sums, bounded by
+/// K * eps32 * sum_k |x_k w_k| (the classic gamma_K bound), plus one rounding of the output to
+/// `dtype` (half an ulp: 2^-8 relative for bfloat16, 2^-11 for float16).
+fn check(m_shape: &[i32], k: i32, n: i32, bits: i32, group_size: i32, dtype: Dtype, seed: u64) {
+    let w = random(&[n, k], seed);
+    let (wq, scales, biases) = quantize(&w, group_size, bits).unwrap();
+    let mut x_shape = m_shape.to_vec();
+    x_shape.push(k);
+    let x = random(&x_shape, seed + 1).as_dtype(dtype).unwrap();
+    let (scales, biases) = (scales.as_dtype(dtype).unwrap(), biases.as_dtype(dtype).unwrap());
+    let fast = kernels::quantized_matmul(&x, &wq, &scales, &biases, group_size, bits).unwrap();
+    assert_eq!(fast.shape()[..m_shape.len()], *m_shape);
+    assert_eq!(fast.shape()[m_shape.len()], n);
+    assert_eq!(fast.dtype(), dtype);
+    let f32_ = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
+    let reference =
+        quantized_matmul(f32_(&x), &wq, f32_(&scales), &f32_(&biases), true, group_size, bits).unwrap();
+    let wd = dequantize(&wq, f32_(&scales), &f32_(&biases), group_size, bits).unwrap();
+    let magnitude = abs(f32_(&x)).unwrap().matmul(abs(&wd).unwrap().t()).unwrap();
+    let (got, want, mag) = (to_vec(&fast), to_vec(&reference), to_vec(&magnitude));
+    let out_rel = match dtype {
+        Dtype::Bfloat16 => 1.0 / 256.0,
+        Dtype::Float16 => 1.0 / 2048.0,
+        _ => 0.0,
+    };
+    let what = format!("x{x_shape:?} n={n} bits={bits} group={group_size} {dtype:?} ({})", kernels::isa(k, bits));
+    let mut worst = 0.0f32;
+    for i in 0..got.len() {
+        let tol = k as f32 * f32::EPSILON * mag[i] + out_rel * want[i].abs() + 1e-6;
+        let err = (got[i] - want[i]).abs();
+        assert!(err <= tol, "{what}: element {i}: fast {} vs mlx {} (tolerance {tol})", got[i], want[i]);
+        worst = worst.max(err / tol);
+    }
+    eprintln!("{what}: worst error {worst:.3} of the tolerance");
+}
+
+/// Every kernel this CPU can run, widest first (the cap is process-wide: one test does this).
+#[test]
+fn kernel_matches_mlx_quantized_matmul_on_random_shapes() {
+    let mut seen = Vec::new();
+    for isa in ["avx512", "avx2", "generic"] {
+        kernels::limit_isa(isa).unwrap();
+        let got = kernels::isa(1536, 4);
+        if seen.contains(&got) {
+            continue; // this CPU lacks `isa`; the cap fell through to one already checked
+        }
+        seen.push(got);
+        check_all_shapes();
+    }
+    kernels::limit_isa("avx512").unwrap();
+    assert!(kernels::limit_isa("sse9").is_err());
+    eprintln!("kernels checked: {seen:?}");
+}
+
+fn check_all_shapes() {
+    let mut seed = 10;
+    for &bits in &[4, 8] {
+        for &group_size in &[32, 64] {
+            for &dtype in &[Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
+                // M = 1 (decode); M = 7 (4 + 2 + 1-row tiles); 2 x 3 rows; M = 15 (8 + 4 + 2 + 1).
+                for (m, k, n) in [(vec![1], 576, 40), (vec![7], 192, 70), (vec![2, 3], 1536, 19), (vec![15], 256, 33)] {
+                    check(&m, k, n, bits, group_size, dtype, seed);
+                    seed += 2;
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn kernel_reads_strided_activations() {
+    // x^T of a [K, M] array: not row-contiguous when the kernel reads it.
+    let (k, n, m) = (128, 24, 5);
+    let w = random(&[n, k], 1);
+    let (wq, scales, biases) = quantize(&w, 64, 4).unwrap();
+    let xt = random(&[k, m], 2);
+    let x = xt.t();
+    let fast = kernels::quantized_matmul(&x, &wq, &scales, &biases, 64, 4).unwrap();
+    let reference = quantized_matmul(&x, &wq, &scales, &biases, true, 64, 4).unwrap();
+    let (got, want) = (to_vec(&fast), to_vec(&reference));
+    for (g, w) in got.iter().zip(&want) {
+        assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()), "{g} vs {w}");
+    }
+}
+
+#[test]
+fn kernel_rejects_mismatched_shapes_with_an_error() {
+    let w = random(&[16, 64], 3);
+    let (wq, scales, biases) = quantize(&w, 32, 4).unwrap();
+    let x = random(&[2, 96], 4); // K = 96, the weights have 64
+    let err = kernels::quantized_matmul(&x, &wq, &scales, &biases, 32, 4)
+        .and_then(|y| Ok(y.eval()?))
+        .expect_err("a shape mismatch must be an error");
+    assert!(!err.to_string().is_empty());
+}
+
+#[test]
+fn mode_parses_and_scopes_to_the_loading_thread() {
+    assert_eq!("exact".parse::<CpuKernels>().unwrap(), CpuKernels::Exact);
+    assert_eq!("fast".parse::<CpuKernels>().unwrap(), CpuKernels::Fast);
+    assert!("quick".parse::<CpuKernels>().is_err());
+    let outer = kernels::cpu_kernels().unwrap();
+    with_cpu_kernels(CpuKernels::Fast, || {
+        assert_eq!(kernels::cpu_kernels().unwrap(), CpuKernels::Fast);
+        with_cpu_kernels(CpuKernels::Exact, || assert_eq!(kernels::cpu_kernels().unwrap(), CpuKernels::Exact));
+        assert_eq!(kernels::cpu_kernels().unwrap(), CpuKernels::Fast);
+    });
+    assert_eq!(kernels::cpu_kernels().unwrap(), outer);
+}
+
+/// KL(exact || fast) of softmax(logits), in nats.
+fn kl(exact: &[f32], fast: &[f32]) -> f64 {
+    let logp = |l: &[f32]| {
+        let max = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let lse = max + l.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln();
+        l.iter().map(|&v| v as f64 - lse).collect::<Vec<_>>()
+    };
+    let (p, q) = (logp(exact), logp(fast));
+    p.iter().zip(&q).map(|(a, b)| a.exp() * (a - b)).sum()
+}
+
+/// Bound on the next-token KL divergence of fast vs exact mode. Both compute the same float32
+/// sums in different orders; observed values are ~1e-9 and below, and 1e-4 nats is far below
+/// any change a sampler could notice (quantizing activations to 8 bits, as llama.cpp does,
+/// costs ~1e-3).
+const KL_BOUND: f64 = 1e-4;
+
+/// Runs every golden single case of a model in both modes: first-step KL under the bound, and
+/// greedy agreement with the golden trajectory reported.
+fn compare_modes(name: &str, path: &std::path::Path, cases: &[(Vec<u32>, Vec<u32>)]) {
+    let exact = with_cpu_kernels(CpuKernels::Exact, || loading::load(path)).unwrap();
+    let fast = with_cpu_kernels(CpuKernels::Fast, || loading::load(path)).unwrap();
+    let vocab = exact.model.info().vocab_size as usize;
+    let (mut agree, mut total, mut worst) = (0, 0, 0.0f64);
+    for (prompt, want) in cases {
+        // Exact mode only for the first step (it is the slow one); fast runs the trajectory.
+        let first = GenerateOptions { max_tokens: 1, capture_first_logits: vocab, ..GenerateOptions::default() };
+        let e = generate(exact.model.as_ref(), None, prompt, &first, |_| true).unwrap();
+        let opts = GenerateOptions { max_tokens: want.len(), capture_first_logits: vocab, ..GenerateOptions::default() };
+        let f = generate(fast.model.as_ref(), None, prompt, &opts, |_| true).unwrap();
+        let d = kl(&e.first_logits, &f.first_logits);
+        assert!(d < KL_BOUND, "{name}: {}-token prompt: KL(exact || fast) = {d:e} nats", prompt.len());
+        worst = worst.max(d);
+        // Greedy agreement: the leading run of fast tokens equal to the golden trajectory.
+        agree += f.tokens.iter().zip(want).take_while(|(a, b)| a == b).count();
+        total += want.len();
+    }
+    eprintln!(
+        "{name}: fast vs exact: worst first-step KL {worst:.2e} nats (bound {KL_BOUND:e}); \
+         greedy agreement with the golden trajectories {agree}/{total} tokens"
+    );
+}
+
+fn golden_cases(name: &str) -> Vec<(Vec<u32>, Vec<u32>)> {
+    golden(name)["single"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (ids(&c["prompt_ids"]), ids(&c["tokens"])))
+        .collect()
+}
+
+#[test]
+fn fast_mode_next_token_distribution_stays_close_on_tiny_quantized_models() {
+    for name in ["llama-4bit", "qwen3_5-4bit", "qwen3_moe-4bit"] {
+        compare_modes(name, &tiny_model_dir(name), &golden_cases(name));
+    }
+}
+
+#[test]
+fn fast_mode_next_token_distribution_stays_close_on_the_default_model() {
+    let Some(path) = default_model() else { return };
+    let g = golden("smollm2");
+    let mut cases: Vec<_> = g["chats"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (ids(&c["prompt_ids"]), ids(&c["tokens"])))
+        .collect();
+    // The two shortest prompts: exact mode's prefill is the slow part of this test.
+    cases.sort_by_key(|(p, _)| p.len());
+    cases.truncate(2);
+    compare_modes("smollm2 (Q4_1 GGUF)", &path, &cases);
+}
