@@ -315,27 +315,12 @@ fn assert_still_exact(engine: Handle) {
 // ---------------------------------------------------------------------------------------------
 // Strategies.
 
-const REQUEST_FIELDS: &[&str] = &[
-    "prompt",
-    "messages",
-    "prompt_ids",
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "seed",
-    "repetition_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-    "penalty_context",
-    "logit_bias",
-    "stop",
-    "ignore_eos",
-    "logprobs",
-    "top_logprobs",
-];
+/// The request fields: the contract's own list.
+const REQUEST_FIELDS: &[&str] = weft::contract::REQUEST_FIELDS;
 
+/// The engine options fuzzed: the contract's list minus the four MLX memory-policy fields, which
+/// set process-wide MLX limits (a fuzzed 1-byte memory limit would starve every other test in
+/// this process).
 const OPTION_FIELDS: &[&str] = &[
     "model",
     "max_batch",
