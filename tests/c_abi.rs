@@ -470,8 +470,8 @@ fn a_dead_engine_thread_is_reported_to_c_and_every_request_ends_once() {
     let exe = build(&source, Lang::C, Link::Dynamic);
     let out = runs_from_rpath(Command::new(&exe))
         .arg(tiny_model_dir(MODEL))
-        .env("WEFT_FAULTS", "driver-panic@3")
+        .env("WEFT_FAULTS", "driver-panic@6")
         .output()
         .expect("running the C fault test");
-    assert_pass(&out, "fault_test.c with WEFT_FAULTS=driver-panic@3");
+    assert_pass(&out, "fault_test.c with WEFT_FAULTS=driver-panic@6");
 }

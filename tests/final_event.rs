@@ -26,6 +26,21 @@ fn cases() -> Vec<(Vec<u32>, Vec<u32>)> {
     g["single"].as_array().unwrap().iter().map(|c| (ids(&c["prompt_ids"]), ids(&c["tokens"]))).collect()
 }
 
+/// Stalls the engine's thread (the sink of a one-token request blocks on its first token) until
+/// the returned sender sends or is dropped, so requests submitted meanwhile are all queued before
+/// any decode step runs and the faults fire at a known point, however loaded the machine is.
+fn hold(engine: &Engine) -> mpsc::Sender<()> {
+    let (release, gate) = mpsc::channel::<()>();
+    let sink = Box::new(move |ev: &Event| {
+        if !ev.is_final() {
+            let _ = gate.recv_timeout(Duration::from_secs(60));
+        }
+        true
+    });
+    engine.submit(greedy(vec![1, 2, 3], 1), sink).unwrap();
+    release
+}
+
 fn assert_one_final(outs: &[Outcome]) {
     for (i, o) in outs.iter().enumerate() {
         assert_eq!((o.finals, o.after_final), (1, 0), "row {i}: exactly one final event, nothing after: {o:?}");
@@ -68,7 +83,9 @@ fn a_panicking_sink_gets_one_error_and_its_batch_mates_stay_exact() {
 fn a_failing_forward_fails_its_batch_once_per_row_and_the_engine_serves_on() {
     let engine = start(with_faults(Faults { forward_error_at_step: Some(3), ..Default::default() }, 8));
     let cases = cases();
+    let release = hold(&engine);
     let streams: Vec<_> = cases[..3].iter().map(|(p, _)| engine.submit_channel(greedy(p.clone(), 24)).unwrap().1).collect();
+    drop(release);
     let outs: Vec<Outcome> = streams.iter().map(collect).collect();
     assert_one_final(&outs);
     for o in &outs {
@@ -85,7 +102,9 @@ fn a_panic_inside_a_step_fails_the_running_rows_and_the_queue_still_runs() {
     // pair then runs from scratch and matches the goldens.
     let engine = start(with_faults(Faults { step_panic_at_step: Some(4), ..Default::default() }, 2));
     let cases = cases();
+    let release = hold(&engine);
     let streams: Vec<_> = cases[..4].iter().map(|(p, _)| engine.submit_channel(greedy(p.clone(), 16)).unwrap().1).collect();
+    drop(release);
     let outs: Vec<Outcome> = streams.iter().map(collect).collect();
     assert_one_final(&outs);
     for o in &outs[..2] {
@@ -103,7 +122,9 @@ fn a_dead_engine_thread_fails_every_request_once_and_refuses_new_ones() {
     let engine = start(with_faults(Faults { driver_panic_after_step: Some(3), ..Default::default() }, 2));
     let cases = cases();
     // Two rows running, two queued, when the driver dies.
+    let release = hold(&engine);
     let streams: Vec<_> = cases[..4].iter().map(|(p, _)| engine.submit_channel(greedy(p.clone(), 64)).unwrap().1).collect();
+    drop(release);
     let outs: Vec<Outcome> = streams.iter().map(collect).collect();
     assert_one_final(&outs);
     for o in &outs {

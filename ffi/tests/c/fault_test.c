@@ -1,5 +1,5 @@
 /* The final-event guarantee from C when the engine's thread dies: run with
- * WEFT_FAULTS=driver-panic@3 (tests/c_abi.rs does). Every request, running or queued, gets
+ * WEFT_FAULTS=driver-panic@6 (tests/c_abi.rs does). Every request, running or queued, gets
  * exactly one final event (an ERROR), weft_engine_health and later weft_submit calls return
  * WEFT_ERR_ENGINE_FAILED, and freeing the dead engine returns. Prints PASS or FAIL lines.
  *   fault_test <model dir> */
@@ -38,8 +38,9 @@ int main(int argc, char **argv) {
   char options[4096];
   weft_engine *engine = NULL;
   row rows[ROWS];
+  int accepted[ROWS];
   uint64_t id = 0;
-  int i, st;
+  int i, st, n_accepted = 0;
   if (argc != 2) {
     fprintf(stderr, "usage: fault_test <model dir>\n");
     return 2;
@@ -56,15 +57,22 @@ int main(int argc, char **argv) {
     pthread_mutex_init(&rows[i].mu, NULL);
     pthread_cond_init(&rows[i].cv, NULL);
     snprintf(request, sizeof request, "{\"prompt_ids\": [%d, 7, 9], \"max_tokens\": 64, \"ignore_eos\": true}", i + 1);
+    /* Normally all four are accepted (two run, two wait); on a starved machine the engine may
+     * die before the last submits, which must then fail with WEFT_ERR_ENGINE_FAILED. */
     st = weft_submit(engine, request, on_event, &rows[i], &id);
-    check(st == WEFT_OK, "submit (2 rows run, 2 wait) before the engine thread dies");
+    accepted[i] = st == WEFT_OK;
+    n_accepted += accepted[i];
+    check(st == WEFT_OK || st == WEFT_ERR_ENGINE_FAILED, "submit: accepted, or refused because the engine failed");
   }
+  check(n_accepted >= 1, "at least one request was accepted before the engine thread died");
   for (i = 0; i < ROWS; i++) {
+    if (!accepted[i]) continue;
     pthread_mutex_lock(&rows[i].mu);
     while (rows[i].finals == 0) pthread_cond_wait(&rows[i].cv, &rows[i].mu);
     pthread_mutex_unlock(&rows[i].mu);
   }
   for (i = 0; i < ROWS; i++) {
+    if (!accepted[i]) continue;
     check(rows[i].finals == 1 && rows[i].after_final == 0, "exactly one final event per request");
     check(rows[i].errors == 1, "the final event is an ERROR naming the failed engine thread");
   }
