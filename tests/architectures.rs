@@ -42,27 +42,11 @@ fn continuous_schedules_match_batch_generator() {
     for name in ARCHS {
         let g = golden(name);
         for key in ["schedule", "schedule_chunked"] {
-            for max_batch in [8, 2] {
-                let outs = replay(loading::load(&tiny_model_dir(name)).unwrap(), &g[key], max_batch);
-                for (r, out) in g[key]["rows"].as_array().unwrap().iter().zip(&outs) {
-                    assert_eq!((out.finals, &out.error), (1, &None), "{name} {key}");
-                    assert_eq!(out.tokens, ids(&r["tokens"]), "{name} {key} (max_batch {max_batch}): row {}", r["id"]);
-                }
-            }
+            assert_schedule_exact(name, &g, key);
         }
     }
 }
 
-/// The first golden case's greedy tokens with `edit` applied to the model's config.
-fn tokens_with(dir: &str, edit: impl FnOnce(&mut Value)) -> Result<Vec<u32>, String> {
-    use weft::generate::{generate, GenerateOptions};
-    let tmp = copy_model(dir);
-    edit_config(tmp.path(), edit);
-    let loaded = loading::load(tmp.path()).map_err(|e| e.to_string())?;
-    let case = &golden(dir)["single"][2];
-    let opts = GenerateOptions { max_tokens: ids(&case["tokens"]).len(), ..Default::default() };
-    Ok(generate(loaded.model.as_ref(), None, &ids(&case["prompt_ids"]), &opts, |_| true).unwrap().tokens)
-}
 
 #[test]
 fn smollm3_nope_layers_follow_the_explicit_list() {

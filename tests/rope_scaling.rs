@@ -57,28 +57,11 @@ fn continuous_schedules_match_the_oracle_for_every_kind() {
                 assert_eq!((*name, key), ("rope-dynamic", "schedule_chunked"));
                 continue;
             }
-            for max_batch in [8, 2] {
-                let outs = replay(loading::load(&tiny_model_dir(name)).unwrap(), &g[key], max_batch);
-                for (r, out) in g[key]["rows"].as_array().unwrap().iter().zip(&outs) {
-                    assert_eq!((out.finals, &out.error), (1, &None), "{name} {key}");
-                    assert_eq!(out.tokens, ids(&r["tokens"]), "{name} {key} (max_batch {max_batch}): row {}", r["id"]);
-                }
-            }
+            assert_schedule_exact(name, &g, key);
         }
     }
 }
 
-/// Loads `dir`'s model with `edit` applied to its config and returns the first golden
-/// case's greedy tokens (or the load error).
-fn tokens_with(dir: &str, edit: impl FnOnce(&mut Value)) -> Result<Vec<u32>, String> {
-    use weft::generate::{generate, GenerateOptions};
-    let tmp = copy_model(dir);
-    edit_config(tmp.path(), edit);
-    let loaded = loading::load(tmp.path()).map_err(|e| e.to_string())?;
-    let case = &golden(dir)["single"][2];
-    let opts = GenerateOptions { max_tokens: ids(&case["tokens"]).len(), ..Default::default() };
-    Ok(generate(loaded.model.as_ref(), None, &ids(&case["prompt_ids"]), &opts, |_| true).unwrap().tokens)
-}
 
 #[test]
 fn both_spellings_of_the_kind_read_the_same() {

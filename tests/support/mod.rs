@@ -283,3 +283,27 @@ pub fn assert_batch_goldens(
         }
     }
 }
+
+/// Loads `dir`'s tiny model with `edit` applied to its config and returns its third golden
+/// case's greedy single-sequence tokens (or the load error).
+pub fn tokens_with(dir: &str, edit: impl FnOnce(&mut Value)) -> Result<Vec<u32>, String> {
+    use weft::generate::{generate, GenerateOptions};
+    let tmp = copy_model(dir);
+    edit_config(tmp.path(), edit);
+    let loaded = weft::loading::load(tmp.path()).map_err(|e| e.to_string())?;
+    let case = &golden(dir)["single"][2];
+    let opts = GenerateOptions { max_tokens: ids(&case["tokens"]).len(), ..Default::default() };
+    Ok(generate(loaded.model.as_ref(), None, &ids(&case["prompt_ids"]), &opts, |_| true).unwrap().tokens)
+}
+
+/// Replays the BatchGenerator schedule `g[key]` of tiny model `name` at max_batch 8 and 2; every
+/// row must end once, without error, with the golden tokens.
+pub fn assert_schedule_exact(name: &str, g: &Value, key: &str) {
+    for max_batch in [8, 2] {
+        let outs = replay(weft::loading::load(&tiny_model_dir(name)).unwrap(), &g[key], max_batch);
+        for (r, out) in g[key]["rows"].as_array().unwrap().iter().zip(&outs) {
+            assert_eq!((out.finals, &out.error), (1, &None), "{name} {key}");
+            assert_eq!(out.tokens, ids(&r["tokens"]), "{name} {key} (max_batch {max_batch}): row {}", r["id"]);
+        }
+    }
+}

@@ -150,6 +150,7 @@ impl EngineCore {
     }
 
     pub fn stats(&self) -> EngineStats {
+        let (mlx_active_bytes, mlx_cache_bytes) = mlx_memory();
         EngineStats {
             active_rows: self.executor.decoding(),
             queued_rows: self.scheduler.waiting(),
@@ -166,8 +167,8 @@ impl EngineCore {
             decode_graph_build_s: self.executor.timing.graph_build.as_secs_f64(),
             decode_eval_wait_s: self.executor.timing.eval_wait.as_secs_f64(),
             decode_host_s: self.executor.timing.host.as_secs_f64(),
-            mlx_active_bytes: mlx_memory().0,
-            mlx_cache_bytes: mlx_memory().1,
+            mlx_active_bytes,
+            mlx_cache_bytes,
         }
     }
 }
