@@ -4,6 +4,12 @@
 //!    version and sha256, downloaded with pip into a shared cache and unpacked with its layout kept
 //!    (libmlx.so's RPATH `$ORIGIN/../../mlx_cpu.libs` finds the bundled BLAS). `WEFT_MLX_PREFIX`
 //!    overrides it with an installed `site-packages/mlx` directory of the same version.
+//!    `WEFT_MLX_BACKEND=cuda13|cuda12` (Linux x86_64) keeps compiling and linking against the CPU
+//!    wheel — its C++ headers are the CUDA wheels' byte for byte, and libmlx.so has one SONAME —
+//!    but points the run-time library path (the rpath dependents set from `DEP_MLX_LIBDIR`) at
+//!    the pinned `mlx-cuda-13`/`mlx-cuda-12` wheel of the same version, or at an installed one
+//!    named by `WEFT_MLX_RUNTIME_PREFIX`. The CUDA wheels' own cmake config needs a CUDA toolkit
+//!    and cuDNN at build time, which a machine that only builds does not have.
 //! 2. mlx-c: the sources inside the registry `mlx-sys` 0.7.0 package, which cargo downloads and
 //!    checksum-verifies via the tiny locked manifest in `fetch/`. Compiled with cmake against (1).
 //! 3. Weft's CPU kernels (`kernels/`): a custom MLX primitive for quantized matmul, compiled
@@ -24,6 +30,69 @@ struct Wheel {
     package: &'static str,
     platform: &'static str,
     sha256: &'static str,
+}
+
+/// Which libmlx the built programs load at run time (`WEFT_MLX_BACKEND`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    Cpu,
+    Cuda13,
+    Cuda12,
+}
+
+fn backend() -> Backend {
+    println!("cargo:rerun-if-env-changed=WEFT_MLX_BACKEND");
+    match env::var("WEFT_MLX_BACKEND").as_deref() {
+        Err(_) | Ok("") | Ok("cpu") => Backend::Cpu,
+        Ok("cuda13") | Ok("cuda") => Backend::Cuda13,
+        Ok("cuda12") => Backend::Cuda12,
+        Ok(other) => fail(format!("WEFT_MLX_BACKEND={other:?}: expected cpu, cuda13 or cuda12")),
+    }
+}
+
+/// The pinned CUDA wheel (same MLX version) for a CUDA backend on Linux x86_64.
+fn cuda_wheel(backend: Backend) -> Wheel {
+    let os = env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
+    let arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
+    if (os.as_str(), arch.as_str()) != ("linux", "x86_64") {
+        fail("WEFT_MLX_BACKEND=cuda* is supported on Linux x86_64 only");
+    }
+    match backend {
+        Backend::Cuda13 => Wheel {
+            package: "mlx-cuda-13",
+            platform: "manylinux_2_35_x86_64",
+            sha256: "335094ccd1c0c6dc3e09c8caba207c8180602bacc0c38ba20c1d81e9456ab394",
+        },
+        Backend::Cuda12 => Wheel {
+            package: "mlx-cuda-12",
+            platform: "manylinux_2_35_x86_64",
+            sha256: "35445ead9724855826f310b9085d57137d0a2c5381cc293cb6d86b03bb4feadf",
+        },
+        Backend::Cpu => unreachable!(),
+    }
+}
+
+/// The `mlx` directory whose `lib/libmlx.so` the built programs load at run time.
+fn runtime_prefix(backend: Backend, build_prefix: &Path) -> PathBuf {
+    if backend == Backend::Cpu {
+        return build_prefix.to_path_buf();
+    }
+    println!("cargo:rerun-if-env-changed=WEFT_MLX_RUNTIME_PREFIX");
+    let prefix = match env::var_os("WEFT_MLX_RUNTIME_PREFIX") {
+        Some(p) => PathBuf::from(p),
+        None => unpacked_wheel(&cuda_wheel(backend)),
+    };
+    if !prefix.join("lib/libmlx.so").exists() {
+        fail(format!("{} has no lib/libmlx.so", prefix.display()));
+    }
+    // NVRTC compiles MLX's CUDA kernels at run time from the headers beside lib/.
+    if !prefix.join("include/cutlass").exists() {
+        println!(
+            "cargo:warning={} lacks include/cutlass: MLX's CUDA kernels will fail to JIT-compile",
+            prefix.display()
+        );
+    }
+    prefix
 }
 
 fn pinned_wheel() -> Option<Wheel> {
@@ -89,9 +158,15 @@ fn mlx_prefix() -> PathBuf {
     let wheel = pinned_wheel().unwrap_or_else(|| {
         fail("no pinned MLX wheel for this target; set WEFT_MLX_PREFIX to an installed site-packages/mlx")
     });
+    unpacked_wheel(&wheel)
+}
+
+/// Downloads (hash-checked) and unpacks `wheel` into the shared build cache once; returns its
+/// `mlx` directory.
+fn unpacked_wheel(wheel: &Wheel) -> PathBuf {
     let unpacked = cache_root().join(format!("{}-{}-{}", wheel.package, MLX_VERSION, wheel.platform));
     let prefix = unpacked.join("mlx");
-    if prefix.join("share/cmake/MLX/MLXConfig.cmake").exists() {
+    if prefix.join("lib/libmlx.so").exists() || prefix.join("lib/libmlx.dylib").exists() {
         return prefix;
     }
     let download = cache_root().join("download");
@@ -176,7 +251,9 @@ fn main() {
     println!("cargo:rerun-if-env-changed=WEFT_PYTHON");
     println!("cargo:rerun-if-env-changed=WEFT_BUILD_CACHE");
 
+    let backend = backend();
     let prefix = mlx_prefix();
+    let runtime = runtime_prefix(backend, &prefix);
     let mlx_c = mlx_c_sources();
     let target_os = env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
 
@@ -210,8 +287,9 @@ fn main() {
     } else {
         println!("cargo:rustc-link-lib=dylib=stdc++");
     }
-    // Dependents read DEP_MLX_LIBDIR to set an rpath (link args don't propagate to them).
-    println!("cargo::metadata=libdir={}", mlx_lib.display());
+    // Dependents read DEP_MLX_LIBDIR to set an rpath (link args don't propagate to them). With
+    // a CUDA backend that is the CUDA wheel's lib/: same SONAME, same symbols, loaded instead.
+    println!("cargo::metadata=libdir={}", runtime.join("lib").display());
     println!("cargo::metadata=prefix={}", prefix.display());
 
     // --- bindings ---

@@ -24,3 +24,13 @@ pub mod stop;
 pub mod tokenizer;
 
 pub use error::{Error, ErrorCode, Result};
+
+/// The device MLX computes on by default in this process: `"gpu"` when the libmlx loaded at
+/// run time has a GPU backend that found a device (Metal on a Mac, CUDA with the `mlx-cuda-*`
+/// wheels, see docs/building.md), else `"cpu"`.
+pub fn default_device() -> &'static str {
+    match mlx_rs::Device::try_default().and_then(|d| d.get_type()) {
+        Ok(mlx_rs::DeviceType::Gpu) => "gpu",
+        _ => "cpu",
+    }
+}

@@ -212,7 +212,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let level = args.log_level.to_ascii_uppercase();
     let info = level == "DEBUG" || level == "INFO";
     if info {
-        eprintln!("weft serve: loading {}", path.display());
+        eprintln!("weft serve: loading {} (MLX device: {})", path.display(), weft::default_device());
     }
     let model = weft::loading::load(&path)?;
     let config = EngineConfig {
