@@ -1,0 +1,89 @@
+"""Greedy tokens of Weft and mlx-lm on the same MLX build and device (run on the GPU machine
+after unpack.sh; see README.md). For each model dir: rows of random prompt ids, N tokens each,
+compared two ways: single (mlx-lm's generate_step vs `weft generate` with one row) and batched
+(mlx-lm's batch_generate vs `weft generate` with every row in one engine batch; on a GPU the
+kernels for a batch of B rows differ from B=1, so only like is compared with like). Prints one
+line per model and exits 1 on any mismatch.
+
+Usage: python3 parity.py --weft BIN MODEL_DIR...
+"""
+import argparse, json, random, subprocess, sys
+
+import mlx.core as mx
+from mlx_lm.generate import generate_step
+from mlx_lm.utils import load_model
+
+
+def mlx_lm_tokens(model, prompt, n):
+    out = []
+    for tok, _ in generate_step(mx.array(prompt), model, max_tokens=n):
+        out.append(int(tok))
+    return out
+
+
+class _Ids:
+    """Stands in for a tokenizer in batch_generate: no stop tokens, ids returned as they are."""
+
+    eos_token_ids = []
+
+    def decode(self, ids):
+        return list(ids)
+
+
+def batch_generate(model, _tok, prompts, max_tokens, verbose):
+    from mlx_lm.generate import BatchGenerator
+
+    gen = BatchGenerator(model, stop_tokens=[])
+    uids = gen.insert(prompts, [max_tokens] * len(prompts))
+    out = {u: [] for u in uids}
+    while any(len(v) < max_tokens for v in out.values()):
+        responses = gen.next_generated()
+        if not responses:
+            break
+        for r in responses:
+            out[r.uid].append(int(r.token))
+    gen.close() if hasattr(gen, "close") else None
+
+    class R:
+        texts = [out[u][:max_tokens] for u in uids]
+
+    return R
+
+
+def weft_tokens(a, path, prompts):
+    cmd = [a.weft, "generate", "-m", path, "--max-tokens", str(a.tokens), "--no-eos", "--json"]
+    for p in prompts:
+        cmd += ["--prompt-ids", ",".join(map(str, p))]
+    out = json.loads(subprocess.check_output(cmd))
+    return [r["tokens"] for r in out.get("rows", [out])]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--weft", required=True)
+    ap.add_argument("--rows", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=24)
+    ap.add_argument("models", nargs="+")
+    a = ap.parse_args()
+    print(f"mlx default device: {mx.default_device()}")
+    bad = 0
+    for path in a.models:
+        model, config = load_model(__import__("pathlib").Path(path))
+        vocab = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size")
+        rng = random.Random(7)
+        prompts = [[rng.randrange(1, vocab) for _ in range(rng.randrange(4, 40))] for _ in range(a.rows)]
+        single_ref = [mlx_lm_tokens(model, p, a.tokens) for p in prompts]
+        single = [weft_tokens(a, path, [p])[0] for p in prompts]
+        batch_ref = batch_generate(model, None, prompts, max_tokens=a.tokens, verbose=False).texts
+        batch = weft_tokens(a, path, prompts)
+        for kind, got, ref in (("single", single, single_ref), ("batched", batch, batch_ref)):
+            same = sum(g == r for g, r in zip(got, ref))
+            diff = [next((i for i, (x, y) in enumerate(zip(g, r)) if x != y), None) for g, r in zip(got, ref)]
+            note = "" if same == len(ref) else f" (first differing step per row: {diff})"
+            print(f"{path} {kind}: {same}/{len(ref)} rows equal{note}")
+            bad += same != len(ref)
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
