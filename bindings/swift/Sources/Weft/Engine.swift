@@ -157,6 +157,7 @@ public final class Engine: Sendable {
             activeRows: Int(clamping: stat("activeRows")),
             queuedRows: Int(clamping: stat("queuedRows")),
             prefillingRows: Int(clamping: stat("prefillingRows")),
+            pausedRows: Int(clamping: stat("pausedRows")),
             kvBytesInUse: stat("kvBytesInUse"),
             kvBudgetBytes: budget == 0 ? nil : budget,
             promptCacheBytes: stat("promptCacheBytes"),

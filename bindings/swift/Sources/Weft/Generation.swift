@@ -3,8 +3,11 @@ import WeftBridge
 
 /// The token stream of one `generate` call: `for try await chunk in generation { ... }`.
 ///
-/// Tokens are buffered per request (the engine never waits for the consumer), so a slow consumer
-/// only delays itself. Leaving the loop early (`break`, `return`, a thrown error), cancelling the
+/// Chunks are buffered per request, up to `RowState.highWater` unread; past that the engine pauses
+/// the row (it leaves the batch, keeping its KV cache, while other rows go on) until the consumer
+/// has caught up to `RowState.lowWater`, so a slow consumer only delays itself and never makes
+/// the buffer grow without bound. `completion()` turns the pause off (nothing is left unread
+/// there). Leaving the loop early (`break`, `return`, a thrown error), cancelling the
 /// consuming task, calling `cancel()`, or releasing an unfinished generation that nobody
 /// iterates cancels the request in the engine; the stream then simply ends. A failure throws a
 /// `WeftError`. Iterate a generation once.
@@ -29,7 +32,9 @@ public struct Generation: AsyncSequence, Sendable {
         let owner: Owner
 
         public mutating func next() async throws -> Chunk? {
-            try await base.next()
+            let chunk = try await base.next()
+            if chunk != nil { guard_.state.consumed() }
+            return chunk
         }
     }
 
@@ -44,6 +49,7 @@ public struct Generation: AsyncSequence, Sendable {
     public func completion() async throws -> Completion {
         let state = self.state
         let owner = self.owner
+        state.stopBackPressure()
         let result = try await withTaskCancellationHandler {
             try await state.result()
         } onCancel: {
@@ -91,6 +97,15 @@ final class RowState: @unchecked Sendable {
     private var pendingTop: [TokenLogprob] = []
     private var outcome: Result<Completion, WeftError>?
     private var waiters: [CheckedContinuation<Completion, Error>] = []
+    /// Chunks yielded and not yet read by an iterator.
+    private var unread = 0
+    private var paused = false
+    /// Set by `completion()`: the row runs to the end whether or not anyone reads the stream.
+    private var unbounded = false
+
+    /// Unread chunks at which the row is paused, and at which it resumes.
+    static let highWater = 256
+    static let lowWater = 64
 
     init(logprobs: Bool = false) {
         self.logprobs = logprobs ? [] : nil
@@ -106,9 +121,32 @@ final class RowState: @unchecked Sendable {
     func attach(_ row: RustRow) {
         lock.lock()
         let cancelNow = cancelRequested && outcome == nil
+        let pauseNow = paused && outcome == nil
         self.row = row
         lock.unlock()
         if cancelNow { row.cancel() }
+        if pauseNow { row.pause() }
+    }
+
+    // Consumer side: one chunk read.
+    func consumed() {
+        lock.lock()
+        unread -= 1
+        let resume = paused && unread <= RowState.lowWater
+        if resume { paused = false }
+        let row = self.row
+        lock.unlock()
+        if resume { row?.resume() }
+    }
+
+    func stopBackPressure() {
+        lock.lock()
+        unbounded = true
+        let resume = paused
+        paused = false
+        let row = self.row
+        lock.unlock()
+        if resume { row?.resume() }
     }
 
     func cancel() {
@@ -144,7 +182,13 @@ final class RowState: @unchecked Sendable {
                 logprobs?.append(scored!)
             }
         }
+        unread += 1
+        let pause = !paused && !unbounded && unread >= RowState.highWater
+        if pause { paused = true }
+        let row = self.row
         lock.unlock()
+        // Pausing only sets the row's flag; the engine parks it at its next step.
+        if pause { row?.pause() }
         continuation.yield(Chunk(text: piece, tokenId: tokenId, logprob: scored?.logprob, topLogprobs: scored?.topLogprobs))
     }
 

@@ -197,6 +197,8 @@ public struct EngineStats: Sendable, Equatable {
     public let activeRows: Int
     public let queuedRows: Int
     public let prefillingRows: Int
+    /// Rows paused because their consumer lags (back-pressure); they resume when it catches up.
+    public let pausedRows: Int
     public let kvBytesInUse: UInt64
     /// `nil` when there is no KV budget.
     public let kvBudgetBytes: UInt64?

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use weft::contract::{self, Spelling};
-use weft::engine::{Event, Request};
+use weft::engine::{Event, Request, RowFlow};
 use weft::generate::FinishReason;
 
 #[swift_bridge::bridge]
@@ -48,6 +48,8 @@ mod ffi {
 
         fn request_id(self: &RustRow) -> u64;
         fn cancel(self: &RustRow);
+        fn pause(self: &RustRow);
+        fn resume(self: &RustRow);
 
         fn code(self: &RustError) -> String;
         fn message(self: &RustError) -> String;
@@ -211,12 +213,13 @@ impl RustEngine {
         let row = Arc::new(RowFlag { cancelled: AtomicBool::new(false) });
         let flag = Arc::clone(&row);
         let sink = SendSink(sink);
+        let flow = RowFlow::new();
         let id = {
             let guard = self.shared.engine.lock();
             let engine = guard.as_ref().ok_or_else(RustError::closed)?;
-            engine.submit(request, Box::new(move |ev: &Event| deliver(&sink, &flag, ev)))?
+            engine.submit_with_flow(request, Box::new(move |ev: &Event| deliver(&sink, &flag, ev)), flow.clone())?
         };
-        Ok(RustRow { id, flag: row, shared: Arc::clone(&self.shared) })
+        Ok(RustRow { id, flag: row, flow, shared: Arc::clone(&self.shared) })
     }
 
     /// One counter of `EngineStats` by name (keeps the bridge to plain integers).
@@ -228,6 +231,7 @@ impl RustEngine {
             "activeRows" => s.active_rows as u64,
             "queuedRows" => s.queued_rows as u64,
             "prefillingRows" => s.prefilling_rows as u64,
+            "pausedRows" => s.paused_rows as u64,
             "kvBytesInUse" => s.kv_bytes_in_use,
             "kvBudgetBytes" => s.kv_budget_bytes.unwrap_or(0),
             "promptCacheBytes" => s.prompt_cache_bytes,
@@ -261,10 +265,12 @@ struct RowFlag {
     cancelled: AtomicBool,
 }
 
-/// A submitted request: its id and the means to cancel it.
+/// A submitted request: its id and the means to cancel, pause and resume it.
 pub struct RustRow {
     id: u64,
     flag: Arc<RowFlag>,
+    /// Back-pressure: Swift pauses the row while its consumer lags (Generation.swift).
+    flow: RowFlow,
     shared: Arc<Shared>,
 }
 
@@ -277,6 +283,16 @@ impl RustRow {
     fn cancel(&self) {
         self.flag.cancelled.store(true, Ordering::Relaxed);
         self.shared.cancel(self.id);
+    }
+
+    /// The engine stops decoding this row (it leaves the batch, keeping its KV) until resumed;
+    /// other rows go on.
+    fn pause(&self) {
+        self.flow.pause();
+    }
+
+    fn resume(&self) {
+        self.flow.resume();
     }
 }
 
