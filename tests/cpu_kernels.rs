@@ -212,3 +212,53 @@ fn fast_mode_next_token_distribution_stays_close_on_the_default_model() {
     cases.truncate(2);
     compare_modes("smollm2 (Q4_1 GGUF)", &path, &cases);
 }
+
+/// The dequantize + dense matmul path (the GPU default from 16 rows, `WEFT_DEQUANTIZE_ROWS`),
+/// forced from one row here on the CPU: the same weight values summed in another order, so the
+/// next-token distribution stays within the same bound of MLX's quantized matmul.
+#[test]
+fn dequantize_matmul_path_stays_close_to_quantized_matmul() {
+    for name in ["llama-4bit", "qwen3_5-4bit"] {
+        let path = tiny_model_dir(name);
+        let exact = with_cpu_kernels(CpuKernels::Exact, || loading::load(&path)).unwrap();
+        let dense = with_cpu_kernels(CpuKernels::Exact, || weft::nn::with_dequantize_rows(1, || loading::load(&path))).unwrap();
+        let vocab = exact.model.info().vocab_size as usize;
+        for (prompt, want) in golden_cases(name).iter().take(3) {
+            let opts = GenerateOptions { max_tokens: want.len(), capture_first_logits: vocab, ..GenerateOptions::default() };
+            let e = generate(exact.model.as_ref(), None, prompt, &opts, |_| true).unwrap();
+            let d = generate(dense.model.as_ref(), None, prompt, &opts, |_| true).unwrap();
+            let div = kl(&e.first_logits, &d.first_logits);
+            assert!(div < KL_BOUND, "{name}: KL(quantized matmul || dequantize + matmul) = {div:e} nats");
+            assert_eq!(d.tokens, e.tokens, "{name}: greedy tokens");
+        }
+    }
+}
+
+/// The layer takes the path it was loaded with: below the row count MLX's quantized matmul, from
+/// it on the dense product of the dequantized weight (each computed here independently).
+#[test]
+fn quantized_linear_switches_to_dequantize_from_the_row_count() {
+    use weft::nn::{with_dequantize_rows, Linear, QmmPath, QuantConfig, Weights};
+    let (out_dim, in_dim) = (96, 256);
+    let (wq, s, b) = quantize(&random(&[out_dim, in_dim], 11), 64, 4).unwrap();
+    let load = || {
+        let tensors = [("l.weight", wq.clone()), ("l.scales", s.clone()), ("l.biases", b.clone())]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        let quant = QuantConfig::from_json(&serde_json::json!({"group_size": 64, "bits": 4})).unwrap();
+        let mut w = Weights::new(tensors, Some(quant));
+        with_cpu_kernels(CpuKernels::Exact, || with_dequantize_rows(4, || Linear::load(&mut w, "l", in_dim, out_dim, false))).unwrap()
+    };
+    let layer = load();
+    assert!(matches!(&layer, Linear::Quantized { path: QmmPath::DequantizeFrom { rows: 4 }, .. }));
+    let dense_w = dequantize(&wq, &s, &b, 64, 4).unwrap();
+    for rows in [1, 3, 4, 9] {
+        let x = random(&[rows, in_dim], 5 + rows as u64);
+        let got = to_vec(&layer.forward(&x).unwrap());
+        let qmm = to_vec(&quantized_matmul(&x, &wq, &s, &b, true, 64, 4).unwrap());
+        let dense = to_vec(&x.matmul(dense_w.t()).unwrap());
+        let want = if rows >= 4 { dense } else { qmm };
+        assert_eq!(got, want, "{rows} rows");
+    }
+}

@@ -11,21 +11,72 @@ use crate::Result;
 /// `QuantizedLinear`, through Weft's fast CPU kernel when the layer was loaded in fast mode.
 pub enum Linear {
     Dense { weight: Array, bias: Option<Array> },
-    Quantized { weight: Array, scales: Array, biases: Array, bias: Option<Array>, spec: QuantSpec, fast: bool },
+    Quantized { weight: Array, scales: Array, biases: Array, bias: Option<Array>, spec: QuantSpec, path: QmmPath },
 }
 
-/// `x @ w^T` for an affine-quantized `w` with the kernel the layer was loaded with.
-fn qmm(x: &Array, weight: &Array, scales: &Array, biases: &Array, spec: QuantSpec, fast: bool) -> Result<Array> {
-    if fast {
-        kernels::quantized_matmul(x, weight, scales, biases, spec.group_size, spec.bits)
-    } else {
-        Ok(quantized_matmul(x, weight, scales, biases, true, spec.group_size, spec.bits)?)
+/// How a quantized layer computes `x @ w^T`, chosen when it is loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QmmPath {
+    /// MLX's `quantized_matmul` (what mlx-lm runs).
+    Mlx,
+    /// Weft's fast CPU kernel ([`kernels`]).
+    WeftCpu,
+    /// MLX's `quantized_matmul` below `rows` rows of `x`; from there on the weight is
+    /// dequantized and multiplied densely. MLX's CUDA quantized matmul is slow for many rows
+    /// (batched decode, prefill), where a dequantize plus a tensor-core matmul costs a fraction.
+    DequantizeFrom { rows: i32 },
+}
+
+/// The environment variable setting [`QmmPath::DequantizeFrom`]'s row count (`0` = never; the
+/// default is 16 on a GPU and never on the CPU).
+pub const DEQUANTIZE_ROWS_ENV: &str = "WEFT_DEQUANTIZE_ROWS";
+
+/// `x @ w^T` for an affine-quantized `w` along `path`.
+fn qmm(x: &Array, weight: &Array, scales: &Array, biases: &Array, spec: QuantSpec, path: QmmPath) -> Result<Array> {
+    match path {
+        QmmPath::WeftCpu => kernels::quantized_matmul(x, weight, scales, biases, spec.group_size, spec.bits),
+        QmmPath::DequantizeFrom { rows } if x.size() as i64 / x.dim(-1) as i64 >= rows as i64 => {
+            let w = dequantize(weight, scales, biases, spec.group_size, spec.bits)?;
+            Ok(x.matmul(w.as_dtype(x.dtype())?.t())?)
+        }
+        _ => Ok(quantized_matmul(x, weight, scales, biases, true, spec.group_size, spec.bits)?),
     }
 }
 
-/// Whether a quantized layer loaded now takes the fast kernel (see [`kernels`]).
-fn load_fast() -> Result<bool> {
-    Ok(kernels::cpu_kernels()? == CpuKernels::Fast)
+/// The path a quantized layer loaded now takes: the fast CPU kernel when it is selected and MLX
+/// computes on the CPU; else MLX's kernel, switching to dequantize + matmul from
+/// `WEFT_DEQUANTIZE_ROWS` rows (default 16 on a GPU).
+fn load_path() -> Result<QmmPath> {
+    let gpu = crate::default_device() == "gpu";
+    let rows = match (DEQUANTIZE_ROWS.with(|r| r.get()), std::env::var(DEQUANTIZE_ROWS_ENV)) {
+        (Some(rows), _) => rows,
+        (None, Ok(v)) if !v.is_empty() => v.parse::<i32>().map_err(|_| {
+            crate::Error::Unsupported(format!("{DEQUANTIZE_ROWS_ENV}={v:?}: expected a row count (0 = never)"))
+        })?,
+        _ if gpu => 16,
+        _ => 0,
+    };
+    if rows > 0 {
+        return Ok(QmmPath::DequantizeFrom { rows });
+    }
+    Ok(if !gpu && kernels::cpu_kernels()? == CpuKernels::Fast { QmmPath::WeftCpu } else { QmmPath::Mlx })
+}
+
+thread_local! {
+    static DEQUANTIZE_ROWS: std::cell::Cell<Option<i32>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` (a model load) with quantized layers switching to dequantize + matmul from `rows`
+/// rows (`0` = never), on this thread only, whatever the device and `WEFT_DEQUANTIZE_ROWS` say.
+pub fn with_dequantize_rows<R>(rows: i32, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<i32>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            DEQUANTIZE_ROWS.with(|r| r.set(self.0));
+        }
+    }
+    let _restore = Restore(DEQUANTIZE_ROWS.with(|r| r.replace(Some(rows))));
+    f()
 }
 
 impl Linear {
@@ -38,7 +89,7 @@ impl Linear {
         Ok(match w.quant_spec(prefix)? {
             Some(spec) => {
                 let (weight, scales, biases) = w.take_quantized(prefix, out_dim, in_dim, spec)?;
-                Linear::Quantized { weight, scales, biases, bias, spec, fast: load_fast()? }
+                Linear::Quantized { weight, scales, biases, bias, spec, path: load_path()? }
             }
             None => {
                 Linear::Dense { weight: w.take(&format!("{prefix}.weight"), &[out_dim, in_dim])?, bias }
@@ -50,8 +101,8 @@ impl Linear {
         Ok(match self {
             Linear::Dense { weight, bias: None } => x.matmul(weight.t())?,
             Linear::Dense { weight, bias: Some(b) } => addmm(b, x, weight.t(), None, None)?,
-            Linear::Quantized { weight, scales, biases, bias, spec, fast } => {
-                let y = qmm(x, weight, scales, biases, *spec, *fast)?;
+            Linear::Quantized { weight, scales, biases, bias, spec, path } => {
+                let y = qmm(x, weight, scales, biases, *spec, *path)?;
                 match bias {
                     Some(b) => y.add(b)?,
                     None => y,
@@ -64,7 +115,7 @@ impl Linear {
 /// Token embedding table; `as_linear` is the tied output projection.
 pub enum Embedding {
     Dense { weight: Array },
-    Quantized { weight: Array, scales: Array, biases: Array, spec: QuantSpec, fast: bool },
+    Quantized { weight: Array, scales: Array, biases: Array, spec: QuantSpec, path: QmmPath },
 }
 
 impl Embedding {
@@ -72,7 +123,7 @@ impl Embedding {
         Ok(match w.quant_spec(prefix)? {
             Some(spec) => {
                 let (weight, scales, biases) = w.take_quantized(prefix, vocab, dim, spec)?;
-                Embedding::Quantized { weight, scales, biases, spec, fast: load_fast()? }
+                Embedding::Quantized { weight, scales, biases, spec, path: load_path()? }
             }
             None => Embedding::Dense { weight: w.take(&format!("{prefix}.weight"), &[vocab, dim])? },
         })
@@ -94,8 +145,8 @@ impl Embedding {
     pub fn as_linear(&self, x: &Array) -> Result<Array> {
         Ok(match self {
             Embedding::Dense { weight } => x.matmul(weight.t())?,
-            Embedding::Quantized { weight, scales, biases, spec, fast } => {
-                qmm(x, weight, scales, biases, *spec, *fast)?
+            Embedding::Quantized { weight, scales, biases, spec, path } => {
+                qmm(x, weight, scales, biases, *spec, *path)?
             }
         })
     }
