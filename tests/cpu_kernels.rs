@@ -213,7 +213,7 @@ fn fast_mode_next_token_distribution_stays_close_on_the_default_model() {
     compare_modes("smollm2 (Q4_1 GGUF)", &path, &cases);
 }
 
-/// The dequantize + dense matmul path (the GPU default from 16 rows, `WEFT_DEQUANTIZE_ROWS`),
+/// The dequantize + dense matmul path (the GPU default from 8 rows, `WEFT_DEQUANTIZE_ROWS`),
 /// forced from one row here on the CPU: the same weight values summed in another order, so the
 /// next-token distribution stays within the same bound of MLX's quantized matmul.
 #[test]

@@ -28,7 +28,7 @@ pub enum QmmPath {
 }
 
 /// The environment variable setting [`QmmPath::DequantizeFrom`]'s row count (`0` = never; the
-/// default is 16 on a GPU and never on the CPU).
+/// default is 8 on a GPU and never on the CPU).
 pub const DEQUANTIZE_ROWS_ENV: &str = "WEFT_DEQUANTIZE_ROWS";
 
 /// `x @ w^T` for an affine-quantized `w` along `path`.
@@ -45,7 +45,7 @@ fn qmm(x: &Array, weight: &Array, scales: &Array, biases: &Array, spec: QuantSpe
 
 /// The path a quantized layer loaded now takes: the fast CPU kernel when it is selected and MLX
 /// computes on the CPU; else MLX's kernel, switching to dequantize + matmul from
-/// `WEFT_DEQUANTIZE_ROWS` rows (default 16 on a GPU).
+/// `WEFT_DEQUANTIZE_ROWS` rows (default 8 on a GPU).
 fn load_path() -> Result<QmmPath> {
     let gpu = crate::default_device() == "gpu";
     let rows = match (DEQUANTIZE_ROWS.with(|r| r.get()), std::env::var(DEQUANTIZE_ROWS_ENV)) {
@@ -53,7 +53,7 @@ fn load_path() -> Result<QmmPath> {
         (None, Ok(v)) if !v.is_empty() => v.parse::<i32>().map_err(|_| {
             crate::Error::Unsupported(format!("{DEQUANTIZE_ROWS_ENV}={v:?}: expected a row count (0 = never)"))
         })?,
-        _ if gpu => 16,
+        _ if gpu => 8,
         _ => 0,
     };
     if rows > 0 {
