@@ -139,6 +139,27 @@ MODELS = {
         "mistral3", "Mistral3ForConditionalGeneration",
         text_config=dict(MINISTRAL3_TEXT, model_type="ministral3"),
         vocab_size=MINISTRAL3_TEXT["vocab_size"], eos_token_id=2, torch_dtype="float32")),
+    # Gemma 4 text (E2B/E4B shape): 6 layers [S, S, F, S, S, F] (pattern 3), the last 3 share
+    # K/V with the last earlier layer of their kind (3, 4 -> 1; 5 -> 2), so the double-wide MLP
+    # applies there; per-layer inputs; full layers with global_head_dim 32 and proportional
+    # RoPE over a quarter of it; sliding window 8 so prompts and generations cross it;
+    # v_norm, q/k norms, attention scale 1, layer scalars, final softcap small enough to bite.
+    "gemma4_text": dict(seed=2108, config=mg._base_config(
+        "gemma4_text", "Gemma4ForCausalLM",
+        hidden_size=64, num_hidden_layers=6, intermediate_size=64, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, global_head_dim=32, rms_norm_eps=1e-6,
+        vocab_size=256, vocab_size_per_layer_input=256, hidden_size_per_layer_input=8,
+        num_kv_shared_layers=3, sliding_window=8, sliding_window_pattern=3,
+        max_position_embeddings=4096, final_logit_softcapping=10.0, use_double_wide_mlp=True,
+        rope_parameters={
+            "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0,
+                               "rope_type": "proportional"},
+            "sliding_attention": {"partial_rotary_factor": 1.0, "rope_theta": 10000.0,
+                                  "rope_type": "default"}},
+        tie_word_embeddings=True, bos_token_id=2, eos_token_id=1, torch_dtype="float32"),
+        scales=dict(embed=0.5, qk=3.0, vo=8.0, mlp=8.0),
+        suffix_scales={"layer_scalar": 0.75, "per_layer_input_gate.weight": 3.0,
+                       "per_layer_model_projection.weight": 3.0}),
 }
 
 
@@ -208,7 +229,9 @@ def make(name):
               "attention_multiplier", "logits_scaling", "scale_emb", "scale_depth", "dim_model_base",
               "no_rope_layer_interval", "no_rope_layers", "partial_rotary_factor",
               "original_max_position_embeddings", "attn_logit_softcapping", "final_logit_softcapping",
-              "query_pre_attn_scalar"):
+              "query_pre_attn_scalar", "global_head_dim", "num_kv_shared_layers",
+              "hidden_size_per_layer_input", "vocab_size_per_layer_input", "sliding_window",
+              "sliding_window_pattern", "use_double_wide_mlp"):
         if k in config:
             cfg[k] = config[k]
     doc["config"] = cfg
