@@ -160,6 +160,23 @@ MODELS = {
         scales=dict(embed=0.5, qk=3.0, vo=8.0, mlp=8.0),
         suffix_scales={"layer_scalar": 0.75, "per_layer_input_gate.weight": 3.0,
                        "per_layer_model_projection.weight": 3.0}),
+    # Gemma 4 31B shape: no KV sharing or per-layer inputs; full layers use the raw keys as
+    # values (attention_k_eq_v) with their own head count; explicit layer_types; untied head.
+    "gemma4_text-kv": dict(seed=2109, config=mg._base_config(
+        "gemma4_text", "Gemma4ForCausalLM",
+        hidden_size=64, num_hidden_layers=4, intermediate_size=96, num_attention_heads=4,
+        num_key_value_heads=2, num_global_key_value_heads=1, head_dim=16, global_head_dim=32,
+        attention_k_eq_v=True, rms_norm_eps=1e-6, vocab_size=256, hidden_size_per_layer_input=0,
+        num_kv_shared_layers=0, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        max_position_embeddings=4096, final_logit_softcapping=10.0,
+        rope_parameters={
+            "full_attention": {"partial_rotary_factor": 0.5, "rope_theta": 1000000.0,
+                               "rope_type": "proportional"},
+            "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}},
+        tie_word_embeddings=False, bos_token_id=2, eos_token_id=1, torch_dtype="float32"),
+        scales=dict(embed=0.5, qk=3.0, lm_head=4.0),
+        suffix_scales={"layer_scalar": 0.75}),
 }
 
 
@@ -231,7 +248,8 @@ def make(name):
               "original_max_position_embeddings", "attn_logit_softcapping", "final_logit_softcapping",
               "query_pre_attn_scalar", "global_head_dim", "num_kv_shared_layers",
               "hidden_size_per_layer_input", "vocab_size_per_layer_input", "sliding_window",
-              "sliding_window_pattern", "use_double_wide_mlp"):
+              "sliding_window_pattern", "use_double_wide_mlp", "attention_k_eq_v",
+              "num_global_key_value_heads", "layer_types"):
         if k in config:
             cfg[k] = config[k]
     doc["config"] = cfg

@@ -14,7 +14,7 @@ use weft::engine::{Engine, EngineConfig};
 use weft::loading;
 
 /// Golden name = model dir.
-const ARCHS: &[&str] = &["granite", "minicpm", "smollm3", "phi3", "gemma2", "ministral3", "mistral3", "gemma4_text"];
+const ARCHS: &[&str] = &["granite", "minicpm", "smollm3", "phi3", "gemma2", "ministral3", "mistral3", "gemma4_text", "gemma4_text-kv"];
 
 #[test]
 fn single_sequence_tokens_and_first_logits_are_exact() {
@@ -22,7 +22,11 @@ fn single_sequence_tokens_and_first_logits_are_exact() {
         let g = golden(name);
         let loaded = loading::load(&tiny_model_dir(name)).unwrap();
         // mistral3 is a wrapper: its text model is a ministral3.
-        let want_type = if *name == "mistral3" { "ministral3" } else { name };
+        let want_type = match *name {
+            "mistral3" => "ministral3",
+            "gemma4_text-kv" => "gemma4_text",
+            other => other,
+        };
         assert_eq!(loaded.model.info().model_type, want_type);
         assert_single_cases_exact(name, loaded.model.as_ref(), &g);
     }
@@ -37,7 +41,7 @@ fn batch_generate_goldens_match_through_the_engine() {
         // gemma4_text: mlx-lm's own batched first logprobs differ from its single-sequence
         // ones by up to 1.2e-5 on these prompts (left padding changes the attention sums);
         // gemma4_batch_first_logprobs_equal_mlx_lm_batched checks Weft's against mlx-lm's.
-        let tolerance = if *name == "gemma4_text" { 2e-5 } else { 1e-5 };
+        let tolerance = if name.starts_with("gemma4") { 2e-5 } else { 1e-5 };
         assert_batch_goldens(name, &engine, single.model.as_ref(), &g, |r| ids(&r["tokens"]), tolerance);
     }
 }
@@ -164,27 +168,29 @@ fn granite_and_minicpm_gguf_files_load_the_same_models() {
 /// the engine's batched first logits turned into logprobs the same way (MLX ops).
 #[test]
 fn gemma4_batch_first_logprobs_equal_mlx_lm_batched() {
-    let g = golden("gemma4_text");
-    let engine = Engine::start(loading::load(&tiny_model_dir("gemma4_text")).unwrap(), EngineConfig::default()).unwrap();
-    for batch in g["batch"].as_array().unwrap() {
-        let rows = batch["rows"].as_array().unwrap();
-        let streams: Vec<_> = rows
-            .iter()
-            .map(|r| {
-                let mut req = greedy(ids(&r["prompt_ids"]), r["max_tokens"].as_u64().unwrap() as usize);
-                req.capture_first_logits = 256;
-                engine.submit_channel(req).unwrap().1
-            })
-            .collect();
-        for (r, rx) in rows.iter().zip(&streams) {
-            let out = collect(rx);
-            assert_eq!(out.tokens, ids(&r["tokens"]));
-            let logits = mlx_rs::Array::from_slice(&out.first_logits, &[1, 256]);
-            let lse = mlx_rs::ops::logsumexp_axis(&logits, -1, true).unwrap();
-            let lp = logits.subtract(&lse).unwrap();
-            let want = floats(&r["first_logprobs"]);
-            let worst = lp.as_slice::<f32>().iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
-            assert!(worst <= 1e-6, "batch of {}: first logprobs differ from mlx-lm's batched ones by {worst}", rows.len());
+    for name in ["gemma4_text", "gemma4_text-kv"] {
+        let g = golden(name);
+        let engine = Engine::start(loading::load(&tiny_model_dir(name)).unwrap(), EngineConfig::default()).unwrap();
+        for batch in g["batch"].as_array().unwrap() {
+            let rows = batch["rows"].as_array().unwrap();
+            let streams: Vec<_> = rows
+                .iter()
+                .map(|r| {
+                    let mut req = greedy(ids(&r["prompt_ids"]), r["max_tokens"].as_u64().unwrap() as usize);
+                    req.capture_first_logits = 256;
+                    engine.submit_channel(req).unwrap().1
+                })
+                .collect();
+            for (r, rx) in rows.iter().zip(&streams) {
+                let out = collect(rx);
+                assert_eq!(out.tokens, ids(&r["tokens"]));
+                let logits = mlx_rs::Array::from_slice(&out.first_logits, &[1, 256]);
+                let lse = mlx_rs::ops::logsumexp_axis(&logits, -1, true).unwrap();
+                let lp = logits.subtract(&lse).unwrap();
+                let want = floats(&r["first_logprobs"]);
+                let worst = lp.as_slice::<f32>().iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+                assert!(worst <= 1e-6, "{name}, batch of {}: first logprobs differ from mlx-lm's batched ones by {worst}", rows.len());
+            }
         }
     }
 }
@@ -216,8 +222,8 @@ fn gemma4_caches_only_the_layers_that_own_keys_and_values() {
 #[test]
 fn gemma4_refuses_a_quantized_kv_cache_and_unsupported_options() {
     let dir = tiny_model_dir("gemma4_text");
-    let config = EngineConfig { kv_bits: Some(8), kv_group_size: 32, ..Default::default() };
-    let err = Engine::start(loading::load(&dir).unwrap(), config).err().expect("kv_bits refused").to_string();
+    let config = || EngineConfig { kv_bits: Some(8), kv_group_size: 32, ..Default::default() };
+    let err = Engine::start(loading::load(&dir).unwrap(), config()).err().expect("kv_bits refused").to_string();
     assert!(err.contains("kv_bits") && err.contains("KV-shared"), "{err}");
     use weft::generate::{generate, GenerateOptions};
     let loaded = loading::load(&dir).unwrap();
@@ -227,6 +233,10 @@ fn gemma4_refuses_a_quantized_kv_cache_and_unsupported_options() {
     };
     let err = generate(loaded.model.as_ref(), None, &[3, 4], &opts, |_| true).unwrap_err().to_string();
     assert!(err.contains("kv_bits"), "{err}");
+    // Without KV sharing (the 31B shape) the full layers' caches quantize as in any model.
+    let engine = Engine::start(loading::load(&tiny_model_dir("gemma4_text-kv")).unwrap(), config()).unwrap();
+    let out = collect(&engine.submit_channel(greedy(vec![5; 12], 6)).unwrap().1);
+    assert_eq!((out.error, out.tokens.len()), (None, 6));
     let cases: Vec<(Box<dyn Fn(&mut Value)>, &str)> = vec![
         (Box::new(|v: &mut Value| v["enable_moe_block"] = json!(true)), "enable_moe_block"),
         (Box::new(|v: &mut Value| v["layer_types"] = json!(vec!["full_attention"; 2])), "layer_types"),

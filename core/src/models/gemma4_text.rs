@@ -14,9 +14,9 @@
 //!   checkpoint has `lm_head.weight`, `final_logit_softcapping`;
 //! - `attention_k_eq_v` (full layers use the raw keys as values, with
 //!   `num_global_key_value_heads`).
-//! Not supported (refused at load): the MoE block (`enable_moe_block`). A quantized KV cache
-//! is refused when the engine starts: KV-shared layers read another layer's cached keys and
-//! values, which mlx-lm cannot do on quantized caches either.
+//! Not supported (refused at load): the MoE block (`enable_moe_block`). With KV sharing a
+//! quantized KV cache is refused when the engine starts: KV-shared layers read another
+//! layer's cached keys and values, which mlx-lm cannot do on quantized caches either.
 
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
@@ -40,8 +40,9 @@ struct SharedKv {
 }
 
 enum KvSource {
-    /// This layer projects keys and values and owns cache `cache`.
-    Own { k_proj: Linear, v_proj: Option<Linear>, k_norm: RmsNorm, cache: usize },
+    /// This layer projects keys and values and owns cache `cache`; `shared`: later layers
+    /// read them.
+    Own { k_proj: Linear, v_proj: Option<Linear>, k_norm: RmsNorm, cache: usize, shared: bool },
     /// This layer reuses layer `layer`'s keys and values.
     Shared { layer: usize },
 }
@@ -290,6 +291,7 @@ pub fn load(cfg: &ConfigReader, mut w: Weights, dtype: Dtype) -> Result<Gemma4Te
                 },
                 k_norm: RmsNorm::load(&mut w, &format!("{a}.k_norm"), hd, eps)?,
                 cache: i,
+                shared: (first_shared..num_layers).any(|j| source_of(j).ok() == Some(i)),
             }
         } else {
             // mlx-lm sanitize drops the projections a shared layer never uses.
@@ -371,26 +373,28 @@ fn times(x: &Array, s: f32) -> Result<Array> {
 }
 
 impl Attention {
-    /// `x`: `[B, L, hidden]`. Returns the output and the keys/values it attended over.
+    /// `x`: `[B, L, hidden]`. Returns the output and, when later layers share them, the keys
+    /// and values it attended over.
     fn forward(
         &self,
         x: &Array,
         mask: &AttentionMask,
         caches: &mut [Box<dyn KvCache>],
         borrowed: &[Option<SharedKv>],
-    ) -> Result<(Array, SharedKv)> {
+    ) -> Result<(Array, Option<SharedKv>)> {
         let (b, l) = (x.dim(0), x.dim(1));
         let q = self.q_proj.forward(x)?.reshape(&[b, l, self.heads, -1])?;
         let q = self.q_norm.forward(&q)?.transpose_axes(&[0, 2, 1, 3])?;
-        let kv = match &self.kv {
-            KvSource::Shared { layer } => borrowed[*layer]
-                .clone()
-                .ok_or_else(|| Error::Mlx(format!("gemma4_text: layer {layer}'s keys are not computed yet")))?,
-            KvSource::Own { k_proj, v_proj, k_norm, cache } => {
+        let (out, kept) = match &self.kv {
+            KvSource::Shared { layer } => {
+                let kv = borrowed[*layer]
+                    .as_ref()
+                    .ok_or_else(|| Error::Mlx(format!("gemma4_text: layer {layer}'s keys are not computed yet")))?;
+                let q = self.rope.apply(&q, &kv.offset)?;
+                (sdpa(&q, &kv.keys, &kv.values, 1.0, mask)?, None)
+            }
+            KvSource::Own { k_proj, v_proj, k_norm, cache, shared } => {
                 let cache = caches[*cache].as_mut();
-                if cache.kv_quantization().is_some() {
-                    return Err(Error::Unsupported(QUANTIZED_KV.into()));
-                }
                 let raw_k = k_proj.forward(x)?.reshape(&[b, l, self.kv_heads, -1])?;
                 let raw_v = match v_proj {
                     Some(v_proj) => v_proj.forward(x)?.reshape(&[b, l, self.kv_heads, -1])?,
@@ -400,14 +404,22 @@ impl Attention {
                 let k = k_norm.forward(&raw_k)?.transpose_axes(&[0, 2, 1, 3])?;
                 let k = self.rope.apply(&k, &offset)?;
                 let v = mlx_rs::fast::rms_norm(&raw_v, None, self.eps)?.transpose_axes(&[0, 2, 1, 3])?;
-                let (keys, values) = cache.update_and_fetch(&k, &v)?;
-                SharedKv { keys, values, offset }
+                let q = self.rope.apply(&q, &offset)?;
+                if *shared {
+                    if cache.kv_quantization().is_some() {
+                        return Err(Error::Unsupported(QUANTIZED_KV.into()));
+                    }
+                    let (keys, values) = cache.update_and_fetch(&k, &v)?;
+                    let out = sdpa(&q, &keys, &values, 1.0, mask)?;
+                    (out, Some(SharedKv { keys, values, offset }))
+                } else {
+                    // The cache attends (quantized caches on their packed form, as mlx-lm).
+                    (cache.update_and_attend(&q, &k, &v, 1.0, mask)?, None)
+                }
             }
         };
-        let q = self.rope.apply(&q, &kv.offset)?;
-        let out = sdpa(&q, &kv.keys, &kv.values, 1.0, mask)?;
         let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
-        Ok((self.o_proj.forward(&out)?, kv))
+        Ok((self.o_proj.forward(&out)?, kept))
     }
 }
 
@@ -449,7 +461,7 @@ impl LanguageModel for Gemma4Text {
             let mask = if layer.sliding { sliding_mask.as_ref() } else { full_mask.as_ref() };
             let mask = mask.ok_or_else(|| Error::Mlx("gemma4_text: no attention mask for a layer kind".into()))?;
             let (r, kv) = layer.self_attn.forward(&layer.input_layernorm.forward(&h)?, mask, caches, &kvs)?;
-            kvs[i] = Some(kv);
+            kvs[i] = kv;
             h = h.add(&layer.post_attention_layernorm.forward(&r)?)?;
             let r = layer.mlp.forward(&layer.pre_feedforward_layernorm.forward(&h)?)?;
             h = h.add(&layer.post_feedforward_layernorm.forward(&r)?)?;
@@ -492,8 +504,9 @@ impl LanguageModel for Gemma4Text {
     }
 
     fn kv_quantization_unsupported(&self) -> Option<String> {
-        // Rotating (sliding) caches have no quantized form; full ones would be quantized and
-        // their keys then shared, which mlx-lm cannot do either.
-        Some(QUANTIZED_KV.into())
+        // A quantized cache's keys cannot be handed to a KV-shared layer (mlx-lm fails there
+        // too); without KV sharing, caches quantize as in any model.
+        let sharing = self.layers.iter().any(|l| matches!(l.self_attn.kv, KvSource::Own { shared: true, .. }));
+        sharing.then(|| QUANTIZED_KV.into())
     }
 }
