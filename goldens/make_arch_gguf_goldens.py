@@ -13,8 +13,13 @@ in llama.cpp's keys:
   `granite.residual_scale`, `granite.logit_scale` = logits_scaling;
 - minicpm: `minicpm.embedding_scale` = scale_emb, `minicpm.residual_scale` =
   scale_depth / sqrt(num_hidden_layers), `minicpm.logit_scale` = hidden_size / dim_model_base.
-The weights are the safetensors model's exactly, so goldens/granite.json and goldens/minicpm.json
-(mlx-lm on those weights) are the references. The script reads every tensor back with MLX's
+- phi3 (goldens/gguf/phi3-f32.gguf): llama.cpp's Phi-3 layout: fused `attn_qkv` and `ffn_up`
+  (gate then up halves, no `ffn_gate`), no q/k permutation, `phi3.rope.dimension_count` =
+  the rotated dims, `phi3.rope.scaling.original_context_length`, and longrope's factors as the
+  F32 tensors `rope_factors_long.weight` / `rope_factors_short.weight` (plus
+  `phi3.rope.scaling.attn_factor`, the mscale, which llama.cpp writes and Weft recomputes).
+The weights are the safetensors model's exactly, so goldens/granite.json, goldens/minicpm.json
+and goldens/phi3.json (mlx-lm on those weights) are the references. The script reads every tensor back with MLX's
 GGUF reader and checks it against the source after un-permuting.
 """
 
@@ -34,11 +39,24 @@ import make_gguf_goldens as mgg  # noqa: E402  (names, permutation, source loadi
 import gguf  # noqa: E402
 
 
+# Phi-3's fused projections (llama.cpp keeps the fused layout under these names).
+FUSED = {"self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}
+
+
+def gguf_name(hf):
+    stem, suffix = hf.rsplit(".", 1)
+    parts = stem.split(".", 3)
+    if parts[:2] == ["model", "layers"] and parts[3] in FUSED:
+        return f"blk.{int(parts[2])}.{FUSED[parts[3]]}.{suffix}"
+    return mgg.gguf_name(hf)
+
+
 def write(src):
     weights, cfg = mgg.load_source(src)
     arch = cfg["model_type"]
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     head_dim = cfg["hidden_size"] // heads
+    rope_dims = int(cfg.get("partial_rotary_factor", 1.0) * head_dim)
     path = mgg.OUT_DIR / f"{src}-f32.gguf"
     w = gguf.GGUFWriter(str(path), arch)
     w.add_type("model")
@@ -47,7 +65,7 @@ def write(src):
     w.add_embedding_length(cfg["hidden_size"])
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_rope_dimension_count(head_dim)
+    w.add_rope_dimension_count(rope_dims)
     w.add_head_count(heads)
     w.add_head_count_kv(kv)
     w.add_rope_freq_base(cfg["rope_theta"])
@@ -64,11 +82,20 @@ def write(src):
         w.add_embedding_scale(cfg["scale_emb"])
         w.add_residual_scale(cfg["scale_depth"] / math.sqrt(cfg["num_hidden_layers"]))
         w.add_logit_scale(cfg["hidden_size"] / cfg["dim_model_base"])
+    elif arch == "phi3":
+        orig = cfg["original_max_position_embeddings"]
+        w.add_rope_scaling_orig_ctx_len(orig)
+        scale = cfg["max_position_embeddings"] / orig
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig)))
     else:
         raise ValueError(arch)
-    perm = {"attn_q": heads, "attn_k": kv}
+    perm = {"attn_q": heads, "attn_k": kv} if arch != "phi3" else {}
+    if arch == "phi3":
+        rs = cfg["rope_scaling"]
+        w.add_tensor("rope_factors_long.weight", np.array(rs["long_factor"], dtype=np.float32))
+        w.add_tensor("rope_factors_short.weight", np.array(rs["short_factor"], dtype=np.float32))
     for hf in sorted(weights, key=mgg._tensor_order):
-        g = mgg.gguf_name(hf)
+        g = gguf_name(hf)
         data = weights[hf]
         stem = g.rsplit(".", 1)[0].split(".")[-1]
         if stem in perm:
@@ -81,7 +108,7 @@ def write(src):
 
     back = mx.load(str(path))
     for hf, v in weights.items():
-        g = mgg.gguf_name(hf)
+        g = gguf_name(hf)
         got = np.array(back[g])
         stem = g.rsplit(".", 1)[0].split(".")[-1]
         if stem in perm:
@@ -93,7 +120,7 @@ def write(src):
 
 def main():
     mx.set_default_device(mx.cpu)
-    for src in ("granite", "minicpm"):
+    for src in ("granite", "minicpm", "phi3"):
         write(src)
 
 

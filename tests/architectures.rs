@@ -153,10 +153,11 @@ fn ministral3_query_scaling_and_mistral3_layouts() {
 }
 
 #[test]
-fn granite_and_minicpm_gguf_files_load_the_same_models() {
+fn granite_minicpm_and_phi3_gguf_files_load_the_same_models() {
     // goldens/make_arch_gguf_goldens.py: llama.cpp's layout of the same F32 weights, so the
-    // safetensors goldens (mlx-lm on those weights) apply bit for bit.
-    for name in ["granite", "minicpm"] {
+    // safetensors goldens (mlx-lm on those weights) apply bit for bit. phi3's longrope factors
+    // and partial rotary come from the GGUF (tensors and metadata).
+    for name in ["granite", "minicpm", "phi3"] {
         let path = goldens_dir().join("gguf").join(format!("{name}-f32.gguf"));
         let loaded = loading::load(&path).unwrap();
         assert_eq!(loaded.model.info().model_type, name);
