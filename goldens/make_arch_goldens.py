@@ -129,6 +129,18 @@ MODELS = {
         max_position_embeddings=8192, bos_token_id=2, eos_token_id=1, torch_dtype="float32"),
         scales=dict(embed=0.25, qk=3.0, vo=8.0, mlp=8.0), batch=False, batch_reference=True,
         chunked_reference=True),
+    # Gemma 2 as llama.cpp can express it (goldens/gguf/gemma2-f32.gguf): llama.cpp scales
+    # queries by head_dim^-0.5 for every Gemma 2 but the 27B, so query_pre_attn_scalar =
+    # head_dim; norm weights on a 2^-16 grid so llama.cpp's stored 1 + w gives w back exactly.
+    "gemma2-gguf": dict(seed=2110, config=mg._base_config(
+        "gemma2", "Gemma2ForCausalLM",
+        hidden_size=64, num_hidden_layers=3, intermediate_size=128,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6,
+        vocab_size=256, rope_theta=10000.0, attn_logit_softcapping=5.0,
+        final_logit_softcapping=8.0, query_pre_attn_scalar=32, sliding_window=4096,
+        max_position_embeddings=8192, bos_token_id=2, eos_token_id=1, torch_dtype="float32"),
+        scales=dict(embed=0.25, qk=3.0, vo=8.0, mlp=8.0), batch=False, batch_reference=True,
+        chunked_reference=True, round_norms=True),
     # Ministral 3: rope_parameters (yarn) and Llama 4 query scaling that steps every 8
     # positions (original context 8), so prompts and generations cross several steps.
     "ministral3": dict(seed=2106, config=mg._base_config(
@@ -228,6 +240,10 @@ def make(name):
         # make_goldens' rescale, plus weights it does not know by name (fused projections).
         rescale(model, scales)
         from mlx.utils import tree_map_with_path
+        if spec.get("round_norms"):
+            model.update(tree_map_with_path(
+                lambda p, w: mx.round(w * 65536.0) / 65536.0 if p.endswith("norm.weight") else w,
+                model.parameters()))
         model.update(tree_map_with_path(
             lambda p, w: w * next((f for suf, f in extra.items() if p.endswith(suf)), 1.0),
             model.parameters()))

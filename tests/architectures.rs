@@ -153,16 +153,21 @@ fn ministral3_query_scaling_and_mistral3_layouts() {
 }
 
 #[test]
-fn granite_minicpm_and_phi3_gguf_files_load_the_same_models() {
+fn granite_minicpm_phi3_and_gemma2_gguf_files_load_the_same_models() {
     // goldens/make_arch_gguf_goldens.py: llama.cpp's layout of the same F32 weights, so the
     // safetensors goldens (mlx-lm on those weights) apply bit for bit. phi3's longrope factors
     // and partial rotary come from the GGUF (tensors and metadata).
-    for name in ["granite", "minicpm", "phi3"] {
+    // gemma2's norms arrive as llama.cpp's 1 + w, its caps and key length from the metadata;
+    // its golden model has query_pre_attn_scalar = head_dim, which llama.cpp assumes.
+    for (name, golden_name) in [("granite", "granite"), ("minicpm", "minicpm"), ("phi3", "phi3"), ("gemma2", "gemma2-gguf")] {
         let path = goldens_dir().join("gguf").join(format!("{name}-f32.gguf"));
         let loaded = loading::load(&path).unwrap();
         assert_eq!(loaded.model.info().model_type, name);
-        assert_single_cases_exact(&format!("{name} (GGUF)"), loaded.model.as_ref(), &golden(name));
+        assert_single_cases_exact(&format!("{name} (GGUF)"), loaded.model.as_ref(), &golden(golden_name));
     }
+    // The safetensors form of gemma2-gguf matches its goldens too (it is not in ARCHS).
+    let loaded = loading::load(&tiny_model_dir("gemma2-gguf")).unwrap();
+    assert_single_cases_exact("gemma2-gguf", loaded.model.as_ref(), &golden("gemma2-gguf"));
 }
 
 /// The batch goldens' first-step logprobs as mlx-lm's BatchGenerator computed them, against

@@ -126,13 +126,14 @@ fn config_from_metadata(h: &GgufHeader, arch: &str) -> Result<serde_json::Value>
         "llama" | "mistral" => "llama",
         "qwen2" => "qwen2",
         "qwen3" => "qwen3",
+        "gemma2" => "gemma2",
         "gemma3" => "gemma3_text",
         "granite" => "granite",
         "minicpm" => "minicpm",
         "phi3" => "phi3",
         other => {
             return Err(Error::Unsupported(format!(
-                "GGUF architecture {other:?} (supported: llama, mistral, qwen2, qwen3, gemma3, granite, minicpm, phi3)"
+                "GGUF architecture {other:?} (supported: llama, mistral, qwen2, qwen3, gemma2, gemma3, granite, minicpm, phi3)"
             )))
         }
     };
@@ -192,6 +193,17 @@ fn config_from_metadata(h: &GgufHeader, arch: &str) -> Result<serde_json::Value>
             return Err(Error::ModelLoad(format!("GGUF minicpm.logit_scale {logit} does not divide the hidden size {hidden}")));
         }
         cfg["dim_model_base"] = json!(base as u64);
+    }
+    if arch == "gemma2" {
+        // llama.cpp's gemma2: both soft caps in the metadata; queries scaled by
+        // head_dim^-0.5, except the 27B (46 blocks), which uses (hidden / heads)^-0.5.
+        cfg["attn_logit_softcapping"] = json!(float("attn_logit_softcapping")?);
+        cfg["final_logit_softcapping"] = json!(float("final_logit_softcapping")?);
+        let qpas = if int("block_count")? == 46 { hidden / heads.max(1) } else { head_dim };
+        cfg["query_pre_attn_scalar"] = json!(qpas);
+        if let Some(w) = h.get_u64(&format!("{arch}.attention.sliding_window")) {
+            cfg["sliding_window"] = json!(w);
+        }
     }
     if arch == "phi3" {
         // llama.cpp's phi3: the rotated dims (partial rotary) and longrope's original context;
@@ -332,6 +344,7 @@ fn check_tensor_names(h: &GgufHeader, arch: &str, layers: u64) -> Result<()> {
             "post_attention_norm.weight",
             "post_ffw_norm.weight",
         ]),
+        "gemma2" => per_block.extend(["post_attention_norm.weight", "post_ffw_norm.weight"]),
         _ => {}
     }
     let present: std::collections::HashSet<&str> = h.tensors.iter().map(|t| t.name.as_str()).collect();
@@ -389,6 +402,7 @@ fn hf_module_name(base: &str, arch: &str) -> Option<String> {
     let rest = base.strip_prefix("blk.")?;
     let (layer, part) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
+    let gemma = matches!(arch, "gemma2" | "gemma3");
     let part = match part {
         "attn_qkv" if arch == "phi3" => "self_attn.qkv_proj",
         "ffn_up" if arch == "phi3" => "mlp.gate_up_proj",
@@ -402,9 +416,9 @@ fn hf_module_name(base: &str, arch: &str) -> Option<String> {
         "ffn_up" => "mlp.up_proj",
         "ffn_down" => "mlp.down_proj",
         "attn_norm" => "input_layernorm",
-        "ffn_norm" if arch == "gemma3" => "pre_feedforward_layernorm",
-        "post_attention_norm" if arch == "gemma3" => "post_attention_layernorm",
-        "post_ffw_norm" if arch == "gemma3" => "post_feedforward_layernorm",
+        "ffn_norm" if gemma => "pre_feedforward_layernorm",
+        "post_attention_norm" if gemma => "post_attention_layernorm",
+        "post_ffw_norm" if gemma => "post_feedforward_layernorm",
         "ffn_norm" => "post_attention_layernorm",
         _ => return None,
     };
