@@ -2,6 +2,11 @@
 //! (Q4_0 / Q4_1 / Q8_0 arrive as MLX affine-quantized triples), renamed to the Hugging Face
 //! layout our architectures load, with llama.cpp's q/k row permutation undone.
 //!
+//! Files with other block types are read here ([`repacked_arrays`]): in [`GgufWeights::Native`]
+//! mode the types with a lossless affine form stay quantized (`super::gguf_affine`: Q5_0/Q5_1 →
+//! 5-bit, Q4_K → 4-bit, Q5_K → 5-bit, all group 32), the rest are expanded to float32; in
+//! [`GgufWeights::Dequantize`] mode everything is expanded (the goldens' weights).
+//!
 //! Conversion decisions (the goldens script does the same in Python):
 //! - Q4_0 / Q4_1 → 4-bit, group 32; Q8_0 → 8-bit, group 32 (one quantization override per module).
 //! - Scales, biases and unquantized float tensors are cast to float32: on CPU, fp16 quantized
@@ -16,13 +21,14 @@ use std::path::Path;
 use mlx_rs::{Array, Dtype};
 use serde_json::json;
 
+use super::gguf_affine::{affine_bits, repack};
 use super::gguf_dequant::{block_geometry, dequantize};
-use super::{build_model, push_unique, GenerationDefaults, LoadedModel};
+use super::{build_model, push_unique, GenerationDefaults, GgufWeights, LoadedModel};
 use crate::gguf::{GgufHeader, SUPPORTED_TENSOR_TYPES};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 
-pub fn load(path: &Path) -> Result<LoadedModel> {
+pub fn load(path: &Path, weights: GgufWeights) -> Result<LoadedModel> {
     let header = GgufHeader::read(path)?;
     header.check_supported_tensor_types()?;
     let arch = header
@@ -42,7 +48,7 @@ pub fn load(path: &Path) -> Result<LoadedModel> {
             .map_err(|e| Error::ModelLoad(format!("reading GGUF tensors from {}: {e}", path.display())))?;
         arrays.into_iter().map(|(name, a)| (name.to_string(), a)).collect::<Vec<_>>()
     } else {
-        dequantized_arrays(&header, path)?
+        repacked_arrays(&header, path, weights)?
     };
 
     let mut raw = raw;
@@ -78,17 +84,13 @@ pub fn load(path: &Path) -> Result<LoadedModel> {
         }
         tensors.insert(format!("{module}.{suffix}"), array);
     }
-    // Bits follow from the GGUF tensor type of each quantized weight.
-    for t in &header.tensors {
-        let (base, _) = split_suffix(&t.name);
-        if let Some(module) = hf_module_name(base, &arch) {
-            if let Some(q) = quantization.get_mut(&module) {
-                q["bits"] = json!(match t.type_name() {
-                    "Q8_0" => 8,
-                    _ => 4,
-                });
-            }
-        }
+    // Bits follow from the packed width: u32 words per row × 32 / the row's elements.
+    for (module, q) in quantization.iter_mut() {
+        let (Some(w), Some(s)) = (tensors.get(&format!("{module}.weight")), tensors.get(&format!("{module}.scales"))) else {
+            return Err(Error::ModelLoad(format!("GGUF: {module} has scales without a weight")));
+        };
+        let cols = s.shape()[s.ndim() - 1] * 32;
+        q["bits"] = json!(w.shape()[w.ndim() - 1] * 32 / cols.max(1));
     }
     if !quantization.is_empty() {
         config["quantization"] = serde_json::Value::Object(quantization);
@@ -361,25 +363,39 @@ fn check_tensor_names(h: &GgufHeader, arch: &str, layers: u64) -> Result<()> {
     Ok(())
 }
 
-/// Every tensor expanded to float32 by [`dequantize`] (the file holds types MLX cannot read).
-fn dequantized_arrays(h: &GgufHeader, path: &Path) -> Result<Vec<(String, Array)>> {
+/// The tensors of a file holding types MLX cannot read: matrices of a type with a lossless
+/// affine form as MLX quantized triples (`name`, `*.scales`, `*.biases`, as MLX's own reader names
+/// them) in `Native` mode, everything else expanded to float32 by [`dequantize`].
+fn repacked_arrays(h: &GgufHeader, path: &Path, weights: GgufWeights) -> Result<Vec<(String, Array)>> {
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     // SAFETY: read-only mapping of a model file we do not modify; extents were checked.
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
-    h.tensors
-        .iter()
-        .map(|t| {
-            let (block, block_bytes) = block_geometry(t.ggml_type())
-                .ok_or_else(|| Error::Unsupported(format!("GGUF tensor '{}' has type {}", t.name, t.type_name())))?;
-            let n: u64 = t.dims.iter().product();
-            let start = (h.data_offset + t.offset) as usize;
-            let bytes = &map[start..start + (n as usize / block) * block_bytes];
+    // Weft's fast CPU kernels take 4 and 8 bits: 5-bit types go to 8 bits there.
+    let widen = crate::kernels::cpu_kernels()? == crate::kernels::CpuKernels::Fast && crate::default_device() == "cpu";
+    let mut out = Vec::with_capacity(h.tensors.len());
+    for t in &h.tensors {
+        let (block, block_bytes) = block_geometry(t.ggml_type())
+            .ok_or_else(|| Error::Unsupported(format!("GGUF tensor '{}' has type {}", t.name, t.type_name())))?;
+        let n: u64 = t.dims.iter().product();
+        let start = (h.data_offset + t.offset) as usize;
+        let bytes = &map[start..start + (n as usize / block) * block_bytes];
+        let shape: Vec<i32> = t.dims.iter().rev().map(|&d| d as i32).collect();
+        let affine = weights == GgufWeights::Native && shape.len() == 2 && affine_bits(t.ggml_type()).is_some();
+        if affine {
+            let (rows, cols) = (shape[0], shape[1] as usize);
+            let a = repack(t.ggml_type(), bytes, cols, widen).map_err(|e| Error::ModelLoad(format!("GGUF tensor '{}': {e}", t.name)))?;
+            let (base, _) = split_suffix(&t.name);
+            let groups = (cols / super::gguf_affine::GROUP_SIZE) as i32;
+            out.push((t.name.clone(), Array::from_slice(&a.packed, &[rows, (cols * a.bits as usize / 32) as i32])));
+            out.push((format!("{base}.scales"), Array::from_slice(&a.scales, &[rows, groups])));
+            out.push((format!("{base}.biases"), Array::from_slice(&a.biases, &[rows, groups])));
+        } else {
             let values = dequantize(t.ggml_type(), bytes, n as usize)
                 .map_err(|e| Error::ModelLoad(format!("GGUF tensor '{}': {e}", t.name)))?;
-            let shape: Vec<i32> = t.dims.iter().rev().map(|&d| d as i32).collect();
-            Ok((t.name.clone(), Array::from_slice(&values, &shape)))
-        })
-        .collect()
+            out.push((t.name.clone(), Array::from_slice(&values, &shape)));
+        }
+    }
+    Ok(out)
 }
 
 /// `blk.3.attn_q.weight` → (`blk.3.attn_q`, `weight`).

@@ -1,6 +1,7 @@
 //! Turning a model path (an mlx-lm / Hugging Face directory or a `.gguf` file) into a runnable
 //! model, its tokenizer and its generation defaults.
 
+pub mod gguf_affine;
 pub mod gguf_dequant;
 mod gguf_model;
 mod safetensors_dir;
@@ -39,14 +40,51 @@ impl std::fmt::Debug for LoadedModel {
     }
 }
 
-/// Loads a model from a directory (config.json + safetensors) or a `.gguf` file.
+/// How a GGUF file holding block types MLX's reader lacks (K-quants, Q5_0, ...) is loaded.
+/// Files of F32/F16/Q4_0/Q4_1/Q8_0 only go through MLX's reader either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GgufWeights {
+    /// Types with a lossless MLX affine form (Q4_0/1, Q5_0/1, Q8_0, Q4_K, Q5_K) stay quantized
+    /// ([`gguf_affine`]); the rest (Q6_K, ...) are expanded to float32.
+    #[default]
+    Native,
+    /// Every tensor expanded to float32: the weights the mlx-lm goldens run (mlx-lm cannot read
+    /// these types), so this is the exact mode.
+    Dequantize,
+}
+
+impl std::str::FromStr for GgufWeights {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "native" => Ok(GgufWeights::Native),
+            "dequantize" => Ok(GgufWeights::Dequantize),
+            other => Err(Error::Unsupported(format!("GGUF weights {other:?}: expected \"native\" or \"dequantize\""))),
+        }
+    }
+}
+
+/// The environment variable choosing [`GgufWeights`] for [`load`].
+pub const GGUF_WEIGHTS_ENV: &str = "WEFT_GGUF_WEIGHTS";
+
+/// Loads a model from a directory (config.json + safetensors) or a `.gguf` file; GGUF weights as
+/// `WEFT_GGUF_WEIGHTS` says (`native`, the default, or `dequantize`).
 pub fn load(path: &Path) -> Result<LoadedModel> {
+    let gguf = match std::env::var(GGUF_WEIGHTS_ENV) {
+        Ok(v) if !v.is_empty() => v.parse()?,
+        _ => GgufWeights::default(),
+    };
+    load_with(path, gguf)
+}
+
+/// [`load`] with the GGUF weight handling given.
+pub fn load_with(path: &Path, gguf: GgufWeights) -> Result<LoadedModel> {
     let meta = std::fs::metadata(path)
         .map_err(|e| Error::ModelLoad(format!("cannot open model path {}: {e}", path.display())))?;
     if meta.is_dir() {
         safetensors_dir::load(path)
     } else if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
-        gguf_model::load(path)
+        gguf_model::load(path, gguf)
     } else {
         Err(Error::ModelLoad(format!(
             "{} is neither a model directory nor a .gguf file",
