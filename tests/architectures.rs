@@ -266,6 +266,9 @@ fn gemma4_options_the_trajectories_depend_on() {
         tokens_with("gemma4_text", |v| v["rope_parameters"]["full_attention"]["partial_rotary_factor"] = json!(1.0)).unwrap(),
         want
     );
+    // null per-layer input size means none (mlx-lm tests it for truth), as 0 does.
+    let want_kv = ids(&golden("gemma4_text-kv")["single"][2]["tokens"]);
+    assert_eq!(tokens_with("gemma4_text-kv", |v| v["hidden_size_per_layer_input"] = Value::Null).unwrap(), want_kv);
     // The sliding window of 8 matters on this 17-token prompt.
     assert_ne!(tokens_with("gemma4_text", |v| v["sliding_window"] = json!(64)).unwrap(), want);
     // The softcap (10) is monotonic, so look at the logits without it.

@@ -101,10 +101,12 @@ pub struct Gemma4Text {
     cache_layers: usize,
 }
 
-/// `key` as an integer >= 0, or mlx-lm's default when absent.
+/// `key` as an integer >= 0, or mlx-lm's default when absent; null reads as 0 (mlx-lm tests
+/// these options for truth).
 fn count_or(cfg: &ConfigReader, key: &str, default: i64) -> Result<i64> {
-    match cfg.get(key) {
+    match cfg.raw().get(key) {
         None => Ok(default),
+        Some(Value::Null) => Ok(0),
         Some(v) => v
             .as_i64()
             .filter(|x| *x >= 0)
@@ -120,7 +122,7 @@ fn positive_or(cfg: &ConfigReader, key: &str, default: i32) -> Result<i32> {
 /// (from the top level) and head counts.
 fn text_config(cfg: &ConfigReader) -> Result<Value> {
     let mut text = match cfg.get("text_config") {
-        None | Some(Value::Null) => json!({}),
+        None => json!({}),
         Some(t) if t.is_object() => t.clone(),
         Some(t) => return Err(Error::ModelLoad(format!("config.json: gemma4 \"text_config\" must be an object, got {t}"))),
     };
@@ -177,10 +179,7 @@ pub fn load(cfg: &ConfigReader, mut w: Weights, dtype: Dtype) -> Result<Gemma4Te
     let vocab = positive_or(cfg, "vocab_size", 262_144)?;
     let kv_heads = positive_or(cfg, "num_key_value_heads", 1)?;
     let k_eq_v = cfg.bool_or("attention_k_eq_v", false)?;
-    let global_kv_heads = match cfg.get("num_global_key_value_heads") {
-        None | Some(Value::Null) => None,
-        Some(_) => cfg.opt_i32("num_global_key_value_heads")?,
-    };
+    let global_kv_heads = cfg.opt_i32("num_global_key_value_heads")?;
     let shared = count_or(cfg, "num_kv_shared_layers", 20)? as usize;
     if shared >= num_layers {
         return Err(Error::ModelLoad(format!(
@@ -194,7 +193,8 @@ pub fn load(cfg: &ConfigReader, mut w: Weights, dtype: Dtype) -> Result<Gemma4Te
     let pattern = positive_or(cfg, "sliding_window_pattern", 5)? as usize;
     let double_wide = cfg.bool_or("use_double_wide_mlp", true)?;
     let traditional = cfg.bool_or("rope_traditional", false)?;
-    let final_softcap = match cfg.get("final_logit_softcapping") {
+    // `ConfigReader::get` reads null as absent; here null (no cap) differs from absent (30).
+    let final_softcap = match cfg.raw().get("final_logit_softcapping") {
         None => Some(30.0),
         Some(Value::Null) => None,
         Some(v) => Some(v.as_f64().filter(|x| *x > 0.0).ok_or_else(|| {
@@ -210,7 +210,7 @@ pub fn load(cfg: &ConfigReader, mut w: Weights, dtype: Dtype) -> Result<Gemma4Te
     }
 
     let sliding: Vec<bool> = match cfg.get("layer_types") {
-        None | Some(Value::Null) => (0..num_layers).map(|i| (i + 1) % pattern != 0).collect(),
+        None => (0..num_layers).map(|i| (i + 1) % pattern != 0).collect(),
         Some(Value::Array(types)) if types.len() == num_layers => types
             .iter()
             .map(|t| match t.as_str() {
@@ -227,7 +227,7 @@ pub fn load(cfg: &ConfigReader, mut w: Weights, dtype: Dtype) -> Result<Gemma4Te
     };
 
     let rope_parameters = match cfg.get("rope_parameters") {
-        None | Some(Value::Null) => default_rope_parameters(),
+        None => default_rope_parameters(),
         Some(p) => p.clone(),
     };
     let max_positions = cfg.opt_i32("max_position_embeddings")?.or(Some(131_072));
