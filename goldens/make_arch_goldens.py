@@ -55,6 +55,20 @@ MINISTRAL3_TEXT = dict(
                      "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.5},
     bos_token_id=1, eos_token_id=2, torch_dtype="float32")
 
+_GEMMA4_E2B = mg._base_config(
+        "gemma4_text", "Gemma4ForCausalLM",
+        hidden_size=64, num_hidden_layers=6, intermediate_size=64, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, global_head_dim=32, rms_norm_eps=1e-6,
+        vocab_size=256, vocab_size_per_layer_input=256, hidden_size_per_layer_input=8,
+        num_kv_shared_layers=3, sliding_window=8, sliding_window_pattern=3,
+        max_position_embeddings=4096, final_logit_softcapping=10.0, use_double_wide_mlp=True,
+        rope_parameters={
+            "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0,
+                               "rope_type": "proportional"},
+            "sliding_attention": {"partial_rotary_factor": 1.0, "rope_theta": 10000.0,
+                                  "rope_type": "default"}},
+        tie_word_embeddings=True, bos_token_id=2, eos_token_id=1, torch_dtype="float32")
+
 MODELS = {
     "rope-linear": dict(seed=2001, config=llama(rope_scaling={"type": "linear", "factor": 2.0})),
     # Llama 3.x's scaling; original context 64 (Llama 3.1 uses 8192) so most bands change.
@@ -156,22 +170,18 @@ MODELS = {
     # applies there; per-layer inputs; full layers with global_head_dim 32 and proportional
     # RoPE over a quarter of it; sliding window 8 so prompts and generations cross it;
     # v_norm, q/k norms, attention scale 1, layer scalars, final softcap small enough to bite.
-    "gemma4_text": dict(seed=2108, config=mg._base_config(
-        "gemma4_text", "Gemma4ForCausalLM",
-        hidden_size=64, num_hidden_layers=6, intermediate_size=64, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, global_head_dim=32, rms_norm_eps=1e-6,
-        vocab_size=256, vocab_size_per_layer_input=256, hidden_size_per_layer_input=8,
-        num_kv_shared_layers=3, sliding_window=8, sliding_window_pattern=3,
-        max_position_embeddings=4096, final_logit_softcapping=10.0, use_double_wide_mlp=True,
-        rope_parameters={
-            "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0,
-                               "rope_type": "proportional"},
-            "sliding_attention": {"partial_rotary_factor": 1.0, "rope_theta": 10000.0,
-                                  "rope_type": "default"}},
-        tie_word_embeddings=True, bos_token_id=2, eos_token_id=1, torch_dtype="float32"),
+    "gemma4_text": dict(seed=2108, config=_GEMMA4_E2B,
         scales=dict(embed=0.5, qk=3.0, vo=8.0, mlp=8.0),
         suffix_scales={"layer_scalar": 0.75, "per_layer_input_gate.weight": 3.0,
                        "per_layer_model_projection.weight": 3.0}),
+    # The E2B-like model in bfloat16 (as released checkpoints are): the Python-float scales
+    # (embeddings, per-layer inputs, softcap) rounded to bfloat16 as mlx-lm rounds them.
+    "gemma4_text-bf16": dict(seed=2108, dtype="bfloat16", config=dict(
+        _GEMMA4_E2B, torch_dtype="bfloat16"),
+        scales=dict(embed=0.5, qk=3.0, vo=8.0, mlp=8.0),
+        suffix_scales={"layer_scalar": 0.75, "per_layer_input_gate.weight": 3.0,
+                       "per_layer_model_projection.weight": 3.0},
+        batch=False, batch_reference=True),
     # Gemma 4 31B shape: no KV sharing or per-layer inputs; full layers use the raw keys as
     # values (attention_k_eq_v) with their own head count; explicit layer_types; untied head.
     "gemma4_text-kv": dict(seed=2109, config=mg._base_config(

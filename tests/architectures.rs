@@ -307,3 +307,11 @@ fn gemma4_multimodal_form_and_hugging_face_layout_load_the_text_model() {
     assert_eq!(loaded.model.info().model_type, "gemma4_text");
     assert_single_cases_exact("gemma4 (Hugging Face layout)", loaded.model.as_ref(), &golden("gemma4_text"));
 }
+
+#[test]
+fn gemma4_bfloat16_single_sequence_is_exact() {
+    // Released checkpoints are bfloat16: every Python-float scale rounds as mlx-lm rounds it.
+    let loaded = loading::load(&tiny_model_dir("gemma4_text-bf16")).unwrap();
+    assert_eq!(loaded.model.info().activation_dtype, mlx_rs::Dtype::Bfloat16);
+    assert_single_cases_exact("gemma4_text-bf16", loaded.model.as_ref(), &golden("gemma4_text-bf16"));
+}
