@@ -55,6 +55,20 @@ MINISTRAL3_TEXT = dict(
                      "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.5},
     bos_token_id=1, eos_token_id=2, torch_dtype="float32")
 
+_GEMMA4_E2B = mg._base_config(
+        "gemma4_text", "Gemma4ForCausalLM",
+        hidden_size=64, num_hidden_layers=6, intermediate_size=64, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, global_head_dim=32, rms_norm_eps=1e-6,
+        vocab_size=256, vocab_size_per_layer_input=256, hidden_size_per_layer_input=8,
+        num_kv_shared_layers=3, sliding_window=8, sliding_window_pattern=3,
+        max_position_embeddings=4096, final_logit_softcapping=10.0, use_double_wide_mlp=True,
+        rope_parameters={
+            "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0,
+                               "rope_type": "proportional"},
+            "sliding_attention": {"partial_rotary_factor": 1.0, "rope_theta": 10000.0,
+                                  "rope_type": "default"}},
+        tie_word_embeddings=True, bos_token_id=2, eos_token_id=1, torch_dtype="float32")
+
 MODELS = {
     "rope-linear": dict(seed=2001, config=llama(rope_scaling={"type": "linear", "factor": 2.0})),
     # Llama 3.x's scaling; original context 64 (Llama 3.1 uses 8192) so most bands change.
@@ -129,6 +143,18 @@ MODELS = {
         max_position_embeddings=8192, bos_token_id=2, eos_token_id=1, torch_dtype="float32"),
         scales=dict(embed=0.25, qk=3.0, vo=8.0, mlp=8.0), batch=False, batch_reference=True,
         chunked_reference=True),
+    # Gemma 2 as llama.cpp can express it (goldens/gguf/gemma2-f32.gguf): llama.cpp scales
+    # queries by head_dim^-0.5 for every Gemma 2 but the 27B, so query_pre_attn_scalar =
+    # head_dim; norm weights on a 2^-16 grid so llama.cpp's stored 1 + w gives w back exactly.
+    "gemma2-gguf": dict(seed=2110, config=mg._base_config(
+        "gemma2", "Gemma2ForCausalLM",
+        hidden_size=64, num_hidden_layers=3, intermediate_size=128,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6,
+        vocab_size=256, rope_theta=10000.0, attn_logit_softcapping=5.0,
+        final_logit_softcapping=8.0, query_pre_attn_scalar=32, sliding_window=4096,
+        max_position_embeddings=8192, bos_token_id=2, eos_token_id=1, torch_dtype="float32"),
+        scales=dict(embed=0.25, qk=3.0, vo=8.0, mlp=8.0), batch=False, batch_reference=True,
+        chunked_reference=True, round_norms=True),
     # Ministral 3: rope_parameters (yarn) and Llama 4 query scaling that steps every 8
     # positions (original context 8), so prompts and generations cross several steps.
     "ministral3": dict(seed=2106, config=mg._base_config(
@@ -139,6 +165,40 @@ MODELS = {
         "mistral3", "Mistral3ForConditionalGeneration",
         text_config=dict(MINISTRAL3_TEXT, model_type="ministral3"),
         vocab_size=MINISTRAL3_TEXT["vocab_size"], eos_token_id=2, torch_dtype="float32")),
+    # Gemma 4 text (E2B/E4B shape): 6 layers [S, S, F, S, S, F] (pattern 3), the last 3 share
+    # K/V with the last earlier layer of their kind (3, 4 -> 1; 5 -> 2), so the double-wide MLP
+    # applies there; per-layer inputs; full layers with global_head_dim 32 and proportional
+    # RoPE over a quarter of it; sliding window 8 so prompts and generations cross it;
+    # v_norm, q/k norms, attention scale 1, layer scalars, final softcap small enough to bite.
+    "gemma4_text": dict(seed=2108, config=_GEMMA4_E2B,
+        scales=dict(embed=0.5, qk=3.0, vo=8.0, mlp=8.0),
+        suffix_scales={"layer_scalar": 0.75, "per_layer_input_gate.weight": 3.0,
+                       "per_layer_model_projection.weight": 3.0}),
+    # The E2B-like model in bfloat16 (as released checkpoints are): the Python-float scales
+    # (embeddings, per-layer inputs, softcap) rounded to bfloat16 as mlx-lm rounds them.
+    "gemma4_text-bf16": dict(seed=2108, dtype="bfloat16", config=dict(
+        _GEMMA4_E2B, torch_dtype="bfloat16"),
+        scales=dict(embed=0.5, qk=3.0, vo=8.0, mlp=8.0),
+        suffix_scales={"layer_scalar": 0.75, "per_layer_input_gate.weight": 3.0,
+                       "per_layer_model_projection.weight": 3.0},
+        batch=False, batch_reference=True),
+    # Gemma 4 31B shape: no KV sharing or per-layer inputs; full layers use the raw keys as
+    # values (attention_k_eq_v) with their own head count; explicit layer_types; untied head.
+    "gemma4_text-kv": dict(seed=2109, config=mg._base_config(
+        "gemma4_text", "Gemma4ForCausalLM",
+        hidden_size=64, num_hidden_layers=4, intermediate_size=96, num_attention_heads=4,
+        num_key_value_heads=2, num_global_key_value_heads=1, head_dim=16, global_head_dim=32,
+        attention_k_eq_v=True, rms_norm_eps=1e-6, vocab_size=256, hidden_size_per_layer_input=0,
+        num_kv_shared_layers=0, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        max_position_embeddings=4096, final_logit_softcapping=10.0,
+        rope_parameters={
+            "full_attention": {"partial_rotary_factor": 0.5, "rope_theta": 1000000.0,
+                               "rope_type": "proportional"},
+            "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}},
+        tie_word_embeddings=False, bos_token_id=2, eos_token_id=1, torch_dtype="float32"),
+        scales=dict(embed=0.5, qk=3.0, lm_head=4.0),
+        suffix_scales={"layer_scalar": 0.75}),
 }
 
 
@@ -190,6 +250,10 @@ def make(name):
         # make_goldens' rescale, plus weights it does not know by name (fused projections).
         rescale(model, scales)
         from mlx.utils import tree_map_with_path
+        if spec.get("round_norms"):
+            model.update(tree_map_with_path(
+                lambda p, w: mx.round(w * 65536.0) / 65536.0 if p.endswith("norm.weight") else w,
+                model.parameters()))
         model.update(tree_map_with_path(
             lambda p, w: w * next((f for suf, f in extra.items() if p.endswith(suf)), 1.0),
             model.parameters()))
@@ -208,7 +272,10 @@ def make(name):
               "attention_multiplier", "logits_scaling", "scale_emb", "scale_depth", "dim_model_base",
               "no_rope_layer_interval", "no_rope_layers", "partial_rotary_factor",
               "original_max_position_embeddings", "attn_logit_softcapping", "final_logit_softcapping",
-              "query_pre_attn_scalar"):
+              "query_pre_attn_scalar", "global_head_dim", "num_kv_shared_layers",
+              "hidden_size_per_layer_input", "vocab_size_per_layer_input", "sliding_window",
+              "sliding_window_pattern", "use_double_wide_mlp", "attention_k_eq_v",
+              "num_global_key_value_heads", "layer_types"):
         if k in config:
             cfg[k] = config[k]
     doc["config"] = cfg

@@ -142,3 +142,67 @@ fn default_model_answers_the_capital_of_france() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("Paris"), "answer: {text}");
 }
+
+#[test]
+fn models_lists_known_and_installed_models_with_what_their_files_say() {
+    let store = tempfile::tempdir().unwrap();
+    let root = store.path();
+    // The default model "installed" as a file of its pinned size that is not a GGUF: listed as
+    // installed, with the reason it cannot be inspected.
+    let default_dir = root.join("smollm2-135m-instruct-q4_1");
+    std::fs::create_dir_all(&default_dir).unwrap();
+    std::fs::File::create(default_dir.join("SmolLM2-135M-Instruct.Q4_1.gguf")).unwrap().set_len(98_362_432).unwrap();
+    // A quantized mlx-lm directory, a GGUF file, and a multimodal checkpoint whose chat
+    // template renders tools.
+    let mlx = root.join("tiny-llama-4bit");
+    std::fs::create_dir_all(&mlx).unwrap();
+    for f in std::fs::read_dir(tiny_model_dir("llama-4bit")).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, mlx.join(f.file_name().unwrap())).unwrap();
+    }
+    std::fs::copy(goldens_dir().join("gguf/llama-q4_0.gguf"), root.join("tiny.gguf")).unwrap();
+    let vl = root.join("vision-chat");
+    std::fs::create_dir_all(&vl).unwrap();
+    std::fs::write(vl.join("config.json"), r#"{"model_type": "gemma3", "vision_config": {"hidden_size": 8}, "text_config": {"torch_dtype": "bfloat16"}}"#).unwrap();
+    std::fs::write(vl.join("tokenizer_config.json"), r#"{"chat_template": "{% if tools %}{{ tools | tojson }}{% endif %}"}"#).unwrap();
+    std::fs::create_dir_all(root.join("not-a-model")).unwrap();
+
+    let run = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_weft")).args(args).env("WEFT_MODELS_DIR", root).output().unwrap();
+    let v = json_of(&run(&["models", "--json"]));
+    assert_eq!(v["store"].as_str(), root.to_str());
+    let models = v["models"].as_array().unwrap();
+    let by_name = |n: &str| models.iter().find(|m| m["name"] == n).unwrap_or_else(|| panic!("{n} not listed: {v}"));
+    let names: Vec<&str> = models.iter().map(|m| m["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["smollm2-135m-instruct-q4_1", "gemma-3-270m", "tiny-llama-4bit", "tiny.gguf", "vision-chat"]);
+
+    let d = by_name("smollm2-135m-instruct-q4_1");
+    assert_eq!((d["default"].as_bool(), d["known"].as_bool(), d["installed"].as_bool()), (Some(true), Some(true), Some(true)));
+    assert_eq!(d["size_bytes"], 98_362_432);
+    assert!(d["error"].as_str().is_some_and(|e| !e.is_empty()), "{d}");
+    let g = by_name("gemma-3-270m");
+    assert_eq!((g["installed"].as_bool(), g["size_bytes"].as_u64()), (Some(false), Some(253_113_024)));
+    assert!(g["architecture"].is_null() && g["path"].is_null());
+
+    let m = by_name("tiny-llama-4bit");
+    assert_eq!((m["architecture"].as_str(), m["quantization"].as_str()), (Some("llama"), Some("4-bit g64")));
+    assert_eq!(m["capabilities"], serde_json::json!({"chat_template": false, "tools": false, "vision": false}));
+    assert!(m["size_bytes"].as_u64().unwrap() > 100_000);
+    assert_eq!(m["known"].as_bool(), Some(false));
+    let f = by_name("tiny.gguf");
+    assert_eq!((f["architecture"].as_str(), f["quantization"].as_str()), (Some("llama"), Some("Q4_0")));
+    assert_eq!(f["size_bytes"].as_u64(), Some(std::fs::metadata(root.join("tiny.gguf")).unwrap().len()));
+    let vc = by_name("vision-chat");
+    assert_eq!(vc["quantization"].as_str(), Some("bfloat16"));
+    assert_eq!(vc["capabilities"], serde_json::json!({"chat_template": true, "tools": true, "vision": true}));
+
+    // The alias prints the table.
+    let out = run(&["ls"]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("NAME") && lines[0].contains("QUANT") && lines[0].contains("VISION"), "{text}");
+    assert!(lines[1].starts_with("smollm2-135m-instruct-q4_1 (default)") && lines[1].contains("unreadable"), "{text}");
+    assert!(lines[2].starts_with("gemma-3-270m") && lines[2].contains("available") && lines[2].contains("253.1 MB"), "{text}");
+    assert!(lines.iter().any(|l| l.starts_with("tiny.gguf") && l.contains("Q4_0")), "{text}");
+    assert!(text.contains(&format!("store: {}", root.display())), "{text}");
+}

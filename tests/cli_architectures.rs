@@ -1,6 +1,6 @@
 //! `weft generate` and `weft replay` on every architecture's tiny model give mlx-lm's tokens:
 //! Gemma 3 (sliding-window rings that wrap), qwen3_moe, qwen3_next and qwen3_5 (gated
-//! DeltaNet), gemma2, phi3, granite, minicpm, smollm3, ministral3, mistral3 and Llama with llama3 / yarn RoPE, against
+//! DeltaNet), gemma2, phi3, granite, minicpm, smollm3, ministral3, mistral3, gemma4_text and Llama with llama3 / yarn RoPE, against
 //! their goldens.
 
 mod support;
@@ -73,6 +73,8 @@ const ARCHITECTURES: &[(&str, &str)] = &[
     ("smollm3", "smollm3"),
     ("ministral3", "ministral3"),
     ("mistral3", "mistral3"),
+    ("gemma4_text", "gemma4_text"),
+    ("gemma4_text-kv", "gemma4_text-kv"),
     // Llama 3.x RoPE scaling, and yarn (Qwen2.5 long-context).
     ("rope-llama3", "rope-llama3"),
     ("rope-yarn", "rope-yarn"),
@@ -114,5 +116,18 @@ fn replay_matches_every_architecture_schedule() {
             let got = &v["rows"][r["id"].to_string()];
             assert_eq!(ids(&got["tokens"]), ids(&r["tokens"]), "{golden_name}: row {}", r["id"]);
         }
+    }
+}
+
+#[test]
+fn gemma4_kv_sharing_refuses_kv_bits_with_a_message() {
+    let model = tiny_model_dir("gemma4_text");
+    for sub in [&["generate", "--prompt-ids", "1,2,3"][..], &["generate", "--prompt-ids", "1,2,3", "--prompt-ids", "4,5"][..]] {
+        let mut args: Vec<&str> = sub.to_vec();
+        args.extend(["--model", model.to_str().unwrap(), "--max-tokens", "2", "--kv-bits", "8", "--kv-group-size", "32"]);
+        let out = weft(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains("kv_bits") && err.contains("KV-shared") && !err.contains("panicked"), "{err}");
     }
 }

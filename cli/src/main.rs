@@ -3,7 +3,8 @@
 //! Subcommands: `generate` (a completion, or several `--prompt-ids` rows through the batching
 //! engine; `--json` parity output), `chat` (interactive), `run` (answer a prompt, or chat when
 //! none is given), `replay` (a join/leave schedule), `bench` (speed at several batch sizes),
-//! `serve` (the OpenAI/Anthropic-compatible HTTP server), `pull` (fetch the default model).
+//! `serve` (the OpenAI/Anthropic-compatible HTTP server), `pull` (fetch the default model),
+//! `models` / `ls` (known and installed models).
 //! Every failure prints `error: ...` and exits non-zero; no panics.
 
 mod batch;
@@ -11,6 +12,7 @@ mod bench;
 mod chat;
 mod common;
 mod generate_cmd;
+mod models_cmd;
 mod progress;
 mod replay;
 mod serve;
@@ -49,6 +51,10 @@ enum Command {
     /// Download a model (or find it already installed) and print its path: the default model,
     /// or one the store knows by name (gemma-3-270m).
     Pull(common::PullArgs),
+    /// List the models the store knows and those installed: size, architecture,
+    /// quantization, capabilities (chat template, tools, vision); --json for one JSON object.
+    #[command(alias = "ls")]
+    Models(models_cmd::ModelsArgs),
     /// Serve the model over HTTP: OpenAI and Anthropic APIs, /health, /stats, /metrics.
     Serve(Box<serve::ServeArgs>),
 }
@@ -67,6 +73,7 @@ fn main() -> ExitCode {
         Command::Replay(a) => replay::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Pull(a) => common::pull(a).map(|p| println!("{}", p.display())),
+        Command::Models(a) => models_cmd::run(a),
         Command::Serve(a) => serve::run(*a),
     });
     match result {

@@ -170,6 +170,9 @@ pub fn generate(
     opts.sampling.validate(model.info().vocab_size as usize)?;
     if let Some(kv) = &opts.kv_quantization {
         kv.validate(Some(model.info().head_dim))?;
+        if let Some(why) = model.kv_quantization_unsupported() {
+            return Err(Error::Unsupported(why));
+        }
     }
     if !opts.stop_strings.is_empty() && tokenizer.is_none() {
         return Err(Error::InvalidRequest("stop strings need a model with a tokenizer".into()));

@@ -71,5 +71,10 @@ pub trait LanguageModel: Send {
     /// Fresh per-layer caches for one sequence.
     fn make_caches(&self) -> Vec<Box<dyn KvCache>>;
     fn info(&self) -> &ModelInfo;
+    /// Why this model cannot run with a quantized KV cache, when it cannot (checked when an
+    /// engine or a generation asks for one).
+    fn kv_quantization_unsupported(&self) -> Option<String> {
+        None
+    }
 }
 

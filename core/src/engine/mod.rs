@@ -331,6 +331,9 @@ pub struct Engine {
 impl Engine {
     pub fn start(model: LoadedModel, mut config: EngineConfig) -> Result<Engine> {
         config.validate_for(model.model.info())?;
+        if let (Some(_), Some(why)) = (config.kv_quantization(), model.model.kv_quantization_unsupported()) {
+            return Err(Error::Unsupported(why));
+        }
         if config.faults.is_none() {
             config.faults = Faults::from_env()?;
         }

@@ -51,6 +51,9 @@ pub fn load(path: &Path, weights: GgufWeights) -> Result<LoadedModel> {
         repacked_arrays(&header, path, weights)?
     };
 
+    let mut raw = raw;
+    take_rope_factors(&mut raw, &mut config)?;
+
     let heads = config["num_attention_heads"].as_i64().unwrap_or(0) as i32;
     let kv_heads = config["num_key_value_heads"].as_i64().unwrap_or(0) as i32;
     // llama.cpp interleaves q/k rows for its RoPE only in llama-style conversions.
@@ -125,12 +128,14 @@ fn config_from_metadata(h: &GgufHeader, arch: &str) -> Result<serde_json::Value>
         "llama" | "mistral" => "llama",
         "qwen2" => "qwen2",
         "qwen3" => "qwen3",
+        "gemma2" => "gemma2",
         "gemma3" => "gemma3_text",
         "granite" => "granite",
         "minicpm" => "minicpm",
+        "phi3" => "phi3",
         other => {
             return Err(Error::Unsupported(format!(
-                "GGUF architecture {other:?} (supported: llama, mistral, qwen2, qwen3, gemma3, granite, minicpm)"
+                "GGUF architecture {other:?} (supported: llama, mistral, qwen2, qwen3, gemma2, gemma3, granite, minicpm, phi3)"
             )))
         }
     };
@@ -191,6 +196,27 @@ fn config_from_metadata(h: &GgufHeader, arch: &str) -> Result<serde_json::Value>
         }
         cfg["dim_model_base"] = json!(base as u64);
     }
+    if arch == "gemma2" {
+        // llama.cpp's gemma2: both soft caps in the metadata; queries scaled by
+        // head_dim^-0.5, except the 27B (46 blocks), which uses (hidden / heads)^-0.5.
+        cfg["attn_logit_softcapping"] = json!(float("attn_logit_softcapping")?);
+        cfg["final_logit_softcapping"] = json!(float("final_logit_softcapping")?);
+        let qpas = if int("block_count")? == 46 { hidden / heads.max(1) } else { head_dim };
+        cfg["query_pre_attn_scalar"] = json!(qpas);
+        if let Some(w) = h.get_u64(&format!("{arch}.attention.sliding_window")) {
+            cfg["sliding_window"] = json!(w);
+        }
+    }
+    if arch == "phi3" {
+        // llama.cpp's phi3: the rotated dims (partial rotary) and longrope's original context;
+        // the factors themselves are tensors (see `take_rope_factors`).
+        if let Some(dims) = h.get_u64(&format!("{arch}.rope.dimension_count")) {
+            cfg["partial_rotary_factor"] = json!(dims as f64 / head_dim as f64);
+        }
+        if let Some(orig) = h.get_u64(&format!("{arch}.rope.scaling.original_context_length")) {
+            cfg["original_max_position_embeddings"] = json!(orig);
+        }
+    }
     if arch == "gemma3" {
         // What the GGUF does not say, llama.cpp fixes for Gemma 3 as the Hugging Face configs do:
         // every 6th layer global, local RoPE base 10000, queries scaled by 1/sqrt(head_dim).
@@ -213,6 +239,31 @@ fn config_from_metadata(h: &GgufHeader, arch: &str) -> Result<serde_json::Value>
         }
     }
     Ok(cfg)
+}
+
+/// llama.cpp writes Phi-3's longrope factors as the tensors `rope_factors_long.weight` and
+/// `rope_factors_short.weight`; they become `rope_scaling` (longrope) in the config.
+fn take_rope_factors(raw: &mut Vec<(String, Array)>, config: &mut serde_json::Value) -> Result<()> {
+    let mut factor = |name: &str| -> Result<Option<Vec<f32>>> {
+        let Some(i) = raw.iter().position(|(n, _)| n == name) else { return Ok(None) };
+        let a = raw.remove(i).1.as_dtype(Dtype::Float32)?;
+        a.eval()?;
+        Ok(Some(a.as_slice::<f32>().to_vec()))
+    };
+    let (long, short) = (factor("rope_factors_long.weight")?, factor("rope_factors_short.weight")?);
+    match (long, short) {
+        (None, None) => Ok(()),
+        (Some(long), Some(short)) => {
+            config["rope_scaling"] = json!({"type": "longrope", "long_factor": long, "short_factor": short});
+            Ok(())
+        }
+        _ => Err(Error::ModelLoad("GGUF has one of rope_factors_long / rope_factors_short but not the other".into())),
+    }
+}
+
+/// Rope factor tensors are model options, not modules (see `take_rope_factors`).
+fn is_rope_factors(base: &str) -> bool {
+    matches!(base, "rope_factors_long" | "rope_factors_short")
 }
 
 /// Every tensor's data must lie inside the file (a truncated download otherwise reads past the
@@ -259,7 +310,7 @@ fn check_tensor_extents(h: &GgufHeader, path: &Path) -> Result<()> {
 fn check_tensor_names(h: &GgufHeader, arch: &str, layers: u64) -> Result<()> {
     for t in &h.tensors {
         let (base, _) = split_suffix(&t.name);
-        if hf_module_name(base, arch).is_none() {
+        if hf_module_name(base, arch).is_none() && !(arch == "phi3" && is_rope_factors(base)) {
             return Err(Error::Unsupported(format!("GGUF tensor '{}' has no known mapping for {arch}", t.name)));
         }
         let block = base.strip_prefix("blk.").and_then(|r| r.split('.').next()?.parse::<u64>().ok());
@@ -281,6 +332,11 @@ fn check_tensor_names(h: &GgufHeader, arch: &str, layers: u64) -> Result<()> {
         "ffn_up.weight",
         "ffn_down.weight",
     ];
+    if arch == "phi3" {
+        // Fused projections: attn_qkv instead of q/k/v, ffn_up holding gate and up.
+        per_block.retain(|p| !matches!(*p, "attn_q.weight" | "attn_k.weight" | "attn_v.weight" | "ffn_gate.weight"));
+        per_block.push("attn_qkv.weight");
+    }
     match arch {
         "qwen2" => per_block.extend(["attn_q.bias", "attn_k.bias", "attn_v.bias"]),
         "qwen3" => per_block.extend(["attn_q_norm.weight", "attn_k_norm.weight"]),
@@ -290,6 +346,7 @@ fn check_tensor_names(h: &GgufHeader, arch: &str, layers: u64) -> Result<()> {
             "post_attention_norm.weight",
             "post_ffw_norm.weight",
         ]),
+        "gemma2" => per_block.extend(["post_attention_norm.weight", "post_ffw_norm.weight"]),
         _ => {}
     }
     let present: std::collections::HashSet<&str> = h.tensors.iter().map(|t| t.name.as_str()).collect();
@@ -349,7 +406,8 @@ fn split_suffix(name: &str) -> (&str, &str) {
     }
 }
 
-/// GGUF module names → Hugging Face module names (Gemma's four norms per block differ).
+/// GGUF module names → Hugging Face module names (Gemma's four norms per block differ; Phi-3
+/// keeps its fused projections).
 fn hf_module_name(base: &str, arch: &str) -> Option<String> {
     match base {
         "token_embd" => return Some("model.embed_tokens".into()),
@@ -360,7 +418,10 @@ fn hf_module_name(base: &str, arch: &str) -> Option<String> {
     let rest = base.strip_prefix("blk.")?;
     let (layer, part) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
+    let gemma = matches!(arch, "gemma2" | "gemma3");
     let part = match part {
+        "attn_qkv" if arch == "phi3" => "self_attn.qkv_proj",
+        "ffn_up" if arch == "phi3" => "mlp.gate_up_proj",
         "attn_q" => "self_attn.q_proj",
         "attn_k" => "self_attn.k_proj",
         "attn_v" => "self_attn.v_proj",
@@ -371,9 +432,9 @@ fn hf_module_name(base: &str, arch: &str) -> Option<String> {
         "ffn_up" => "mlp.up_proj",
         "ffn_down" => "mlp.down_proj",
         "attn_norm" => "input_layernorm",
-        "ffn_norm" if arch == "gemma3" => "pre_feedforward_layernorm",
-        "post_attention_norm" if arch == "gemma3" => "post_attention_layernorm",
-        "post_ffw_norm" if arch == "gemma3" => "post_feedforward_layernorm",
+        "ffn_norm" if gemma => "pre_feedforward_layernorm",
+        "post_attention_norm" if gemma => "post_attention_layernorm",
+        "post_ffw_norm" if gemma => "post_feedforward_layernorm",
         "ffn_norm" => "post_attention_layernorm",
         _ => return None,
     };

@@ -3,6 +3,7 @@
 mod config;
 pub mod gemma2;
 pub mod gemma3;
+pub mod gemma4_text;
 pub mod granite;
 pub mod llama;
 pub mod minicpm;
@@ -36,6 +37,7 @@ pub fn build(config: &serde_json::Value, weights: Weights, dtype: Dtype) -> Resu
         "qwen3_moe" => Box::new(qwen3_moe::load(&cfg, weights, dtype)?),
         "gemma2" => Box::new(gemma2::load(&cfg, weights, dtype)?),
         "gemma3_text" | "gemma3" => Box::new(gemma3::load(&cfg, weights, dtype)?),
+        "gemma4_text" | "gemma4" => Box::new(gemma4_text::load(&cfg, weights, dtype)?),
         "granite" => Box::new(granite::load(&cfg, weights, dtype)?),
         "minicpm" => Box::new(minicpm::load(&cfg, weights, dtype)?),
         "ministral3" => Box::new(ministral3::load(&cfg, weights, dtype)?),
@@ -44,7 +46,7 @@ pub fn build(config: &serde_json::Value, weights: Weights, dtype: Dtype) -> Resu
         "smollm3" => Box::new(smollm3::load(&cfg, weights, dtype)?),
         other => {
             return Err(Error::Unsupported(format!(
-                "model_type {other:?} (supported: llama, mistral, qwen2, qwen3, qwen3_moe, qwen3_next, qwen3_5, qwen3_5_moe, gemma2, gemma3_text, gemma3, granite, minicpm, ministral3, mistral3, phi3, smollm3)"
+                "model_type {other:?} (supported: llama, mistral, qwen2, qwen3, qwen3_moe, qwen3_next, qwen3_5, qwen3_5_moe, gemma2, gemma3_text, gemma3, gemma4_text, gemma4, granite, minicpm, ministral3, mistral3, phi3, smollm3)"
             )))
         }
     })

@@ -1,0 +1,317 @@
+//! `weft models` (alias `weft ls`): the models the store knows (installed or not) and every
+//! other model installed under the store root, with size, architecture, quantization and
+//! capabilities read from the files themselves (GGUF header, or an mlx-lm / Hugging Face
+//! directory's config and tokenizer files). `--json` prints the same as one JSON object.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use serde::Serialize;
+use serde_json::Value;
+use weft::gguf::GgufHeader;
+use weft::model_store::{named_model, named_models, DefaultModel, ModelStore};
+use weft::Result;
+
+#[derive(Args, Debug, Clone)]
+pub struct ModelsArgs {
+    /// Print one JSON object (`{"store": ..., "models": [...]}`) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Serialize, Default)]
+struct Capabilities {
+    /// The model ships a chat template.
+    chat_template: bool,
+    /// Its chat template renders tool definitions (it mentions `tools`).
+    tools: bool,
+    /// The checkpoint carries a vision part (a `vision_config`).
+    vision: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct Entry {
+    name: String,
+    /// The store can install it by name (`weft pull NAME`).
+    known: bool,
+    /// The model used when no --model is given.
+    default: bool,
+    installed: bool,
+    path: Option<PathBuf>,
+    /// Bytes on disk when installed, else the pinned size of what `weft pull` installs.
+    size_bytes: u64,
+    /// `None` until installed (it is read from the files).
+    architecture: Option<String>,
+    quantization: Option<String>,
+    capabilities: Option<Capabilities>,
+    /// Why the files could not be inspected, if they could not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+/// What the files say about an installed model.
+struct Inspected {
+    architecture: String,
+    quantization: String,
+    capabilities: Capabilities,
+}
+
+pub fn run(args: ModelsArgs) -> Result<()> {
+    let store = ModelStore::from_env();
+    let entries = list(&store);
+    if args.json {
+        let doc = serde_json::json!({ "store": store.root(), "models": entries });
+        // A tree of plain values: serializing cannot fail.
+        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+    } else {
+        print_table(&store, &entries);
+    }
+    Ok(())
+}
+
+fn list(store: &ModelStore) -> Vec<Entry> {
+    let default = DefaultModel::smollm2();
+    let mut entries = vec![entry(&default.name, true, true, store.cached(&default), default.gguf_size)];
+    for name in named_models() {
+        if let Some(spec) = named_model(&name) {
+            entries.push(entry(&spec.name, true, false, store.cached_split(&spec), spec.size));
+        }
+    }
+    // Anything else under the root: a model directory or a .gguf file, one level down (a
+    // known model's directory holds its own file, already listed).
+    let known_dirs: Vec<String> = entries.iter().map(|e| e.name.clone()).collect();
+    let known_files: Vec<PathBuf> = entries.iter().filter_map(|e| e.path.clone()).collect();
+    let mut others: Vec<PathBuf> = fs::read_dir(store.root())
+        .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    others.sort();
+    for path in others {
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        if name.starts_with('.') || known_dirs.contains(&name) || known_files.contains(&path) {
+            continue;
+        }
+        let model = if path.is_dir() { model_in_dir(&path) } else { is_gguf(&path).then(|| path.clone()) };
+        if let Some(model) = model {
+            let size = disk_size(&model);
+            entries.push(entry(&name, false, false, Some(model), size));
+        }
+    }
+    entries
+}
+
+fn entry(name: &str, known: bool, default: bool, path: Option<PathBuf>, pinned_size: u64) -> Entry {
+    let mut e = Entry {
+        name: name.to_string(),
+        known,
+        default,
+        installed: path.is_some(),
+        size_bytes: pinned_size,
+        path: None,
+        architecture: None,
+        quantization: None,
+        capabilities: None,
+        error: None,
+    };
+    if let Some(path) = path {
+        e.size_bytes = disk_size(&path);
+        match inspect(&path) {
+            Ok(i) => {
+                e.architecture = Some(i.architecture);
+                e.quantization = Some(i.quantization);
+                e.capabilities = Some(i.capabilities);
+            }
+            Err(err) => e.error = Some(err),
+        }
+        e.path = Some(path);
+    }
+    e
+}
+
+fn is_gguf(p: &Path) -> bool {
+    p.is_file() && p.extension().is_some_and(|x| x.eq_ignore_ascii_case("gguf"))
+}
+
+/// The model a directory holds: itself when it has a `config.json`, else its one `.gguf`.
+fn model_in_dir(dir: &Path) -> Option<PathBuf> {
+    if dir.join("config.json").is_file() {
+        return Some(dir.to_path_buf());
+    }
+    let ggufs: Vec<PathBuf> = fs::read_dir(dir).ok()?.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| is_gguf(p)).collect();
+    (ggufs.len() == 1).then(|| ggufs[0].clone())
+}
+
+fn disk_size(p: &Path) -> u64 {
+    match fs::metadata(p) {
+        Ok(m) if m.is_file() => m.len(),
+        Ok(m) if m.is_dir() => fs::read_dir(p)
+            .map(|rd| rd.filter_map(|e| e.ok()).map(|e| disk_size(&e.path())).sum())
+            .unwrap_or(0),
+        _ => 0,
+    }
+}
+
+fn inspect(path: &Path) -> std::result::Result<Inspected, String> {
+    if path.is_dir() {
+        inspect_dir(path)
+    } else {
+        inspect_gguf(path)
+    }
+}
+
+/// llama.cpp's `general.file_type` names (`LLAMA_FTYPE_MOSTLY_*`) for the common values.
+fn file_type_name(t: u64) -> Option<&'static str> {
+    Some(match t {
+        0 => "F32",
+        1 => "F16",
+        2 => "Q4_0",
+        3 => "Q4_1",
+        7 => "Q8_0",
+        8 => "Q5_0",
+        9 => "Q5_1",
+        10 => "Q2_K",
+        11 => "Q3_K_S",
+        12 => "Q3_K_M",
+        13 => "Q3_K_L",
+        14 => "Q4_K_S",
+        15 => "Q4_K_M",
+        16 => "Q5_K_S",
+        17 => "Q5_K_M",
+        18 => "Q6_K",
+        32 => "BF16",
+        _ => return None,
+    })
+}
+
+fn inspect_gguf(path: &Path) -> std::result::Result<Inspected, String> {
+    let h = GgufHeader::read(path).map_err(|e| e.to_string())?;
+    let architecture = h.architecture().unwrap_or("unknown").to_string();
+    let quantization = match h.get_u64("general.file_type").and_then(file_type_name) {
+        Some(name) => name.to_string(),
+        None => predominant_type(&h),
+    };
+    let template = h.get_str("tokenizer.chat_template");
+    Ok(Inspected {
+        architecture,
+        quantization,
+        capabilities: Capabilities {
+            chat_template: template.is_some(),
+            tools: template.is_some_and(|t| t.contains("tools")),
+            // Vision in GGUF lives in a separate projector file, never in the text model.
+            vision: false,
+        },
+    })
+}
+
+/// The tensor type holding the most elements (when the header names no file type).
+fn predominant_type(h: &GgufHeader) -> String {
+    let mut by_type: std::collections::BTreeMap<&'static str, u64> = Default::default();
+    for t in &h.tensors {
+        *by_type.entry(t.type_name()).or_default() += t.dims.iter().product::<u64>();
+    }
+    by_type.into_iter().max_by_key(|(_, n)| *n).map_or_else(|| "unknown".into(), |(name, _)| name.to_string())
+}
+
+fn read_json(p: &Path) -> Option<Value> {
+    serde_json::from_str(&fs::read_to_string(p).ok()?).ok()
+}
+
+fn inspect_dir(dir: &Path) -> std::result::Result<Inspected, String> {
+    let config = read_json(&dir.join("config.json")).ok_or_else(|| "config.json is missing or not JSON".to_string())?;
+    let text = config.get("text_config").filter(|t| t.is_object());
+    let architecture = config["model_type"].as_str().unwrap_or("unknown").to_string();
+    let quant = config.get("quantization").or_else(|| config.get("quantization_config"));
+    let quantization = match quant {
+        Some(q) if q["bits"].is_u64() => {
+            format!("{}-bit g{}", q["bits"], q["group_size"].as_u64().map_or("?".into(), |g| g.to_string()))
+        }
+        _ => config["torch_dtype"]
+            .as_str()
+            .or_else(|| text.and_then(|t| t["torch_dtype"].as_str()))
+            .or_else(|| config["dtype"].as_str())
+            .unwrap_or("unquantized")
+            .to_string(),
+    };
+    let template = fs::read_to_string(dir.join("chat_template.jinja"))
+        .ok()
+        .or_else(|| read_json(&dir.join("chat_template.json")).and_then(|v| v["chat_template"].as_str().map(String::from)))
+        .or_else(|| read_json(&dir.join("tokenizer_config.json")).and_then(|v| template_text(&v["chat_template"])));
+    Ok(Inspected {
+        architecture,
+        quantization,
+        capabilities: Capabilities {
+            chat_template: template.is_some(),
+            tools: template.as_deref().is_some_and(|t| t.contains("tools")),
+            vision: config.get("vision_config").is_some_and(|v| !v.is_null()),
+        },
+    })
+}
+
+/// A tokenizer_config `chat_template`: one string, or a list of named templates.
+fn template_text(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(list) => {
+            let all: Vec<&str> = list.iter().filter_map(|t| t["template"].as_str()).collect();
+            (!all.is_empty()).then(|| all.join("\n"))
+        }
+        _ => None,
+    }
+}
+
+fn human_size(bytes: u64) -> String {
+    let b = bytes as f64;
+    if b >= 1e9 {
+        format!("{:.1} GB", b / 1e9)
+    } else if b >= 1e6 {
+        format!("{:.1} MB", b / 1e6)
+    } else {
+        format!("{:.1} kB", b / 1e3)
+    }
+}
+
+fn print_table(store: &ModelStore, entries: &[Entry]) {
+    let yes = |b: bool| if b { "yes" } else { "no" };
+    let rows: Vec<[String; 8]> = entries
+        .iter()
+        .map(|e| {
+            let caps = e.capabilities.as_ref();
+            let cap = |f: fn(&Capabilities) -> bool| caps.map_or("-".to_string(), |c| yes(f(c)).to_string());
+            let status = match (e.installed, e.known) {
+                (true, _) if e.error.is_some() => "unreadable",
+                (true, _) => "installed",
+                (false, true) => "available",
+                (false, false) => "-",
+            };
+            [
+                if e.default { format!("{} (default)", e.name) } else { e.name.clone() },
+                status.to_string(),
+                human_size(e.size_bytes),
+                e.architecture.clone().unwrap_or_else(|| "-".into()),
+                e.quantization.clone().unwrap_or_else(|| "-".into()),
+                cap(|c| c.chat_template),
+                cap(|c| c.tools),
+                cap(|c| c.vision),
+            ]
+        })
+        .collect();
+    let header = ["NAME", "STATUS", "SIZE", "ARCH", "QUANT", "CHAT", "TOOLS", "VISION"].map(String::from);
+    let mut widths = header.clone().map(|h| h.len());
+    for r in &rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |r: &[String; 8]| {
+        let cells: Vec<String> = r.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        println!("{}", cells.join("  ").trim_end());
+    };
+    line(&header);
+    for r in &rows {
+        line(r);
+    }
+    println!("store: {}", store.root().display());
+    for e in entries.iter().filter(|e| e.error.is_some()) {
+        println!("{}: {}", e.name, e.error.as_deref().unwrap_or_default());
+    }
+}

@@ -1,0 +1,512 @@
+//! Gemma 4 text models. Mirrors mlx-lm `models/gemma4_text.py` (and `gemma4.py`, whose text
+//! part sits in `text_config` with tensors under `language_model.`):
+//! - `layer_types` (or `sliding_window_pattern`) picks sliding-window or full attention per
+//!   layer; each kind has its own `rope_parameters` entry (any kind `nn::Rope` builds; Gemma 4
+//!   uses `proportional` RoPE over part of the full layers' `global_head_dim` heads);
+//! - KV sharing: the last `num_kv_shared_layers` layers have no K/V projections or cache;
+//!   each attends over the keys/values (and RoPE offset) of the last earlier layer of its
+//!   kind, so only the first layers own caches and the engine only ever sees those;
+//! - per-layer inputs (`hidden_size_per_layer_input`): a second embedding table plus a
+//!   projection of the scaled embeddings, one slice per layer, gated into the stream after
+//!   the MLP; KV-shared layers use a double-wide MLP (`use_double_wide_mlp`);
+//! - plain RMSNorm (stored weight, not Gemma 3's `1 + w`), q/k norms, a scale-free v norm,
+//!   attention scale 1, `layer_scalar` on each block's output, GeGLU, tied head unless the
+//!   checkpoint has `lm_head.weight`, `final_logit_softcapping`;
+//! - `attention_k_eq_v` (full layers use the raw keys as values, with
+//!   `num_global_key_value_heads`).
+//! Not supported (refused at load): the MoE block (`enable_moe_block`). With KV sharing a
+//! quantized KV cache is refused when the engine starts: KV-shared layers read another
+//! layer's cached keys and values, which mlx-lm cannot do on quantized caches either.
+
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::{Array, Dtype};
+use serde_json::{json, Value};
+
+use super::{ConfigReader, LanguageModel, ModelInfo, SlidingWindowLayers};
+use crate::cache::{sdpa, AttentionMask, KvCache, KvCacheSingle, RopeOffset, RotatingKvCache};
+use crate::nn::{gelu_approx, Embedding, Linear, Mlp, MlpActivation, RmsNorm, Rope, RopeContext, Weights};
+use crate::{Error, Result};
+
+const QUANTIZED_KV: &str =
+    "gemma4_text: a quantized KV cache (kv_bits) is not supported: its KV-shared layers attend over other layers' cached keys and values";
+
+/// Keys and values a layer attended over, with the RoPE offset its queries used: what a
+/// KV-shared layer borrows from its source layer.
+#[derive(Clone)]
+struct SharedKv {
+    keys: Array,
+    values: Array,
+    offset: RopeOffset,
+}
+
+enum KvSource {
+    /// This layer projects keys and values and owns cache `cache`; `shared`: later layers
+    /// read them.
+    Own { k_proj: Linear, v_proj: Option<Linear>, k_norm: RmsNorm, cache: usize, shared: bool },
+    /// This layer reuses layer `layer`'s keys and values.
+    Shared { layer: usize },
+}
+
+struct Attention {
+    q_proj: Linear,
+    o_proj: Linear,
+    q_norm: RmsNorm,
+    kv: KvSource,
+    heads: i32,
+    kv_heads: i32,
+    rope: Rope,
+    eps: f32,
+}
+
+/// The per-layer input branch of a block: `h + norm(proj(gelu(gate(h)) * input))`.
+struct PerLayerGate {
+    input_gate: Linear,
+    projection: Linear,
+    post_norm: RmsNorm,
+}
+
+struct Block {
+    self_attn: Attention,
+    mlp: Mlp,
+    input_layernorm: RmsNorm,
+    post_attention_layernorm: RmsNorm,
+    pre_feedforward_layernorm: RmsNorm,
+    post_feedforward_layernorm: RmsNorm,
+    per_layer: Option<PerLayerGate>,
+    layer_scalar: Array,
+    sliding: bool,
+}
+
+/// Model-level per-layer input tables (2B/4B-class models).
+struct PerLayerInputs {
+    embed: Embedding,
+    model_projection: Linear,
+    projection_norm: RmsNorm,
+    dim: i32,
+    embed_scale: f32,
+    projection_scale: f32,
+}
+
+pub struct Gemma4Text {
+    embed_tokens: Embedding,
+    per_layer_inputs: Option<PerLayerInputs>,
+    layers: Vec<Block>,
+    norm: RmsNorm,
+    lm_head: Option<Linear>,
+    info: ModelInfo,
+    window: i32,
+    embed_scale: f32,
+    final_softcap: Option<f32>,
+    /// Layers that own a cache, in order (the first `num_hidden_layers - num_kv_shared_layers`).
+    cache_layers: usize,
+}
+
+/// `key` as an integer >= 0, or mlx-lm's default when absent; null reads as 0 (mlx-lm tests
+/// these options for truth).
+fn count_or(cfg: &ConfigReader, key: &str, default: i64) -> Result<i64> {
+    match cfg.raw().get(key) {
+        None => Ok(default),
+        Some(Value::Null) => Ok(0),
+        Some(v) => v
+            .as_i64()
+            .filter(|x| *x >= 0)
+            .ok_or_else(|| Error::ModelLoad(format!("config.json: {key:?} must be a non-negative integer, got {v}"))),
+    }
+}
+
+fn positive_or(cfg: &ConfigReader, key: &str, default: i32) -> Result<i32> {
+    Ok(cfg.opt_i32(key)?.unwrap_or(default))
+}
+
+/// The text part of a `gemma4` config: `text_config` with mlx-lm's defaults for vocab size
+/// (from the top level) and head counts.
+fn text_config(cfg: &ConfigReader) -> Result<Value> {
+    let mut text = match cfg.get("text_config") {
+        None => json!({}),
+        Some(t) if t.is_object() => t.clone(),
+        Some(t) => return Err(Error::ModelLoad(format!("config.json: gemma4 \"text_config\" must be an object, got {t}"))),
+    };
+    let obj = text.as_object_mut().unwrap();
+    obj.insert("vocab_size".into(), cfg.get("vocab_size").cloned().unwrap_or(Value::from(262_144)));
+    obj.entry("num_attention_heads").or_insert(Value::from(8));
+    obj.entry("num_key_value_heads").or_insert(Value::from(1));
+    Ok(text)
+}
+
+/// mlx-lm gemma4.sanitize: drop the vision/audio towers, and move Hugging Face's
+/// `model.language_model.*` and mlx-lm's `language_model.model.*` to `model.*`.
+fn text_weights(w: &mut Weights) {
+    for tower in ["vision_tower", "multi_modal_projector", "audio_tower", "embed_audio", "embed_vision", "vision_embedder"] {
+        w.remove_prefix(&format!("model.{tower}"));
+        w.remove_prefix(tower);
+    }
+    w.rename_prefix("model.language_model.", "model.");
+    w.rename_prefix("language_model.model.", "model.");
+    w.strip_prefix("language_model.");
+}
+
+fn default_rope_parameters() -> Value {
+    json!({
+        "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0, "rope_type": "proportional"},
+        "sliding_attention": {"partial_rotary_factor": 1.0, "rope_theta": 10000.0, "rope_type": "default"},
+    })
+}
+
+pub fn load(cfg: &ConfigReader, mut w: Weights, dtype: Dtype) -> Result<Gemma4Text> {
+    let wrapped = cfg.req_str("model_type")? == "gemma4";
+    let text = if wrapped { text_config(cfg)? } else { Value::Null };
+    let tcfg = if wrapped { ConfigReader::new(&text) } else { ConfigReader::new(cfg.raw()) };
+    if wrapped {
+        text_weights(&mut w);
+    }
+    let cfg = &tcfg;
+    if cfg.bool_or("enable_moe_block", false)? {
+        return Err(Error::Unsupported(
+            "gemma4_text: the mixture-of-experts block (enable_moe_block) is not supported yet".into(),
+        ));
+    }
+    let hidden = positive_or(cfg, "hidden_size", 1536)?;
+    let num_layers = positive_or(cfg, "num_hidden_layers", 35)? as usize;
+    let intermediate = positive_or(cfg, "intermediate_size", 6144)?;
+    let heads = positive_or(cfg, "num_attention_heads", 8)?;
+    let head_dim = positive_or(cfg, "head_dim", 256)?;
+    // mlx-lm: full layers use global_head_dim when it is set and non-zero.
+    let global_head_dim = match count_or(cfg, "global_head_dim", 512)? {
+        0 => head_dim,
+        d => d as i32,
+    };
+    let eps = cfg.f32_or("rms_norm_eps", 1e-6)?;
+    let vocab = positive_or(cfg, "vocab_size", 262_144)?;
+    let kv_heads = positive_or(cfg, "num_key_value_heads", 1)?;
+    let k_eq_v = cfg.bool_or("attention_k_eq_v", false)?;
+    let global_kv_heads = cfg.opt_i32("num_global_key_value_heads")?;
+    let shared = count_or(cfg, "num_kv_shared_layers", 20)? as usize;
+    if shared >= num_layers {
+        return Err(Error::ModelLoad(format!(
+            "config.json: num_kv_shared_layers {shared} leaves no layer with its own keys and values ({num_layers} layers)"
+        )));
+    }
+    let first_shared = num_layers - shared;
+    let per_layer_dim = count_or(cfg, "hidden_size_per_layer_input", 256)? as i32;
+    let per_layer_vocab = positive_or(cfg, "vocab_size_per_layer_input", 262_144)?;
+    let window = positive_or(cfg, "sliding_window", 512)?;
+    let pattern = positive_or(cfg, "sliding_window_pattern", 5)? as usize;
+    let double_wide = cfg.bool_or("use_double_wide_mlp", true)?;
+    let traditional = cfg.bool_or("rope_traditional", false)?;
+    // `ConfigReader::get` reads null as absent; here null (no cap) differs from absent (30).
+    let final_softcap = match cfg.raw().get("final_logit_softcapping") {
+        None => Some(30.0),
+        Some(Value::Null) => None,
+        Some(v) => Some(v.as_f64().filter(|x| *x > 0.0).ok_or_else(|| {
+            Error::ModelLoad(format!("config.json: \"final_logit_softcapping\" must be a positive number, got {v}"))
+        })? as f32),
+    };
+    if let Some(act) = cfg.get("hidden_activation").or_else(|| cfg.get("hidden_act")) {
+        if act.as_str() != Some("gelu_pytorch_tanh") {
+            return Err(Error::Unsupported(format!(
+                "gemma4_text: hidden_activation {act} is not supported (only \"gelu_pytorch_tanh\")"
+            )));
+        }
+    }
+
+    let sliding: Vec<bool> = match cfg.get("layer_types") {
+        None => (0..num_layers).map(|i| (i + 1) % pattern != 0).collect(),
+        Some(Value::Array(types)) if types.len() == num_layers => types
+            .iter()
+            .map(|t| match t.as_str() {
+                Some("sliding_attention") => Ok(true),
+                Some("full_attention") => Ok(false),
+                _ => Err(Error::Unsupported(format!(
+                    "gemma4_text: layer type {t} (supported: \"sliding_attention\", \"full_attention\")"
+                ))),
+            })
+            .collect::<Result<_>>()?,
+        Some(t) => {
+            return Err(Error::ModelLoad(format!("config.json: \"layer_types\" must list {num_layers} layer types, got {t}")))
+        }
+    };
+
+    let rope_parameters = match cfg.get("rope_parameters") {
+        None => default_rope_parameters(),
+        Some(p) => p.clone(),
+    };
+    let max_positions = cfg.opt_i32("max_position_embeddings")?.or(Some(131_072));
+    let rope_for = |is_sliding: bool, dims: i32| -> Result<Rope> {
+        let key = if is_sliding { "sliding_attention" } else { "full_attention" };
+        let empty = json!({});
+        let params = rope_parameters.get(key).unwrap_or(&empty);
+        let theta = match params.get("rope_theta") {
+            None => 10_000.0,
+            Some(t) => t.as_f64().ok_or_else(|| {
+                Error::ModelLoad(format!("config.json: rope_parameters.{key}.rope_theta must be a number, got {t}"))
+            })?,
+        };
+        Rope::from_scaling(dims, theta, traditional, Some(params), RopeContext { max_position_embeddings: max_positions })
+    };
+
+    // mlx-lm: a KV-shared layer reads the last non-shared layer of its kind.
+    let source_of = |i: usize| -> Result<usize> {
+        (0..first_shared).rev().find(|&j| sliding[j] == sliding[i]).ok_or_else(|| {
+            Error::ModelLoad(format!(
+                "config.json: KV-shared layer {i} has no earlier {} layer to share with",
+                if sliding[i] { "sliding" } else { "full" }
+            ))
+        })
+    };
+
+    w.ignore_suffix("self_attn.rotary_emb.inv_freq");
+    for suffix in ["input_max", "input_min", "output_max", "output_min"] {
+        w.ignore_suffix(suffix);
+    }
+    let tied = cfg.bool_or("tie_word_embeddings", true)?;
+    let embed_tokens = Embedding::load(&mut w, "model.embed_tokens", vocab, hidden)?;
+    let per_layer_inputs = if per_layer_dim > 0 {
+        let total = num_layers as i32 * per_layer_dim;
+        Some(PerLayerInputs {
+            embed: Embedding::load(&mut w, "model.embed_tokens_per_layer", per_layer_vocab, total)?,
+            model_projection: Linear::load(&mut w, "model.per_layer_model_projection", hidden, total, false)?,
+            projection_norm: RmsNorm::load(&mut w, "model.per_layer_projection_norm", per_layer_dim, eps)?,
+            dim: per_layer_dim,
+            embed_scale: (per_layer_dim as f64).sqrt() as f32,
+            projection_scale: (hidden as f64).powf(-0.5) as f32,
+        })
+    } else {
+        None
+    };
+
+    let mut layers = Vec::with_capacity(num_layers);
+    for (i, &is_sliding) in sliding.iter().enumerate() {
+        let p = format!("model.layers.{i}");
+        let a = format!("{p}.self_attn");
+        let hd = if is_sliding { head_dim } else { global_head_dim };
+        let layer_k_eq_v = k_eq_v && !is_sliding;
+        let n_kv = if layer_k_eq_v { global_kv_heads.unwrap_or(kv_heads) } else { kv_heads };
+        let kv = if i < first_shared {
+            KvSource::Own {
+                k_proj: Linear::load(&mut w, &format!("{a}.k_proj"), hidden, n_kv * hd, false)?,
+                v_proj: if layer_k_eq_v {
+                    None
+                } else {
+                    Some(Linear::load(&mut w, &format!("{a}.v_proj"), hidden, n_kv * hd, false)?)
+                },
+                k_norm: RmsNorm::load(&mut w, &format!("{a}.k_norm"), hd, eps)?,
+                cache: i,
+                shared: (first_shared..num_layers).any(|j| source_of(j).ok() == Some(i)),
+            }
+        } else {
+            // mlx-lm sanitize drops the projections a shared layer never uses.
+            for name in ["k_proj", "v_proj", "k_norm"] {
+                w.remove_prefix(&format!("{a}.{name}."));
+            }
+            KvSource::Shared { layer: source_of(i)? }
+        };
+        let self_attn = Attention {
+            q_proj: Linear::load(&mut w, &format!("{a}.q_proj"), hidden, heads * hd, false)?,
+            o_proj: Linear::load(&mut w, &format!("{a}.o_proj"), heads * hd, hidden, false)?,
+            q_norm: RmsNorm::load(&mut w, &format!("{a}.q_norm"), hd, eps)?,
+            kv,
+            heads,
+            kv_heads: n_kv,
+            rope: rope_for(is_sliding, hd)?,
+            eps,
+        };
+        let wide = double_wide && first_shared > 0 && i >= first_shared;
+        let inter = if wide { 2 * intermediate } else { intermediate };
+        let norm = |w: &mut Weights, name: &str, dim: i32| RmsNorm::load(w, &format!("{p}.{name}"), dim, eps);
+        let per_layer = if per_layer_dim > 0 {
+            Some(PerLayerGate {
+                input_gate: Linear::load(&mut w, &format!("{p}.per_layer_input_gate"), hidden, per_layer_dim, false)?,
+                projection: Linear::load(&mut w, &format!("{p}.per_layer_projection"), per_layer_dim, hidden, false)?,
+                post_norm: norm(&mut w, "post_per_layer_input_norm", hidden)?,
+            })
+        } else {
+            None
+        };
+        layers.push(Block {
+            self_attn,
+            mlp: Mlp::load_with(&mut w, &format!("{p}.mlp"), hidden, inter, false, MlpActivation::GeluApprox)?,
+            input_layernorm: norm(&mut w, "input_layernorm", hidden)?,
+            post_attention_layernorm: norm(&mut w, "post_attention_layernorm", hidden)?,
+            pre_feedforward_layernorm: norm(&mut w, "pre_feedforward_layernorm", hidden)?,
+            post_feedforward_layernorm: norm(&mut w, "post_feedforward_layernorm", hidden)?,
+            per_layer,
+            layer_scalar: w.take(&format!("{p}.layer_scalar"), &[1])?,
+            sliding: is_sliding,
+        });
+    }
+    let norm = RmsNorm::load(&mut w, "model.norm", hidden, eps)?;
+    let lm_head = if tied {
+        // A stray copy of the tied head is dropped, as mlx-lm's load does.
+        for name in ["lm_head.weight", "lm_head.scales", "lm_head.biases"] {
+            w.remove(name);
+        }
+        None
+    } else {
+        Some(Linear::load(&mut w, "lm_head", hidden, vocab, false)?)
+    };
+    w.finish()?;
+
+    let cache_layers = first_shared;
+    let sliding_caches = sliding[..cache_layers].iter().filter(|s| **s).count();
+    // KV sizing: the layers that own caches, each counted at the larger head shape (full
+    // layers may have wider heads), so budgets err on the safe side.
+    let widest_kv = layers[..cache_layers].iter().map(|l| l.self_attn.kv_heads).max().unwrap_or(kv_heads);
+    let info = ModelInfo {
+        model_type: "gemma4_text".into(),
+        vocab_size: vocab,
+        hidden_size: hidden,
+        num_layers: cache_layers,
+        kv_heads: widest_kv,
+        head_dim: head_dim.max(global_head_dim),
+        max_position_embeddings: cfg.opt_i32("max_position_embeddings")?.map(|n| n as usize),
+        activation_dtype: dtype,
+        sliding_window: (sliding_caches > 0)
+            .then_some(SlidingWindowLayers { layers: sliding_caches, window: window as usize }),
+    };
+    let embed_scale = (hidden as f64).sqrt() as f32;
+    Ok(Gemma4Text { embed_tokens, per_layer_inputs, layers, norm, lm_head, info, window, embed_scale, final_softcap, cache_layers })
+}
+
+/// `x * s` with the Python float `s` in `x`'s dtype.
+fn times(x: &Array, s: f32) -> Result<Array> {
+    Ok(x.multiply(Array::from_f32(s).as_dtype(x.dtype())?)?)
+}
+
+impl Attention {
+    /// `x`: `[B, L, hidden]`. Returns the output and, when later layers share them, the keys
+    /// and values it attended over.
+    fn forward(
+        &self,
+        x: &Array,
+        mask: &AttentionMask,
+        caches: &mut [Box<dyn KvCache>],
+        borrowed: &[Option<SharedKv>],
+    ) -> Result<(Array, Option<SharedKv>)> {
+        let (b, l) = (x.dim(0), x.dim(1));
+        let q = self.q_proj.forward(x)?.reshape(&[b, l, self.heads, -1])?;
+        let q = self.q_norm.forward(&q)?.transpose_axes(&[0, 2, 1, 3])?;
+        let (out, kept) = match &self.kv {
+            KvSource::Shared { layer } => {
+                let kv = borrowed[*layer]
+                    .as_ref()
+                    .ok_or_else(|| Error::Mlx(format!("gemma4_text: layer {layer}'s keys are not computed yet")))?;
+                let q = self.rope.apply(&q, &kv.offset)?;
+                (sdpa(&q, &kv.keys, &kv.values, 1.0, mask)?, None)
+            }
+            KvSource::Own { k_proj, v_proj, k_norm, cache, shared } => {
+                let cache = caches[*cache].as_mut();
+                let raw_k = k_proj.forward(x)?.reshape(&[b, l, self.kv_heads, -1])?;
+                let raw_v = match v_proj {
+                    Some(v_proj) => v_proj.forward(x)?.reshape(&[b, l, self.kv_heads, -1])?,
+                    None => raw_k.clone(),
+                };
+                let offset = cache.rope_offset();
+                let k = k_norm.forward(&raw_k)?.transpose_axes(&[0, 2, 1, 3])?;
+                let k = self.rope.apply(&k, &offset)?;
+                let v = mlx_rs::fast::rms_norm(&raw_v, None, self.eps)?.transpose_axes(&[0, 2, 1, 3])?;
+                let q = self.rope.apply(&q, &offset)?;
+                if *shared {
+                    if cache.kv_quantization().is_some() {
+                        return Err(Error::Unsupported(QUANTIZED_KV.into()));
+                    }
+                    let (keys, values) = cache.update_and_fetch(&k, &v)?;
+                    let out = sdpa(&q, &keys, &values, 1.0, mask)?;
+                    (out, Some(SharedKv { keys, values, offset }))
+                } else {
+                    // The cache attends (quantized caches on their packed form, as mlx-lm).
+                    (cache.update_and_attend(&q, &k, &v, 1.0, mask)?, None)
+                }
+            }
+        };
+        let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
+        Ok((self.o_proj.forward(&out)?, kept))
+    }
+}
+
+impl Gemma4Text {
+    /// mlx-lm `_get_per_layer_inputs` + `_project_per_layer_inputs`: `[B, L, layers, dim]`.
+    fn per_layer_inputs(&self, tokens: &Array, h: &Array) -> Result<Option<Array>> {
+        let Some(p) = &self.per_layer_inputs else { return Ok(None) };
+        let (b, l, n) = (tokens.dim(0), tokens.dim(1), self.layers.len() as i32);
+        let from_tokens = times(&p.embed.forward(tokens)?, p.embed_scale)?.reshape(&[b, l, n, p.dim])?;
+        let projected = times(&p.model_projection.forward(h)?, p.projection_scale)?.reshape(&[b, l, n, p.dim])?;
+        let projected = p.projection_norm.forward(&projected)?;
+        Ok(Some(times(&projected.add(&from_tokens)?, std::f64::consts::FRAC_1_SQRT_2 as f32)?))
+    }
+}
+
+impl LanguageModel for Gemma4Text {
+    fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
+        if caches.len() != self.cache_layers {
+            return Err(Error::InvalidRequest(format!(
+                "{} caches for {} cache-owning layers",
+                caches.len(),
+                self.cache_layers
+            )));
+        }
+        let h = times(&self.embed_tokens.forward(tokens)?, self.embed_scale)?;
+        let per_layer = self.per_layer_inputs(tokens, &h)?;
+        let n = h.dim(1);
+        // One mask per layer kind, from the first cache of that kind (as mlx-lm's _make_masks).
+        let mask_of = |sliding: bool| -> Result<Option<AttentionMask>> {
+            match self.layers[..self.cache_layers].iter().position(|l| l.sliding == sliding) {
+                Some(i) => Ok(Some(caches[i].make_mask(n, sliding.then_some(self.window))?)),
+                None => Ok(None),
+            }
+        };
+        let (full_mask, sliding_mask) = (mask_of(false)?, mask_of(true)?);
+        let mut kvs: Vec<Option<SharedKv>> = vec![None; self.layers.len()];
+        let mut h = h;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let mask = if layer.sliding { sliding_mask.as_ref() } else { full_mask.as_ref() };
+            let mask = mask.ok_or_else(|| Error::Mlx("gemma4_text: no attention mask for a layer kind".into()))?;
+            let (r, kv) = layer.self_attn.forward(&layer.input_layernorm.forward(&h)?, mask, caches, &kvs)?;
+            kvs[i] = kv;
+            h = h.add(&layer.post_attention_layernorm.forward(&r)?)?;
+            let r = layer.mlp.forward(&layer.pre_feedforward_layernorm.forward(&h)?)?;
+            h = h.add(&layer.post_feedforward_layernorm.forward(&r)?)?;
+            if let (Some(gate), Some(inputs)) = (&layer.per_layer, &per_layer) {
+                let input = inputs.index((.., .., i as i32, ..));
+                let g = gelu_approx(&gate.input_gate.forward(&h)?)?.multiply(&input)?;
+                h = h.add(&gate.post_norm.forward(&gate.projection.forward(&g)?)?)?;
+            }
+            h = h.multiply(&layer.layer_scalar)?;
+        }
+        let h = self.norm.forward(&h)?;
+        let logits = match &self.lm_head {
+            Some(head) => head.forward(&h)?,
+            None => self.embed_tokens.as_linear(&h)?,
+        };
+        match self.final_softcap {
+            None => Ok(logits),
+            Some(c) => {
+                let c = Array::from_f32(c).as_dtype(logits.dtype())?;
+                Ok(mlx_rs::ops::tanh(&logits.divide(&c)?)?.multiply(&c)?)
+            }
+        }
+    }
+
+    fn make_caches(&self) -> Vec<Box<dyn KvCache>> {
+        self.layers[..self.cache_layers]
+            .iter()
+            .map(|l| {
+                if l.sliding {
+                    Box::new(RotatingKvCache::new(self.window)) as Box<dyn KvCache>
+                } else {
+                    Box::new(KvCacheSingle::new()) as Box<dyn KvCache>
+                }
+            })
+            .collect()
+    }
+
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn kv_quantization_unsupported(&self) -> Option<String> {
+        // A quantized cache's keys cannot be handed to a KV-shared layer (mlx-lm fails there
+        // too); without KV sharing, caches quantize as in any model.
+        let sharing = self.layers.iter().any(|l| matches!(l.self_attn.kv, KvSource::Own { shared: true, .. }));
+        sharing.then(|| QUANTIZED_KV.into())
+    }
+}
