@@ -595,3 +595,73 @@ fn a_paused_consumer_holds_back_only_its_own_row() {
     let stats = settled_stats(&engine, |s| s.paused_rows == 0 && s.requests_finished == 4);
     assert_eq!((stats.paused_rows, stats.requests_finished), (0, 4));
 }
+
+/// Enqueues every prompt at once into a fresh core and runs it to idle (a deterministic
+/// burst: nothing decodes before the first prefill).
+fn burst(name: &str, prompts: &[Vec<u32>], prefill_step_size: usize, max_tokens: usize) -> (Vec<Outcome>, weft::engine::EngineStats) {
+    use weft::engine::{prepare, EngineCore};
+    let model = loading::load(&tiny_model_dir(name)).unwrap();
+    let info = model.model.info().clone();
+    let config = EngineConfig { prefill_step_size, ..Default::default() };
+    let mut core = EngineCore::new(model, config.clone());
+    let outs: Vec<Arc<Mutex<Outcome>>> = prompts.iter().map(|_| Arc::default()).collect();
+    for (i, p) in prompts.iter().enumerate() {
+        let out = Arc::clone(&outs[i]);
+        let sink = Box::new(move |ev: &Event| {
+            out.lock().unwrap().record(ev);
+            true
+        });
+        let req = Request { capture_first_logits: 16, ..greedy(p.clone(), max_tokens) };
+        core.enqueue(prepare(i as u64 + 1, req, sink, None, &info, &[], &config).unwrap());
+    }
+    for _ in 0..10_000 {
+        if core.is_idle() {
+            return (outs.iter().map(|o| o.lock().unwrap().clone()).collect(), core.stats());
+        }
+        core.iterate();
+    }
+    panic!("the burst did not finish");
+}
+
+#[test]
+fn a_burst_of_different_lengths_prefills_as_one_batch_with_single_sequence_results() {
+    let prompts: Vec<Vec<u32>> = vec![
+        vec![3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43],
+        vec![27, 18, 28],
+        vec![1, 41, 42, 13, 56, 2, 7],
+        vec![9],
+        vec![61, 80, 33, 98, 5, 11, 60, 24, 71],
+    ];
+    let single = loading::load(&tiny_model_dir("llama-fp32")).unwrap();
+    let want: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let opts = GenerateOptions { max_tokens: 6, capture_first_logits: 16, ..Default::default() };
+            generate(single.model.as_ref(), None, p, &opts, |_| true).unwrap()
+        })
+        .collect();
+    let real_tokens: u64 = prompts.iter().map(|p| p.len() as u64 - 1).sum();
+    // One chunk covers every prompt: the whole burst is one forward. Chunks of 4 take
+    // ceil(12 / 4) = 3 forwards (the longest prompt's), however many rows there are.
+    for (step, forwards) in [(2048, 1), (4, 3)] {
+        let (outs, stats) = burst("llama-fp32", &prompts, step, 6);
+        assert_eq!(stats.prefill_forwards, forwards, "step {step}");
+        assert_eq!(stats.prefill_tokens, real_tokens, "step {step}");
+        for (i, (out, w)) in outs.iter().zip(&want).enumerate() {
+            assert_eq!(out.finals, 1);
+            assert_eq!(out.tokens, w.tokens, "step {step}, row {i}");
+            let worst = out.first_logits.iter().zip(&w.first_logits).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert_eq!(out.first_logits.len(), 16);
+            assert!(worst <= 1e-5, "step {step}, row {i}: first logits differ by {worst}");
+        }
+    }
+}
+
+#[test]
+fn ring_buffer_caches_fall_back_to_solo_prefill() {
+    // Gemma 3's sliding-window layers keep ring buffers, which prefill alone: one forward per row.
+    let prompts: Vec<Vec<u32>> = vec![vec![3, 14, 15, 92], vec![27, 18, 28, 1, 2, 3]];
+    let (outs, stats) = burst("gemma3-text", &prompts, 2048, 2);
+    assert_eq!(stats.prefill_forwards, 2);
+    assert!(outs.iter().all(|o| o.finals == 1 && o.error.is_none() && o.tokens.len() == 2));
+}

@@ -71,5 +71,11 @@ pub trait LanguageModel: Send {
     /// Fresh per-layer caches for one sequence.
     fn make_caches(&self) -> Vec<Box<dyn KvCache>>;
     fn info(&self) -> &ModelInfo;
+    /// Whether rows may prefill together in one right-padded `[B, L]` chunk with the numerics
+    /// each would get alone. False for a model whose forward depends on the chunk's length
+    /// (dynamic NTK RoPE); such rows prefill one by one.
+    fn batched_prefill(&self) -> bool {
+        true
+    }
 }
 
