@@ -56,6 +56,8 @@ struct Measure {
     host_ms: f64,
     /// Largest KV-cache footprint seen between engine iterations (storage capacity included).
     peak_kv_bytes: f64,
+    /// Prefill forward passes the run took (rows arriving together share them).
+    prefill_forwards: f64,
 }
 
 /// The same xorshift stream benches/ scripts use, so both sides see identical prompts.
@@ -82,12 +84,19 @@ struct Counters {
     build: f64,
     wait: f64,
     host: f64,
+    prefill_forwards: u64,
 }
 
 impl Counters {
     fn read(engine: &Collector) -> Counters {
         let s = engine.core.stats();
-        Counters { steps: s.decode_steps, build: s.decode_graph_build_s, wait: s.decode_eval_wait_s, host: s.decode_host_s }
+        Counters {
+            steps: s.decode_steps,
+            build: s.decode_graph_build_s,
+            wait: s.decode_eval_wait_s,
+            host: s.decode_host_s,
+            prefill_forwards: s.prefill_forwards,
+        }
     }
 }
 
@@ -132,6 +141,7 @@ fn run_once(engine: &mut Collector, args: &BenchArgs, batch: usize, gen: usize, 
         wait_ms: per_step(after.wait - before.wait),
         host_ms: per_step(after.host - before.host),
         peak_kv_bytes: peak_kv as f64,
+        prefill_forwards: (after.prefill_forwards - before.prefill_forwards) as f64,
     };
     Ok(m)
 }
@@ -176,6 +186,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 wait_ms: pick(|m| m.wait_ms),
                 host_ms: pick(|m| m.host_ms),
                 peak_kv_bytes: pick(|m| m.peak_kv_bytes),
+                prefill_forwards: pick(|m| m.prefill_forwards),
             },
         ));
     }
@@ -191,7 +202,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             .iter()
             .map(|(b, m)| json!({"batch": b, "agg_tok_s": m.agg_tok_s, "decode_tok_s": m.decode_tok_s,
                                  "prefill_tok_s": m.prefill_tok_s, "ttft_ms": m.ttft_ms, "ttft_p50_ms": m.ttft_ms,
-                                 "peak_kv_bytes": m.peak_kv_bytes,
+                                 "peak_kv_bytes": m.peak_kv_bytes, "prefill_forwards": m.prefill_forwards,
                                  "step_ms": {"graph_build": m.build_ms, "eval_wait": m.wait_ms, "host": m.host_ms}}))
             .collect();
         println!(
