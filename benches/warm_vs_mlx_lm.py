@@ -181,6 +181,9 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--runs", type=int, default=3, help="measured runs per batch size per engine (medians)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="alternate the engines this many times (order flips each round); figures are medians "
+                         "of the per-round medians (use 3 on a busy machine)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--prefill-step-size", type=int, default=2048)
     ap.add_argument("--out", default="warm_vs_mlx_lm.json", help="JSON output file")
@@ -196,21 +199,31 @@ def main():
     batches = [int(b) for b in a.batch.split(",")]
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     load_start = os.getloadavg()
-    ours, cmd = weft_bench(a.weft, a.weft_model or model_dir, batches, a.prompt_len, a.gen, a.runs, a.seed,
-                           a.prefill_step_size)
-    theirs = mlx_lm_bench(model_dir, batches, a.prompt_len, a.gen, a.runs, a.seed, a.prefill_step_size)
+    rounds = []
+    for i in range(max(a.rounds, 1)):
+        run_weft = lambda: weft_bench(a.weft, a.weft_model or model_dir, batches, a.prompt_len, a.gen, a.runs,
+                                      a.seed, a.prefill_step_size)
+        run_mlx = lambda: mlx_lm_bench(model_dir, batches, a.prompt_len, a.gen, a.runs, a.seed, a.prefill_step_size)
+        if i % 2 == 0:
+            (ours, cmd), theirs = run_weft(), run_mlx()
+        else:
+            theirs = run_mlx()
+            ours, cmd = run_weft()
+        rounds.append({"weft": ours, "mlx_lm": theirs})
     rows = []
-    for w, m in zip(ours, theirs):
+    for j, b in enumerate(batches):
+        w = {k: statistics.median(r["weft"][j][k] for r in rounds) for k in METRICS}
+        m = {k: statistics.median(r["mlx_lm"][j][k] for r in rounds) for k in METRICS}
         ratio = {k: (m[k] / w[k] if k == "ttft_p50_ms" else w[k] / m[k]) for k in METRICS}
-        rows.append({"batch": w["batch"], "weft": w, "mlx_lm": m, "ratio": ratio})
+        rows.append({"batch": b, "weft": w, "mlx_lm": m, "ratio": ratio})
     doc = {"model": str(model_dir), "weft_model": str(a.weft_model or model_dir), "make_model": a.make_model,
            "prompt_len": a.prompt_len, "gen": a.gen, "runs": a.runs, "seed": a.seed,
            "prefill_step_size": a.prefill_step_size, "weft_command": cmd, "argv": sys.argv,
            "mlx_version": mx.__version__, "mlx_lm_version": mlx_lm.__version__,
            "machine": platform.platform(), "cpus": os.cpu_count(), "started": started,
-           "loadavg_start": load_start, "loadavg_end": os.getloadavg(), "rows": rows}
+           "loadavg_start": load_start, "loadavg_end": os.getloadavg(), "rows": rows, "rounds": rounds}
     pathlib.Path(a.out).write_text(json.dumps(doc, indent=1))
-    print(f"model {model_dir}  prompt {a.prompt_len}  gen {a.gen}  medians of {a.runs}  "
+    print(f"model {model_dir}  prompt {a.prompt_len}  gen {a.gen}  medians of {a.runs} x {a.rounds} round(s)  "
           f"(ratio Weft/mlx-lm; TTFT mlx-lm/Weft; >1 = Weft better)  JSON: {a.out}")
     print(f"{'B':>3} | {'agg tok/s weft':>14} {'mlx-lm':>8} {'ratio':>6} | {'decode weft':>11} {'mlx-lm':>8} {'ratio':>6} "
           f"| {'ttft p50 ms':>11} {'mlx-lm':>8} {'ratio':>6} | {'prefill weft':>12} {'mlx-lm':>8} {'ratio':>6}")

@@ -1,7 +1,8 @@
 //! MLX execution for the engine, orchestrating rows ([`super::row`]) through the running batch
-//! ([`super::batch`]): rows prefill alone in chunks (their own single-sequence caches, exactly
-//! mlx-lm's single-sequence numerics), produce their first token from the last prompt token in
-//! a joining batch, then join the running batch (`into_batched` + `extend_rows`). The batch
+//! ([`super::batch`]): waiting rows prefill together in right-padded chunks (mlx-lm's
+//! `PromptProcessingBatch`; kinds that cannot, alone in their own single-sequence caches),
+//! produce their first token from the last prompt token in a joining batch, then join the
+//! running batch (`into_batched` + `extend_rows`). The batch
 //! decodes one token per row per step; finished rows leave through `filter_rows`, their KV
 //! going to the prompt cache ([`Executor::retire`], the one place rows end).
 //!

@@ -5,7 +5,7 @@
 //! - [`EngineCore`]: the single-threaded heart (scheduler + executor), also driven directly by
 //!   tools that need step-exact control (`weft replay`).
 //! - [`scheduler`]: policy (queue, admission by rows / prompt concurrency / KV budget).
-//! - [`executor`]: MLX execution (solo chunked prefill, join, batched decode, evict).
+//! - [`executor`]: MLX execution (batched chunked prefill, join, batched decode, evict).
 //! - [`prompt_cache`]: reuse of KV for shared token prefixes.
 
 mod batch;
