@@ -206,3 +206,20 @@ fn models_lists_known_and_installed_models_with_what_their_files_say() {
     assert!(lines.iter().any(|l| l.starts_with("tiny.gguf") && l.contains("Q4_0")), "{text}");
     assert!(text.contains(&format!("store: {}", root.display())), "{text}");
 }
+
+#[test]
+fn bench_measures_every_batch_size_on_one_warm_engine() {
+    let m = tiny_model_dir("llama-fp32");
+    let v = json_of(&weft(&[
+        "bench", "-m", m.to_str().unwrap(), "--batch", "1,3", "--gen", "4", "--runs", "2", "--prompt-len", "8", "--json",
+    ]));
+    let results = v["results"].as_array().unwrap();
+    assert_eq!(results.iter().map(|r| r["batch"].as_u64().unwrap()).collect::<Vec<_>>(), [1, 3]);
+    for r in results {
+        for key in ["agg_tok_s", "decode_tok_s", "prefill_tok_s", "ttft_p50_ms"] {
+            assert!(r[key].as_f64().unwrap() > 0.0, "{key}: {r}");
+        }
+        // Three 8-token prompts submitted together take one prefill forward, as one does.
+        assert_eq!(r["prefill_forwards"].as_f64().unwrap(), 1.0, "{r}");
+    }
+}

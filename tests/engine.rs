@@ -595,3 +595,102 @@ fn a_paused_consumer_holds_back_only_its_own_row() {
     let stats = settled_stats(&engine, |s| s.paused_rows == 0 && s.requests_finished == 4);
     assert_eq!((stats.paused_rows, stats.requests_finished), (0, 4));
 }
+
+/// Enqueues every prompt at once into `core` and runs it to idle (a deterministic burst:
+/// nothing decodes before the first prefill).
+fn burst_into(core: &mut weft::engine::EngineCore, first_id: u64, prompts: &[Vec<u32>], max_tokens: usize) -> Vec<Outcome> {
+    let info = core.model_info().clone();
+    let config = core.config().clone();
+    let outs: Vec<Arc<Mutex<Outcome>>> = prompts.iter().map(|_| Arc::default()).collect();
+    for (i, p) in prompts.iter().enumerate() {
+        let out = Arc::clone(&outs[i]);
+        let sink = Box::new(move |ev: &Event| {
+            out.lock().unwrap().record(ev);
+            true
+        });
+        let req = Request { capture_first_logits: 16, ..greedy(p.clone(), max_tokens) };
+        core.enqueue(weft::engine::prepare(first_id + i as u64, req, sink, None, &info, &[], &config).unwrap());
+    }
+    for _ in 0..10_000 {
+        if core.is_idle() {
+            return outs.iter().map(|o| o.lock().unwrap().clone()).collect();
+        }
+        core.iterate();
+    }
+    panic!("the burst did not finish");
+}
+
+fn burst(name: &str, prompts: &[Vec<u32>], prefill_step_size: usize, max_tokens: usize) -> (Vec<Outcome>, weft::engine::EngineStats) {
+    let model = loading::load(&tiny_model_dir(name)).unwrap();
+    let mut core = weft::engine::EngineCore::new(model, EngineConfig { prefill_step_size, ..Default::default() });
+    let outs = burst_into(&mut core, 1, prompts, max_tokens);
+    (outs, core.stats())
+}
+
+/// Single-sequence greedy runs of `prompts` (tokens and 16 leading first-step logits).
+fn solo_runs(name: &str, prompts: &[Vec<u32>], max_tokens: usize) -> Vec<weft::generate::Generation> {
+    let single = loading::load(&tiny_model_dir(name)).unwrap();
+    let opts = GenerateOptions { max_tokens, capture_first_logits: 16, ..Default::default() };
+    prompts.iter().map(|p| generate(single.model.as_ref(), None, p, &opts, |_| true).unwrap()).collect()
+}
+
+fn assert_like_solo(what: &str, outs: &[Outcome], want: &[weft::generate::Generation]) {
+    for (i, (out, w)) in outs.iter().zip(want).enumerate() {
+        assert_eq!(out.finals, 1, "{what}, row {i}");
+        assert_eq!(out.tokens, w.tokens, "{what}, row {i}");
+        assert_eq!(out.first_logits.len(), 16, "{what}, row {i}");
+        let worst = out.first_logits.iter().zip(&w.first_logits).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(worst <= 1e-5, "{what}, row {i}: first logits differ by {worst}");
+    }
+}
+
+#[test]
+fn a_burst_of_different_lengths_prefills_as_one_batch_with_single_sequence_results() {
+    let prompts: Vec<Vec<u32>> = vec![
+        vec![3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43],
+        vec![27, 18, 28],
+        vec![1, 41, 42, 13, 56, 2, 7],
+        vec![9],
+        vec![61, 80, 33, 98, 5, 11, 60, 24, 71],
+    ];
+    let want = solo_runs("llama-fp32", &prompts, 6);
+    let real_tokens: u64 = prompts.iter().map(|p| p.len() as u64 - 1).sum();
+    // One chunk covers every prompt: the whole burst is one forward. Chunks of 4 take
+    // ceil(12 / 4) = 3 forwards (the longest prompt's), however many rows there are.
+    for (step, forwards) in [(2048, 1), (4, 3)] {
+        let (outs, stats) = burst("llama-fp32", &prompts, step, 6);
+        assert_eq!(stats.prefill_forwards, forwards, "step {step}");
+        assert_eq!(stats.prefill_tokens, real_tokens, "step {step}");
+        assert_like_solo(&format!("step {step}"), &outs, &want);
+    }
+}
+
+#[test]
+fn a_prompt_cache_hit_prefills_together_with_a_fresh_row() {
+    let base: Vec<u32> = vec![3, 14, 15, 92, 65, 35, 89, 79];
+    let longer: Vec<u32> = base.iter().copied().chain([32, 38, 46, 26, 43]).collect();
+    let fresh: Vec<u32> = vec![27, 18, 28, 1, 41, 42];
+    let model = loading::load(&tiny_model_dir("llama-fp32")).unwrap();
+    let config = EngineConfig { prompt_cache_bytes: 1 << 24, ..Default::default() };
+    let mut core = weft::engine::EngineCore::new(model, config);
+    burst_into(&mut core, 1, &[base], 4);
+    let before = core.stats();
+    // `longer` reuses `base`'s KV and prefills its last 4 tokens (minus the final one) next to
+    // `fresh`'s 5: different lengths and different cached offsets in one forward.
+    let outs = burst_into(&mut core, 2, &[longer.clone(), fresh.clone()], 6);
+    let after = core.stats();
+    assert_eq!(after.prompt_cache_hits - before.prompt_cache_hits, 1);
+    assert_eq!(after.prefill_forwards - before.prefill_forwards, 1);
+    assert!(outs[0].usage.cached_tokens > 0, "{:?}", outs[0].usage);
+    assert_eq!(after.prefill_tokens - before.prefill_tokens, (longer.len() - 1 - outs[0].usage.cached_tokens + fresh.len() - 1) as u64);
+    assert_like_solo("prompt-cache hit + fresh row", &outs, &solo_runs("llama-fp32", &[longer, fresh], 6));
+}
+
+#[test]
+fn ring_buffer_caches_fall_back_to_solo_prefill() {
+    // Gemma 3's sliding-window layers keep ring buffers, which prefill alone: one forward per row.
+    let prompts: Vec<Vec<u32>> = vec![vec![3, 14, 15, 92], vec![27, 18, 28, 1, 2, 3]];
+    let (outs, stats) = burst("gemma3-text", &prompts, 2048, 2);
+    assert_eq!(stats.prefill_forwards, 2);
+    assert!(outs.iter().all(|o| o.finals == 1 && o.error.is_none() && o.tokens.len() == 2));
+}

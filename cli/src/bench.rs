@@ -1,6 +1,8 @@
 //! `weft bench`: generation speed at several batch sizes on random prompt ids (EOS ignored),
-//! through the continuous-batching engine, median of several runs. The mlx-lm side of the
-//! comparison lives in benches/ (same shapes, same run).
+//! through the continuous-batching engine, median of several runs. The model is loaded once
+//! (weights evaluated at load) and one engine serves every run, after a warm-up run per batch
+//! size, so the figures are those of a warm engine. The mlx-lm side of the comparison lives
+//! in benches/ (same shapes, same run).
 
 use std::time::Instant;
 
@@ -54,6 +56,8 @@ struct Measure {
     host_ms: f64,
     /// Largest KV-cache footprint seen between engine iterations (storage capacity included).
     peak_kv_bytes: f64,
+    /// Prefill forward passes the run took (rows arriving together share them).
+    prefill_forwards: f64,
 }
 
 /// The same xorshift stream benches/ scripts use, so both sides see identical prompts.
@@ -73,16 +77,32 @@ pub fn random_prompts(seed: u64, count: usize, len: usize, vocab: u64) -> Vec<Ve
         .collect()
 }
 
-fn run_once(path: &std::path::Path, args: &BenchArgs, batch: usize, gen: usize) -> Result<Measure> {
-    let model = weft::loading::load(path)?;
-    let vocab = model.model.info().vocab_size as u64;
-    let config = args.kv.apply(EngineConfig {
-        max_batch: batch,
-        prompt_concurrency: batch,
-        prefill_step_size: args.prefill_step_size.max(1),
-        ..EngineConfig::default()
-    });
-    let mut engine = Collector::new(model, config)?;
+/// Cumulative engine counters, read before and after a run.
+#[derive(Clone, Copy)]
+struct Counters {
+    steps: u64,
+    build: f64,
+    wait: f64,
+    host: f64,
+    prefill_forwards: u64,
+}
+
+impl Counters {
+    fn read(engine: &Collector) -> Counters {
+        let s = engine.core.stats();
+        Counters {
+            steps: s.decode_steps,
+            build: s.decode_graph_build_s,
+            wait: s.decode_eval_wait_s,
+            host: s.decode_host_s,
+            prefill_forwards: s.prefill_forwards,
+        }
+    }
+}
+
+/// Submits `batch` prompts at once to the warm engine and runs them to completion.
+fn run_once(engine: &mut Collector, args: &BenchArgs, batch: usize, gen: usize, vocab: u64) -> Result<Measure> {
+    let before = Counters::read(engine);
     let prompts = random_prompts(args.seed, batch, args.prompt_len.max(1), vocab);
     let start = Instant::now();
     for p in prompts {
@@ -102,8 +122,8 @@ fn run_once(path: &std::path::Path, args: &BenchArgs, batch: usize, gen: usize) 
         peak_kv = peak_kv.max(engine.core.stats().kv_bytes_in_use);
     }
     let wall = start.elapsed().as_secs_f64();
-    let stats = engine.core.stats();
-    let per_step = |secs: f64| secs * 1000.0 / stats.decode_steps.max(1) as f64;
+    let after = Counters::read(engine);
+    let per_step = |secs: f64| secs * 1000.0 / (after.steps - before.steps).max(1) as f64;
     let rows = engine.results();
     if let Some(e) = rows.iter().find_map(|(_, r)| r.error.clone()) {
         return Err(Error::Mlx(e));
@@ -117,10 +137,11 @@ fn run_once(path: &std::path::Path, args: &BenchArgs, batch: usize, gen: usize) 
         decode_tok_s: (tokens.saturating_sub(batch)) as f64 / (wall - last_first).max(1e-9),
         prefill_tok_s: (batch * args.prompt_len) as f64 / last_first.max(1e-9),
         ttft_ms: ttfts[ttfts.len() / 2] * 1000.0,
-        build_ms: per_step(stats.decode_graph_build_s),
-        wait_ms: per_step(stats.decode_eval_wait_s),
-        host_ms: per_step(stats.decode_host_s),
+        build_ms: per_step(after.build - before.build),
+        wait_ms: per_step(after.wait - before.wait),
+        host_ms: per_step(after.host - before.host),
         peak_kv_bytes: peak_kv as f64,
+        prefill_forwards: (after.prefill_forwards - before.prefill_forwards) as f64,
     };
     Ok(m)
 }
@@ -135,12 +156,23 @@ pub fn run(args: BenchArgs) -> Result<()> {
         return Err(Error::InvalidRequest("--batch sizes must be >= 1 and --gen >= 2".into()));
     }
     let source = resolve_model_path(args.model.model.as_deref())?;
+    let model = weft::loading::load(&source)?;
+    let info = model.model.info().clone();
+    let vocab = info.vocab_size as u64;
+    let widest = args.batch.iter().copied().max().unwrap_or(1);
+    let config = args.kv.apply(EngineConfig {
+        max_batch: widest,
+        prompt_concurrency: widest,
+        prefill_step_size: args.prefill_step_size.max(1),
+        ..EngineConfig::default()
+    });
+    let mut engine = Collector::new(model, config)?;
     let mut results = Vec::new();
     for &b in &args.batch {
-        run_once(&source, &args, b, 4)?; // warm-up
+        run_once(&mut engine, &args, b, 4, vocab)?; // warm-up at this batch size
         let mut runs = Vec::new();
         for _ in 0..args.runs.max(1) {
-            runs.push(run_once(&source, &args, b, args.gen)?);
+            runs.push(run_once(&mut engine, &args, b, args.gen, vocab)?);
         }
         let pick = |f: fn(&Measure) -> f64| median(runs.iter().map(f).collect());
         results.push((
@@ -154,12 +186,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 wait_ms: pick(|m| m.wait_ms),
                 host_ms: pick(|m| m.host_ms),
                 peak_kv_bytes: pick(|m| m.peak_kv_bytes),
+                prefill_forwards: pick(|m| m.prefill_forwards),
             },
         ));
     }
     // KV footprint per row (prompt_len + gen positions, all layers) in the chosen mode and in
     // full precision, as the engine's KV-budget admission projects it.
-    let info = weft::loading::load(&source)?.model.info().clone();
     let positions = args.prompt_len.max(1) + args.gen;
     let kv = args.kv.quantization();
     let row_bytes = (info.kv_bytes_per_token_with(kv.as_ref()) * positions) as f64;
@@ -169,8 +201,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let rows: Vec<_> = results
             .iter()
             .map(|(b, m)| json!({"batch": b, "agg_tok_s": m.agg_tok_s, "decode_tok_s": m.decode_tok_s,
-                                 "prefill_tok_s": m.prefill_tok_s, "ttft_ms": m.ttft_ms,
-                                 "peak_kv_bytes": m.peak_kv_bytes,
+                                 "prefill_tok_s": m.prefill_tok_s, "ttft_ms": m.ttft_ms, "ttft_p50_ms": m.ttft_ms,
+                                 "peak_kv_bytes": m.peak_kv_bytes, "prefill_forwards": m.prefill_forwards,
                                  "step_ms": {"graph_build": m.build_ms, "eval_wait": m.wait_ms, "host": m.host_ms}}))
             .collect();
         println!(

@@ -76,5 +76,11 @@ pub trait LanguageModel: Send {
     fn kv_quantization_unsupported(&self) -> Option<String> {
         None
     }
+    /// Whether rows may prefill together in one right-padded `[B, L]` chunk with the numerics
+    /// each would get alone. False for a model whose forward depends on the chunk's length
+    /// (dynamic NTK RoPE); such rows prefill one by one.
+    fn batched_prefill(&self) -> bool {
+        true
+    }
 }
 

@@ -16,6 +16,9 @@ pub struct BatchKvCache {
     values: Option<Array>,
     left_padding: Vec<i32>,
     idx: i32,
+    /// Per-row right padding of the chunk being prefilled (set by `prepare_right_padding`,
+    /// cleared by `finalize_padding`).
+    right_padding: Option<Vec<i32>>,
 }
 
 impl BatchKvCache {
@@ -24,9 +27,9 @@ impl BatchKvCache {
         match single.keys_values() {
             Some((k, v)) => {
                 let idx = k.dim(2);
-                Ok(BatchKvCache { keys: Some(k), values: Some(v), left_padding: vec![0], idx })
+                Ok(BatchKvCache { keys: Some(k), values: Some(v), left_padding: vec![0], idx, right_padding: None })
             }
-            None => Ok(BatchKvCache { keys: None, values: None, left_padding: vec![0], idx: 0 }),
+            None => Ok(BatchKvCache { keys: None, values: None, left_padding: vec![0], idx: 0, right_padding: None }),
         }
     }
 
@@ -162,6 +165,41 @@ impl KvCache for BatchKvCache {
         Ok(Box::new(KvCacheSingle::from_keys_values(k, v)))
     }
 
+    fn batched_prefill(&self) -> bool {
+        true
+    }
+
+    /// Right padding needs no mask of its own: a row's padded tokens come after its real ones,
+    /// so the causal mask already hides them from the real queries.
+    fn prepare_right_padding(&mut self, right_padding: &[i32]) -> Result<()> {
+        if right_padding.len() != self.left_padding.len() {
+            return Err(Error::Mlx(format!(
+                "right padding for {} rows given to a batch of {}",
+                right_padding.len(),
+                self.left_padding.len()
+            )));
+        }
+        self.right_padding = right_padding.iter().any(|&p| p > 0).then(|| right_padding.to_vec());
+        Ok(())
+    }
+
+    /// mlx-lm `BatchKVCache.finalize`: rolls each row's columns (capacity included) right by
+    /// its right padding, which then counts as left padding.
+    fn finalize_padding(&mut self) -> Result<()> {
+        let Some(rp) = self.right_padding.take() else { return Ok(()) };
+        if let (Some(k), Some(v)) = (&self.keys, &self.values) {
+            let (rows, n) = (rp.len() as i32, k.dim(2));
+            let idx: Vec<i32> = rp.iter().flat_map(|&p| (0..n).map(move |j| (j - p).rem_euclid(n))).collect();
+            let idx = Array::from_slice(&idx, &[rows, 1, n, 1]);
+            self.keys = Some(k.take_along_axis(&idx, 2)?);
+            self.values = Some(v.take_along_axis(&idx, 2)?);
+        }
+        for (lp, p) in self.left_padding.iter_mut().zip(rp) {
+            *lp += p;
+        }
+        Ok(())
+    }
+
     fn trim(&mut self, n: usize) -> usize {
         let n = (n as i32).min(self.idx);
         self.idx -= n;
@@ -178,6 +216,7 @@ impl KvCache for BatchKvCache {
             values: self.values.clone(),
             left_padding: self.left_padding.clone(),
             idx: self.idx,
+            right_padding: self.right_padding.clone(),
         })
     }
 

@@ -73,6 +73,10 @@ impl KvCache for KvCacheSingle {
     }
 
     /// Drops the last `n` positions (the storage is kept and overwritten later).
+    fn batched_prefill(&self) -> bool {
+        true
+    }
+
     fn trim(&mut self, n: usize) -> usize {
         let n = (n as i32).min(self.offset);
         self.offset -= n;

@@ -109,6 +109,22 @@ pub trait KvCache: Send {
     fn extract_row(&self, _row: usize) -> Result<Box<dyn KvCache>> {
         Err(Error::Unsupported("this cache is not batched".into()))
     }
+    /// Whether rows with caches of this kind can prefill together as one batch: their batched
+    /// form takes right-padded chunks ([`KvCache::prepare_right_padding`] before the forward,
+    /// [`KvCache::finalize_padding`] after, mlx-lm's `prepare` / `finalize`). Kinds that cannot
+    /// (ring buffers, recurrent state, quantized KV) prefill alone.
+    fn batched_prefill(&self) -> bool {
+        false
+    }
+    /// The next forward's rows are right-padded by this many tokens each (batched caches).
+    fn prepare_right_padding(&mut self, _right_padding: &[i32]) -> Result<()> {
+        Err(Error::Unsupported("this cache cannot prefill rows together".into()))
+    }
+    /// Turns the right padding announced by `prepare_right_padding` into left padding, so
+    /// every row's last real token sits in the last column again.
+    fn finalize_padding(&mut self) -> Result<()> {
+        Ok(())
+    }
     /// Drops the last `n` positions; returns how many were dropped (0 when the cache cannot
     /// forget tokens, e.g. recurrent state).
     fn trim(&mut self, _n: usize) -> usize {

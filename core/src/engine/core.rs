@@ -163,6 +163,8 @@ impl EngineCore {
             tokens_generated: self.executor.tokens_generated,
             paused_rows: self.executor.parked(),
             decode_steps: self.executor.decode_steps,
+            prefill_forwards: self.executor.prefill_forwards,
+            prefill_tokens: self.executor.prefill_tokens,
             requests_finished: self.executor.finished,
             decode_graph_build_s: self.executor.timing.graph_build.as_secs_f64(),
             decode_eval_wait_s: self.executor.timing.eval_wait.as_secs_f64(),

@@ -1,7 +1,8 @@
 //! MLX execution for the engine, orchestrating rows ([`super::row`]) through the running batch
-//! ([`super::batch`]): rows prefill alone in chunks (their own single-sequence caches, exactly
-//! mlx-lm's single-sequence numerics), produce their first token from the last prompt token in
-//! a joining batch, then join the running batch (`into_batched` + `extend_rows`). The batch
+//! ([`super::batch`]): waiting rows prefill together in right-padded chunks (mlx-lm's
+//! `PromptProcessingBatch`; kinds that cannot, alone in their own single-sequence caches),
+//! produce their first token from the last prompt token in a joining batch, then join the
+//! running batch (`into_batched` + `extend_rows`). The batch
 //! decodes one token per row per step; finished rows leave through `filter_rows`, their KV
 //! going to the prompt cache ([`Executor::retire`], the one place rows end).
 //!
@@ -46,6 +47,9 @@ pub(super) struct Executor {
     model: Box<dyn LanguageModel>,
     tokenizer: Option<Tokenizer>,
     prefill_step_size: usize,
+    /// Every cache kind of the model takes batched right-padded prefill chunks (and KV is not
+    /// quantized), so waiting rows prefill together; otherwise each prefills alone.
+    prefill_together: bool,
     prefilling: VecDeque<Prefilling>,
     batch: RunningBatch,
     parked: Vec<Parked>,
@@ -55,6 +59,8 @@ pub(super) struct Executor {
     faults: Faults,
     pub prompt_cache: PromptCache,
     pub decode_steps: u64,
+    pub prefill_forwards: u64,
+    pub prefill_tokens: u64,
     pub timing: StepTiming,
     pub tokens_generated: u64,
     pub finished: u64,
@@ -67,10 +73,12 @@ impl Executor {
         prefill_step_size: usize,
         prompt_cache_bytes: u64,
     ) -> Self {
+        let prefill_together = model.batched_prefill() && model.make_caches().iter().all(|c| c.batched_prefill());
         Executor {
             model,
             tokenizer,
             prefill_step_size,
+            prefill_together,
             prefilling: VecDeque::new(),
             batch: RunningBatch::default(),
             parked: Vec::new(),
@@ -78,6 +86,8 @@ impl Executor {
             faults: Faults::default(),
             prompt_cache: PromptCache::new(prompt_cache_bytes),
             decode_steps: 0,
+            prefill_forwards: 0,
+            prefill_tokens: 0,
             timing: StepTiming::default(),
             tokens_generated: 0,
             finished: 0,
@@ -87,6 +97,8 @@ impl Executor {
     /// Quantize rows' KV caches as `kv` says (mlx-lm's `maybe_quantize_kv_cache` after every
     /// forward, applied to the solo prefill caches and the batch alike).
     pub fn with_kv_quantization(mut self, kv: Option<KvQuantization>) -> Self {
+        // Quantized caches have no right-padded batched prefill (mlx-lm does not batch kv_bits).
+        self.prefill_together &= kv.is_none();
         self.kv = kv;
         self
     }
@@ -202,10 +214,24 @@ impl Executor {
         }
     }
 
-    /// Prefills up to one chunk (`prefill_step_size` tokens) of waiting prompts, oldest first,
-    /// so decoding rows stall at most one chunk; rows whose prompt is in then take their first
-    /// step together and join the batch.
+    /// Prefills one chunk of the waiting prompts, so decoding rows stall at most one chunk;
+    /// rows whose prompt (minus its last token) is then in take their first step together and
+    /// join the batch.
     pub fn prefill_step(&mut self) {
+        let ready = if self.prefill_together {
+            self.prefill_chunk_together()
+        } else {
+            self.prefill_chunk_solo()
+        };
+        if !ready.is_empty() {
+            self.first_tokens(ready);
+        }
+    }
+
+    /// Solo prefill (caches that cannot take right-padded batched chunks, or quantized KV):
+    /// up to `prefill_step_size` tokens in all, oldest row first, each row with its own
+    /// single-sequence caches.
+    fn prefill_chunk_solo(&mut self) -> RunningBatch {
         let mut budget = self.prefill_step_size;
         let mut ready = Vec::new();
         while let Some(mut p) = self.prefilling.pop_front() {
@@ -222,6 +248,8 @@ impl Executor {
                     continue;
                 }
                 budget -= end - p.done;
+                self.prefill_forwards += 1;
+                self.prefill_tokens += (end - p.done) as u64;
                 p.done = end;
                 if p.done < target {
                     self.prefilling.push_front(p);
@@ -230,9 +258,103 @@ impl Executor {
             }
             ready.push(p);
         }
-        if !ready.is_empty() {
-            self.first_tokens(ready);
+        self.joining_batch(ready.into_iter().map(|p| (p.row, p.caches)).collect())
+    }
+
+    /// Batched prefill (mlx-lm `PromptProcessingBatch.prompt`): every waiting row (at most
+    /// `prompt_concurrency`, the scheduler's cap) takes its next chunk of up to
+    /// `prefill_step_size` tokens, counted from its own start so chunk boundaries are mlx-lm's;
+    /// the chunks are right-padded into one `[B, L]` forward over the rows' merged caches, then
+    /// the padding becomes left padding. Rows with their prompt in leave as one batch (their
+    /// caches stay batched); the others go back to single-sequence caches and wait.
+    fn prefill_chunk_together(&mut self) -> RunningBatch {
+        let (todo, ready): (Vec<Prefilling>, Vec<Prefilling>) =
+            self.prefilling.drain(..).partition(|p| p.done + 1 < p.row.prompt.len());
+        let mut joining = self.joining_batch(ready.into_iter().map(|p| (p.row, p.caches)).collect());
+        if todo.is_empty() {
+            return joining;
         }
+        let step = self.prefill_step_size;
+        let ends: Vec<usize> = todo.iter().map(|p| (p.done + step).min(p.row.prompt.len() - 1)).collect();
+        let mut rows = Vec::with_capacity(todo.len());
+        let mut row_caches = Vec::with_capacity(todo.len());
+        let mut chunks = Vec::with_capacity(todo.len());
+        for (p, &end) in todo.into_iter().zip(&ends) {
+            chunks.push(p.row.prompt[p.done..end].to_vec());
+            rows.push(p.row);
+            row_caches.push(p.caches);
+        }
+        let width = chunks.iter().map(Vec::len).max().unwrap_or(0);
+        let result = (|| -> Result<Vec<Box<dyn KvCache>>> {
+            let mut caches: Vec<Box<dyn KvCache>> = Vec::new();
+            for (i, per_layer) in row_caches.into_iter().enumerate() {
+                for (l, c) in per_layer.into_iter().enumerate() {
+                    let c = c.into_batched()?;
+                    if i == 0 {
+                        caches.push(c);
+                    } else {
+                        caches[l].extend_rows(c)?;
+                    }
+                }
+            }
+            let right_padding: Vec<i32> = chunks.iter().map(|c| (width - c.len()) as i32).collect();
+            let mut ids = vec![0i32; chunks.len() * width];
+            for (b, c) in chunks.iter().enumerate() {
+                for (j, &t) in c.iter().enumerate() {
+                    ids[b * width + j] = t as i32;
+                }
+            }
+            let tokens = Array::from_slice(&ids, &[chunks.len() as i32, width as i32]);
+            caches.iter_mut().try_for_each(|c| c.prepare_right_padding(&right_padding))?;
+            self.model.forward(&tokens, &mut caches)?;
+            self.prefill_forwards += 1;
+            self.prefill_tokens += chunks.iter().map(|c| c.len() as u64).sum::<u64>();
+            caches.iter_mut().try_for_each(|c| c.finalize_padding())?;
+            let state: Vec<Array> = caches.iter().flat_map(|c| c.state()).collect();
+            eval(&state)?;
+            Ok(caches)
+        })();
+        let mut caches = match result {
+            Ok(c) => c,
+            Err(e) => {
+                for r in rows {
+                    self.fail_row(r, format!("prefill failed: {e}"));
+                }
+                return joining;
+            }
+        };
+        // Rows still prefilling return to single-sequence caches (their KV columns copied out).
+        let prefilled: Vec<usize> = (0..rows.len()).filter(|&b| ends[b] + 1 == rows[b].prompt.len()).collect();
+        let mut waiting = Vec::new();
+        let mut finished_rows = Vec::new();
+        for (b, row) in rows.into_iter().enumerate() {
+            if prefilled.binary_search(&b).is_ok() {
+                finished_rows.push(row);
+                continue;
+            }
+            match caches.iter().map(|c| c.extract_row(b)).collect::<Result<Vec<_>>>() {
+                Ok(single) => waiting.push(Prefilling { row, caches: single, done: ends[b] }),
+                Err(e) => self.fail_row(row, format!("prefill failed: {e}")),
+            }
+        }
+        self.prefilling.extend(waiting);
+        if finished_rows.is_empty() {
+            return joining;
+        }
+        if prefilled.len() < ends.len() {
+            if let Err(e) = caches.iter_mut().try_for_each(|c| c.filter_rows(&prefilled)) {
+                for r in finished_rows {
+                    self.fail_row(r, format!("prefill failed: {e}"));
+                }
+                return joining;
+            }
+        }
+        if let Err((e, rows)) = joining.append(RunningBatch::new(finished_rows, caches)) {
+            for r in rows.into_iter().chain(joining.clear()) {
+                self.fail_row(r, format!("joining the batch failed: {e}"));
+            }
+        }
+        joining
     }
 
     /// Puts rows with single-sequence caches into one new batch (each cache `into_batched`,
@@ -268,11 +390,7 @@ impl Executor {
 
     /// Forwards each ready row's last prompt token (mlx-lm's convention) in one batched step,
     /// samples first tokens, and moves the rows that continue into the running batch.
-    fn first_tokens(&mut self, group: Vec<Prefilling>) {
-        let mut joining = self.joining_batch(group.into_iter().map(|p| (p.row, p.caches)).collect());
-        if joining.is_empty() {
-            return;
-        }
+    fn first_tokens(&mut self, mut joining: RunningBatch) {
         let result = (|| -> Result<Vec<(u32, Array, Array)>> {
             let last: Vec<u32> = joining.rows.iter().map(|r| *r.prompt.last().unwrap()).collect();
             let input = Array::from_slice(&last, &[last.len() as i32, 1]);

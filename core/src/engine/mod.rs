@@ -5,7 +5,7 @@
 //! - [`EngineCore`]: the single-threaded heart (scheduler + executor), also driven directly by
 //!   tools that need step-exact control (`weft replay`).
 //! - [`scheduler`]: policy (queue, admission by rows / prompt concurrency / KV budget).
-//! - [`executor`]: MLX execution (solo chunked prefill, join, batched decode, evict).
+//! - [`executor`]: MLX execution (batched chunked prefill, join, batched decode, evict).
 //! - [`prompt_cache`]: reuse of KV for shared token prefixes.
 
 mod batch;
@@ -264,6 +264,10 @@ pub struct EngineStats {
     /// Rows parked because their consumer paused them ([`RowFlow`]).
     pub paused_rows: usize,
     pub decode_steps: u64,
+    /// Prefill forward passes run (one per chunk; rows prefilling together share one) and the
+    /// prompt tokens they covered (padding not counted).
+    pub prefill_forwards: u64,
+    pub prefill_tokens: u64,
     pub requests_finished: u64,
     /// Cumulative seconds decode steps spent building graphs, waiting on MLX, and on host work
     /// (sampling, detokenizing, callbacks).

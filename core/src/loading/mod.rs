@@ -137,5 +137,17 @@ fn build_model(
     let dtype = activation_dtype(&tensors);
     // Materialize now (casts, un-permutations, mmapped reads) so no forward pass redoes them.
     mlx_rs::transforms::eval(tensors.values())?;
-    models::build(config, crate::nn::Weights::new(tensors, quant), dtype)
+    let model = models::build(config, crate::nn::Weights::new(tensors, quant), dtype)?;
+    warm_up(model.as_ref())?;
+    Ok(model)
+}
+
+/// One throwaway single-token forward at load: it evaluates what building the model left
+/// lazy (derived weights such as `1 + w` norms, RoPE tables, backend kernel set-up) and
+/// touches every weight, so the first request after load does not pay for any of it.
+fn warm_up(model: &dyn LanguageModel) -> Result<()> {
+    let mut caches = model.make_caches();
+    let logits = model.forward(&Array::from_slice(&[0i32], &[1, 1]), &mut caches)?;
+    logits.eval()?;
+    Ok(())
 }

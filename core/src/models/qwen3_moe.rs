@@ -136,4 +136,8 @@ impl LanguageModel for Qwen3Moe {
     fn info(&self) -> &ModelInfo {
         &self.info
     }
+
+    fn batched_prefill(&self) -> bool {
+        !self.layers.iter().any(|l| l.self_attn.rope().depends_on_chunk_length())
+    }
 }

@@ -42,6 +42,10 @@ pub struct Attention {
 }
 
 impl Attention {
+    pub fn rope(&self) -> &Rope {
+        &self.opts.rope
+    }
+
     pub fn load(w: &mut Weights, prefix: &str, opts: AttentionOptions) -> Result<Self> {
         let (h, hd) = (opts.hidden, opts.head_dim);
         let q_proj = Linear::load(w, &format!("{prefix}.q_proj"), h, opts.heads * hd, opts.qkv_bias)?;

@@ -173,4 +173,8 @@ impl LanguageModel for DenseDecoder {
     fn info(&self) -> &ModelInfo {
         &self.info
     }
+
+    fn batched_prefill(&self) -> bool {
+        !self.layers.iter().any(|l| l.self_attn.rope().depends_on_chunk_length())
+    }
 }

@@ -172,6 +172,12 @@ impl Rope {
         matches!(self.kind, Kind::DynamicNtk { .. })
     }
 
+    /// Whether the rotation depends on the length of the chunk being run (dynamic NTK: its
+    /// base follows `offset + L`), so rows of different lengths cannot share a padded chunk.
+    pub fn depends_on_chunk_length(&self) -> bool {
+        matches!(self.kind, Kind::DynamicNtk { .. })
+    }
+
     /// Rotary feature count (the rest of each head passes through).
     pub fn dims(&self) -> i32 {
         self.dims
