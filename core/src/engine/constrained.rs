@@ -1,0 +1,92 @@
+//! Constrained rows inside a decode step: their next-token masks are computed on a worker
+//! thread while the step's forward runs, then joined and applied to each constrained row's
+//! logits alone before sampling. Unconstrained rows never see a mask.
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use parking_lot::Mutex;
+
+use mlx_rs::Array;
+
+use super::row::Row;
+use crate::constrain::RowConstraint;
+use crate::{Error, Result};
+
+type Work = Arc<Mutex<Vec<(usize, RowConstraint, Result<()>)>>>;
+
+/// Masks being computed off the critical path: the constraints taken out of their rows.
+pub(super) struct PendingMasks {
+    work: Work,
+    job: Option<JoinHandle<()>>,
+}
+
+impl PendingMasks {
+    /// Starts computing the next-token masks of `rows`' constraints (no thread when no row
+    /// needs one).
+    pub(super) fn start(rows: &mut [Row]) -> PendingMasks {
+        let taken: Vec<(usize, RowConstraint, Result<()>)> = rows
+            .iter_mut()
+            .enumerate()
+            .filter(|(_, r)| r.constraint.as_ref().is_some_and(RowConstraint::needs_mask))
+            .filter_map(|(b, r)| r.constraint.take().map(|c| (b, c, Ok(()))))
+            .collect();
+        let work: Work = Arc::new(Mutex::new(taken));
+        if work.lock().is_empty() {
+            return PendingMasks { work, job: None };
+        }
+        let shared = Arc::clone(&work);
+        // Should the thread not start, `join` computes the masks on the caller's thread.
+        let job = std::thread::Builder::new().name("weft-masks".into()).spawn(move || compute(&shared)).ok();
+        PendingMasks { work, job }
+    }
+
+    /// Whether any mask is being computed.
+    pub(super) fn is_running(&self) -> bool {
+        self.job.is_some()
+    }
+
+    /// Waits for the masks and gives the constraints back to their rows; a row whose mask
+    /// failed is failed alone.
+    pub(super) fn join(self, rows: &mut [Row]) -> Result<()> {
+        if let Some(job) = self.job {
+            job.join().map_err(|_| Error::Mlx("computing constrained-decoding masks panicked".into()))?;
+        } else {
+            compute(&self.work);
+        }
+        for (b, c, result) in std::mem::take(&mut *self.work.lock()) {
+            let row = &mut rows[b];
+            row.constraint = Some(c);
+            if let Err(e) = result {
+                row.fail_later(&e);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn compute(work: &Work) {
+    for (_, c, result) in work.lock().iter_mut() {
+        *result = c.prepare_mask();
+    }
+}
+
+/// `logits` (one row, `[1, vocab]`) with the row's constraint applied: disallowed tokens at
+/// -inf, end-of-sequence only where the grammar accepts. Unconstrained rows are returned as is.
+pub(super) fn masked(row: &mut Row, logits: &Array) -> Result<Array> {
+    if row.error.is_some() {
+        return Ok(logits.clone());
+    }
+    let Some(c) = row.constraint.as_mut() else { return Ok(logits.clone()) };
+    let width = *logits.shape().last().unwrap_or(&0) as usize;
+    let bias = match c.bias(width, &row.stop_token_ids) {
+        Ok(bias) => bias,
+        // The grammar failed for this row alone: it ends with the error, the batch goes on.
+        Err(e) => {
+            row.fail_later(&e);
+            return Ok(logits.clone());
+        }
+    };
+    let bias = Array::from_slice(&bias, &[1, width as i32]).as_dtype(logits.dtype())?;
+    Ok(logits.add(&bias)?)
+}
