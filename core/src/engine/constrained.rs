@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -13,7 +14,7 @@ use super::row::Row;
 use crate::constrain::RowConstraint;
 use crate::{Error, Result};
 
-type Work = Arc<Mutex<Vec<(usize, RowConstraint, Result<()>)>>>;
+type Work = Arc<Mutex<(Vec<(usize, RowConstraint, Result<()>)>, Duration)>>;
 
 /// Masks being computed off the critical path: the constraints taken out of their rows.
 pub(super) struct PendingMasks {
@@ -31,8 +32,8 @@ impl PendingMasks {
             .filter(|(_, r)| r.constraint.as_ref().is_some_and(RowConstraint::needs_mask))
             .filter_map(|(b, r)| r.constraint.take().map(|c| (b, c, Ok(()))))
             .collect();
-        let work: Work = Arc::new(Mutex::new(taken));
-        if work.lock().is_empty() {
+        let work: Work = Arc::new(Mutex::new((taken, Duration::ZERO)));
+        if work.lock().0.is_empty() {
             return PendingMasks { work, job: None };
         }
         let shared = Arc::clone(&work);
@@ -47,28 +48,32 @@ impl PendingMasks {
     }
 
     /// Waits for the masks and gives the constraints back to their rows; a row whose mask
-    /// failed is failed alone.
-    pub(super) fn join(self, rows: &mut [Row]) -> Result<()> {
+    /// failed is failed alone. Returns the time the masks took to compute.
+    pub(super) fn join(self, rows: &mut [Row]) -> Result<Duration> {
         if let Some(job) = self.job {
             job.join().map_err(|_| Error::Mlx("computing constrained-decoding masks panicked".into()))?;
         } else {
             compute(&self.work);
         }
-        for (b, c, result) in std::mem::take(&mut *self.work.lock()) {
+        let (done, took) = std::mem::take(&mut *self.work.lock());
+        for (b, c, result) in done {
             let row = &mut rows[b];
             row.constraint = Some(c);
             if let Err(e) = result {
                 row.fail_later(&e);
             }
         }
-        Ok(())
+        Ok(took)
     }
 }
 
 fn compute(work: &Work) {
-    for (_, c, result) in work.lock().iter_mut() {
+    let started = Instant::now();
+    let mut work = work.lock();
+    for (_, c, result) in work.0.iter_mut() {
         *result = c.prepare_mask();
     }
+    work.1 = started.elapsed();
 }
 
 /// `logits` (one row, `[1, vocab]`) with the row's constraint applied: disallowed tokens at
@@ -89,4 +94,21 @@ pub(super) fn masked(row: &mut Row, logits: &Array) -> Result<Array> {
     };
     let bias = Array::from_slice(&bias, &[1, width as i32]).as_dtype(logits.dtype())?;
     Ok(logits.add(&bias)?)
+}
+
+/// The `[rows, width]` additive bias of a whole batch: each constrained row's mask, zeros for
+/// the others (adding 0 leaves their logits bit-identical).
+pub(super) fn batch_bias(rows: &mut [Row], width: usize, dtype: mlx_rs::Dtype) -> Result<Array> {
+    let mut all = vec![0.0f32; rows.len() * width];
+    for (b, row) in rows.iter_mut().enumerate() {
+        if row.error.is_some() {
+            continue;
+        }
+        let Some(c) = row.constraint.as_mut() else { continue };
+        match c.bias(width, &row.stop_token_ids) {
+            Ok(bias) => all[b * width..(b + 1) * width].copy_from_slice(&bias),
+            Err(e) => row.fail_later(&e),
+        }
+    }
+    Ok(Array::from_slice(&all, &[rows.len() as i32, width as i32]).as_dtype(dtype)?)
 }

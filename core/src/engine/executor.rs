@@ -41,6 +41,10 @@ pub struct StepTiming {
     pub eval_wait: Duration,
     /// Reading tokens, sampling on the host, detokenizing, stop checks, callbacks, evictions.
     pub host: Duration,
+    /// Constrained rows: computing next-token masks on the worker (all rows), and the part of
+    /// that the step waited for after its forward was submitted (what did not overlap).
+    pub mask_compute: Duration,
+    pub mask_wait: Duration,
 }
 
 pub(super) struct Executor {
@@ -349,6 +353,7 @@ impl Executor {
             .rows
             .iter()
             .all(|r| r.sampler.params().is_plain_greedy() && r.logprobs.is_none() && r.constraint.is_none());
+        let greedy_only = self.batch.rows.iter().all(|r| r.sampler.params().is_plain_greedy() && r.logprobs.is_none());
         if !pipelined {
             self.read_in_flight()?;
             if self.batch.is_empty() {
@@ -383,14 +388,48 @@ impl Executor {
             if let Some(prev) = previous {
                 self.deliver(&prev)?;
             }
+        } else if greedy_only {
+            // Every row greedy without log-probabilities, some constrained: one biased argmax
+            // over the batch, the pipelined path's ops on the same logits (unconstrained rows'
+            // bias is 0, so their tokens are the same), read at once.
+            let submit = Instant::now();
+            async_eval([&logits])?;
+            self.timing.eval_wait += submit.elapsed();
+            let join = Instant::now();
+            self.timing.mask_compute += masks.join(&mut self.batch.rows)?;
+            self.timing.mask_wait += join.elapsed();
+            let build = Instant::now();
+            let width = *logits.shape().last().unwrap_or(&0) as usize;
+            let bias = constrained::batch_bias(&mut self.batch.rows, width, logits.dtype())?;
+            let next = Sampler::argmax(&Sampler::logprobs(&logits.add(&bias)?)?)?;
+            self.timing.graph_build += build.elapsed() + (submit - started);
+            let wait = Instant::now();
+            eval([&next])?;
+            self.timing.eval_wait += wait.elapsed();
+            let host = Instant::now();
+            let tokens = next.try_as_slice::<u32>().map_err(|e| Error::Mlx(format!("reading tokens: {e}")))?.to_vec();
+            let mut batch = std::mem::take(&mut self.batch);
+            for (b, token) in tokens.into_iter().enumerate() {
+                if batch.rows[b].error.is_none() {
+                    self.accept_at(&mut batch, b, token, None);
+                }
+            }
+            self.batch = batch;
+            self.evict_finished()?;
+            self.timing.host += host.elapsed();
         } else {
+            let mut off_build = Duration::ZERO;
             if masks.is_running() {
                 // Start the forward before waiting for the masks, so the two overlap.
                 let submit = Instant::now();
                 async_eval([&logits])?;
+                off_build += submit.elapsed();
                 self.timing.eval_wait += submit.elapsed();
             }
-            masks.join(&mut self.batch.rows)?;
+            let join = Instant::now();
+            self.timing.mask_compute += masks.join(&mut self.batch.rows)?;
+            self.timing.mask_wait += join.elapsed();
+            off_build += join.elapsed();
             let lps: Vec<Array> = self
                 .batch
                 .rows
@@ -401,7 +440,7 @@ impl Executor {
                     Sampler::logprobs(&r.sampler.process_logits(&row_logits)?)?.as_dtype(Dtype::Float32).map_err(Error::from)
                 })
                 .collect::<Result<_>>()?;
-            self.timing.graph_build += started.elapsed();
+            self.timing.graph_build += started.elapsed().saturating_sub(off_build);
             let wait = Instant::now();
             eval(&lps)?;
             self.timing.eval_wait += wait.elapsed();

@@ -279,6 +279,10 @@ pub struct EngineStats {
     pub decode_graph_build_s: f64,
     pub decode_eval_wait_s: f64,
     pub decode_host_s: f64,
+    /// Cumulative seconds constrained rows' masks took on their worker thread, and how long
+    /// decode steps waited for them after submitting the forward (the part not overlapped).
+    pub decode_mask_compute_s: f64,
+    pub decode_mask_wait_s: f64,
     /// Bytes MLX has allocated now (weights, KV, activations) and holds in its buffer cache.
     pub mlx_active_bytes: u64,
     pub mlx_cache_bytes: u64,
