@@ -203,6 +203,20 @@ export interface GenerateOptions {
   /** Also report this many most likely alternatives per token (0 to 20; needs `logprobs`). */
   topLogprobs?: number
   /**
+   * Constrains the output, OpenAI's shape: `{ type: 'json_object' }`, or `{ type:
+   * 'json_schema', json_schema: { name, schema, strict } }`; `{ type: 'text' }` is none.
+   * At most one of `responseFormat`, `jsonSchema`, `regex`, `grammar`, `choice`.
+   */
+  responseFormat?: { type: 'text' | 'json_object' } | { type: 'json_schema'; json_schema: { name: string; schema?: Record<string, unknown> | boolean; strict?: boolean; description?: string } }
+  /** A JSON schema the output must validate against. */
+  jsonSchema?: Record<string, unknown> | boolean
+  /** A regular expression the whole output must match. */
+  regex?: string
+  /** A grammar in llguidance's Lark syntax (may embed `%json {schema}`). */
+  grammar?: string
+  /** The output is exactly one of these strings. */
+  choice?: Array<string>
+  /**
    * Aborting it cancels the request in the engine; the stream then ends normally with
    * `finishReason: "cancelled"` (nothing is thrown).
    */

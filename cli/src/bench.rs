@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use clap::Args;
 use serde_json::json;
-use weft::engine::{EngineConfig, Input, Request};
+use weft::engine::{Constraint, EngineConfig, Input, Request};
 use weft::sampling::SamplingParams;
 use weft::{Error, Result};
 
@@ -42,6 +42,23 @@ pub struct BenchArgs {
     pub seed: u64,
     #[command(flatten)]
     pub kv: KvArgs,
+    /// Constrain this many rows of each batch (the first ones); 0 = none.
+    #[arg(long, default_value_t = 0)]
+    pub constrained: usize,
+    /// The constraint of `--constrained` rows: `json` (a JSON array of at least 64 strings of
+    /// at least 12 characters), `regex` (`[a-z ,.]+`) or `choice` (unbounded runs of "yes"/"no").
+    #[arg(long, default_value = "json", value_parser = ["json", "regex", "choice"])]
+    pub constraint: String,
+}
+
+/// The constraint `--constraint` names. None of them completes early on its own.
+fn bench_constraint(kind: &str) -> Constraint {
+    match kind {
+        "regex" => Constraint::Regex("[a-z ,.]+".into()),
+        "choice" => Constraint::Lark("start: item+\nitem: \"yes \" | \"no \"\n".into()),
+        // At least 64 strings of at least 12 characters: more than any --gen of a few hundred.
+        _ => Constraint::JsonSchema(json!({"type": "array", "minItems": 64, "items": {"type": "string", "minLength": 12}})),
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -54,10 +71,16 @@ struct Measure {
     build_ms: f64,
     wait_ms: f64,
     host_ms: f64,
+    /// Per decode step: constrained rows' mask computation (worker thread), and the part of it
+    /// the step waited for.
+    mask_ms: f64,
+    mask_wait_ms: f64,
     /// Largest KV-cache footprint seen between engine iterations (storage capacity included).
     peak_kv_bytes: f64,
     /// Prefill forward passes the run took (rows arriving together share them).
     prefill_forwards: f64,
+    /// Rows that ended before `gen` tokens (a constraint that completed).
+    short_rows: f64,
 }
 
 /// The same xorshift stream benches/ scripts use, so both sides see identical prompts.
@@ -84,6 +107,8 @@ struct Counters {
     build: f64,
     wait: f64,
     host: f64,
+    mask: f64,
+    mask_wait: f64,
     prefill_forwards: u64,
 }
 
@@ -95,6 +120,8 @@ impl Counters {
             build: s.decode_graph_build_s,
             wait: s.decode_eval_wait_s,
             host: s.decode_host_s,
+            mask: s.decode_mask_compute_s,
+            mask_wait: s.decode_mask_wait_s,
             prefill_forwards: s.prefill_forwards,
         }
     }
@@ -105,7 +132,7 @@ fn run_once(engine: &mut Collector, args: &BenchArgs, batch: usize, gen: usize, 
     let before = Counters::read(engine);
     let prompts = random_prompts(args.seed, batch, args.prompt_len.max(1), vocab);
     let start = Instant::now();
-    for p in prompts {
+    for (i, p) in prompts.into_iter().enumerate() {
         engine.submit(Request {
             input: Input::Tokens(p),
             max_tokens: gen,
@@ -114,6 +141,7 @@ fn run_once(engine: &mut Collector, args: &BenchArgs, batch: usize, gen: usize, 
             ignore_eos: true,
             capture_first_logits: 0,
             logprobs: None,
+            constraint: (i < args.constrained).then(|| bench_constraint(&args.constraint)),
         })?;
     }
     let mut peak_kv = 0u64;
@@ -128,6 +156,7 @@ fn run_once(engine: &mut Collector, args: &BenchArgs, batch: usize, gen: usize, 
     if let Some(e) = rows.iter().find_map(|(_, r)| r.error.clone()) {
         return Err(Error::Mlx(e));
     }
+    let short = rows.iter().filter(|(_, r)| r.tokens.len() < gen).count();
     let tokens: usize = rows.iter().map(|(_, r)| r.tokens.len()).sum();
     let mut ttfts: Vec<f64> = rows.iter().filter_map(|(_, r)| r.ttft_s).collect();
     ttfts.sort_by(|a, b| a.total_cmp(b));
@@ -140,8 +169,11 @@ fn run_once(engine: &mut Collector, args: &BenchArgs, batch: usize, gen: usize, 
         build_ms: per_step(after.build - before.build),
         wait_ms: per_step(after.wait - before.wait),
         host_ms: per_step(after.host - before.host),
+        mask_ms: per_step(after.mask - before.mask),
+        mask_wait_ms: per_step(after.mask_wait - before.mask_wait),
         peak_kv_bytes: peak_kv as f64,
         prefill_forwards: (after.prefill_forwards - before.prefill_forwards) as f64,
+        short_rows: short as f64,
     };
     Ok(m)
 }
@@ -155,8 +187,16 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.batch.iter().any(|&b| b == 0) || args.gen < 2 {
         return Err(Error::InvalidRequest("--batch sizes must be >= 1 and --gen >= 2".into()));
     }
+    if args.batch.iter().any(|&b| args.constrained > b) {
+        return Err(Error::InvalidRequest("--constrained must not exceed any --batch size".into()));
+    }
     let source = resolve_model_path(args.model.model.as_deref())?;
     let model = weft::loading::load(&source)?;
+    if args.constrained > 0 {
+        // The token trie is built once per loaded model; keep that out of the timed runs.
+        let tokenizer = model.tokenizer.as_ref().ok_or_else(|| Error::InvalidRequest("--constrained needs a model with a tokenizer".into()))?;
+        tokenizer.constraint_factory()?;
+    }
     let info = model.model.info().clone();
     let vocab = info.vocab_size as u64;
     let widest = args.batch.iter().copied().max().unwrap_or(1);
@@ -185,8 +225,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 build_ms: pick(|m| m.build_ms),
                 wait_ms: pick(|m| m.wait_ms),
                 host_ms: pick(|m| m.host_ms),
+                mask_ms: pick(|m| m.mask_ms),
+                mask_wait_ms: pick(|m| m.mask_wait_ms),
                 peak_kv_bytes: pick(|m| m.peak_kv_bytes),
                 prefill_forwards: pick(|m| m.prefill_forwards),
+                short_rows: pick(|m| m.short_rows),
             },
         ));
     }
@@ -203,12 +246,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
             .map(|(b, m)| json!({"batch": b, "agg_tok_s": m.agg_tok_s, "decode_tok_s": m.decode_tok_s,
                                  "prefill_tok_s": m.prefill_tok_s, "ttft_ms": m.ttft_ms, "ttft_p50_ms": m.ttft_ms,
                                  "peak_kv_bytes": m.peak_kv_bytes, "prefill_forwards": m.prefill_forwards,
-                                 "step_ms": {"graph_build": m.build_ms, "eval_wait": m.wait_ms, "host": m.host_ms}}))
+                                 "short_rows": m.short_rows,
+                                 "step_ms": {"graph_build": m.build_ms, "eval_wait": m.wait_ms, "host": m.host_ms,
+                                             "mask": m.mask_ms, "mask_wait": m.mask_wait_ms}}))
             .collect();
         println!(
             "{}",
             json!({"model": source.display().to_string(), "prompt_len": args.prompt_len, "gen": args.gen,
-                   "runs": args.runs,
+                   "runs": args.runs, "constrained": args.constrained, "constraint": args.constraint,
                    "kv": {"mode": args.kv.describe(), "kv_bits": args.kv.kv_bits,
                           "kv_group_size": args.kv.kv_group_size, "quantized_kv_start": args.kv.quantized_kv_start,
                           "bytes_per_row": row_bytes, "rows_per_gb": per_gb(row_bytes),
@@ -225,14 +270,19 @@ pub fn run(args: BenchArgs) -> Result<()> {
             full_row_bytes,
             per_gb(full_row_bytes)
         );
+        if args.constrained > 0 {
+            println!("constrained rows: {} ({})  rows ended early (median): {}", args.constrained, args.constraint,
+                     results.iter().map(|(_, m)| m.short_rows.to_string()).collect::<Vec<_>>().join(","));
+        }
         println!(
-            "{:>6} {:>12} {:>14} {:>15} {:>10} {:>13} | per decode step ms: {:>6} {:>6} {:>6}",
-            "batch", "agg tok/s", "decode tok/s", "prefill tok/s", "ttft ms", "peak KV MB", "build", "wait", "host"
+            "{:>6} {:>12} {:>14} {:>15} {:>10} {:>13} | per decode step ms: {:>6} {:>6} {:>6} {:>6} {:>9}",
+            "batch", "agg tok/s", "decode tok/s", "prefill tok/s", "ttft ms", "peak KV MB", "build", "wait", "host", "mask", "mask wait"
         );
         for (b, m) in &results {
             println!(
-                "{:>6} {:>12.1} {:>14.1} {:>15.1} {:>10.1} {:>13.2} | {:>25.3} {:>6.3} {:>6.3}",
-                b, m.agg_tok_s, m.decode_tok_s, m.prefill_tok_s, m.ttft_ms, m.peak_kv_bytes / 1e6, m.build_ms, m.wait_ms, m.host_ms
+                "{:>6} {:>12.1} {:>14.1} {:>15.1} {:>10.1} {:>13.2} | {:>25.3} {:>6.3} {:>6.3} {:>6.3} {:>9.3}",
+                b, m.agg_tok_s, m.decode_tok_s, m.prefill_tok_s, m.ttft_ms, m.peak_kv_bytes / 1e6, m.build_ms, m.wait_ms, m.host_ms,
+                m.mask_ms, m.mask_wait_ms
             );
         }
     }

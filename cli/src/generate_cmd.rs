@@ -155,6 +155,7 @@ fn run_rows(args: GenerateArgs, loaded: weft::loading::LoadedModel, opts: Genera
             ignore_eos: args.no_eos,
             capture_first_logits: FIRST_LOGITS,
             logprobs: None,
+            constraint: None,
         })?;
     }
     engine.run_to_completion();

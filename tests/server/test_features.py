@@ -66,6 +66,40 @@ class Features(unittest.TestCase):
         self.assertEqual((final.content[0].text, final.stop_reason, final.stop_sequence),
                          (expected, "stop_sequence", stop))
 
+    def test_constrained_outputs(self):
+        """response_format json_schema (strict) / json_object and the regex, grammar and choice
+        extensions: a random model's output is valid only because the masks work."""
+        import json
+        import re
+        schema = {"type": "object", "additionalProperties": False, "required": ["name", "n"],
+                  "properties": {"name": {"type": "string", "maxLength": 8},
+                                 "n": {"type": "integer", "minimum": 0, "maximum": 99}}}
+        fmt = {"type": "json_schema", "json_schema": {"name": "thing", "schema": schema, "strict": True}}
+        r = oai().chat.completions.create(model=MODEL_ID, messages=HELLO, max_tokens=60, temperature=0, response_format=fmt)
+        v = json.loads(r.choices[0].message.content)
+        self.assertEqual(sorted(v), ["n", "name"])
+        self.assertTrue(isinstance(v["name"], str) and len(v["name"]) <= 8 and 0 <= v["n"] <= 99, v)
+        self.assertEqual(r.choices[0].finish_reason, "stop")
+        stream = oai().chat.completions.create(model=MODEL_ID, messages=HELLO, max_tokens=60, temperature=0,
+                                               response_format=fmt, stream=True)
+        self.assertEqual("".join(c.choices[0].delta.content or "" for c in stream if c.choices),
+                         r.choices[0].message.content)
+        r = oai().chat.completions.create(model=MODEL_ID, messages=HELLO, max_tokens=40, temperature=0,
+                                          response_format={"type": "json_object"})
+        self.assertTrue(r.choices[0].message.content.startswith("{"), r.choices[0].message.content)
+        c = oai().completions.create(model=MODEL_ID, prompt="The sea", max_tokens=20, temperature=0,
+                                     extra_body={"regex": "[a-z]{3,6}-[0-9]{2}"})
+        self.assertRegex(c.choices[0].text, r"^[a-z]{3,6}-[0-9]{2}$")
+        c = oai().completions.create(model=MODEL_ID, prompt="The sea", max_tokens=20, temperature=0,
+                                     extra_body={"choice": ["calm", "rough", "frozen"]})
+        self.assertIn(c.choices[0].text, ["calm", "rough", "frozen"])
+        lark = 'start: "sea=" /[0-9]{1,3}/ ";"'
+        r = greedy_chat(max_tokens=20, extra={"grammar": lark, "ignore_eos": False})
+        self.assertTrue(re.fullmatch(r"sea=[0-9]{1,3};", r.choices[0].message.content), r.choices[0].message.content)
+        # max_tokens inside the structure: length, not a silently truncated "valid" answer.
+        r = oai().chat.completions.create(model=MODEL_ID, messages=HELLO, max_tokens=3, temperature=0, response_format=fmt)
+        self.assertEqual(r.choices[0].finish_reason, "length")
+
     def test_max_tokens(self):
         r = greedy_chat(max_tokens=3)
         self.assertEqual((r.choices[0].finish_reason, r.usage.completion_tokens), ("length", 3))

@@ -108,6 +108,7 @@ pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
         ignore_eos: true,
         capture_first_logits: 0,
         logprobs: None,
+        constraint: None,
     }
 }
 

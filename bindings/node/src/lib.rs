@@ -110,6 +110,22 @@ pub struct GenerateOptions {
     pub logprobs: Option<bool>,
     /// Also report this many most likely alternatives per token (0 to 20; needs `logprobs`).
     pub top_logprobs: Option<u32>,
+    /// Constrains the output, OpenAI's shape: `{ type: 'json_object' }`, or `{ type:
+    /// 'json_schema', json_schema: { name, schema, strict } }`; `{ type: 'text' }` is none.
+    /// At most one of `responseFormat`, `jsonSchema`, `regex`, `grammar`, `choice`.
+    #[napi(
+        ts_type = "{ type: 'text' | 'json_object' } | { type: 'json_schema'; json_schema: { name: string; schema?: Record<string, unknown> | boolean; strict?: boolean; description?: string } }"
+    )]
+    pub response_format: Option<bool>,
+    /// A JSON schema the output must validate against.
+    #[napi(ts_type = "Record<string, unknown> | boolean")]
+    pub json_schema: Option<bool>,
+    /// A regular expression the whole output must match.
+    pub regex: Option<String>,
+    /// A grammar in llguidance's Lark syntax (may embed `%json {schema}`).
+    pub grammar: Option<String>,
+    /// The output is exactly one of these strings.
+    pub choice: Option<Vec<String>>,
     /// Aborting it cancels the request in the engine; the stream then ends normally with
     /// `finishReason: "cancelled"` (nothing is thrown).
     #[napi(ts_type = "AbortSignal")]

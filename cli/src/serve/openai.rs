@@ -176,14 +176,6 @@ fn stream_flags(body: &Object) -> Result<(bool, bool), ApiError> {
     Ok((stream, include_usage))
 }
 
-fn check_response_format(body: &Object) -> Result<(), ApiError> {
-    match get(body, "response_format") {
-        None => Ok(()),
-        Some(v) if v.get("type").and_then(Value::as_str) == Some("text") => Ok(()),
-        Some(_) => Err(ApiError::field("response_format", "only `response_format` {\"type\": \"text\"} is supported")),
-    }
-}
-
 /// The engine request common to both endpoints.
 fn engine_request(
     state: &AppState,
@@ -199,6 +191,7 @@ fn engine_request(
     r.stop = params::stop_strings(body, "stop")?;
     r.ignore_eos = opt_bool(body, "ignore_eos")?.unwrap_or(false);
     r.logprobs = logprobs;
+    r.constraint = params::constraint(body)?.map(|(_, c)| c);
     Ok(r)
 }
 
@@ -208,17 +201,19 @@ async fn chat_inner(state: &Arc<AppState>, req: axum::extract::Request, arrived:
     state.check_model(body.get("model"))?;
     params::single_choice(&body)?;
     params::no_tools(&body)?;
-    check_response_format(&body)?;
     let (stream, include_usage) = stream_flags(&body)?;
     let logprobs = chat_logprobs(&body)?;
     let messages = chat_messages(state, &body)?;
     state.check_prompt_bytes(messages.iter().map(|m| m.content.len()).sum())?;
     // Field checks before tokenizing: a bad request costs no tokenizer time.
     let request = engine_request(state, &body, Vec::new(), logprobs)?;
+    let constraint = params::constraint_field(&body);
     let generation = state
         .blocking(move |state| {
             let prompt = state.tokenize_messages(&messages)?;
-            state.start(Request { input: Input::Tokens(prompt), ..request }, arrived)
+            state
+                .start(Request { input: Input::Tokens(prompt), ..request }, arrived)
+                .map_err(|e| params::constraint_error(e, constraint))
         })
         .await?;
     let id = state.new_id("chatcmpl-");
@@ -429,6 +424,7 @@ async fn completions_inner(
         state.check_prompt_bytes(text.len())?;
     }
     let request = engine_request(state, &body, Vec::new(), logprobs)?;
+    let constraint = params::constraint_field(&body);
     let (generation, prompt_text) = state
         .blocking(move |state| {
             let (ids, text) = match prompt {
@@ -441,7 +437,10 @@ async fn completions_inner(
                     (ids, text)
                 }
             };
-            Ok((state.start(Request { input: Input::Tokens(ids), ..request }, arrived)?, text))
+            let generation = state
+                .start(Request { input: Input::Tokens(ids), ..request }, arrived)
+                .map_err(|e| params::constraint_error(e, constraint))?;
+            Ok((generation, text))
         })
         .await?;
     let id = state.new_id("cmpl-");

@@ -5,6 +5,7 @@
 use axum::body::BodyDataStream;
 use futures_core::Stream as _;
 use serde_json::{Map, Value};
+use weft::engine::Constraint;
 use weft::sampling::SamplingParams;
 
 use super::errors::{ApiError, ErrorKind};
@@ -245,3 +246,41 @@ pub fn no_tools(m: &Object) -> Result<(), ApiError> {
         Some(_) => Err(ApiError::field("tools", "tool use is not supported by this server")),
     }
 }
+
+/// The constraint fields: OpenAI's `response_format` (`text`, `json_object`, `json_schema`) and
+/// the extensions `json_schema`, `regex`, `grammar` (Lark) and `choice`, at most one, by the
+/// request contract's rules. Returns the field it came from too, the `param` of later errors.
+pub fn constraint(m: &Object) -> Result<Option<(&'static str, Constraint)>, ApiError> {
+    let given = constraint_field(m);
+    let body = Value::Object(m.clone());
+    match weft::contract::parse_constraint(&body, weft::contract::Spelling::Snake) {
+        Ok(c) => Ok(c.map(|c| (given.unwrap_or("response_format"), c))),
+        Err(e) => {
+            let message = match e {
+                weft::Error::InvalidRequest(m) => m,
+                other => other.to_string(),
+            };
+            let param = CONSTRAINT_FIELDS.iter().copied().find(|k| message.starts_with(k)).or(given).unwrap_or("response_format");
+            Err(ApiError::field(param, message))
+        }
+    }
+}
+
+/// The constraint field the request gives, if any.
+pub fn constraint_field(m: &Object) -> Option<&'static str> {
+    CONSTRAINT_FIELDS.iter().copied().find(|k| get(m, k).is_some())
+}
+
+/// A refused submit names the constraint field when the engine's message is about it (a schema
+/// or grammar that does not compile, or accepts nothing).
+pub fn constraint_error(mut e: ApiError, param: Option<&'static str>) -> ApiError {
+    let about_constraint = CONSTRAINT_FIELDS.iter().any(|k| e.message.starts_with(k));
+    if let (Some(param), None, true) = (param, &e.param, about_constraint) {
+        if e.kind == ErrorKind::InvalidRequest {
+            e.param = Some(param.to_string());
+        }
+    }
+    e
+}
+
+const CONSTRAINT_FIELDS: &[&str] = &["response_format", "json_schema", "regex", "grammar", "choice"];

@@ -6,6 +6,7 @@ use mlx_rs::{Array, Dtype};
 
 use super::{Event, EventSink, RequestId, RowFlow, StopCause, Submission, TokenLogprobs, Usage};
 use crate::cache::KvCache;
+use crate::constrain::RowConstraint;
 use crate::generate::{as_f32_slice, FinishReason};
 use crate::sampling::Sampler;
 use crate::stop::{StopMatcher, TextStream};
@@ -62,6 +63,9 @@ pub(super) struct Row {
     pub(super) stop: Option<StopCause>,
     /// Set when the row failed (reported instead of `Done`).
     pub(super) error: Option<String>,
+    /// The request's compiled constraint (`None`: free text). Taken out of the row while its
+    /// next mask is computed ([`super::constrained`]).
+    pub(super) constraint: Option<RowConstraint>,
 }
 
 impl Row {
@@ -81,10 +85,20 @@ impl Row {
         self.generated.push(token);
         self.sampler.observe(&[token]);
         self.next_input = Some(token);
+        let complete = match self.constraint.as_mut() {
+            Some(c) => {
+                c.commit(token)?;
+                c.is_finished()
+            }
+            None => false,
+        };
         let (text, hit_stop) = self.text.push(token)?;
         if let Some(stop) = hit_stop {
             self.finish = Some(FinishReason::Stop);
             self.stop = Some(StopCause::StopString { stop });
+        } else if complete {
+            self.finish = Some(FinishReason::Stop);
+            self.stop = Some(StopCause::Constraint);
         } else if self.generated.len() >= self.max_tokens || context_left == 0 {
             self.finish = Some(FinishReason::Length);
         }
@@ -139,7 +153,7 @@ impl Row {
 impl Row {
     /// The row of an admitted request.
     pub(super) fn new(sub: Submission, tokenizer: Option<&Tokenizer>, projected_kv_bytes: u64) -> Row {
-        let Submission { id, prompt, request, stop_token_ids, sink, flow } = sub;
+        let Submission { id, prompt, request, stop_token_ids, sink, flow, constraint } = sub;
         let mut sampler = Sampler::new(request.sampling.clone());
         sampler.observe(&prompt);
         Row {
@@ -160,6 +174,7 @@ impl Row {
             finish: None,
             stop: None,
             error: None,
+            constraint,
             prompt,
         }
     }
