@@ -94,6 +94,7 @@ fn run_once(path: &std::path::Path, args: &BenchArgs, batch: usize, gen: usize) 
             ignore_eos: true,
             capture_first_logits: 0,
             logprobs: None,
+            tools: None,
         })?;
     }
     let mut peak_kv = 0u64;

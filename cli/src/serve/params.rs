@@ -236,12 +236,3 @@ pub fn single_choice(m: &Object) -> Result<(), ApiError> {
     }
     Ok(())
 }
-
-/// Tools are not supported: say so instead of silently answering without them.
-pub fn no_tools(m: &Object) -> Result<(), ApiError> {
-    match get(m, "tools") {
-        Some(Value::Array(a)) if a.is_empty() => Ok(()),
-        None => Ok(()),
-        Some(_) => Err(ApiError::field("tools", "tool use is not supported by this server")),
-    }
-}
