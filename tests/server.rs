@@ -253,6 +253,17 @@ fn protocol_features_through_the_official_clients() {
     finish("features (test_features.py)", run_python("test_features.py", &server, &env));
 }
 
+/// Tool calling through the official Python clients on the default model (Weft's fallback
+/// tool prompt on SmolLM2's plain ChatML template): OpenAI and Anthropic tool loops, streaming
+/// and not, forced choices, and the 400s for bad tool input.
+#[test]
+fn tool_calls_through_the_official_clients() {
+    let Some(model) = default_model() else { return };
+    let server = Server::start(&model, &["--api-key", API_KEY, "--served-model-name", "smol"]);
+    let env = [("WEFT_API_KEY", API_KEY.to_string()), ("WEFT_MODEL_ID", "smol".to_string())];
+    finish("tools (test_tools.py)", run_python("test_tools.py", &server, &env));
+}
+
 /// 64 concurrent streams, about 30% of the clients hanging up mid-stream: the server survives,
 /// every finished stream is well-formed, no row is leaked.
 #[test]
