@@ -168,6 +168,10 @@ enum weft_stop_kind
    * One of the request's stop strings (stop_string); it and what followed are cut.
    */
   WEFT_STOP_STRING = 2,
+  /**
+   * The request's constraint (json_schema, regex, grammar, choice) was complete.
+   */
+  WEFT_STOP_CONSTRAINT = 3,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -266,7 +270,8 @@ typedef struct weft_event {
    */
   size_t top_logprobs_len;
   /**
-   * DONE with WEFT_FINISH_STOP: a weft_stop_kind (WEFT_STOP_EOS or WEFT_STOP_STRING);
+   * DONE with WEFT_FINISH_STOP: a weft_stop_kind (WEFT_STOP_EOS, WEFT_STOP_STRING or
+   * WEFT_STOP_CONSTRAINT);
    * WEFT_STOP_NONE (0) otherwise.
    */
   int32_t stop_kind;

@@ -475,3 +475,14 @@ fn a_dead_engine_thread_is_reported_to_c_and_every_request_ends_once() {
         .expect("running the C fault test");
     assert_pass(&out, "fault_test.c with WEFT_FAULTS=driver-panic@6");
 }
+
+#[test]
+fn constrained_output_through_the_c_abi() {
+    let source = repo_root().join("ffi/tests/c/constrained_test.c");
+    let exe = build(&source, Lang::C, Link::Dynamic);
+    let out = runs_from_rpath(Command::new(&exe))
+        .arg(repo_root().join("goldens/gguf/llama-q4_1.gguf"))
+        .output()
+        .expect("running the C constrained-output test");
+    assert_pass(&out, "constrained_test.c on goldens/gguf/llama-q4_1.gguf");
+}

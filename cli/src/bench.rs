@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use clap::Args;
 use serde_json::json;
-use weft::engine::{EngineConfig, Input, Request};
+use weft::engine::{Constraint, EngineConfig, Input, Request};
 use weft::sampling::SamplingParams;
 use weft::{Error, Result};
 
@@ -40,6 +40,23 @@ pub struct BenchArgs {
     pub seed: u64,
     #[command(flatten)]
     pub kv: KvArgs,
+    /// Constrain this many rows of each batch (the first ones); 0 = none.
+    #[arg(long, default_value_t = 0)]
+    pub constrained: usize,
+    /// The constraint of `--constrained` rows: `json` (a JSON array of at least 64 strings of
+    /// at least 12 characters), `regex` (`[a-z ,.]+`) or `choice` (unbounded runs of "yes"/"no").
+    #[arg(long, default_value = "json", value_parser = ["json", "regex", "choice"])]
+    pub constraint: String,
+}
+
+/// The constraint `--constraint` names. None of them completes early on its own.
+fn bench_constraint(kind: &str) -> Constraint {
+    match kind {
+        "regex" => Constraint::Regex("[a-z ,.]+".into()),
+        "choice" => Constraint::Lark("start: item+\nitem: \"yes \" | \"no \"\n".into()),
+        // At least 64 strings of at least 12 characters: more than any --gen of a few hundred.
+        _ => Constraint::JsonSchema(json!({"type": "array", "minItems": 64, "items": {"type": "string", "minLength": 12}})),
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -52,8 +69,14 @@ struct Measure {
     build_ms: f64,
     wait_ms: f64,
     host_ms: f64,
+    /// Per decode step: constrained rows' mask computation (worker thread), and the part of it
+    /// the step waited for.
+    mask_ms: f64,
+    mask_wait_ms: f64,
     /// Largest KV-cache footprint seen between engine iterations (storage capacity included).
     peak_kv_bytes: f64,
+    /// Rows that ended before `gen` tokens (a constraint that completed).
+    short_rows: f64,
 }
 
 /// The same xorshift stream benches/ scripts use, so both sides see identical prompts.
@@ -82,10 +105,15 @@ fn run_once(path: &std::path::Path, args: &BenchArgs, batch: usize, gen: usize) 
         prefill_step_size: args.prefill_step_size.max(1),
         ..EngineConfig::default()
     });
+    if args.constrained > 0 {
+        // The token trie is built once per loaded model; keep that out of the timed run.
+        let tokenizer = model.tokenizer.as_ref().ok_or_else(|| Error::InvalidRequest("--constrained needs a model with a tokenizer".into()))?;
+        tokenizer.constraint_factory()?;
+    }
     let mut engine = Collector::new(model, config)?;
     let prompts = random_prompts(args.seed, batch, args.prompt_len.max(1), vocab);
     let start = Instant::now();
-    for p in prompts {
+    for (i, p) in prompts.into_iter().enumerate() {
         engine.submit(Request {
             input: Input::Tokens(p),
             max_tokens: gen,
@@ -95,6 +123,7 @@ fn run_once(path: &std::path::Path, args: &BenchArgs, batch: usize, gen: usize) 
             capture_first_logits: 0,
             logprobs: None,
             tools: None,
+            constraint: (i < args.constrained).then(|| bench_constraint(&args.constraint)),
         })?;
     }
     let mut peak_kv = 0u64;
@@ -110,6 +139,7 @@ fn run_once(path: &std::path::Path, args: &BenchArgs, batch: usize, gen: usize) 
         return Err(Error::Mlx(e));
     }
     let tokens: usize = rows.iter().map(|(_, r)| r.tokens.len()).sum();
+    let short = rows.iter().filter(|(_, r)| r.tokens.len() < gen).count();
     let mut ttfts: Vec<f64> = rows.iter().filter_map(|(_, r)| r.ttft_s).collect();
     ttfts.sort_by(|a, b| a.total_cmp(b));
     let last_first = *ttfts.last().unwrap_or(&wall);
@@ -121,7 +151,10 @@ fn run_once(path: &std::path::Path, args: &BenchArgs, batch: usize, gen: usize) 
         build_ms: per_step(stats.decode_graph_build_s),
         wait_ms: per_step(stats.decode_eval_wait_s),
         host_ms: per_step(stats.decode_host_s),
+        mask_ms: per_step(stats.decode_mask_compute_s),
+        mask_wait_ms: per_step(stats.decode_mask_wait_s),
         peak_kv_bytes: peak_kv as f64,
+        short_rows: short as f64,
     };
     Ok(m)
 }
@@ -134,6 +167,9 @@ fn median(mut xs: Vec<f64>) -> f64 {
 pub fn run(args: BenchArgs) -> Result<()> {
     if args.batch.iter().any(|&b| b == 0) || args.gen < 2 {
         return Err(Error::InvalidRequest("--batch sizes must be >= 1 and --gen >= 2".into()));
+    }
+    if args.batch.iter().any(|&b| args.constrained > b) {
+        return Err(Error::InvalidRequest("--constrained must not exceed any --batch size".into()));
     }
     let source = resolve_model_path(args.model.model.as_deref())?;
     let mut results = Vec::new();
@@ -154,7 +190,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 build_ms: pick(|m| m.build_ms),
                 wait_ms: pick(|m| m.wait_ms),
                 host_ms: pick(|m| m.host_ms),
+                mask_ms: pick(|m| m.mask_ms),
+                mask_wait_ms: pick(|m| m.mask_wait_ms),
                 peak_kv_bytes: pick(|m| m.peak_kv_bytes),
+                short_rows: pick(|m| m.short_rows),
             },
         ));
     }
@@ -171,13 +210,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
             .iter()
             .map(|(b, m)| json!({"batch": b, "agg_tok_s": m.agg_tok_s, "decode_tok_s": m.decode_tok_s,
                                  "prefill_tok_s": m.prefill_tok_s, "ttft_ms": m.ttft_ms,
-                                 "peak_kv_bytes": m.peak_kv_bytes,
-                                 "step_ms": {"graph_build": m.build_ms, "eval_wait": m.wait_ms, "host": m.host_ms}}))
+                                 "peak_kv_bytes": m.peak_kv_bytes, "short_rows": m.short_rows,
+                                 "step_ms": {"graph_build": m.build_ms, "eval_wait": m.wait_ms, "host": m.host_ms,
+                                             "mask": m.mask_ms, "mask_wait": m.mask_wait_ms}}))
             .collect();
         println!(
             "{}",
             json!({"model": source.display().to_string(), "prompt_len": args.prompt_len, "gen": args.gen,
-                   "runs": args.runs,
+                   "runs": args.runs, "constrained": args.constrained, "constraint": args.constraint,
                    "kv": {"mode": args.kv.describe(), "kv_bits": args.kv.kv_bits,
                           "kv_group_size": args.kv.kv_group_size, "quantized_kv_start": args.kv.quantized_kv_start,
                           "bytes_per_row": row_bytes, "rows_per_gb": per_gb(row_bytes),
@@ -186,6 +226,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
         );
     } else {
         println!("model: {}  prompt_len: {}  gen: {}  runs: {} (medians)", source.display(), args.prompt_len, args.gen, args.runs);
+        if args.constrained > 0 {
+            println!("constrained rows: {} ({})  rows ended early (median): {}", args.constrained, args.constraint,
+                     results.iter().map(|(_, m)| m.short_rows.to_string()).collect::<Vec<_>>().join(","));
+        }
         println!(
             "kv: {}  bytes/row: {:.0} ({:.0} rows/GB)  full precision: {:.0} bytes/row ({:.0} rows/GB)",
             args.kv.describe(),
@@ -195,13 +239,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
             per_gb(full_row_bytes)
         );
         println!(
-            "{:>6} {:>12} {:>14} {:>15} {:>10} {:>13} | per decode step ms: {:>6} {:>6} {:>6}",
-            "batch", "agg tok/s", "decode tok/s", "prefill tok/s", "ttft ms", "peak KV MB", "build", "wait", "host"
+            "{:>6} {:>12} {:>14} {:>15} {:>10} {:>13} | per decode step ms: {:>6} {:>6} {:>6} {:>6} {:>9}",
+            "batch", "agg tok/s", "decode tok/s", "prefill tok/s", "ttft ms", "peak KV MB", "build", "wait", "host", "mask", "mask wait"
         );
         for (b, m) in &results {
             println!(
-                "{:>6} {:>12.1} {:>14.1} {:>15.1} {:>10.1} {:>13.2} | {:>25.3} {:>6.3} {:>6.3}",
-                b, m.agg_tok_s, m.decode_tok_s, m.prefill_tok_s, m.ttft_ms, m.peak_kv_bytes / 1e6, m.build_ms, m.wait_ms, m.host_ms
+                "{:>6} {:>12.1} {:>14.1} {:>15.1} {:>10.1} {:>13.2} | {:>25.3} {:>6.3} {:>6.3} {:>6.3} {:>9.3}",
+                b, m.agg_tok_s, m.decode_tok_s, m.prefill_tok_s, m.ttft_ms, m.peak_kv_bytes / 1e6, m.build_ms, m.wait_ms, m.host_ms,
+                m.mask_ms, m.mask_wait_ms
             );
         }
     }

@@ -156,6 +156,7 @@ fn run_rows(args: GenerateArgs, loaded: weft::loading::LoadedModel, opts: Genera
             capture_first_logits: FIRST_LOGITS,
             logprobs: None,
             tools: None,
+            constraint: None,
         })?;
     }
     engine.run_to_completion();

@@ -19,7 +19,7 @@ use std::path::PathBuf;
 
 use serde_json::{Map, Value};
 
-use crate::engine::{EngineConfig, Input, Request};
+use crate::engine::{Constraint, EngineConfig, Input, Request};
 use crate::tokenizer::ChatMessage;
 use crate::{Error, Result};
 
@@ -87,6 +87,11 @@ pub const REQUEST_FIELDS: &[&str] = &[
     "tools",
     "tool_choice",
     "parallel_tool_calls",
+    "response_format",
+    "json_schema",
+    "regex",
+    "grammar",
+    "choice",
 ];
 
 /// Engine option fields, snake_case.
@@ -318,7 +323,115 @@ pub fn parse_request(v: &Value, spelling: Spelling) -> Result<Request> {
         }
         invalid(message)
     })?;
+    req.constraint = parse_constraint_fields(&f)?;
     Ok(req)
+}
+
+/// Constraint fields of a request object by the contract's rules, other keys ignored: for
+/// faces that parse the rest of the request themselves (the HTTP server).
+pub fn parse_constraint(v: &Value, spelling: Spelling) -> Result<Option<Constraint>> {
+    let Value::Object(map) = v else { return Err(invalid(format!("the request must be an object, got {}", show(v)))) };
+    parse_constraint_fields(&Fields { map, spelling })
+}
+
+/// The constraint fields; at most one may be given (`response_format` of type `text` counts as
+/// none).
+fn parse_constraint_fields(f: &Fields) -> Result<Option<Constraint>> {
+    let fields = ["response_format", "json_schema", "regex", "grammar", "choice"];
+    let mut found = Vec::new();
+    for field in fields {
+        if f.get(field).is_none() {
+            continue;
+        }
+        let name = f.name(field);
+        let c = match field {
+            "response_format" => parse_response_format(f)?,
+            "json_schema" => {
+                let v = f.get(field).expect("present");
+                if !v.is_object() && !v.is_boolean() {
+                    return Err(f.err(field, "a JSON schema (an object)", v));
+                }
+                Some(Constraint::JsonSchema(v.clone()))
+            }
+            "regex" | "grammar" => {
+                let text = f.string(field)?.unwrap_or_default();
+                if text.trim().is_empty() {
+                    return Err(invalid(format!("{name} must not be empty")));
+                }
+                Some(if field == "regex" { Constraint::Regex(text.into()) } else { Constraint::Lark(text.into()) })
+            }
+            _ => {
+                let v = f.get(field).expect("present");
+                let Value::Array(items) = v else { return Err(f.err(field, "an array of strings", v)) };
+                if items.is_empty() {
+                    return Err(invalid(format!("{name} must not be empty")));
+                }
+                let choices = items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, x)| match x {
+                        Value::String(s) if !s.is_empty() => Ok(s.clone()),
+                        other => Err(invalid(format!("{name}[{i}] must be a non-empty string, got {}", show(other)))),
+                    })
+                    .collect::<Result<_>>()?;
+                Some(Constraint::Choice(choices))
+            }
+        };
+        if let Some(c) = c {
+            found.push((name, c));
+        }
+    }
+    if found.len() > 1 {
+        let names: Vec<&str> = found.iter().map(|(n, _)| n.as_str()).collect();
+        let all: Vec<String> = fields.iter().map(|k| f.name(k)).collect();
+        return Err(invalid(format!("at most one of {} may be given, got {}", all.join(", "), names.join(" and "))));
+    }
+    Ok(found.pop().map(|(_, c)| c))
+}
+
+/// OpenAI's `response_format`: `{"type": "text"}`, `{"type": "json_object"}` or
+/// `{"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}}`.
+fn parse_response_format(f: &Fields) -> Result<Option<Constraint>> {
+    let name = f.name("response_format");
+    let v = f.get("response_format").expect("present");
+    let Value::Object(map) = v else {
+        return Err(f.err("response_format", "an object with a type (text, json_object or json_schema)", v));
+    };
+    // The inner keys are OpenAI's; the camelCase faces may also write jsonSchema.
+    let inner_key = if map.contains_key("jsonSchema") { "jsonSchema" } else { "json_schema" };
+    let known = ["type".to_string(), inner_key.to_string()];
+    check_keys(&format!("{name}: "), map, &known)?;
+    match map.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(Constraint::JsonObject)),
+        Some("json_schema") => {
+            let at = format!("{name}.{inner_key}");
+            let Some(Value::Object(js)) = map.get(inner_key) else {
+                return Err(invalid(format!("{at} is required for type json_schema (an object with name and schema)")));
+            };
+            let known: Vec<String> = ["name", "schema", "strict", "description"].iter().map(|k| k.to_string()).collect();
+            check_keys(&format!("{at}: "), js, &known)?;
+            match js.get("name") {
+                Some(Value::String(n)) if !n.is_empty() => {}
+                Some(other) => return Err(invalid(format!("{at}.name must be a non-empty string, got {}", show(other)))),
+                None => return Err(invalid(format!("{at}.name is required (a string)"))),
+            }
+            if let Some(strict) = js.get("strict").filter(|s| !s.is_null() && !s.is_boolean()) {
+                return Err(invalid(format!("{at}.strict must be true or false, got {}", show(strict))));
+            }
+            match js.get("schema") {
+                Some(schema) if schema.is_object() || schema.is_boolean() => Ok(Some(Constraint::JsonSchema(schema.clone()))),
+                Some(other) => Err(invalid(format!("{at}.schema must be a JSON schema (an object), got {}", show(other)))),
+                // OpenAI allows leaving it out: any JSON.
+                None => Ok(Some(Constraint::JsonSchema(serde_json::json!({})))),
+            }
+        }
+        Some(other) => Err(invalid(format!(
+            "{name}.type must be one of text, json_object, json_schema, got {}",
+            Value::String(other.to_string())
+        ))),
+        None => Err(invalid(format!("{name}.type is required (text, json_object or json_schema)"))),
+    }
 }
 
 fn parse_messages(f: &Fields) -> Result<Vec<ChatMessage>> {
@@ -523,6 +636,50 @@ mod tests {
     #[track_caller]
     fn has(message: &str, needle: &str) {
         assert!(message.contains(needle), "{message:?} does not contain {needle:?}");
+    }
+
+    #[test]
+    fn constraint_fields() {
+        let c = |v: Value, sp: Spelling| parse_request(&v, sp).unwrap_or_else(|e| panic!("{v}: {e}")).constraint;
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let openai = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": true}});
+        assert_eq!(c(json!({"prompt": "a", "response_format": openai}), Snake), Some(Constraint::JsonSchema(schema.clone())));
+        assert_eq!(c(json!({"prompt": "a", "responseFormat": openai}), Camel), Some(Constraint::JsonSchema(schema.clone())));
+        let camel = json!({"type": "json_schema", "jsonSchema": {"name": "x", "schema": schema}});
+        assert_eq!(c(json!({"prompt": "a", "responseFormat": camel}), Camel), Some(Constraint::JsonSchema(schema.clone())));
+        assert_eq!(c(json!({"prompt": "a", "response_format": {"type": "json_object"}}), Snake), Some(Constraint::JsonObject));
+        assert_eq!(c(json!({"prompt": "a", "response_format": {"type": "text"}}), Snake), None);
+        assert_eq!(c(json!({"prompt": "a", "jsonSchema": schema}), Camel), Some(Constraint::JsonSchema(schema.clone())));
+        assert_eq!(c(json!({"prompt": "a", "regex": "[0-9]+"}), Snake), Some(Constraint::Regex("[0-9]+".into())));
+        assert_eq!(c(json!({"prompt": "a", "grammar": "start: \"x\""}), Snake), Some(Constraint::Lark("start: \"x\"".into())));
+        assert_eq!(c(json!({"prompt": "a", "choice": ["y", "n"]}), Snake), Some(Constraint::Choice(vec!["y".into(), "n".into()])));
+        assert_eq!(c(json!({"prompt": "a", "regex": null}), Snake), None);
+        // A text response_format plus a regex is one constraint.
+        assert!(c(json!({"prompt": "a", "response_format": {"type": "text"}, "regex": "a"}), Snake).is_some());
+
+        let p = |extra: Value| {
+            let mut v = json!({"prompt": "a"});
+            v.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            v
+        };
+        for (v, sp, needle) in [
+            (p(json!({"regex": "a", "choice": ["b"]})), Snake, "at most one of response_format, json_schema, regex, grammar, choice may be given, got regex and choice"),
+            (p(json!({"jsonSchema": {}, "grammar": "start: \"a\""})), Camel, "got jsonSchema and grammar"),
+            (p(json!({"response_format": {"type": "json"}})), Snake, "response_format.type must be one of text, json_object, json_schema"),
+            (p(json!({"response_format": {"type": "json_schema"}})), Snake, "response_format.json_schema is required"),
+            (p(json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}})), Snake, "response_format.json_schema.name is required"),
+            (p(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": 3}}})), Snake, "response_format.json_schema.schema must be a JSON schema"),
+            (p(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "strict": "yes"}}})), Snake, "strict must be true or false"),
+            (p(json!({"response_format": {"type": "json_object", "schema": {}}})), Snake, "response_format: unknown field \"schema\""),
+            (p(json!({"response_format": "json"})), Snake, "response_format must be an object"),
+            (p(json!({"json_schema": "{}"})), Snake, "json_schema must be a JSON schema"),
+            (p(json!({"regex": ""})), Snake, "regex must not be empty"),
+            (p(json!({"grammar": 5})), Snake, "grammar must be a string"),
+            (p(json!({"choice": []})), Snake, "choice must not be empty"),
+            (p(json!({"choice": ["a", 1]})), Snake, "choice[1] must be a non-empty string"),
+        ] {
+            has(&req_err(v, sp), needle);
+        }
     }
 
     #[test]

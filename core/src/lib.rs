@@ -8,6 +8,7 @@
 //! schema and validation of requests and engine options that every face parses with.
 
 pub mod cache;
+pub mod constrain;
 pub mod contract;
 pub mod error;
 pub mod engine;

@@ -52,11 +52,14 @@ pub enum weft_stop_kind {
     WEFT_STOP_EOS = 1,
     /// One of the request's stop strings (stop_string); it and what followed are cut.
     WEFT_STOP_STRING = 2,
+    /// The request's constraint (json_schema, regex, grammar, choice) was complete.
+    WEFT_STOP_CONSTRAINT = 3,
 }
 
 const WEFT_STOP_NONE: i32 = weft_stop_kind::WEFT_STOP_NONE as i32;
 const WEFT_STOP_EOS: i32 = weft_stop_kind::WEFT_STOP_EOS as i32;
 const WEFT_STOP_STRING: i32 = weft_stop_kind::WEFT_STOP_STRING as i32;
+const WEFT_STOP_CONSTRAINT: i32 = weft_stop_kind::WEFT_STOP_CONSTRAINT as i32;
 
 /// One of the most likely tokens at a step (see weft_event.top_logprobs).
 #[repr(C)]
@@ -110,7 +113,8 @@ pub struct weft_event {
     pub top_logprobs: *const weft_token_logprob,
     /// Number of entries in top_logprobs.
     pub top_logprobs_len: usize,
-    /// DONE with WEFT_FINISH_STOP: a weft_stop_kind (WEFT_STOP_EOS or WEFT_STOP_STRING);
+    /// DONE with WEFT_FINISH_STOP: a weft_stop_kind (WEFT_STOP_EOS, WEFT_STOP_STRING or
+    /// WEFT_STOP_CONSTRAINT);
     /// WEFT_STOP_NONE (0) otherwise.
     pub stop_kind: i32,
     /// DONE with WEFT_STOP_EOS: the end-of-sequence token that ended the request; -1 otherwise.
@@ -347,6 +351,7 @@ fn deliver(cb: &Callback, id: u64, ev: &Event, bufs: &mut Buffers) {
                     e.stop_kind = WEFT_STOP_STRING;
                     (e.stop_string, e.stop_string_len) = nul_terminated(&mut bufs.stop, stop);
                 }
+                Some(StopCause::Constraint) => e.stop_kind = WEFT_STOP_CONSTRAINT,
                 None => {}
             }
             e.finish_reason = match finish_reason {

@@ -4,7 +4,8 @@
 
 A full loop per protocol (call -> tool result -> text answer), streaming and not, with the
 streamed deltas assembling to the non-streamed call at temperature 0; forced choices (named,
-required / any); and the 400s for bad tool input.
+required / any: enforced by a grammar, arguments valid for the schema); and the 400s for bad
+tool input.
 
     WEFT_URL=... WEFT_API_KEY=... WEFT_MODEL_ID=... .venv/bin/python tests/server/test_tools.py
 """
@@ -81,8 +82,7 @@ class OpenAITools(unittest.TestCase):
         self.assertEqual((call.type, call.function.name), ("function", "get_weather"))
         self.assertTrue(call.id.startswith("call_"))
         args = json.loads(call.function.arguments)
-        self.assertIsInstance(args, dict)
-        self.assertIn("city", args)
+        self.assertIsInstance(args["city"], str)  # required by the schema, enforced by the grammar
 
         # The same request streamed: the deltas assemble to the same call.
         text, calls, finish = streamed_calls(chat(messages=ASK, tools=[WEATHER, TIME], tool_choice=NAMED, stream=True))
@@ -103,13 +103,16 @@ class OpenAITools(unittest.TestCase):
         text, calls, finish = streamed_calls(streamed)
         self.assertEqual((text, calls, finish), (answer, [], r.choices[0].finish_reason))
 
-    def test_required_starts_a_call(self):
-        # Until the grammar enforces it, `required` opens a call in the prompt; the small model
-        # may run out of tokens inside it (length) but the reply is a call, never text.
-        r = chat(messages=ASK, tools=[WEATHER], tool_choice="required")
-        self.assertIn(r.choices[0].finish_reason, ("tool_calls", "length"))
+    def test_required_is_a_valid_call(self):
+        # Enforced by the grammar: a call of one of the tools, arguments valid for its schema.
+        r = chat(messages=ASK, tools=[WEATHER, TIME], tool_choice="required")
+        self.assertEqual(r.choices[0].finish_reason, "tool_calls")
         self.assertIsNone(r.choices[0].message.content)
-        self.assertGreaterEqual(len(r.choices[0].message.tool_calls), 1)
+        (call,) = r.choices[0].message.tool_calls
+        self.assertIn(call.function.name, ("get_weather", "get_time"))
+        args = json.loads(call.function.arguments)
+        if call.function.name == "get_weather":
+            self.assertIsInstance(args["city"], str)
 
     def test_auto_streams_what_it_returns(self):
         # Whatever the model chooses, streaming and not agree and no call text leaks.
@@ -154,7 +157,7 @@ class AnthropicTools(unittest.TestCase):
         uses = [b for b in m.content if b.type == "tool_use"]
         self.assertEqual(len(uses), 1)
         self.assertEqual(uses[0].name, "get_weather")
-        self.assertIn("city", uses[0].input)
+        self.assertIsInstance(uses[0].input["city"], str)
 
         # Streamed: content_block_start (tool_use) + input_json_delta assemble to the same input.
         with claude().messages.stream(model=MODEL_ID, max_tokens=MAX, tools=self.TOOLS, messages=ASK, extra_body=GREEDY,
@@ -178,12 +181,11 @@ class AnthropicTools(unittest.TestCase):
         self.assertEqual([b.type for b in answer.content], ["text"])
         self.assertTrue(answer.content[0].text.strip())
 
-    def test_any_starts_a_call(self):
-        # Until the grammar enforces it, `any` opens a call in the prompt; the small model may
-        # run out of tokens inside it (max_tokens) but the reply is a tool_use, never text.
+    def test_any_is_a_valid_call(self):
         m = self.create(messages=ASK, tool_choice={"type": "any"})
-        self.assertIn(m.stop_reason, ("tool_use", "max_tokens"))
-        self.assertEqual([b.type for b in m.content], ["tool_use"])
+        self.assertEqual(m.stop_reason, "tool_use")
+        self.assertEqual([(b.type, b.name) for b in m.content], [("tool_use", "get_weather")])
+        self.assertIsInstance(m.content[0].input["city"], str)
 
     def test_bad_tool_input_is_a_400_naming_the_field(self):
         with self.assertRaises(anthropic.BadRequestError) as e:

@@ -109,6 +109,7 @@ pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
         capture_first_logits: 0,
         logprobs: None,
         tools: None,
+        constraint: None,
     }
 }
 

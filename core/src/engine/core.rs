@@ -168,6 +168,8 @@ impl EngineCore {
             decode_graph_build_s: self.executor.timing.graph_build.as_secs_f64(),
             decode_eval_wait_s: self.executor.timing.eval_wait.as_secs_f64(),
             decode_host_s: self.executor.timing.host.as_secs_f64(),
+            decode_mask_compute_s: self.executor.timing.mask_compute.as_secs_f64(),
+            decode_mask_wait_s: self.executor.timing.mask_wait.as_secs_f64(),
             mlx_active_bytes,
             mlx_cache_bytes,
         }

@@ -18,6 +18,7 @@ use mlx_rs::transforms::{async_eval, eval};
 use mlx_rs::{Array, Dtype};
 
 use super::batch::{InFlight, Removed, RunningBatch};
+use super::constrained::{self, PendingMasks};
 use super::faults::Faults;
 use super::prompt_cache::PromptCache;
 use super::row::{Parked, Prefilling, Row};
@@ -40,6 +41,10 @@ pub struct StepTiming {
     pub eval_wait: Duration,
     /// Reading tokens, sampling on the host, detokenizing, stop checks, callbacks, evictions.
     pub host: Duration,
+    /// Constrained rows: computing next-token masks on the worker (all rows), and the part of
+    /// that the step waited for after its forward was submitted (what did not overlap).
+    pub mask_compute: Duration,
+    pub mask_wait: Duration,
 }
 
 pub(super) struct Executor {
@@ -281,11 +286,12 @@ impl Executor {
             maybe_quantize(caches, self.kv.as_ref())?;
             let per_row: Vec<(Array, Array)> = joining
                 .rows
-                .iter()
+                .iter_mut()
                 .enumerate()
                 .map(|(b, r)| {
                     let row_logits = logits.index(b as i32..b as i32 + 1);
-                    let lp = Sampler::logprobs(&r.sampler.process_logits(&row_logits)?)?.as_dtype(Dtype::Float32)?;
+                    let constrained = constrained::masked(r, &row_logits)?;
+                    let lp = Sampler::logprobs(&r.sampler.process_logits(&constrained)?)?.as_dtype(Dtype::Float32)?;
                     Ok((lp, row_logits))
                 })
                 .collect::<Result<_>>()?;
@@ -308,6 +314,9 @@ impl Executor {
         };
         for (b, (token, lp, row_logits)) in chosen.into_iter().enumerate() {
             joining.rows[b].capture_first(&row_logits);
+            if joining.rows[b].error.is_some() {
+                continue; // failed by its constraint
+            }
             self.accept_at(&mut joining, b, token, as_f32_slice(&lp).ok());
         }
         // Rows done after one token leave now; the rest join the running batch.
@@ -338,7 +347,13 @@ impl Executor {
 
     fn try_decode_step(&mut self) -> Result<()> {
         // Rows wanting log-probabilities need their row on the host, as sampled rows do.
-        let pipelined = self.batch.rows.iter().all(|r| r.sampler.params().is_plain_greedy() && r.logprobs.is_none());
+        // Constrained rows too: their masks are applied on the step's logits (see below).
+        let pipelined = self
+            .batch
+            .rows
+            .iter()
+            .all(|r| r.sampler.params().is_plain_greedy() && r.logprobs.is_none() && r.constraint.is_none());
+        let greedy_only = self.batch.rows.iter().all(|r| r.sampler.params().is_plain_greedy() && r.logprobs.is_none());
         if !pipelined {
             self.read_in_flight()?;
             if self.batch.is_empty() {
@@ -353,6 +368,8 @@ impl Executor {
             panic!("injected fault: step-panic at decode step {step}");
         }
         let started = Instant::now();
+        // Constrained rows' masks are computed on a worker while the forward runs.
+        let masks = PendingMasks::start(&mut self.batch.rows);
         let inputs = self.batch.step_inputs()?;
         let caches = self.batch.caches_mut()?;
         let logits = last_position(&self.model.forward(&inputs, caches)?)?;
@@ -371,18 +388,59 @@ impl Executor {
             if let Some(prev) = previous {
                 self.deliver(&prev)?;
             }
+        } else if greedy_only {
+            // Every row greedy without log-probabilities, some constrained: one biased argmax
+            // over the batch, the pipelined path's ops on the same logits (unconstrained rows'
+            // bias is 0, so their tokens are the same), read at once.
+            let submit = Instant::now();
+            async_eval([&logits])?;
+            self.timing.eval_wait += submit.elapsed();
+            let join = Instant::now();
+            self.timing.mask_compute += masks.join(&mut self.batch.rows)?;
+            self.timing.mask_wait += join.elapsed();
+            let build = Instant::now();
+            let width = *logits.shape().last().unwrap_or(&0) as usize;
+            let bias = constrained::batch_bias(&mut self.batch.rows, width, logits.dtype())?;
+            let next = Sampler::argmax(&Sampler::logprobs(&logits.add(&bias)?)?)?;
+            self.timing.graph_build += build.elapsed() + (submit - started);
+            let wait = Instant::now();
+            eval([&next])?;
+            self.timing.eval_wait += wait.elapsed();
+            let host = Instant::now();
+            let tokens = next.try_as_slice::<u32>().map_err(|e| Error::Mlx(format!("reading tokens: {e}")))?.to_vec();
+            let mut batch = std::mem::take(&mut self.batch);
+            for (b, token) in tokens.into_iter().enumerate() {
+                if batch.rows[b].error.is_none() {
+                    self.accept_at(&mut batch, b, token, None);
+                }
+            }
+            self.batch = batch;
+            self.evict_finished()?;
+            self.timing.host += host.elapsed();
         } else {
+            let mut off_build = Duration::ZERO;
+            if masks.is_running() {
+                // Start the forward before waiting for the masks, so the two overlap.
+                let submit = Instant::now();
+                async_eval([&logits])?;
+                off_build += submit.elapsed();
+                self.timing.eval_wait += submit.elapsed();
+            }
+            let join = Instant::now();
+            self.timing.mask_compute += masks.join(&mut self.batch.rows)?;
+            self.timing.mask_wait += join.elapsed();
+            off_build += join.elapsed();
             let lps: Vec<Array> = self
                 .batch
                 .rows
-                .iter()
+                .iter_mut()
                 .enumerate()
                 .map(|(b, r)| {
-                    let row_logits = logits.index(b as i32..b as i32 + 1);
+                    let row_logits = constrained::masked(r, &logits.index(b as i32..b as i32 + 1))?;
                     Sampler::logprobs(&r.sampler.process_logits(&row_logits)?)?.as_dtype(Dtype::Float32).map_err(Error::from)
                 })
                 .collect::<Result<_>>()?;
-            self.timing.graph_build += started.elapsed();
+            self.timing.graph_build += started.elapsed().saturating_sub(off_build);
             let wait = Instant::now();
             eval(&lps)?;
             self.timing.eval_wait += wait.elapsed();
@@ -391,6 +449,9 @@ impl Executor {
             for (b, lp) in lps.iter().enumerate() {
                 let v = as_f32_slice(lp)?;
                 let r = &mut batch.rows[b];
+                if r.error.is_some() {
+                    continue; // failed by its constraint this step
+                }
                 let token = if r.sampler.params().temperature == 0.0 { first_argmax(v) } else { r.sampler.sample_host(v) };
                 self.accept_at(&mut batch, b, token, Some(v));
             }

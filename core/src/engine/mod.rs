@@ -9,6 +9,7 @@
 //! - [`prompt_cache`]: reuse of KV for shared token prefixes.
 
 mod batch;
+mod constrained;
 mod core;
 mod events;
 mod executor;
@@ -33,6 +34,8 @@ use std::thread::JoinHandle;
 use parking_lot::Mutex;
 
 use crate::cache::KvQuantization;
+pub use crate::constrain::Constraint;
+use crate::constrain::RowConstraint;
 use crate::generate::FinishReason;
 use crate::loading::LoadedModel;
 use crate::models::ModelInfo;
@@ -71,6 +74,9 @@ pub struct Request {
     /// Tools the model may call (needs `Input::Messages`): they are rendered into the prompt
     /// and the output is parsed for calls ([`crate::tools`]).
     pub tools: Option<Tools>,
+    /// What the output must match (JSON schema, regex, grammar, choice); `None` = free text.
+    /// Checked at submit: a bad schema or grammar is refused there, naming the field.
+    pub constraint: Option<Constraint>,
 }
 
 impl Request {
@@ -84,6 +90,7 @@ impl Request {
             capture_first_logits: 0,
             logprobs: None,
             tools: None,
+            constraint: None,
         }
     }
 }
@@ -112,6 +119,8 @@ pub enum StopCause {
     Eos { token_id: u32 },
     /// One of the request's stop strings (cut from the output, with everything after it).
     StopString { stop: String },
+    /// The request's constraint is complete: its grammar allows nothing more.
+    Constraint,
 }
 
 /// A request's stream: tokens, then exactly one `Done` or `Error`, on every path (normal end,
@@ -285,6 +294,10 @@ pub struct EngineStats {
     pub decode_graph_build_s: f64,
     pub decode_eval_wait_s: f64,
     pub decode_host_s: f64,
+    /// Cumulative seconds constrained rows' masks took on their worker thread, and how long
+    /// decode steps waited for them after submitting the forward (the part not overlapped).
+    pub decode_mask_compute_s: f64,
+    pub decode_mask_wait_s: f64,
     /// Bytes MLX has allocated now (weights, KV, activations) and holds in its buffer cache.
     pub mlx_active_bytes: u64,
     pub mlx_cache_bytes: u64,
@@ -299,6 +312,8 @@ pub struct Submission {
     pub sink: EventSink,
     /// Set by [`Engine::submit_with_flow`].
     pub flow: Option<RowFlow>,
+    /// The request's constraint, compiled for this model (from `request.constraint`).
+    pub constraint: Option<RowConstraint>,
 }
 
 enum Command {
@@ -520,8 +535,24 @@ pub fn prepare(
             )));
         }
     }
+    // A forced tool choice is enforced with its grammar.
+    if let Some(grammar) = request.tools.as_ref().and_then(|t| t.grammar()) {
+        if let Some(other) = &request.constraint {
+            return Err(Error::InvalidRequest(format!(
+                "tool_choice: a required or named tool call cannot be combined with {}",
+                other.field()
+            )));
+        }
+        request.constraint = Some(grammar);
+    }
+    let constraint = match &request.constraint {
+        Some(c) => Some(crate::constrain::compile(c, tokenizer.ok_or_else(|| {
+            Error::InvalidRequest(format!("{}: constrained output needs a model with a tokenizer", c.field()))
+        })?)?),
+        None => None,
+    };
     let stop_token_ids = if request.ignore_eos { Vec::new() } else { eos_token_ids.to_vec() };
-    Ok(Submission { id, prompt, request, stop_token_ids, sink: EventSink::new(sink), flow: None })
+    Ok(Submission { id, prompt, request, stop_token_ids, sink: EventSink::new(sink), flow: None, constraint })
 }
 
 /// The driver thread: runs the core until shutdown. A panic inside a step fails the rows in

@@ -6,6 +6,7 @@ use mlx_rs::{Array, Dtype};
 
 use super::{Event, EventSink, RequestId, RowFlow, StopCause, Submission, TokenLogprobs, Usage};
 use crate::cache::KvCache;
+use crate::constrain::RowConstraint;
 use crate::generate::{as_f32_slice, FinishReason};
 use crate::sampling::Sampler;
 use crate::stop::{StopMatcher, TextStream};
@@ -67,6 +68,9 @@ pub(super) struct Row {
     pub(super) tool_parser: Option<ToolCallParser>,
     /// Generation ends after this many complete calls ([`crate::tools::Tools::call_limit`]).
     pub(super) tool_call_limit: Option<usize>,
+    /// The request's compiled constraint (`None`: free text). Taken out of the row while its
+    /// next mask is computed ([`super::constrained`]).
+    pub(super) constraint: Option<RowConstraint>,
 }
 
 impl Row {
@@ -86,10 +90,20 @@ impl Row {
         self.generated.push(token);
         self.sampler.observe(&[token]);
         self.next_input = Some(token);
+        let complete = match self.constraint.as_mut() {
+            Some(c) => {
+                c.commit(token)?;
+                c.is_finished()
+            }
+            None => false,
+        };
         let (text, hit_stop) = self.text.push(token)?;
         if let Some(stop) = hit_stop {
             self.finish = Some(FinishReason::Stop);
             self.stop = Some(StopCause::StopString { stop });
+        } else if complete {
+            self.finish = Some(FinishReason::Stop);
+            self.stop = Some(StopCause::Constraint);
         } else if self.generated.len() >= self.max_tokens || context_left == 0 {
             self.finish = Some(FinishReason::Length);
         }
@@ -163,7 +177,7 @@ impl Row {
 impl Row {
     /// The row of an admitted request.
     pub(super) fn new(sub: Submission, tokenizer: Option<&Tokenizer>, projected_kv_bytes: u64) -> Row {
-        let Submission { id, prompt, request, stop_token_ids, sink, flow } = sub;
+        let Submission { id, prompt, request, stop_token_ids, sink, flow, constraint } = sub;
         let tool_parser = request.tools.as_ref().and_then(|t| t.parser());
         let tool_call_limit = request.tools.as_ref().and_then(|t| t.call_limit());
         let mut sampler = Sampler::new(request.sampling.clone());
@@ -188,6 +202,7 @@ impl Row {
             error: None,
             tool_parser,
             tool_call_limit,
+            constraint,
             prompt,
         }
     }

@@ -6,6 +6,7 @@
 //! A template with no tool support gets Weft's fallback: a system prompt listing the tools and
 //! the `<tool_call>` JSON syntax, with calls and results written into the history as text.
 
+mod grammar;
 pub mod parser;
 pub mod prompt;
 
