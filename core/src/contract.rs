@@ -314,15 +314,23 @@ pub fn parse_request(v: &Value, spelling: Spelling) -> Result<Request> {
             return Err(invalid(format!("{} needs {}: true", f.name("top_logprobs"), f.name("logprobs"))));
         }
     };
-    // Tools in OpenAI's shape (docs/tools.md); messages name the fields as the caller spells them.
+    // Tools in OpenAI's shape (docs/tools.md), checked with the caller's field names. The C,
+    // Node and Swift events do not carry tool calls yet, so a request with tools is refused
+    // rather than having its calls withheld silently.
     let parallel = f.bool("parallel_tool_calls")?;
-    req.tools = crate::tools::Tools::parse(f.get("tools"), f.get("tool_choice"), parallel).map_err(|e| {
+    let tools = crate::tools::Tools::parse(f.get("tools"), f.get("tool_choice"), parallel).map_err(|e| {
         let mut message = e.message;
         for key in ["tool_choice", "tools"] {
             message = message.replace(&format!("`{key}"), &format!("`{}", f.name(key)));
         }
         invalid(message)
     })?;
+    if tools.is_some() {
+        return Err(invalid(format!(
+            "{}: tool calls are not delivered through this interface yet (weft serve supports them)",
+            f.name("tools")
+        )));
+    }
     req.constraint = parse_constraint_fields(&f)?;
     Ok(req)
 }
@@ -743,7 +751,7 @@ mod tests {
     }
 
     #[test]
-    fn requests_take_tools_and_tool_history() {
+    fn requests_take_tool_history_and_check_tools() {
         let weather = json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}});
         let r = req(json!({
             "messages": [
@@ -751,14 +759,16 @@ mod tests {
                 {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
                 {"role": "tool", "tool_call_id": "c1", "content": "rain"}
             ],
-            "tools": [weather.clone()],
-            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
         }));
         let Input::Messages(m) = &r.input else { panic!("not messages") };
         assert_eq!(m[1].tool_calls[0].arguments, "{\"city\": \"Oslo\"}");
         assert_eq!(m[2].tool_call_id.as_deref(), Some("c1"));
-        let tools = r.tools.expect("tools");
-        assert_eq!(tools.choice, crate::tools::ToolChoice::Function("get_weather".into()));
+        assert!(r.tools.is_none());
+        // Valid tools are refused until the faces deliver calls.
+        let e = parse_request(&json!({"messages": [{"role": "user", "content": "q"}], "tools": [weather.clone()]}), Snake)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("tools: tool calls are not delivered"), "{e}");
         // Camel spelling for Node and Swift, and messages in it.
         let v = json!({"messages": [{"role": "tool", "toolCallId": "c1", "content": "x"}], "tools": [weather], "toolChoice": "sometimes"});
         let e = parse_request(&v, Spelling::Camel).unwrap_err().to_string();
