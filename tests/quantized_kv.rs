@@ -80,6 +80,8 @@ fn greedy(prompt: Vec<u32>, max_tokens: usize, capture: usize) -> Request {
         ignore_eos: true,
         capture_first_logits: capture,
         logprobs: None,
+        tools: None,
+        constraint: None,
     }
 }
 

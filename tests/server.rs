@@ -172,6 +172,10 @@ fn finish(name: &str, child: Child) {
 }
 
 fn node_test(server: &Server, model_id: &str) -> Child {
+    node_test_file(server, model_id, "clients.test.mjs")
+}
+
+fn node_test_file(server: &Server, model_id: &str, file: &str) -> Child {
     let dir = server_tests_dir().join("node");
     if !dir.join("node_modules").join("openai").exists() {
         let status = Command::new("npm")
@@ -182,7 +186,7 @@ fn node_test(server: &Server, model_id: &str) -> Child {
         assert!(status.success(), "npm ci failed in {}", dir.display());
     }
     Command::new("node")
-        .args(["--test", "--test-reporter=spec", "clients.test.mjs"])
+        .args(["--test", "--test-reporter=spec", file])
         .current_dir(&dir)
         .env("WEFT_URL", &server.url)
         .env("WEFT_API_KEY", API_KEY)
@@ -251,6 +255,21 @@ fn protocol_features_through_the_official_clients() {
     let server = Server::start(&tiny_model(), &["--api-key", API_KEY, "--served-model-name", "tiny"]);
     let env = [("WEFT_API_KEY", API_KEY.to_string()), ("WEFT_MODEL_ID", "tiny".to_string())];
     finish("features (test_features.py)", run_python("test_features.py", &server, &env));
+}
+
+/// Tool calling through the official Python clients and the npm openai client on the default model (Weft's fallback
+/// tool prompt on SmolLM2's plain ChatML template): OpenAI and Anthropic tool loops, streaming
+/// and not, forced choices, and the 400s for bad tool input.
+#[test]
+fn tool_calls_through_the_official_clients() {
+    let Some(model) = default_model() else { return };
+    let server = Server::start(&model, &["--api-key", API_KEY, "--served-model-name", "smol"]);
+    let env = [("WEFT_API_KEY", API_KEY.to_string()), ("WEFT_MODEL_ID", "smol".to_string())];
+    // Both at once: their requests batch together in the engine.
+    let py = run_python("test_tools.py", &server, &env);
+    let node = node_test_file(&server, "smol", "tools.test.mjs");
+    finish("tools (test_tools.py)", py);
+    finish("node openai tools (node/tools.test.mjs)", node);
 }
 
 /// 64 concurrent streams, about 30% of the clients hanging up mid-stream: the server survives,

@@ -141,6 +141,7 @@ fn run_once(engine: &mut Collector, args: &BenchArgs, batch: usize, gen: usize, 
             ignore_eos: true,
             capture_first_logits: 0,
             logprobs: None,
+            tools: None,
             constraint: (i < args.constrained).then(|| bench_constraint(&args.constraint)),
         })?;
     }

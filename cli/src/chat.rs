@@ -38,7 +38,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         Some(prompt) => {
             let loaded = load_model(&args.chat.model)?;
             let mut messages = system_messages(&args.chat);
-            messages.push(ChatMessage { role: "user".into(), content: prompt });
+            messages.push(ChatMessage::new("user", prompt));
             reply(&loaded, &args.chat, &messages)?;
             Ok(())
         }
@@ -72,9 +72,9 @@ pub fn chat(args: ChatArgs) -> Result<()> {
             }
             _ => {}
         }
-        messages.push(ChatMessage { role: "user".into(), content: line.to_string() });
+        messages.push(ChatMessage::new("user", line.to_string()));
         let answer = reply(&loaded, &args, &messages)?;
-        messages.push(ChatMessage { role: "assistant".into(), content: answer });
+        messages.push(ChatMessage::new("assistant", answer));
     }
     Ok(())
 }
@@ -82,7 +82,7 @@ pub fn chat(args: ChatArgs) -> Result<()> {
 fn system_messages(args: &ChatArgs) -> Vec<ChatMessage> {
     args.system
         .iter()
-        .map(|s| ChatMessage { role: "system".into(), content: s.clone() })
+        .map(|s| ChatMessage::new("system", s.clone()))
         .collect()
 }
 

@@ -105,9 +105,9 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     } else {
         let mut messages = Vec::new();
         if let Some(s) = &args.system {
-            messages.push(ChatMessage { role: "system".into(), content: s.clone() });
+            messages.push(ChatMessage::new("system", s.clone()));
         }
-        messages.push(ChatMessage { role: "user".into(), content: text.to_string() });
+        messages.push(ChatMessage::new("user", text.to_string()));
         tok.apply_chat_template(&messages, true)?
     };
     if args.json {
@@ -155,6 +155,7 @@ fn run_rows(args: GenerateArgs, loaded: weft::loading::LoadedModel, opts: Genera
             ignore_eos: args.no_eos,
             capture_first_logits: FIRST_LOGITS,
             logprobs: None,
+            tools: None,
             constraint: None,
         })?;
     }

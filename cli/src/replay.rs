@@ -100,6 +100,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
                 ignore_eos: !ins.eos,
                 capture_first_logits: 0,
                 logprobs: None,
+                tools: None,
                 constraint: None,
             };
             engine.submit(req).map_err(|e| Error::InvalidRequest(format!("row {:?}: {e}", ins.id)))?;

@@ -84,6 +84,9 @@ pub const REQUEST_FIELDS: &[&str] = &[
     "ignore_eos",
     "logprobs",
     "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
     "response_format",
     "json_schema",
     "regex",
@@ -311,6 +314,23 @@ pub fn parse_request(v: &Value, spelling: Spelling) -> Result<Request> {
             return Err(invalid(format!("{} needs {}: true", f.name("top_logprobs"), f.name("logprobs"))));
         }
     };
+    // Tools in OpenAI's shape (docs/tools.md), checked with the caller's field names. The C,
+    // Node and Swift events do not carry tool calls yet, so a request with tools is refused
+    // rather than having its calls withheld silently.
+    let parallel = f.bool("parallel_tool_calls")?;
+    let tools = crate::tools::Tools::parse(f.get("tools"), f.get("tool_choice"), parallel).map_err(|e| {
+        let mut message = e.message;
+        for key in ["tool_choice", "tools"] {
+            message = message.replace(&format!("`{key}"), &format!("`{}", f.name(key)));
+        }
+        invalid(message)
+    })?;
+    if tools.is_some() {
+        return Err(invalid(format!(
+            "{}: tool calls are not delivered through this interface yet (weft serve supports them)",
+            f.name("tools")
+        )));
+    }
     req.constraint = parse_constraint_fields(&f)?;
     Ok(req)
 }
@@ -431,7 +451,8 @@ fn parse_messages(f: &Fields) -> Result<Vec<ChatMessage>> {
     if items.is_empty() {
         return Err(invalid(format!("{name} must not be empty")));
     }
-    let known = ["role".to_string(), "content".to_string()];
+    let keys = ["role", "content", "tool_calls", "tool_call_id", "name"];
+    let known: Vec<String> = keys.iter().map(|k| f.spelling.key(k).into_owned()).collect();
     let mut out = Vec::with_capacity(items.len());
     for (i, m) in items.iter().enumerate() {
         let at = format!("{name}[{i}]");
@@ -439,14 +460,51 @@ fn parse_messages(f: &Fields) -> Result<Vec<ChatMessage>> {
             return Err(invalid(format!("{at} must be an object {{ role, content }}, got {}", show(m))));
         };
         check_keys(&format!("{at}: "), map, &known)?;
-        let field = |key: &str| match map.get(key).filter(|v| !v.is_null()) {
-            Some(Value::String(s)) => Ok(s.clone()),
-            Some(other) => Err(invalid(format!("{at}.{key} must be a string, got {}", show(other)))),
-            None => Err(invalid(format!("{at}.{key} is required (a string)"))),
+        let key = |k: &str| f.spelling.key(k).into_owned();
+        let field = |k: &str| match map.get(&key(k)).filter(|v| !v.is_null()) {
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(other) => Err(invalid(format!("{at}.{} must be a string, got {}", key(k), show(other)))),
+            None => Ok(None),
         };
-        out.push(ChatMessage::new(field("role")?, field("content")?));
+        let role = field("role")?.ok_or_else(|| invalid(format!("{at}.role is required (a string)")))?;
+        let tool_calls = parse_tool_calls(map.get(&key("tool_calls")), &format!("{at}.{}", key("tool_calls")))?;
+        // An assistant turn that only calls tools may have no content (OpenAI sends null).
+        let content = match field("content")? {
+            Some(c) => c,
+            None if !tool_calls.is_empty() => String::new(),
+            None => return Err(invalid(format!("{at}.content is required (a string)"))),
+        };
+        out.push(ChatMessage {
+            tool_calls,
+            tool_call_id: field("tool_call_id")?,
+            name: field("name")?,
+            ..ChatMessage::new(role, content)
+        });
     }
     Ok(out)
+}
+
+/// An assistant turn's calls: `[{"id", "type": "function", "function": {"name", "arguments"}}]`
+/// (arguments a JSON string or object).
+fn parse_tool_calls(v: Option<&Value>, at: &str) -> Result<Vec<crate::tools::ToolCall>> {
+    let Some(v) = v.filter(|v| !v.is_null()) else { return Ok(Vec::new()) };
+    let Value::Array(list) = v else { return Err(invalid(format!("{at} must be an array of tool calls, got {}", show(v)))) };
+    list.iter()
+        .enumerate()
+        .map(|(j, c)| {
+            let bad = |what: &str| invalid(format!("{at}[{j}] {what}, got {}", show(c)));
+            let id = c.get("id").and_then(Value::as_str).ok_or_else(|| bad("needs a string id"))?;
+            let function = c.get("function").ok_or_else(|| bad("needs a function object"))?;
+            let name = function.get("name").and_then(Value::as_str).ok_or_else(|| bad("needs a string function.name"))?;
+            let arguments = match function.get("arguments") {
+                None | Some(Value::Null) => "{}".to_string(),
+                Some(Value::String(s)) => s.clone(),
+                Some(o @ Value::Object(_)) => o.to_string(),
+                Some(_) => return Err(bad("needs function.arguments as a JSON string")),
+            };
+            Ok(crate::tools::ToolCall { id: id.into(), name: name.into(), arguments })
+        })
+        .collect()
 }
 
 fn parse_prompt_ids(f: &Fields) -> Result<Vec<u32>> {
@@ -693,6 +751,31 @@ mod tests {
     }
 
     #[test]
+    fn requests_take_tool_history_and_check_tools() {
+        let weather = json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}});
+        let r = req(json!({
+            "messages": [
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "rain"}
+            ],
+        }));
+        let Input::Messages(m) = &r.input else { panic!("not messages") };
+        assert_eq!(m[1].tool_calls[0].arguments, "{\"city\": \"Oslo\"}");
+        assert_eq!(m[2].tool_call_id.as_deref(), Some("c1"));
+        assert!(r.tools.is_none());
+        // Valid tools are refused until the faces deliver calls.
+        let e = parse_request(&json!({"messages": [{"role": "user", "content": "q"}], "tools": [weather.clone()]}), Snake)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("tools: tool calls are not delivered"), "{e}");
+        // Camel spelling for Node and Swift, and messages in it.
+        let v = json!({"messages": [{"role": "tool", "toolCallId": "c1", "content": "x"}], "tools": [weather], "toolChoice": "sometimes"});
+        let e = parse_request(&v, Spelling::Camel).unwrap_err().to_string();
+        assert!(e.contains("`toolChoice` must be"), "{e}");
+    }
+
+    #[test]
     fn request_errors_name_the_field_and_the_value() {
         let p = |extra: Value| {
             let mut o = json!({"prompt_ids": [1]});
@@ -715,7 +798,7 @@ mod tests {
             (json!({"messages": [3]}), "messages[0] must be an object { role, content }, got 3"),
             (json!({"messages": [{"role": "user"}]}), "messages[0].content is required"),
             (json!({"messages": [{"role": 1, "content": "x"}]}), "messages[0].role must be a string, got 1"),
-            (json!({"messages": [{"role": "u", "content": "x", "name": "n"}]}), "messages[0]: unknown field \"name\""),
+            (json!({"messages": [{"role": "u", "content": "x", "extra": "n"}]}), "messages[0]: unknown field \"extra\""),
             (p(json!({"bogus": 1})), "unknown field \"bogus\"; the fields are: prompt, messages"),
             (p(json!({"temprature": 1})), "unknown field \"temprature\" (did you mean temperature?)"),
             (p(json!({"maxTokens": 1})), "(did you mean max_tokens?)"),

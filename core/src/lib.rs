@@ -23,6 +23,7 @@ pub mod nn;
 pub mod sampling;
 pub mod stop;
 pub mod tokenizer;
+pub mod tools;
 
 pub use error::{Error, ErrorCode, Result};
 

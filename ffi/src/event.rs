@@ -320,7 +320,7 @@ fn deliver(cb: &Callback, id: u64, ev: &Event, bufs: &mut Buffers) {
     };
     let sat = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
     match ev {
-        Event::Token { token_id, text, logprobs } => {
+        Event::Token { token_id, text, logprobs, .. } => {
             e.kind = WEFT_EVENT_TOKEN;
             e.token_id = i32::try_from(*token_id).unwrap_or(i32::MAX);
             (e.text, e.text_len) = nul_terminated(&mut bufs.text, text);

@@ -116,7 +116,7 @@ class Errors(unittest.TestCase):
             {"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
             {"system": 5}, {"system": [{"type": "text"}]}, {"stop_sequences": "x,y".split(",") + [3]},
             {"temperature": "warm"}, {"top_k": -3}, {"stream": 1},
-            {"tools": [{"name": "f", "input_schema": {}}]},
+            {"tools": [{"name": "f"}]}, {"tools": [{"name": "f", "input_schema": {"type": "string"}}]},
         ]
         for patch in cases:
             with self.subTest(patch=patch):

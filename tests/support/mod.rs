@@ -108,6 +108,7 @@ pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
         ignore_eos: true,
         capture_first_logits: 0,
         logprobs: None,
+        tools: None,
         constraint: None,
     }
 }
@@ -141,7 +142,7 @@ impl Outcome {
                 self.tokens.push(*token_id);
                 self.text.push_str(text);
             }
-            Event::Done { finish_reason, usage, first_logits, stop, text } => {
+            Event::Done { finish_reason, usage, first_logits, stop, text, .. } => {
                 self.text.push_str(text);
                 self.finish = Some(*finish_reason);
                 self.stop = stop.clone();

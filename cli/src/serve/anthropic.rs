@@ -1,11 +1,13 @@
 //! The Anthropic Messages protocol: `POST /v1/messages` (streaming event grammar and not) and
 //! `POST /v1/messages/count_tokens`.
 //!
-//! Text content only: the system prompt (a string or text blocks) becomes the first message
-//! with role `system`, then the turns go through the model's chat template. Stream grammar:
-//! `message_start`, `content_block_start`, `ping`, `content_block_delta`*, `content_block_stop`,
-//! `message_delta` (stop reason, usage), `message_stop`; a failure after the headers is an
-//! `error` event.
+//! Text and tool content: the system prompt (a string or text blocks) becomes the first message
+//! with role `system`, then the turns go through the model's chat template; `tool_use` blocks
+//! become the assistant's tool calls and `tool_result` blocks `tool` messages. Stream grammar:
+//! `message_start`, then per content block (text, or `tool_use` with `input_json_delta`s)
+//! `content_block_start`, `content_block_delta`*, `content_block_stop` (a `ping` after the
+//! first start), then `message_delta` (stop reason, usage), `message_stop`; a failure after the
+//! headers is an `error` event.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -17,7 +19,8 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use weft::engine::{Event, Input, Request, StopCause, Usage};
 use weft::generate::FinishReason;
-use weft::tokenizer::ChatMessage;
+use weft::tokenizer::{ChatMessage, ToolCall};
+use weft::tools::{Assembler, ToolChoice, ToolDelta, ToolSpec, Tools};
 
 use super::errors::{json_response, ApiError, ErrorKind, Protocol};
 use super::params::{self, get, opt_bool, opt_count, opt_ranged, Object};
@@ -100,9 +103,109 @@ fn conversation(state: &AppState, body: &Object) -> Result<Vec<ChatMessage>, Api
         };
         let content =
             get(m, "content").ok_or_else(|| ApiError::field(&param, format!("`{param}.content` is required")))?;
-        out.push(ChatMessage::new(role, blocks_text(content, &format!("{param}.content"))?));
+        turn_messages(role, content, &format!("{param}.content"), &mut out)?;
     }
     Ok(out)
+}
+
+/// One turn's content: text, plus `tool_use` blocks (assistant) as tool calls and
+/// `tool_result` blocks (user) as `tool` messages, which come before the turn's text.
+fn turn_messages(role: &str, content: &Value, param: &str, out: &mut Vec<ChatMessage>) -> Result<(), ApiError> {
+    let Value::Array(blocks) = content else {
+        out.push(ChatMessage::new(role, blocks_text(content, param)?));
+        return Ok(());
+    };
+    let mut text_blocks = Vec::new();
+    let mut calls = Vec::new();
+    for (j, b) in blocks.iter().enumerate() {
+        let at = format!("{param}.{j}");
+        let bad = |what: &str| ApiError::field(&at, format!("`{at}` {what}"));
+        match (role, b.get("type").and_then(Value::as_str)) {
+            ("assistant", Some("tool_use")) => {
+                let id = b.get("id").and_then(Value::as_str).ok_or_else(|| bad("(tool_use) needs a string `id`"))?;
+                let name = b.get("name").and_then(Value::as_str).ok_or_else(|| bad("(tool_use) needs a string `name`"))?;
+                let input = b.get("input").filter(|v| v.is_object()).ok_or_else(|| bad("(tool_use) needs an object `input`"))?;
+                calls.push(ToolCall { id: id.into(), name: name.into(), arguments: input.to_string() });
+            }
+            ("user", Some("tool_result")) => {
+                let id = b
+                    .get("tool_use_id")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| bad("(tool_result) needs a string `tool_use_id`"))?;
+                let result = match b.get("content") {
+                    None | Some(Value::Null) => String::new(),
+                    Some(c) => blocks_text(c, &format!("{at}.content"))?,
+                };
+                let is_error = b.get("is_error").and_then(Value::as_bool).unwrap_or(false);
+                let result = if is_error { format!("Error: {result}") } else { result };
+                out.push(ChatMessage { tool_call_id: Some(id.into()), ..ChatMessage::new("tool", result) });
+            }
+            _ => text_blocks.push(b.clone()),
+        }
+    }
+    let text = blocks_text(&Value::Array(text_blocks), param)?;
+    if !text.is_empty() || !calls.is_empty() || out.last().is_none_or(|m| m.role != "tool") {
+        out.push(ChatMessage { tool_calls: calls, ..ChatMessage::new(role, text) });
+    }
+    Ok(())
+}
+
+/// Anthropic `tools` (`[{"name", "description"?, "input_schema"}]`) and `tool_choice`
+/// (`auto` / `any` / `tool` + name / `none`, `disable_parallel_tool_use`).
+fn request_tools(body: &Object) -> Result<Option<Tools>, ApiError> {
+    let specs = match get(body, "tools") {
+        None => Vec::new(),
+        Some(Value::Array(list)) => list
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let param = format!("tools.{i}");
+                let schema = t.get("input_schema").ok_or_else(|| {
+                    ApiError::field(&param, format!("`{param}.input_schema` is required (a JSON Schema object)"))
+                })?;
+                // The OpenAI function shape, which is what templates are given.
+                let mut function = json!({"name": t.get("name").cloned().unwrap_or(Value::Null)});
+                if let Some(d) = t.get("description") {
+                    function["description"] = d.clone();
+                }
+                function["parameters"] = schema.clone();
+                ToolSpec::parse(&json!({"type": "function", "function": function}), &param)
+                    .map_err(|e| ApiError::field(&param, e.message.replace(&format!("{param}.function.parameters"), &format!("{param}.input_schema")).replace(&format!("{param}.function."), &format!("{param}."))))
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        Some(_) => return Err(ApiError::field("tools", "`tools` must be an array")),
+    };
+    let (choice, parallel) = match get(body, "tool_choice") {
+        None => (ToolChoice::Auto, true),
+        Some(c) => {
+            let parallel = !c.get("disable_parallel_tool_use").and_then(Value::as_bool).unwrap_or(false);
+            let choice = match c.get("type").and_then(Value::as_str) {
+                Some("auto") => ToolChoice::Auto,
+                Some("any") => ToolChoice::Required,
+                Some("none") => ToolChoice::None,
+                Some("tool") => match c.get("name").and_then(Value::as_str) {
+                    Some(name) => ToolChoice::Function(name.into()),
+                    None => return Err(ApiError::field("tool_choice", "`tool_choice` of type tool needs a `name`")),
+                },
+                _ => {
+                    return Err(ApiError::field(
+                        "tool_choice",
+                        "`tool_choice.type` must be auto, any, tool or none",
+                    ))
+                }
+            };
+            (choice, parallel)
+        }
+    };
+    Tools::from_parts(specs, choice, parallel).map_err(|e| {
+        ApiError::field(&e.param, e.message.replace("\"required\"", "\"any\""))
+    })
+}
+
+/// A tool call's `input`: its arguments as a JSON object (`{}` when they do not parse, e.g.
+/// cut short by `max_tokens`).
+fn tool_input(arguments: &str) -> Value {
+    serde_json::from_str::<Value>(arguments).ok().filter(Value::is_object).unwrap_or_else(|| json!({}))
 }
 
 async fn messages_inner(
@@ -113,7 +216,7 @@ async fn messages_inner(
     state.check_open()?;
     let body = params::read_body(req, state.limits.body_bytes).await?;
     state.check_model(body.get("model"))?;
-    params::no_tools(&body)?;
+    let tools = request_tools(&body)?;
     let max_tokens =
         opt_count(&body, "max_tokens", 1)?.ok_or_else(|| ApiError::field("max_tokens", "`max_tokens` is required"))?;
     state.limits.check_max_tokens(max_tokens, "max_tokens")?;
@@ -137,15 +240,22 @@ async fn messages_inner(
     request.ignore_eos = opt_bool(&body, "ignore_eos")?.unwrap_or(false);
     let (generation, prompt_len) = state
         .blocking(move |state| {
-            let prompt = state.tokenize_messages(&messages)?;
+            let (prompt, tools) = state.tokenize_chat(&messages, tools)?;
             let len = prompt.len();
-            Ok((state.start(Request { input: Input::Tokens(prompt), ..request }, arrived)?, len))
+            Ok((state.start(Request { input: Input::Tokens(prompt), tools, ..request }, arrived)?, len))
         })
         .await?;
     let id = state.new_id("msg_");
 
     if stream {
-        let encoder = MessageEncoder { state: Arc::clone(state), id, prompt_tokens: prompt_len };
+        let encoder = MessageEncoder {
+            state: Arc::clone(state),
+            id,
+            prompt_tokens: prompt_len,
+            calls: Assembler::default(),
+            block: 0,
+            in_text: true,
+        };
         return Ok((
             StatusCode::OK,
             [(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")],
@@ -154,8 +264,15 @@ async fn messages_inner(
             .into_response());
     }
 
-    let (text, finish_reason, stop, usage) = collect(generation).await?;
-    let (stop_reason, stop_sequence) = stop_reason(finish_reason, stop.as_ref());
+    let (text, finish_reason, stop, usage, calls) = collect(generation).await?;
+    let (stop_reason, stop_sequence) = stop_reason(finish_reason, stop.as_ref(), calls.len());
+    let mut content = Vec::new();
+    if !text.is_empty() || calls.is_empty() {
+        content.push(json!({"type": "text", "text": text}));
+    }
+    for c in &calls {
+        content.push(json!({"type": "tool_use", "id": c.id, "name": c.name, "input": tool_input(&c.arguments)}));
+    }
     Ok(json_response(
         StatusCode::OK,
         &json!({
@@ -163,7 +280,7 @@ async fn messages_inner(
             "type": "message",
             "role": "assistant",
             "model": state.model_id,
-            "content": [{"type": "text", "text": text}],
+            "content": content,
             "stop_reason": stop_reason,
             "stop_sequence": stop_sequence,
             "usage": usage_json(&usage),
@@ -188,15 +305,17 @@ fn engine_error(message: &str) -> ApiError {
     ApiError::new(ErrorKind::Internal, format!("generation failed: {message}"))
 }
 
-async fn collect(mut g: Generation) -> Result<(String, FinishReason, Option<StopCause>, Usage), ApiError> {
+type Collected = (String, FinishReason, Option<StopCause>, Usage, Vec<ToolCall>);
+
+async fn collect(mut g: Generation) -> Result<Collected, ApiError> {
     let mut text = String::new();
     loop {
         match g.next().await {
             Some(Event::Token { text: t, .. }) => text.push_str(&t),
             Some(Event::Done { finish_reason: FinishReason::Cancelled, .. }) => return Err(cancelled_error()),
-            Some(Event::Done { finish_reason, stop, text: tail, usage, .. }) => {
+            Some(Event::Done { finish_reason, stop, text: tail, usage, tool_calls, .. }) => {
                 text.push_str(&tail);
-                return Ok((text, finish_reason, stop, usage));
+                return Ok((text, finish_reason, stop, usage, tool_calls));
             }
             Some(Event::Error { message }) => return Err(engine_error(&message)),
             None => return Err(engine_error("the engine stopped")),
@@ -205,10 +324,11 @@ async fn collect(mut g: Generation) -> Result<(String, FinishReason, Option<Stop
 }
 
 /// Anthropic's `(stop_reason, stop_sequence)` for how the engine finished.
-fn stop_reason(reason: FinishReason, stop: Option<&StopCause>) -> (&'static str, Value) {
+fn stop_reason(reason: FinishReason, stop: Option<&StopCause>, calls: usize) -> (&'static str, Value) {
     match (reason, stop) {
         (FinishReason::Length, _) => ("max_tokens", Value::Null),
-        (_, Some(StopCause::StopString { stop })) => ("stop_sequence", json!(stop)),
+        (_, Some(StopCause::StopString { stop })) if calls == 0 => ("stop_sequence", json!(stop)),
+        _ if calls > 0 => ("tool_use", Value::Null),
         _ => ("end_turn", Value::Null),
     }
 }
@@ -217,14 +337,68 @@ struct MessageEncoder {
     state: Arc<AppState>,
     id: String,
     prompt_tokens: usize,
+    /// The calls streamed so far (to send what the end adds).
+    calls: Assembler,
+    /// The open content block's index, and whether it is text (else a tool_use).
+    block: usize,
+    in_text: bool,
 }
 
-/// A `content_block_delta` with `text` ("" for no text).
-fn text_delta(text: &str) -> String {
-    if text.is_empty() {
-        return String::new();
+impl MessageEncoder {
+    /// A `content_block_delta` with `text` ("" for no text), in a text block (opened if the
+    /// open block is a tool call).
+    fn text_delta(&mut self, text: &str) -> String {
+        if text.is_empty() {
+            return String::new();
+        }
+        let mut out = String::new();
+        if !self.in_text {
+            out += &self.stop_block();
+            self.block += 1;
+            self.in_text = true;
+            out += &sse_event(
+                "content_block_start",
+                &json!({"type": "content_block_start", "index": self.block, "content_block": {"type": "text", "text": ""}}),
+            );
+        }
+        out + &sse_event(
+            "content_block_delta",
+            &json!({"type": "content_block_delta", "index": self.block, "delta": {"type": "text_delta", "text": text}}),
+        )
     }
-    sse_event("content_block_delta", &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}))
+
+    fn stop_block(&self) -> String {
+        sse_event("content_block_stop", &json!({"type": "content_block_stop", "index": self.block}))
+    }
+
+    /// Tool calls as blocks: a call's start closes the open block and opens a `tool_use`
+    /// block; argument fragments are `input_json_delta`s.
+    fn tool_deltas(&mut self, deltas: &[ToolDelta]) -> String {
+        let mut out = String::new();
+        for d in deltas {
+            self.calls.apply(d);
+            match d {
+                ToolDelta::Start { id, name, .. } => {
+                    out += &self.stop_block();
+                    self.block += 1;
+                    self.in_text = false;
+                    out += &sse_event(
+                        "content_block_start",
+                        &json!({"type": "content_block_start", "index": self.block,
+                                "content_block": {"type": "tool_use", "id": id, "name": name, "input": {}}}),
+                    );
+                }
+                ToolDelta::Arguments { fragment, .. } => {
+                    out += &sse_event(
+                        "content_block_delta",
+                        &json!({"type": "content_block_delta", "index": self.block,
+                                "delta": {"type": "input_json_delta", "partial_json": fragment}}),
+                    );
+                }
+            }
+        }
+        out
+    }
 }
 
 fn stream_error(e: &ApiError) -> String {
@@ -253,12 +427,14 @@ impl StreamEncoder for MessageEncoder {
 
     fn event(&mut self, ev: &Event) -> String {
         match ev {
-            Event::Token { text, .. } => text_delta(text),
+            Event::Token { text, tool_calls, .. } => self.text_delta(text) + &self.tool_deltas(tool_calls),
             Event::Done { finish_reason: FinishReason::Cancelled, .. } => stream_error(&cancelled_error()),
-            Event::Done { finish_reason, stop, text, usage, .. } => {
-                let (stop_reason, stop_sequence) = stop_reason(*finish_reason, stop.as_ref());
-                text_delta(text)
-                    + &sse_event("content_block_stop", &json!({"type": "content_block_stop", "index": 0}))
+            Event::Done { finish_reason, stop, text, usage, tool_calls, .. } => {
+                let (stop_reason, stop_sequence) = stop_reason(*finish_reason, stop.as_ref(), tool_calls.len());
+                let catch_up = self.calls.catch_up(tool_calls);
+                self.text_delta(text)
+                    + &self.tool_deltas(&catch_up)
+                    + &self.stop_block()
                     + &sse_event(
                         "message_delta",
                         &json!({

@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 use weft::engine::{Event, Input, Request, TokenLogprobs, Usage};
 use weft::generate::FinishReason;
 use weft::tokenizer::ChatMessage;
+use weft::tools::{Assembler, ToolCall, ToolDelta, Tools};
 
 use super::errors::{json_response, ApiError, ErrorKind, Protocol};
 use super::params::{self, get, opt_bool, opt_count, opt_int, opt_str, Object};
@@ -114,9 +115,76 @@ fn chat_messages(state: &AppState, body: &Object) -> Result<Vec<ChatMessage>, Ap
                 }
             };
             let content = content_text(get(m, "content"), &param)?;
-            Ok(ChatMessage::new(role, content))
+            let mut message = ChatMessage::new(role, content);
+            if role == "assistant" {
+                message.tool_calls = assistant_tool_calls(get(m, "tool_calls"), &param)?;
+            }
+            if role == "tool" {
+                message.tool_call_id = opt_str(m, "tool_call_id")
+                    .map_err(|_| ApiError::field(&format!("{param}.tool_call_id"), format!("`{param}.tool_call_id` must be a string")))?
+                    .map(str::to_string);
+            }
+            message.name = opt_str(m, "name")
+                .map_err(|_| ApiError::field(&format!("{param}.name"), format!("`{param}.name` must be a string")))?
+                .map(str::to_string);
+            Ok(message)
         })
         .collect()
+}
+
+/// An assistant turn's `tool_calls`: `[{"id", "type": "function", "function": {"name",
+/// "arguments": JSON text}}]`.
+fn assistant_tool_calls(v: Option<&Value>, param: &str) -> Result<Vec<ToolCall>, ApiError> {
+    let Some(v) = v else { return Ok(Vec::new()) };
+    let list = v.as_array().ok_or_else(|| ApiError::field(&format!("{param}.tool_calls"), format!("`{param}.tool_calls` must be an array")))?;
+    list.iter()
+        .enumerate()
+        .map(|(j, c)| {
+            let at = format!("{param}.tool_calls[{j}]");
+            let bad = |what: &str| ApiError::field(&at, format!("`{at}` {what}"));
+            let id = c.get("id").and_then(Value::as_str).ok_or_else(|| bad("needs a string `id`"))?;
+            let function = c.get("function").ok_or_else(|| bad("needs a `function` object"))?;
+            let name = function.get("name").and_then(Value::as_str).ok_or_else(|| bad("needs a string `function.name`"))?;
+            let arguments = match function.get("arguments") {
+                None | Some(Value::Null) => "{}".to_string(),
+                Some(Value::String(s)) => s.clone(),
+                // Some clients send the arguments as an object.
+                Some(other @ Value::Object(_)) => other.to_string(),
+                Some(_) => return Err(bad("`function.arguments` must be a JSON string")),
+            };
+            Ok(ToolCall { id: id.to_string(), name: name.to_string(), arguments })
+        })
+        .collect()
+}
+
+/// `tools`, `tool_choice` and `parallel_tool_calls`: `None` when the request offers no tools.
+pub fn request_tools(body: &Object) -> Result<Option<Tools>, ApiError> {
+    let parallel = opt_bool(body, "parallel_tool_calls")?;
+    Tools::parse(get(body, "tools"), get(body, "tool_choice"), parallel).map_err(|e| ApiError::field(&e.param, e.message))
+}
+
+/// The OpenAI `tool_calls` array of a message.
+fn tool_calls_json(calls: &[ToolCall]) -> Value {
+    calls.iter().map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}})).collect()
+}
+
+/// A streamed piece of a call, as OpenAI streams `delta.tool_calls`: the first chunk of a call
+/// has its index, id, type, name and empty arguments; the next ones argument fragments.
+fn tool_delta_json(d: &ToolDelta) -> Value {
+    match d {
+        ToolDelta::Start { index, id, name } => {
+            json!({"index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""}})
+        }
+        ToolDelta::Arguments { index, fragment } => json!({"index": index, "function": {"arguments": fragment}}),
+    }
+}
+
+/// `finish_reason`: a normal stop after calls is `tool_calls`.
+fn chat_finish_str(r: FinishReason, calls: usize) -> &'static str {
+    match r {
+        FinishReason::Stop if calls > 0 => "tool_calls",
+        r => finish_str(r),
+    }
 }
 
 fn content_text(content: Option<&Value>, param: &str) -> Result<String, ApiError> {
@@ -200,29 +268,43 @@ async fn chat_inner(state: &Arc<AppState>, req: axum::extract::Request, arrived:
     let body = params::read_body(req, state.limits.body_bytes).await?;
     state.check_model(body.get("model"))?;
     params::single_choice(&body)?;
-    params::no_tools(&body)?;
     let (stream, include_usage) = stream_flags(&body)?;
     let logprobs = chat_logprobs(&body)?;
     let messages = chat_messages(state, &body)?;
+    let tools = request_tools(&body)?;
     state.check_prompt_bytes(messages.iter().map(|m| m.content.len()).sum())?;
     // Field checks before tokenizing: a bad request costs no tokenizer time.
     let request = engine_request(state, &body, Vec::new(), logprobs)?;
     let constraint = params::constraint_field(&body);
     let generation = state
         .blocking(move |state| {
-            let prompt = state.tokenize_messages(&messages)?;
+            let (prompt, tools) = state.tokenize_chat(&messages, tools)?;
             state
-                .start(Request { input: Input::Tokens(prompt), ..request }, arrived)
+                .start(Request { input: Input::Tokens(prompt), tools, ..request }, arrived)
                 .map_err(|e| params::constraint_error(e, constraint))
         })
         .await?;
     let id = state.new_id("chatcmpl-");
     if stream {
-        let encoder = ChatEncoder { state: Arc::clone(state), id, include_usage, logprobs: logprobs.is_some() };
+        let encoder = ChatEncoder {
+            state: Arc::clone(state),
+            id,
+            include_usage,
+            logprobs: logprobs.is_some(),
+            calls: Assembler::default(),
+        };
         return Ok(sse_response(Body::from_stream(EventStream::new(generation, encoder))));
     }
     let done = collect(generation, state, logprobs.is_some()).await?;
     let logprobs_json = logprobs.map(|_| json!({"content": done.chat_logprobs}));
+    let mut message = json!({"role": "assistant", "content": done.text});
+    if !done.tool_calls.is_empty() {
+        // OpenAI: content is null when the turn is only calls.
+        if done.text.is_empty() {
+            message["content"] = Value::Null;
+        }
+        message["tool_calls"] = tool_calls_json(&done.tool_calls);
+    }
     Ok(json_response(
         StatusCode::OK,
         &json!({
@@ -233,9 +315,9 @@ async fn chat_inner(state: &Arc<AppState>, req: axum::extract::Request, arrived:
             "system_fingerprint": system_fingerprint(),
             "choices": [{
                 "index": 0,
-                "message": {"role": "assistant", "content": done.text},
+                "message": message,
                 "logprobs": logprobs_json,
-                "finish_reason": finish_str(done.finish_reason),
+                "finish_reason": chat_finish_str(done.finish_reason, done.tool_calls.len()),
             }],
             "usage": usage_json(&done.usage),
         }),
@@ -251,6 +333,7 @@ struct Collected {
     chat_logprobs: Vec<Value>,
     /// Completion-format logprobs (token ids and their values) for the legacy endpoint.
     tokens: Vec<(u32, TokenLogprobs)>,
+    tool_calls: Vec<ToolCall>,
 }
 
 async fn collect(mut g: Generation, state: &AppState, logprobs: bool) -> Result<Collected, ApiError> {
@@ -259,7 +342,7 @@ async fn collect(mut g: Generation, state: &AppState, logprobs: bool) -> Result<
     let mut tokens = Vec::new();
     loop {
         match g.next().await {
-            Some(Event::Token { token_id, text: t, logprobs: lp }) => {
+            Some(Event::Token { token_id, text: t, logprobs: lp, .. }) => {
                 text.push_str(&t);
                 if let (true, Some(lp)) = (logprobs, lp) {
                     chat_logprobs.push(chat_logprob_entry(state, token_id, &lp));
@@ -267,9 +350,9 @@ async fn collect(mut g: Generation, state: &AppState, logprobs: bool) -> Result<
                 }
             }
             Some(Event::Done { finish_reason: FinishReason::Cancelled, .. }) => return Err(cancelled_error()),
-            Some(Event::Done { finish_reason, usage, text: tail, .. }) => {
+            Some(Event::Done { finish_reason, usage, text: tail, tool_calls, .. }) => {
                 text.push_str(&tail);
-                return Ok(Collected { text, finish_reason, usage, chat_logprobs, tokens })
+                return Ok(Collected { text, finish_reason, usage, chat_logprobs, tokens, tool_calls });
             }
             Some(Event::Error { message }) => return Err(engine_error(&message)),
             None => return Err(engine_error("the engine stopped")),
@@ -294,6 +377,8 @@ struct ChatEncoder {
     id: String,
     include_usage: bool,
     logprobs: bool,
+    /// The calls streamed so far (to send what the end adds).
+    calls: Assembler,
 }
 
 impl ChatEncoder {
@@ -313,6 +398,18 @@ impl ChatEncoder {
     }
 }
 
+impl ChatEncoder {
+    /// One chunk per call delta (OpenAI sends one tool call piece per chunk).
+    fn tool_chunks(&mut self, deltas: &[ToolDelta]) -> String {
+        let mut out = String::new();
+        for d in deltas {
+            self.calls.apply(d);
+            out += &sse_data(&self.chunk(json!({"tool_calls": [tool_delta_json(d)]}), Value::Null, None));
+        }
+        out
+    }
+}
+
 fn stream_error(e: &ApiError) -> String {
     sse_data(&e.body(Protocol::OpenAi)) + "data: [DONE]\n\n"
 }
@@ -324,20 +421,22 @@ impl StreamEncoder for ChatEncoder {
 
     fn event(&mut self, ev: &Event) -> String {
         match ev {
-            Event::Token { token_id, text, logprobs } => {
+            Event::Token { token_id, text, logprobs, tool_calls } => {
                 let lp = match (self.logprobs, logprobs) {
                     (true, Some(lp)) => Some(json!({"content": [chat_logprob_entry(&self.state, *token_id, lp)]})),
                     _ => None,
                 };
-                if text.is_empty() && lp.is_none() {
-                    return String::new();
+                let mut out = String::new();
+                if !text.is_empty() || lp.is_some() {
+                    out += &sse_data(&self.chunk(json!({"content": text}), lp.unwrap_or(Value::Null), None));
                 }
-                sse_data(&self.chunk(json!({"content": text}), lp.unwrap_or(Value::Null), None))
+                out + &self.tool_chunks(tool_calls)
             }
             Event::Done { finish_reason: FinishReason::Cancelled, .. } => stream_error(&cancelled_error()),
-            Event::Done { finish_reason, usage, text, .. } => {
-                let tail = if text.is_empty() { String::new() } else { sse_data(&self.chunk(json!({"content": text}), Value::Null, None)) };
-                let last = self.chunk(json!({}), Value::Null, Some(finish_str(*finish_reason)));
+            Event::Done { finish_reason, usage, text, tool_calls, .. } => {
+                let mut tail = if text.is_empty() { String::new() } else { sse_data(&self.chunk(json!({"content": text}), Value::Null, None)) };
+                tail += &self.tool_chunks(&self.calls.catch_up(tool_calls));
+                let last = self.chunk(json!({}), Value::Null, Some(chat_finish_str(*finish_reason, tool_calls.len())));
                 tail + &stream_tail(&self.state, &self.id, "chat.completion.chunk", &last, self.include_usage.then_some(usage))
             }
             Event::Error { message } => stream_error(&engine_error(message)),
@@ -536,7 +635,7 @@ impl StreamEncoder for CompletionEncoder {
 
     fn event(&mut self, ev: &Event) -> String {
         match ev {
-            Event::Token { token_id, text, logprobs } => {
+            Event::Token { token_id, text, logprobs, .. } => {
                 let lp = match (self.logprobs, logprobs) {
                     (true, Some(lp)) => {
                         let (v, next) = completion_logprobs_json(&self.state, &[(*token_id, lp.clone())], self.offset);

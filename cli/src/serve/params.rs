@@ -238,15 +238,6 @@ pub fn single_choice(m: &Object) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Tools are not supported: say so instead of silently answering without them.
-pub fn no_tools(m: &Object) -> Result<(), ApiError> {
-    match get(m, "tools") {
-        Some(Value::Array(a)) if a.is_empty() => Ok(()),
-        None => Ok(()),
-        Some(_) => Err(ApiError::field("tools", "tool use is not supported by this server")),
-    }
-}
-
 /// The constraint fields: OpenAI's `response_format` (`text`, `json_object`, `json_schema`) and
 /// the extensions `json_schema`, `regex`, `grammar` (Lark) and `choice`, at most one, by the
 /// request contract's rules. Returns the field it came from too, the `param` of later errors.

@@ -106,6 +106,7 @@ mod tests {
             text: String::new(),
             usage: Usage::default(),
             first_logits: Vec::new(),
+            tool_calls: Vec::new(),
         }
     }
 
@@ -141,7 +142,7 @@ mod tests {
             }
             true
         }));
-        let token = Event::Token { token_id: 1, text: "a".into(), logprobs: None };
+        let token = Event::Token { token_id: 1, text: "a".into(), logprobs: None, tool_calls: Vec::new() };
         assert!(!s.token(&token));
         assert!(!s.token(&token), "a panicked sink is not called again for tokens");
         s.close(done());

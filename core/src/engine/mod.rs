@@ -41,6 +41,7 @@ use crate::loading::LoadedModel;
 use crate::models::ModelInfo;
 use crate::sampling::SamplingParams;
 use crate::tokenizer::{ChatMessage, Tokenizer};
+use crate::tools::{ToolCall, ToolDelta, Tools};
 use crate::{Error, Result};
 
 pub type RequestId = u64;
@@ -70,6 +71,9 @@ pub struct Request {
     /// Report each token's log-probability and this many top alternatives (OpenAI `logprobs`
     /// / `top_logprobs`); `None` = no log-probabilities.
     pub logprobs: Option<usize>,
+    /// Tools the model may call (needs `Input::Messages`): they are rendered into the prompt
+    /// and the output is parsed for calls ([`crate::tools`]).
+    pub tools: Option<Tools>,
     /// What the output must match (JSON schema, regex, grammar, choice); `None` = free text.
     /// Checked at submit: a bad schema or grammar is refused there, naming the field.
     pub constraint: Option<Constraint>,
@@ -85,6 +89,7 @@ impl Request {
             ignore_eos: false,
             capture_first_logits: 0,
             logprobs: None,
+            tools: None,
             constraint: None,
         }
     }
@@ -125,12 +130,22 @@ pub enum StopCause {
 pub enum Event {
     /// One generated token and the text it releases (possibly empty: text that may still turn
     /// out to be part of a stop string, or half a character, is held back). `logprobs` is set
-    /// when the request asked for them.
-    Token { token_id: u32, text: String, logprobs: Option<TokenLogprobs> },
+    /// when the request asked for them. With tools, text that is part of a tool call is not in
+    /// `text`: it arrives as `tool_calls` deltas (a call's start, then argument fragments).
+    Token { token_id: u32, text: String, logprobs: Option<TokenLogprobs>, tool_calls: Vec<ToolDelta> },
     /// The request finished. `text` is the output text still held back when it ended (empty
     /// when cancelled or cut by a stop string); the full output is the concatenation of every
-    /// `Token`'s text and this. `stop` says which stop ended a `Stop` finish.
-    Done { finish_reason: FinishReason, stop: Option<StopCause>, text: String, usage: Usage, first_logits: Vec<f32> },
+    /// `Token`'s text and this. `stop` says which stop ended a `Stop` finish. `tool_calls`:
+    /// every call the output made, complete (what the deltas assemble to, plus anything the
+    /// end released); a `Stop` finish with calls is OpenAI's `tool_calls` finish.
+    Done {
+        finish_reason: FinishReason,
+        stop: Option<StopCause>,
+        text: String,
+        usage: Usage,
+        first_logits: Vec<f32>,
+        tool_calls: Vec<ToolCall>,
+    },
     Error { message: String },
 }
 
@@ -481,10 +496,29 @@ pub fn prepare(
     let need_tokenizer = || {
         tokenizer.ok_or_else(|| Error::InvalidRequest("this model has no tokenizer; send token ids".into()))
     };
-    let prompt = match &request.input {
-        Input::Tokens(ids) => ids.clone(),
-        Input::Prompt(text) => need_tokenizer()?.encode(text, true)?,
-        Input::Messages(messages) => need_tokenizer()?.apply_chat_template(messages, true)?,
+    let mut request = request;
+    let prompt = match (&request.input, &mut request.tools) {
+        (Input::Messages(messages), tools) => {
+            crate::tools::check_history(messages)?;
+            let tokenizer = need_tokenizer()?;
+            match tools {
+                None => tokenizer.apply_chat_template(messages, true)?,
+                Some(tools) => {
+                    let template = tokenizer.chat_template().ok_or_else(|| {
+                        crate::tools::ToolsError::new("tools", "tools need a model with a chat template; this model has none")
+                    })?;
+                    let text = crate::tools::render_with_tools(template, messages, tools)?;
+                    tokenizer.encode(&text, false)?
+                }
+            }
+        }
+        // A caller that rendered the prompt itself (the server) has set the call syntax.
+        (Input::Tokens(ids), Some(tools)) if tools.format.is_some() => ids.clone(),
+        (_, Some(_)) => {
+            return Err(Error::InvalidRequest("tools need a conversation (messages), not a raw prompt or token ids".into()))
+        }
+        (Input::Tokens(ids), None) => ids.clone(),
+        (Input::Prompt(text), None) => need_tokenizer()?.encode(text, true)?,
     };
     if request.logprobs.is_some_and(|k| k > 20) {
         return Err(Error::InvalidRequest("top logprobs must be at most 20".into()));
@@ -507,6 +541,16 @@ pub fn prepare(
                 request.max_tokens
             )));
         }
+    }
+    // A forced tool choice is enforced with its grammar.
+    if let Some(grammar) = request.tools.as_ref().and_then(|t| t.grammar()) {
+        if let Some(other) = &request.constraint {
+            return Err(Error::InvalidRequest(format!(
+                "tool_choice: a required or named tool call cannot be combined with {}",
+                other.field()
+            )));
+        }
+        request.constraint = Some(grammar);
     }
     let constraint = match &request.constraint {
         Some(c) => Some(crate::constrain::compile(c, tokenizer.ok_or_else(|| {

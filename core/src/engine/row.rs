@@ -11,6 +11,7 @@ use crate::generate::{as_f32_slice, FinishReason};
 use crate::sampling::Sampler;
 use crate::stop::{StopMatcher, TextStream};
 use crate::tokenizer::Tokenizer;
+use crate::tools::ToolCallParser;
 use crate::Result;
 
 /// The chosen token's log-probability and the `k` best alternatives (first index on ties).
@@ -63,6 +64,10 @@ pub(super) struct Row {
     pub(super) stop: Option<StopCause>,
     /// Set when the row failed (reported instead of `Done`).
     pub(super) error: Option<String>,
+    /// Finds tool calls in the streamed text (requests with tools).
+    pub(super) tool_parser: Option<ToolCallParser>,
+    /// Generation ends after this many complete calls ([`crate::tools::Tools::call_limit`]).
+    pub(super) tool_call_limit: Option<usize>,
     /// The request's compiled constraint (`None`: free text). Taken out of the row while its
     /// next mask is computed ([`super::constrained`]).
     pub(super) constraint: Option<RowConstraint>,
@@ -103,7 +108,17 @@ impl Row {
             self.finish = Some(FinishReason::Length);
         }
         let logprobs = self.logprobs_for(token, logprobs);
-        if !self.sink.token(&Event::Token { token_id: token, text, logprobs }) {
+        let (text, tool_calls) = match &mut self.tool_parser {
+            Some(parser) => {
+                let parsed = parser.push(&text);
+                if self.finish.is_none() && self.tool_call_limit.is_some_and(|n| parser.completed_calls() >= n) {
+                    self.finish = Some(FinishReason::Stop);
+                }
+                (parsed.text, parsed.deltas)
+            }
+            None => (text, Vec::new()),
+        };
+        if !self.sink.token(&Event::Token { token_id: token, text, logprobs, tool_calls }) {
             self.finish = Some(FinishReason::Cancelled);
             self.stop = None;
         }
@@ -117,9 +132,18 @@ impl Row {
             (FinishReason::Cancelled, _) | (_, Some(StopCause::StopString { .. })) => Ok(String::new()),
             _ => self.text.finish(),
         };
-        let text = match text {
+        let mut text = match text {
             Ok(text) => text,
             Err(e) => return self.fail(format!("decoding the final text failed: {e}")),
+        };
+        // The parser's own tail; deltas it releases here are in `tool_calls` (complete calls).
+        let tool_calls = match &mut self.tool_parser {
+            Some(parser) if reason != FinishReason::Cancelled => {
+                text = parser.push(&text).text;
+                text.push_str(&parser.finish().text);
+                parser.calls().to_vec()
+            }
+            _ => Vec::new(),
         };
         let usage = Usage {
             prompt_tokens: self.prompt.len(),
@@ -128,7 +152,7 @@ impl Row {
         };
         let first_logits = std::mem::take(&mut self.first_logits);
         let stop = if reason == FinishReason::Stop { self.stop.take() } else { None };
-        self.sink.close(Event::Done { finish_reason: reason, stop, text, usage, first_logits });
+        self.sink.close(Event::Done { finish_reason: reason, stop, text, usage, first_logits, tool_calls });
     }
 
     /// Sends the final event this row has earned: its error if it failed, else `Done`.
@@ -154,6 +178,8 @@ impl Row {
     /// The row of an admitted request.
     pub(super) fn new(sub: Submission, tokenizer: Option<&Tokenizer>, projected_kv_bytes: u64) -> Row {
         let Submission { id, prompt, request, stop_token_ids, sink, flow, constraint } = sub;
+        let tool_parser = request.tools.as_ref().and_then(|t| t.parser());
+        let tool_call_limit = request.tools.as_ref().and_then(|t| t.call_limit());
         let mut sampler = Sampler::new(request.sampling.clone());
         sampler.observe(&prompt);
         Row {
@@ -174,6 +200,8 @@ impl Row {
             finish: None,
             stop: None,
             error: None,
+            tool_parser,
+            tool_call_limit,
             constraint,
             prompt,
         }

@@ -1,8 +1,9 @@
 //! Chat templates rendered the way Hugging Face transformers renders them (`apply_chat_template`):
 //! Jinja with `trim_blocks` and `lstrip_blocks`, loop controls, Python string methods, a
 //! `tojson` that prints what Python's `json.dumps` prints, `raise_exception` and `strftime_now`,
-//! and the variables `messages`, `add_generation_prompt`, `bos_token`, `eos_token`, `tools` and
-//! `documents` (both none).
+//! and the variables `messages`, `add_generation_prompt`, `bos_token`, `eos_token`, `tools`
+//! (none unless given) and `documents` (none). Messages carry assistant `tool_calls` and the
+//! `tool_call_id` / `name` of tool results the way transformers' callers pass them.
 
 use std::fmt::Write as _;
 
@@ -18,13 +19,55 @@ const TEMPLATE_NAME: &str = "chat_template";
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
     pub role: String,
+    #[serde(default)]
     pub content: String,
+    /// The calls an assistant turn made.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// The call a `tool` turn answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// The function a `tool` turn comes from (some templates print it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        Self { role: role.into(), content: content.into() }
+        Self { role: role.into(), content: content.into(), tool_calls: Vec::new(), tool_call_id: None, name: None }
     }
+
+    /// The message as templates see it: tool calls in OpenAI's shape (`{"id", "type":
+    /// "function", "function": {"name", "arguments"}}`) with the arguments as a JSON object
+    /// when they parse (what transformers' templates expect), else as the string.
+    fn template_value(&self) -> serde_json::Value {
+        use serde_json::{json, Map, Value};
+        let mut m = Map::new();
+        m.insert("role".into(), Value::from(self.role.as_str()));
+        m.insert("content".into(), Value::from(self.content.as_str()));
+        if !self.tool_calls.is_empty() {
+            let calls = self.tool_calls.iter().map(|c| {
+                let arguments = serde_json::from_str::<Value>(&c.arguments).unwrap_or_else(|_| Value::from(c.arguments.as_str()));
+                json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": arguments}})
+            });
+            m.insert("tool_calls".into(), Value::Array(calls.collect()));
+        }
+        if let Some(id) = &self.tool_call_id {
+            m.insert("tool_call_id".into(), Value::from(id.as_str()));
+        }
+        if let Some(name) = &self.name {
+            m.insert("name".into(), Value::from(name.as_str()));
+        }
+        Value::Object(m)
+    }
+}
+
+/// A call the model made. `arguments` is JSON text, as OpenAI sends it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    pub arguments: String,
 }
 
 /// A compiled chat template plus the special-token strings it may reference.
@@ -67,10 +110,22 @@ impl ChatTemplate {
     }
 
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        self.render_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// [`ChatTemplate::render`] with `tools` (JSON values as transformers' callers pass them:
+    /// `{"type": "function", "function": {...}}`); `None` leaves the variable none.
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let messages: Vec<serde_json::Value> = messages.iter().map(ChatMessage::template_value).collect();
         let mut context = vec![
-            ("messages", Value::from_serialize(messages)),
+            ("messages", Value::from_serialize(&messages)),
             ("add_generation_prompt", Value::from(add_generation_prompt)),
-            ("tools", Value::from(())),
+            ("tools", tools.map_or(Value::from(()), Value::from_serialize)),
             ("documents", Value::from(())),
         ];
         // transformers passes only the special tokens the tokenizer has, so a missing one stays

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use serde_json::Value as Json;
 use tokenizers::processors::template::TemplateProcessing;
 
-pub use chat_template::{ChatMessage, ChatTemplate};
+pub use chat_template::{ChatMessage, ChatTemplate, ToolCall};
 pub use detokenizer::StreamDecoder;
 
 use crate::gguf::GgufHeader;

@@ -309,7 +309,7 @@ const NO_TOKEN: u32 = u32::MAX;
 /// The engine's sink: runs on the engine thread and never blocks on Swift.
 fn deliver(sink: &SendSink, flag: &RowFlag, ev: &Event) -> bool {
     match ev {
-        Event::Token { token_id, text, logprobs } => {
+        Event::Token { token_id, text, logprobs, .. } => {
             let logprob = match logprobs {
                 Some(lp) => {
                     for &(t, l) in &lp.top {

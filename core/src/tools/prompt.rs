@@ -1,0 +1,263 @@
+//! Showing tools to the model: the model's own chat template when it renders `tools`, else
+//! Weft's fallback (Hermes-style), which works with any template that takes system, user and
+//! assistant turns.
+
+use serde_json::Value;
+
+use super::{ToolChoice, Tools, ToolsError};
+use crate::tokenizer::{ChatMessage, ChatTemplate};
+
+/// The call syntax a model family writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolFormat {
+    /// `<tool_call>{"name", "arguments"}</tool_call>` (Hermes, Qwen 2.5 / 3, Weft's fallback).
+    Hermes,
+    /// `{"name", "parameters"}` or `<|python_tag|>` (Llama 3.1 / 3.2 / 3.3).
+    Llama3Json,
+    /// `[TOOL_CALLS][{"name", "arguments"}]` (Mistral).
+    Mistral,
+}
+
+/// How a template takes tools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TemplateTools {
+    /// It renders `tools` and calls itself, in this syntax.
+    Native(ToolFormat),
+    /// It ignores tools: Weft's fallback prompt is used.
+    Fallback,
+    /// It renders tools in a syntax Weft does not parse.
+    Unknown,
+}
+
+impl TemplateTools {
+    pub fn detect(source: &str) -> TemplateTools {
+        if !source.contains("tools") && !source.contains("tool_calls") {
+            return TemplateTools::Fallback;
+        }
+        if source.contains("<tool_call>") {
+            TemplateTools::Native(ToolFormat::Hermes)
+        } else if source.contains("[TOOL_CALLS]") {
+            TemplateTools::Native(ToolFormat::Mistral)
+        } else if source.contains("<|python_tag|>") || source.contains("<|start_header_id|>") {
+            TemplateTools::Native(ToolFormat::Llama3Json)
+        } else {
+            TemplateTools::Unknown
+        }
+    }
+}
+
+/// Every `tool` message answers a call made earlier in the conversation.
+pub fn check_history(messages: &[ChatMessage]) -> Result<(), ToolsError> {
+    let mut ids = std::collections::HashSet::new();
+    for (i, m) in messages.iter().enumerate() {
+        for call in &m.tool_calls {
+            ids.insert(call.id.as_str());
+        }
+        if m.role == "tool" {
+            let param = format!("messages[{i}].tool_call_id");
+            match &m.tool_call_id {
+                None => return Err(ToolsError::new(param, format!("`messages[{i}]` (role tool) needs a `tool_call_id`"))),
+                Some(id) if !ids.contains(id.as_str()) => {
+                    return Err(ToolsError::new(
+                        param,
+                        format!("`messages[{i}].tool_call_id` {id:?} does not match any earlier assistant tool call"),
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Renders `messages` with `tools` (generation prompt added, then the opening of a forced
+/// call) and records in `tools` the call syntax to parse and that opening. A template that
+/// renders tools gets them as transformers passes them; otherwise the fallback rewrites the
+/// conversation (tools in the system prompt, calls and results as text).
+pub fn render_with_tools(template: &ChatTemplate, messages: &[ChatMessage], tools: &mut Tools) -> crate::Result<String> {
+    let raw: Vec<Value> = tools.specs.iter().map(|s| s.raw.clone()).collect();
+    let (mut text, format) = match TemplateTools::detect(template.source()) {
+        TemplateTools::Native(format) => (template.render_with_tools(messages, Some(&raw), true)?, format),
+        TemplateTools::Fallback => (template.render(&fallback_messages(messages, &raw), true)?, ToolFormat::Hermes),
+        TemplateTools::Unknown => return Err(unknown_syntax().into()),
+    };
+    tools.format = Some(format);
+    tools.opening = forced_opening(&tools.choice, format);
+    text.push_str(&tools.opening);
+    Ok(text)
+}
+
+/// The opening the prompt writes for a forced call, so that the model continues a call of the
+/// right shape (the grammar engine, when the request has one, makes it a valid call).
+pub fn forced_opening(choice: &ToolChoice, format: ToolFormat) -> String {
+    let (start, arguments) = match format {
+        ToolFormat::Hermes => ("<tool_call>\n{\"name\": ", "arguments"),
+        ToolFormat::Llama3Json => ("{\"name\": ", "parameters"),
+        ToolFormat::Mistral => ("[TOOL_CALLS][{\"name\": ", "arguments"),
+    };
+    match choice {
+        ToolChoice::Auto | ToolChoice::None => String::new(),
+        ToolChoice::Required => format!("{start}\""),
+        ToolChoice::Function(name) => {
+            format!("{start}{}, \"{arguments}\": ", serde_json::to_string(name).unwrap_or_default())
+        }
+    }
+}
+
+/// The error for a template whose tool syntax Weft does not parse (`param` tools).
+pub fn unknown_syntax() -> ToolsError {
+    ToolsError::new(
+            "tools",
+            "this model's chat template renders tools in a call syntax Weft cannot parse (known: <tool_call>, \
+             Llama 3 JSON, [TOOL_CALLS])",
+    )
+}
+
+/// The fallback's system prompt: the tools as JSON signatures and the call syntax, with an
+/// example call of the first tool (small models follow an example better than a description).
+pub fn fallback_system_prompt(tools: &[Value]) -> String {
+    let mut prompt = String::from(
+        "You can call functions. Each function is described by a JSON signature inside <tools></tools>:\n<tools>",
+    );
+    for tool in tools {
+        prompt.push('\n');
+        prompt.push_str(&python_json(tool.get("function").unwrap_or(tool)));
+    }
+    prompt.push_str(
+        "\n</tools>\n\nTo call a function, reply with a JSON object holding its name and its arguments \
+         inside <tool_call></tool_call>, for example:\n",
+    );
+    if let Some(first) = tools.first().and_then(|t| t.get("function")) {
+        prompt.push_str(&format!(
+            "<tool_call>\n{{\"name\": {}, \"arguments\": {}}}\n</tool_call>\n",
+            python_json(&first["name"]),
+            python_json(&example_arguments(&first["parameters"]))
+        ));
+    }
+    prompt.push_str("Results come back inside <tool_response></tool_response>.");
+    prompt
+}
+
+/// JSON with Python's `json.dumps` spacing (`{"a": 1, "b": 2}`), as templates print tools.
+fn python_json(v: &Value) -> String {
+    match v {
+        Value::Object(m) => {
+            let items: Vec<String> = m.iter().map(|(k, v)| format!("{}: {}", Value::from(k.as_str()), python_json(v))).collect();
+            format!("{{{}}}", items.join(", "))
+        }
+        Value::Array(a) => format!("[{}]", a.iter().map(python_json).collect::<Vec<_>>().join(", ")),
+        other => other.to_string(),
+    }
+}
+
+/// Placeholder arguments for an example call: each property with a value of its type.
+fn example_arguments(schema: &Value) -> Value {
+    let mut out = serde_json::Map::new();
+    if let Some(props) = schema.get("properties").and_then(Value::as_object) {
+        for (name, p) in props {
+            let value = match p.get("enum").and_then(Value::as_array).and_then(|e| e.first()) {
+                Some(first) => first.clone(),
+                None => match p.get("type").and_then(Value::as_str) {
+                    Some("integer") | Some("number") => Value::from(1),
+                    Some("boolean") => Value::from(true),
+                    Some("array") => Value::Array(Vec::new()),
+                    Some("object") => Value::Object(Default::default()),
+                    _ => Value::from(format!("<{name}>")),
+                },
+            };
+            out.insert(name.clone(), value);
+        }
+    }
+    Value::Object(out)
+}
+
+/// The conversation as a template without tool support sees it under the fallback.
+pub fn fallback_messages(messages: &[ChatMessage], tools: &[Value]) -> Vec<ChatMessage> {
+    let system = fallback_system_prompt(tools);
+    let mut out: Vec<ChatMessage> = Vec::with_capacity(messages.len() + 1);
+    match messages.first() {
+        Some(first) if first.role == "system" => {
+            out.push(ChatMessage::new("system", format!("{}\n\n{system}", first.content)));
+        }
+        _ => out.push(ChatMessage::new("system", system)),
+    }
+    let skip = usize::from(messages.first().is_some_and(|m| m.role == "system"));
+    for m in &messages[skip..] {
+        if m.role == "tool" {
+            let response = format!("<tool_response>\n{}\n</tool_response>", m.content);
+            match out.last_mut() {
+                // Consecutive results share one user turn.
+                Some(last) if last.role == "user" && last.content.ends_with("</tool_response>") => {
+                    last.content.push('\n');
+                    last.content.push_str(&response);
+                }
+                _ => out.push(ChatMessage::new("user", response)),
+            }
+        } else if !m.tool_calls.is_empty() {
+            let mut content = m.content.clone();
+            for call in &m.tool_calls {
+                if !content.is_empty() {
+                    content.push('\n');
+                }
+                let name = serde_json::to_string(&call.name).unwrap_or_default();
+                content.push_str(&format!("<tool_call>\n{{\"name\": {name}, \"arguments\": {}}}\n</tool_call>", call.arguments));
+            }
+            out.push(ChatMessage::new(m.role.clone(), content));
+        } else {
+            out.push(ChatMessage::new(m.role.clone(), m.content.clone()));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tools::ToolCall;
+
+    #[test]
+    fn detects_the_families() {
+        assert_eq!(TemplateTools::detect("{{ messages }}"), TemplateTools::Fallback);
+        assert_eq!(TemplateTools::detect("{% if tools %}<tool_call>{% endif %}"), TemplateTools::Native(ToolFormat::Hermes));
+        assert_eq!(TemplateTools::detect("{% if tools %}[TOOL_CALLS]{% endif %}"), TemplateTools::Native(ToolFormat::Mistral));
+        assert_eq!(
+            TemplateTools::detect("{% if tools %}<|start_header_id|>ipython{% endif %}"),
+            TemplateTools::Native(ToolFormat::Llama3Json)
+        );
+        assert_eq!(TemplateTools::detect("{% if tools %}<function>{% endif %}"), TemplateTools::Unknown);
+    }
+
+    #[test]
+    fn history_needs_matching_ids() {
+        let call = ToolCall { id: "call_1".into(), name: "f".into(), arguments: "{}".into() };
+        let assistant = ChatMessage { tool_calls: vec![call], ..ChatMessage::new("assistant", "") };
+        let answer = ChatMessage { tool_call_id: Some("call_1".into()), ..ChatMessage::new("tool", "42") };
+        assert!(check_history(&[ChatMessage::new("user", "q"), assistant.clone(), answer.clone()]).is_ok());
+        let stray = ChatMessage { tool_call_id: Some("call_2".into()), ..ChatMessage::new("tool", "42") };
+        let e = check_history(&[assistant, stray]).unwrap_err();
+        assert_eq!(e.param, "messages[1].tool_call_id");
+        assert!(e.message.contains("call_2"));
+        let e = check_history(&[ChatMessage::new("tool", "42")]).unwrap_err();
+        assert!(e.message.contains("needs a `tool_call_id`"));
+    }
+
+    #[test]
+    fn fallback_writes_calls_and_results_as_text() {
+        let call = |id: &str| ToolCall { id: id.into(), name: "f".into(), arguments: "{\"a\": 1}".into() };
+        let messages = vec![
+            ChatMessage::new("user", "q"),
+            ChatMessage { tool_calls: vec![call("1"), call("2")], ..ChatMessage::new("assistant", "") },
+            ChatMessage { tool_call_id: Some("1".into()), ..ChatMessage::new("tool", "r1") },
+            ChatMessage { tool_call_id: Some("2".into()), ..ChatMessage::new("tool", "r2") },
+        ];
+        let out = fallback_messages(&messages, &[serde_json::json!({"type": "function"})]);
+        assert_eq!(out.len(), 4);
+        assert!(out[0].content.contains("<tools>\n{\"type\": \"function\"}\n</tools>"), "{}", out[0].content);
+        assert_eq!(
+            out[2].content,
+            "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>"
+        );
+        assert_eq!((out[3].role.as_str(), out[3].content.as_str()), ("user", "<tool_response>\nr1\n</tool_response>\n<tool_response>\nr2\n</tool_response>"));
+    }
+}

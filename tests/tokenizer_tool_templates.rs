@@ -1,0 +1,101 @@
+//! Chat templates with tools, tool calls and tool results, against transformers' renderer on
+//! real templates (goldens/tool_templates.json, made by goldens/make_tool_template_goldens.py),
+//! and Weft's fallback for templates without tool support.
+
+use serde_json::Value;
+use weft::tokenizer::{ChatMessage, ChatTemplate, ToolCall};
+use weft::tools::{render_with_tools, TemplateTools, ToolFormat, Tools};
+
+fn goldens() -> Value {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../goldens/tool_templates.json");
+    serde_json::from_str(&std::fs::read_to_string(path).expect("goldens/tool_templates.json")).expect("json")
+}
+
+/// A golden conversation (OpenAI shape) as Weft messages: call arguments become JSON text.
+fn messages(v: &Value) -> Vec<ChatMessage> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|m| ChatMessage {
+            tool_calls: m["tool_calls"]
+                .as_array()
+                .map(|calls| {
+                    calls
+                        .iter()
+                        .map(|c| ToolCall {
+                            id: c["id"].as_str().unwrap().into(),
+                            name: c["function"]["name"].as_str().unwrap().into(),
+                            arguments: serde_json::to_string(&c["function"]["arguments"]).unwrap(),
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+            tool_call_id: m["tool_call_id"].as_str().map(Into::into),
+            name: m["name"].as_str().map(Into::into),
+            ..ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap())
+        })
+        .collect()
+}
+
+fn template(goldens: &Value, name: &str) -> ChatTemplate {
+    ChatTemplate::new(goldens["templates"][name]["source"].as_str().unwrap(), Some("<s>".into()), Some("</s>".into()))
+        .unwrap()
+}
+
+#[test]
+fn tool_templates_match_transformers() {
+    let g = goldens();
+    let cases = g["cases"].as_array().unwrap();
+    assert!(cases.len() >= 15);
+    for case in cases {
+        let t = template(&g, case["template"].as_str().unwrap());
+        let tools: Option<Vec<Value>> = case["tools"].as_array().cloned();
+        let rendered = t.render_with_tools(&messages(&case["messages"]), tools.as_deref(), true).unwrap();
+        assert_eq!(rendered, case["text"].as_str().unwrap(), "{} / {}", case["template"], case["title"]);
+    }
+}
+
+#[test]
+fn families_are_detected_from_the_real_templates() {
+    let g = goldens();
+    let detect = |name: &str| TemplateTools::detect(g["templates"][name]["source"].as_str().unwrap());
+    assert_eq!(detect("qwen3"), TemplateTools::Native(ToolFormat::Hermes));
+    assert_eq!(detect("smollm2"), TemplateTools::Fallback);
+    assert_eq!(detect("llama3"), TemplateTools::Fallback);
+}
+
+#[test]
+fn native_templates_get_tools_as_transformers_passes_them() {
+    let g = goldens();
+    let case = g["cases"].as_array().unwrap().iter().find(|c| c["template"] == "qwen3" && c["title"] == "a call, its result, the answer").unwrap();
+    let mut tools = Tools::parse(Some(&case["tools"]), None, None).unwrap().unwrap();
+    let text = render_with_tools(&template(&g, "qwen3"), &messages(&case["messages"]), &mut tools).unwrap();
+    assert_eq!(tools.format, Some(ToolFormat::Hermes));
+    assert_eq!(text, case["text"].as_str().unwrap());
+    // A named choice ends the prompt with the opening of that call.
+    let named = serde_json::json!({"type": "function", "function": {"name": "get_weather"}});
+    let mut tools = Tools::parse(Some(&case["tools"]), Some(&named), None).unwrap().unwrap();
+    let text = render_with_tools(&template(&g, "qwen3"), &messages(&case["messages"]), &mut tools).unwrap();
+    let opening = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ";
+    assert_eq!(text, format!("{}{opening}", case["text"].as_str().unwrap()));
+    assert_eq!(tools.opening, opening);
+}
+
+#[test]
+fn fallback_shows_tools_calls_and_results_to_plain_chatml() {
+    let g = goldens();
+    let case = g["cases"].as_array().unwrap().iter().find(|c| c["template"] == "smollm2" && c["title"] == "parallel calls with text, two results").unwrap();
+    // transformers' SmolLM2 template ignores tools and calls entirely ...
+    assert!(!case["text"].as_str().unwrap().contains("get_weather"));
+    // ... so Weft's fallback writes them in.
+    let mut tools = Tools::parse(Some(&case["tools"]), None, None).unwrap().unwrap();
+    let text = render_with_tools(&template(&g, "smollm2"), &messages(&case["messages"]), &mut tools).unwrap();
+    assert_eq!(tools.format, Some(ToolFormat::Hermes));
+    assert!(text.starts_with("<|im_start|>system\nYou can call functions."), "{text}");
+    assert!(text.contains("<tools>\n{\"name\": \"get_weather\", \"description\": \"Current weather in a city\""), "{text}");
+    assert!(text.contains("for example:\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"<city>\", \"unit\": \"celsius\"}}\n</tool_call>"), "{text}");
+    assert!(text.contains("<|im_start|>assistant\nChecking both.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Oslo\"}}\n</tool_call>\n<tool_call>"), "{text}");
+    assert!(text.contains("<|im_start|>user\n<tool_response>\nrain\n</tool_response>\n<tool_response>\n09:00\n</tool_response><|im_end|>\n<|im_start|>assistant\n"), "{text}");
+    // SmolLM2's default system prompt is replaced, not doubled.
+    assert!(!text.contains("SmolLM"), "{text}");
+}
