@@ -138,16 +138,6 @@ fn mode_parses_and_scopes_to_the_loading_thread() {
     assert_eq!(kernels::cpu_kernels().unwrap(), outer);
 }
 
-/// KL(exact || fast) of softmax(logits), in nats.
-fn kl(exact: &[f32], fast: &[f32]) -> f64 {
-    let logp = |l: &[f32]| {
-        let max = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-        let lse = max + l.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln();
-        l.iter().map(|&v| v as f64 - lse).collect::<Vec<_>>()
-    };
-    let (p, q) = (logp(exact), logp(fast));
-    p.iter().zip(&q).map(|(a, b)| a.exp() * (a - b)).sum()
-}
 
 /// Bound on the next-token KL divergence of fast vs exact mode. Both compute the same float32
 /// sums in different orders; observed values are ~1e-9 and below, and 1e-4 nats is far below

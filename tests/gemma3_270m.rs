@@ -82,16 +82,6 @@ fn single_and_batched_generation_match_mlx_lm() {
     }
 }
 
-/// KL(p || q) of softmax(logits), in nats.
-fn kl(p_logits: &[f32], q_logits: &[f32]) -> f64 {
-    let logp = |l: &[f32]| {
-        let max = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-        let lse = max + l.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln();
-        l.iter().map(|&v| v as f64 - lse).collect::<Vec<_>>()
-    };
-    let (p, q) = (logp(p_logits), logp(q_logits));
-    p.iter().zip(&q).map(|(a, b)| a.exp() * (a - b)).sum()
-}
 
 /// The default load (quantized weights, fast CPU kernels) against the exact mode: the same
 /// dequantized weight values, summed in another order, so the next-token distributions agree

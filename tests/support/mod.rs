@@ -309,3 +309,15 @@ pub fn assert_schedule_exact(name: &str, g: &Value, key: &str) {
         }
     }
 }
+
+/// KL(p || q) of softmax(logits), in nats: how far one mode's next-token distribution is from
+/// another's (the gate of every non-exact mode).
+pub fn kl(p_logits: &[f32], q_logits: &[f32]) -> f64 {
+    let logp = |l: &[f32]| {
+        let max = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let lse = max + l.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln();
+        l.iter().map(|&v| v as f64 - lse).collect::<Vec<_>>()
+    };
+    let (p, q) = (logp(p_logits), logp(q_logits));
+    p.iter().zip(&q).map(|(a, b)| a.exp() * (a - b)).sum()
+}

@@ -27,8 +27,7 @@
 //! Codes are packed the way MLX packs them: each row's codes as one little-endian bit stream of
 //! `bits`-bit fields in u32 words (for 3/5/6 bits too; checked against `mx.quantize`).
 
-use half::f16;
-
+use super::gguf_dequant::{half_at, k_scales_mins, nibbles};
 use crate::gguf::GgmlType;
 use crate::{Error, Result};
 
@@ -53,10 +52,6 @@ pub fn affine_bits(t: GgmlType) -> Option<u32> {
         GgmlType::Q8_0 => Some(8),
         _ => None,
     }
-}
-
-fn half_at(b: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
 }
 
 /// Repacks `data` (blocks of type `t`, a row-major tensor with rows of `cols` elements); with
@@ -124,27 +119,10 @@ pub fn repack(t: GgmlType, data: &[u8], cols: usize, widen_5_to_8: bool) -> Resu
     Ok(Affine { bits, packed: pack(&codes, bits, cols), scales, biases })
 }
 
-/// The 4-bit quants of a 32-element block: low nibbles are elements 0..16, high 16..32.
-fn nibbles(qs: &[u8]) -> impl Iterator<Item = u8> + '_ {
-    qs.iter().map(|q| q & 0x0F).chain(qs.iter().map(|q| q >> 4))
-}
-
 /// Q5_0 / Q5_1 codes: the nibbles plus bit i of the little-endian u32 `qh` as bit 4 of element i.
 fn with_high_bits<'a>(qs: &'a [u8], qh: &[u8]) -> impl Iterator<Item = u8> + 'a {
     let qh = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
     nibbles(qs).enumerate().map(move |(i, lo)| lo | ((((qh >> i) & 1) as u8) << 4))
-}
-
-/// The eight 6-bit (scale, min) pairs packed into 12 bytes of a Q4_K / Q5_K block.
-fn k_scales_mins(s: &[u8]) -> ([u8; 8], [u8; 8]) {
-    let (mut sc, mut mn) = ([0u8; 8], [0u8; 8]);
-    for j in 0..4 {
-        sc[j] = s[j] & 0x3F;
-        mn[j] = s[j + 4] & 0x3F;
-        sc[j + 4] = (s[j + 8] & 0x0F) | ((s[j] >> 2) & 0x30);
-        mn[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 2) & 0x30);
-    }
-    (sc, mn)
 }
 
 /// Each row's codes as a little-endian stream of `bits`-bit fields in u32 words (a row of

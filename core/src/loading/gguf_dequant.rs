@@ -27,7 +27,7 @@ pub fn block_geometry(t: GgmlType) -> Option<(usize, usize)> {
     })
 }
 
-fn half_at(b: &[u8], at: usize) -> f32 {
+pub(super) fn half_at(b: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
 }
 
@@ -61,7 +61,7 @@ pub fn dequantize(t: GgmlType, data: &[u8], n: usize) -> Result<Vec<f32>> {
 }
 
 /// The 4-bit quants of a 32-element block: low nibbles are elements 0..16, high 16..32.
-fn nibbles(qs: &[u8]) -> impl Iterator<Item = u8> + '_ {
+pub(super) fn nibbles(qs: &[u8]) -> impl Iterator<Item = u8> + '_ {
     qs.iter().map(|q| q & 0x0F).chain(qs.iter().map(|q| q >> 4))
 }
 
@@ -104,7 +104,7 @@ fn q8_0(b: &[u8], out: &mut Vec<f32>) {
 }
 
 /// The eight 6-bit (scale, min) pairs packed into 12 bytes of a Q4_K / Q5_K block.
-fn k_scales_mins(s: &[u8]) -> ([u8; 8], [u8; 8]) {
+pub(super) fn k_scales_mins(s: &[u8]) -> ([u8; 8], [u8; 8]) {
     let (mut sc, mut mn) = ([0u8; 8], [0u8; 8]);
     for j in 0..4 {
         sc[j] = s[j] & 0x3F;
