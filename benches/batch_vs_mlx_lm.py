@@ -18,52 +18,12 @@ import pathlib
 import statistics
 import subprocess
 import sys
-import time
 
 import mlx.core as mx
-from mlx_lm.generate import BatchGenerator
 from mlx_lm.utils import load_model
 
-
-def random_prompts(seed, count, length, vocab):
-    """The xorshift stream `weft bench` uses (cli/src/bench.rs), so both sides see the same ids."""
-    mask = (1 << 64) - 1
-    state = ((seed * 0x9E3779B97F4A7C15) & mask) | 1
-    out = []
-    for _ in range(count):
-        row = []
-        for _ in range(length):
-            state ^= (state << 13) & mask
-            state ^= state >> 7
-            state ^= (state << 17) & mask
-            row.append(state % vocab)
-        out.append(row)
-    return out
-
-
-def mlx_lm_once(model, prompts, gen, prefill_step_size):
-    batch = len(prompts)
-    g = BatchGenerator(model, max_tokens=gen, stop_tokens=[], completion_batch_size=batch,
-                       prefill_batch_size=batch, prefill_step_size=prefill_step_size)
-    start = time.perf_counter()
-    uids = g.insert(prompts, [gen] * batch)
-    first = {}
-    tokens = 0
-    while responses := g.next_generated():
-        now = time.perf_counter() - start
-        for r in responses:
-            tokens += 1
-            first.setdefault(r.uid, now)
-    wall = time.perf_counter() - start
-    g.close()
-    ttfts = sorted(first[u] for u in uids)
-    last_first = ttfts[-1]
-    return {
-        "agg_tok_s": tokens / wall,
-        "decode_tok_s": (tokens - batch) / max(wall - last_first, 1e-9),
-        "prefill_tok_s": batch * len(prompts[0]) / max(last_first, 1e-9),
-        "ttft_ms": ttfts[len(ttfts) // 2] * 1000,
-    }
+# The prompt stream and the timed BatchGenerator run are warm_vs_mlx_lm.py's (one copy).
+from warm_vs_mlx_lm import mlx_lm_once, random_prompts
 
 
 def mlx_lm_bench(model_dir, batches, prompt_len, gen, runs, seed, prefill_step_size):
@@ -74,6 +34,8 @@ def mlx_lm_bench(model_dir, batches, prompt_len, gen, runs, seed, prefill_step_s
         prompts = random_prompts(seed, b, prompt_len, vocab)
         mlx_lm_once(model, prompts, 4, prefill_step_size)  # warm-up
         samples = [mlx_lm_once(model, prompts, gen, prefill_step_size) for _ in range(runs)]
+        for sample in samples:
+            sample["ttft_ms"] = sample.pop("ttft_p50_ms")
         results.append({"batch": b, **{k: statistics.median(s[k] for s in samples) for k in samples[0]}})
     return results
 
