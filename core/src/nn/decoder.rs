@@ -79,7 +79,12 @@ pub struct DenseDecoder {
 }
 
 impl DenseDecoder {
-    pub fn load(mut w: Weights, spec: DenseDecoderSpec) -> Result<Self> {
+    pub fn load(mut w: Weights, mut spec: DenseDecoderSpec) -> Result<Self> {
+        // Under `with_tensor_parallel`: this rank's slices and sizes (mlx-lm's `shard()`).
+        let tensor_group = super::tensor_parallel::take_group();
+        if let Some(group) = &tensor_group {
+            super::tensor_parallel::shard_dense(&mut w, &mut spec, group)?;
+        }
         let info = spec.info;
         let (hidden, vocab, eps) = (info.hidden_size, info.vocab_size, spec.rms_norm_eps);
         w.ignore_suffix("self_attn.rotary_emb.inv_freq");
@@ -108,13 +113,18 @@ impl DenseDecoder {
             if let Some((beta, original_max)) = spec.scaling.query_position_scaling {
                 self_attn = self_attn.with_query_scaling(beta, original_max);
             }
+            let mut mlp = if spec.fused_projections {
+                Mlp::load_fused(&mut w, &format!("{p}.mlp"), hidden, spec.intermediate)?
+            } else {
+                Mlp::load(&mut w, &format!("{p}.mlp"), hidden, spec.intermediate, spec.mlp_bias)?
+            };
+            if let Some(group) = &tensor_group {
+                super::tensor_parallel::sum_output_over(self_attn.o_proj_mut(), group);
+                super::tensor_parallel::sum_output_over(mlp.down_proj_mut(), group);
+            }
             layers.push(DecoderBlock {
                 self_attn,
-                mlp: if spec.fused_projections {
-                    Mlp::load_fused(&mut w, &format!("{p}.mlp"), hidden, spec.intermediate)?
-                } else {
-                    Mlp::load(&mut w, &format!("{p}.mlp"), hidden, spec.intermediate, spec.mlp_bias)?
-                },
+                mlp,
                 input_layernorm: RmsNorm::load(&mut w, &format!("{p}.input_layernorm"), hidden, eps)?,
                 post_attention_layernorm: RmsNorm::load(
                     &mut w,

@@ -11,6 +11,7 @@ mod mlp;
 mod moe_shared;
 mod rope;
 mod switch;
+pub mod tensor_parallel;
 mod weights;
 
 pub use attention::{Attention, AttentionOptions};
