@@ -1,8 +1,9 @@
-//! Tensor parallel over MLX's `ring` backend on localhost: two Weft ranks (this test binary
-//! started twice, with the variables `mlx.launch` sets) load their shards of the tiny golden
-//! models and generate greedily; both must equal mlx-lm's own 2-rank sharded run
-//! (goldens/distributed.json, from goldens/make_distributed_goldens.py) token for token and
-//! bit for bit on the first step's logits. Every wait is bounded and the ranks are killed on
+//! Tensor and pipeline parallel over MLX's `ring` backend on localhost: two Weft ranks (this
+//! test binary started twice, with the variables `mlx.launch` sets) load their shards (or
+//! stages) of the tiny golden models and generate greedily; both must equal mlx-lm's own
+//! 2-rank sharded (or pipelined) run (goldens/distributed.json, from
+//! goldens/make_distributed_goldens.py) token for token and bit for bit on the first step's
+//! logits. Every wait is bounded and the ranks are killed on
 //! any failure, so a stuck collective fails the test instead of hanging it.
 
 mod support;
@@ -15,6 +16,7 @@ use serde_json::{json, Value};
 use support::*;
 use weft::distributed::Group;
 use weft::generate::{generate, GenerateOptions};
+use weft::nn::pipeline::{stage_layers, with_pipeline};
 use weft::nn::tensor_parallel::with_tensor_parallel;
 
 /// Set in a rank's environment: the rank entry point below runs only there.
@@ -31,16 +33,21 @@ fn golden_models() -> Value {
 /// A rank: joins the group from the environment, and for every golden model loads its shard
 /// and runs every case, printing one result line per model.
 #[test]
-#[ignore = "one rank of the 2-process runs; started by tensor_parallel_matches_mlx_lm_sharded_runs"]
+#[ignore = "one rank of the 2-process runs; started by tensor_and_pipeline_parallel_match_mlx_lm_2_rank_runs"]
 fn rank_entry() {
     assert!(std::env::var_os(RANK_ENV).is_some(), "run as a rank by the other tests of this file, not by hand");
     let group = Group::init_from_env().expect("join the group");
     let models = golden_models();
-    for (name, m) in models.as_object().unwrap() {
-        let loaded = with_tensor_parallel(&group, || weft::loading::load(&tiny_model_dir(name))).unwrap();
+    for (name, m, mode) in runs(&models) {
+        let dir = tiny_model_dir(&name);
+        let loaded = match mode {
+            "tp" => with_tensor_parallel(&group, || weft::loading::load(&dir)),
+            _ => with_pipeline(&group, || weft::loading::load(&dir)),
+        }
+        .unwrap();
         let vocab = loaded.model.info().vocab_size as usize;
         let mut cases = Vec::new();
-        for case in m["tp"].as_array().unwrap() {
+        for case in m[mode].as_array().unwrap() {
             let opts = GenerateOptions {
                 max_tokens: ids(&case["tokens"]).len(),
                 prefill_step_size: case["prefill_step_size"].as_u64().unwrap() as usize,
@@ -50,9 +57,22 @@ fn rank_entry() {
             let out = generate(loaded.model.as_ref(), None, &ids(&case["prompt_ids"]), &opts, |_| true).unwrap();
             cases.push(json!({"tokens": out.tokens, "first_logits": out.first_logits}));
         }
-        let line = json!({"rank": group.rank(), "size": group.size(), "model": name, "cases": cases});
+        let line = json!({"rank": group.rank(), "size": group.size(), "model": name, "mode": mode, "cases": cases});
         println!("{RESULT_PREFIX}{line}");
     }
+}
+
+/// (model, its goldens, "tp" or "pipeline") for every recorded run.
+fn runs(models: &Value) -> Vec<(String, Value, &'static str)> {
+    let mut out = Vec::new();
+    for (name, m) in models.as_object().unwrap() {
+        for mode in ["tp", "pipeline"] {
+            if m.get(mode).is_some() {
+                out.push((name.clone(), m.clone(), mode));
+            }
+        }
+    }
+    out
 }
 
 /// Two localhost ports free a moment ago (the ring backend listens on them).
@@ -154,24 +174,24 @@ fn results(stdout: &str) -> Vec<Value> {
 }
 
 #[test]
-fn tensor_parallel_matches_mlx_lm_sharded_runs() {
+fn tensor_and_pipeline_parallel_match_mlx_lm_2_rank_runs() {
     let models = golden_models();
     let outputs = run_ranks(2);
     for (rank, out) in outputs.iter().enumerate() {
         let got = results(out);
-        assert_eq!(got.len(), models.as_object().unwrap().len(), "rank {rank}: one result per model");
+        assert_eq!(got.len(), runs(&models).len(), "rank {rank}: one result per recorded run");
         for res in got {
             assert_eq!(res["rank"], rank);
             assert_eq!(res["size"], 2);
-            let name = res["model"].as_str().unwrap();
-            let want = models[name]["tp"].as_array().unwrap();
+            let (name, mode) = (res["model"].as_str().unwrap(), res["mode"].as_str().unwrap());
+            let want = models[name][mode].as_array().unwrap();
             let cases = res["cases"].as_array().unwrap();
             assert_eq!(cases.len(), want.len());
             for (c, w) in cases.iter().zip(want) {
-                let what = format!("{name} rank {rank}: {}-token prompt, prefill step {}", ids(&w["prompt_ids"]).len(), w["prefill_step_size"]);
+                let what = format!("{name} {mode} rank {rank}: {}-token prompt, prefill step {}", ids(&w["prompt_ids"]).len(), w["prefill_step_size"]);
                 assert_eq!(ids(&c["tokens"]), ids(&w["tokens"]), "{what}: tokens");
                 let diffs = bit_diffs(&floats(&c["first_logits"]), &floats(&w["first_logits"]));
-                assert_eq!(diffs, 0, "{what}: {diffs} first-step logits differ from mlx-lm's sharded run");
+                assert_eq!(diffs, 0, "{what}: {diffs} first-step logits differ from mlx-lm's 2-rank run");
             }
         }
     }
@@ -201,4 +221,16 @@ fn unlaunched_ranks_bad_backends_and_a_group_of_one() {
     // Architectures without a sharding are refused, not loaded whole.
     let err = with_tensor_parallel(&g, || weft::loading::load(&tiny_model_dir("gemma3-text"))).unwrap_err();
     assert!(err.to_string().contains("tensor parallel"), "{err}");
+    let loaded = with_pipeline(&g, || weft::loading::load(&tiny_model_dir("qwen2"))).unwrap();
+    assert_single_cases_exact("qwen2 (1-rank pipeline)", loaded.model.as_ref(), &golden("qwen2"));
+    let err = with_pipeline(&g, || weft::loading::load(&tiny_model_dir("qwen3"))).unwrap_err();
+    assert!(err.to_string().contains("pipeline parallel"), "{err}");
+}
+
+#[test]
+fn pipeline_stages_split_layers_as_mlx_lm() {
+    // Reverse order, low ranks take the extra layers (mlx-lm PipelineMixin.pipeline).
+    assert_eq!((0..2).map(|r| stage_layers(2, r, 2)).collect::<Vec<_>>(), vec![1..2, 0..1]);
+    assert_eq!((0..3).map(|r| stage_layers(7, r, 3)).collect::<Vec<_>>(), vec![4..7, 2..4, 0..2]);
+    assert_eq!((0..2).map(|r| stage_layers(5, r, 2)).collect::<Vec<_>>(), vec![2..5, 0..2]);
 }

@@ -76,6 +76,8 @@ pub struct DenseDecoder {
     lm_head: Option<Linear>,
     info: ModelInfo,
     scaling: DecoderScaling,
+    /// Under pipeline parallel: this rank's stage (`layers` holds only its layers).
+    stage: Option<super::pipeline::Stage>,
 }
 
 impl DenseDecoder {
@@ -85,7 +87,15 @@ impl DenseDecoder {
         if let Some(group) = &tensor_group {
             super::tensor_parallel::shard_dense(&mut w, &mut spec, group)?;
         }
-        let info = spec.info;
+        // Under `with_pipeline`: only this rank's layers (mlx-lm's `pipeline()`).
+        let stage = match super::pipeline::take_group() {
+            Some(_) if tensor_group.is_some() => {
+                return Err(Error::Unsupported("tensor and pipeline parallel at once".into()))
+            }
+            Some(group) => Some(super::pipeline::Stage::new(group, &spec.info.model_type, spec.info.num_layers)?),
+            None => None,
+        };
+        let mut info = spec.info;
         let (hidden, vocab, eps) = (info.hidden_size, info.vocab_size, spec.rms_norm_eps);
         w.ignore_suffix("self_attn.rotary_emb.inv_freq");
         if spec.tie_word_embeddings {
@@ -98,6 +108,10 @@ impl DenseDecoder {
         let mut layers = Vec::with_capacity(info.num_layers);
         for i in 0..info.num_layers {
             let p = format!("model.layers.{i}");
+            if stage.as_ref().is_some_and(|s| !s.layers.contains(&i)) {
+                w.remove_prefix(&format!("{p}."));
+                continue;
+            }
             let mut opts = spec.attention.clone();
             if spec.nope_layers.contains(&i) {
                 opts.rope = Rope::none(opts.rope.dims());
@@ -146,7 +160,9 @@ impl DenseDecoder {
         if spec.tie_word_embeddings {
             scaling.head_input_divisor = None;
         }
-        Ok(DenseDecoder { embed_tokens, layers, norm, lm_head, info, scaling })
+        // Caches (and their memory) are per rank: this stage's layers.
+        info.num_layers = layers.len();
+        Ok(DenseDecoder { embed_tokens, layers, norm, lm_head, info, scaling, stage })
     }
 }
 
@@ -162,11 +178,17 @@ impl LanguageModel for DenseDecoder {
         let sc = &self.scaling;
         let mut h = times(&self.embed_tokens.forward(tokens)?, sc.embedding)?;
         let mask = caches[0].make_mask(h.dim(1), None)?;
+        if let Some(stage) = &self.stage {
+            h = stage.receive(h)?;
+        }
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
             let r = layer.self_attn.forward(&layer.input_layernorm.forward(&h)?, &mask, cache.as_mut())?;
             let h1 = h.add(&times(&r, sc.residual)?)?;
             let r = layer.mlp.forward(&layer.post_attention_layernorm.forward(&h1)?)?;
             h = h1.add(&times(&r, sc.residual)?)?;
+        }
+        if let Some(stage) = &self.stage {
+            h = stage.hand_on(h)?;
         }
         let h = self.norm.forward(&h)?;
         let logits = match &self.lm_head {

@@ -9,6 +9,7 @@ mod hybrid;
 mod linear;
 mod mlp;
 mod moe_shared;
+pub mod pipeline;
 mod rope;
 mod switch;
 pub mod tensor_parallel;
