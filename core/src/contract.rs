@@ -289,9 +289,8 @@ pub fn parse_request(v: &Value, spelling: Spelling) -> Result<Request> {
             return Err(invalid(format!("{} needs {}: true", f.name("top_logprobs"), f.name("logprobs"))));
         }
     };
-    // Tools in OpenAI's shape (docs/tools.md), checked with the caller's field names. The C,
-    // Node and Swift events do not carry tool calls yet, so a request with tools is refused
-    // rather than having its calls withheld silently.
+    // Tools in OpenAI's shape (docs/tools.md), checked with the caller's field names; every
+    // face delivers the parsed calls (C weft_event fields, Node chunks, Swift events).
     let parallel = f.bool("parallel_tool_calls")?;
     let tools = crate::tools::Tools::parse(f.get("tools"), f.get("tool_choice"), parallel).map_err(|e| {
         let mut message = e.message;
@@ -300,12 +299,7 @@ pub fn parse_request(v: &Value, spelling: Spelling) -> Result<Request> {
         }
         invalid(message)
     })?;
-    if tools.is_some() {
-        return Err(invalid(format!(
-            "{}: tool calls are not delivered through this interface yet (weft serve supports them)",
-            f.name("tools")
-        )));
-    }
+    req.tools = tools;
     req.constraint = parse_constraint_fields(&f)?;
     Ok(req)
 }
@@ -890,11 +884,8 @@ mod tests {
         assert_eq!(m[1].tool_calls[0].arguments, "{\"city\": \"Oslo\"}");
         assert_eq!(m[2].tool_call_id.as_deref(), Some("c1"));
         assert!(r.tools.is_none());
-        // Valid tools are refused until the faces deliver calls.
-        let e = parse_request(&json!({"messages": [{"role": "user", "content": "q"}], "tools": [weather.clone()]}), Snake)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("tools: tool calls are not delivered"), "{e}");
+        let r = req(json!({"messages": [{"role": "user", "content": "q"}], "tools": [weather.clone()], "tool_choice": "required"}));
+        assert_eq!(r.tools.as_ref().map(|t| t.specs.len()), Some(1));
         // Camel spelling for Node and Swift, and messages in it.
         let v = json!({"messages": [{"role": "tool", "toolCallId": "c1", "content": "x"}], "tools": [weather], "toolChoice": "sometimes"});
         let e = parse_request(&v, Spelling::Camel).unwrap_err().to_string();

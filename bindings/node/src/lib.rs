@@ -71,9 +71,28 @@ pub struct LoadOptions {
 /// One turn of a conversation.
 #[napi(object)]
 pub struct ChatMessage {
-    /// `"system"`, `"user"`, `"assistant"`... as the model's chat template expects.
+    /// `"system"`, `"user"`, `"assistant"`, `"tool"`... as the model's chat template expects.
     pub role: String,
-    pub content: String,
+    /// May be `null` on an assistant turn that only calls tools.
+    #[napi(ts_type = "string | null")]
+    pub content: Option<String>,
+    /// An assistant turn's calls, in OpenAI's shape (a {@link ToolCall} `c` is `{ id: c.id,
+    /// type: 'function', function: { name: c.name, arguments: c.arguments } }`).
+    #[napi(ts_type = "Array<{ id: string; type: 'function'; function: { name: string; arguments: string | Record<string, unknown> } }>")]
+    pub tool_calls: Option<Vec<bool>>,
+    /// A `tool` turn: the id of the call it answers.
+    pub tool_call_id: Option<String>,
+    /// A `tool` turn: the function's name (optional).
+    pub name: Option<String>,
+}
+
+/// A tool the model may call (OpenAI's function shape).
+#[napi(object, object_to_js = false)]
+pub struct Tool {
+    #[napi(js_name = "type", ts_type = "'function'")]
+    pub kind: String,
+    #[napi(ts_type = "{ name: string; description?: string; parameters?: Record<string, unknown> }")]
+    pub function: bool,
 }
 
 /// Options for {@link Engine.generate} and {@link Engine.complete}. Exactly one of `messages`,
@@ -131,6 +150,15 @@ pub struct GenerateOptions {
     pub grammar: Option<String>,
     /// The output is exactly one of these strings.
     pub choice: Option<Vec<String>>,
+    /// Tools the model may call; its calls arrive as `toolCalls` in chunks and the completion
+    /// (docs/tools.md). Needs `messages`.
+    pub tools: Option<Vec<Tool>>,
+    /// `'auto'` (default), `'none'`, `'required'` (a call is forced) or a named function
+    /// (`{ type: 'function', function: { name } }`, forced); forced calls are grammar-constrained.
+    #[napi(ts_type = "'auto' | 'none' | 'required' | { type: 'function'; function: { name: string } }")]
+    pub tool_choice: Option<bool>,
+    /// `false` ends generation after the first complete call (default `true`).
+    pub parallel_tool_calls: Option<bool>,
     /// Aborting it cancels the request in the engine; the stream then ends normally with
     /// `finishReason: "cancelled"` (nothing is thrown).
     #[napi(ts_type = "AbortSignal")]
@@ -152,6 +180,36 @@ pub struct Chunk {
     /// With `logprobs: true`: the `topLogprobs` most likely tokens at this step, best first
     /// (empty when `topLogprobs` is 0).
     pub top_logprobs: Option<Vec<TokenLogprob>>,
+    /// With `tools`: the pieces of tool calls this chunk adds, in order (a call's text is never
+    /// in `text`). Absent when there are none. Assembling every chunk's pieces gives the
+    /// completion's `toolCalls`.
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
+}
+
+/// A streamed piece of a tool call, as OpenAI streams `delta.tool_calls`: the first piece of a
+/// call has its `id` and `name`; later pieces carry `arguments` fragments whose concatenation
+/// is the call's arguments JSON text.
+#[napi(object)]
+#[derive(Clone)]
+pub struct ToolCallDelta {
+    /// Which call of the output (0-based, in the order the model wrote them).
+    pub index: u32,
+    /// The call's id (`call_` + 24 letters or digits), on its first piece.
+    pub id: Option<String>,
+    /// The function's name, on the call's first piece.
+    pub name: Option<String>,
+    /// The next fragment of the arguments' JSON text.
+    pub arguments: Option<String>,
+}
+
+/// A complete tool call.
+#[napi(object)]
+#[derive(Clone)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    /// The arguments as JSON text (an object; `JSON.parse` it).
+    pub arguments: String,
 }
 
 /// One of the most likely tokens at a step.
@@ -173,10 +231,12 @@ pub struct TokenLogprobs {
     pub top_logprobs: Vec<TokenLogprob>,
 }
 
-/// Why a request ended: `"stop"` (an end-of-sequence token or a stop string), `"length"`
-/// (`maxTokens` or the model's context length) or `"cancelled"` (`break`, `return()`,
-/// `cancel()`, an aborted signal or `close()`).
-#[napi(string_enum = "lowercase")]
+/// Why a request ended: `"stop"` (an end-of-sequence token, a stop string or a complete
+/// constraint), `"length"` (`maxTokens` or the model's context length), `"cancelled"`
+/// (`break`, `return()`, `cancel()`, an aborted signal or `close()`) or `"tool_calls"` (a
+/// request with `tools` stopped after making calls).
+#[napi(string_enum = "snake_case")]
+#[derive(Clone, Copy)]
 pub enum FinishReason {
     /// An end-of-sequence token or a stop string.
     Stop,
@@ -184,6 +244,8 @@ pub enum FinishReason {
     Length,
     /// `break`, `return()`, `cancel()`, an aborted signal or `close()`.
     Cancelled,
+    /// A request with `tools` stopped after making calls (`Completion.toolCalls`).
+    ToolCalls,
 }
 
 #[napi(object)]
@@ -205,6 +267,9 @@ pub struct Completion {
     pub usage: Usage,
     /// With `logprobs: true`: one entry per generated token, in the order of `tokenIds`.
     pub logprobs: Option<Vec<TokenLogprobs>>,
+    /// With `tools`: every call the output made, complete (empty when it made none; with
+    /// `finishReason: "length"` the last may be cut short).
+    pub tool_calls: Option<Vec<ToolCall>>,
 }
 
 /// A snapshot of the engine's scheduler and counters.
@@ -507,7 +572,7 @@ impl Engine {
     fn start(&self, env: sys::napi_env, options: Option<sys::napi_value>, stream: bool) -> Res<Generation> {
         let params = options::generate_params(env, options)?;
         let row = Arc::new(Row {
-            state: Mutex::new(RowState::new(stream, params.request.logprobs.is_some())),
+            state: Mutex::new(RowState::new(stream, params.request.logprobs.is_some(), params.request.tools.is_some())),
             cancelled: AtomicBool::new(false),
             id: AtomicU64::new(0),
             serial: NEXT_SERIAL.fetch_add(1, Ordering::Relaxed),
@@ -623,6 +688,10 @@ struct RowState {
     token_ids: Vec<u32>,
     /// Per generated token, when the request asked for log-probabilities.
     logprobs: Option<Vec<TokenLogprobs>>,
+    /// The calls as streamed so far, when the request offered tools.
+    tool_calls: Option<weft::tools::Assembler>,
+    /// Done's calls, once the engine finished the row.
+    final_calls: Vec<weft::tools::ToolCall>,
     /// The final event, once the engine sent it and until it is handed to JavaScript.
     end: Option<End>,
     /// The summary, once the engine finished the row successfully.
@@ -633,7 +702,7 @@ struct RowState {
 }
 
 impl RowState {
-    fn new(stream: bool, logprobs: bool) -> Self {
+    fn new(stream: bool, logprobs: bool, tools: bool) -> Self {
         RowState {
             stream,
             queue: VecDeque::new(),
@@ -641,6 +710,8 @@ impl RowState {
             text: String::new(),
             token_ids: Vec::new(),
             logprobs: logprobs.then(Vec::new),
+            tool_calls: tools.then(weft::tools::Assembler::default),
+            final_calls: Vec::new(),
             end: None,
             summary: None,
             delivered: false,
@@ -653,6 +724,7 @@ impl RowState {
             text: self.text.clone(),
             token_ids: self.token_ids.clone(),
             finish_reason: match finish {
+                WeftFinish::Stop if !self.final_calls.is_empty() => FinishReason::ToolCalls,
                 WeftFinish::Stop => FinishReason::Stop,
                 WeftFinish::Length => FinishReason::Length,
                 WeftFinish::Cancelled => FinishReason::Cancelled,
@@ -663,8 +735,38 @@ impl RowState {
                 cached_tokens: usage.cached_tokens as u32,
             },
             logprobs: self.logprobs.clone(),
+            tool_calls: self.tool_calls.as_ref().map(|_| self.final_calls.iter().map(tool_call).collect()),
         })
     }
+}
+
+fn tool_call(c: &weft::tools::ToolCall) -> ToolCall {
+    ToolCall { id: c.id.clone(), name: c.name.clone(), arguments: c.arguments.clone() }
+}
+
+/// The deltas as JS pieces (applied to `asm`, which tracks what was streamed); `None` if empty.
+fn tool_deltas(asm: Option<&mut weft::tools::Assembler>, deltas: &[weft::tools::ToolDelta]) -> Option<Vec<ToolCallDelta>> {
+    use weft::tools::ToolDelta;
+    let asm = asm?;
+    if deltas.is_empty() {
+        return None;
+    }
+    Some(
+        deltas
+            .iter()
+            .map(|d| {
+                asm.apply(d);
+                match d {
+                    ToolDelta::Start { index, id, name } => {
+                        ToolCallDelta { index: *index as u32, id: Some(id.clone()), name: Some(name.clone()), arguments: None }
+                    }
+                    ToolDelta::Arguments { index, fragment } => {
+                        ToolCallDelta { index: *index as u32, id: None, name: None, arguments: Some(fragment.clone()) }
+                    }
+                }
+            })
+            .collect(),
+    )
 }
 
 struct Row {
@@ -726,7 +828,7 @@ fn failure(message: &str) -> Fail {
 fn on_event(row: &Row, ev: &Event) -> bool {
     let mut st = row.state.lock();
     match ev {
-        Event::Token { token_id, text, logprobs, .. } => {
+        Event::Token { token_id, text, logprobs, tool_calls } => {
             st.text.push_str(text);
             st.token_ids.push(*token_id);
             let lp = logprobs.as_ref().map(|lp| TokenLogprobs {
@@ -737,19 +839,26 @@ fn on_event(row: &Row, ev: &Event) -> bool {
             if let (Some(all), Some(lp)) = (st.logprobs.as_mut(), &lp) {
                 all.push(lp.clone());
             }
+            let pieces = tool_deltas(st.tool_calls.as_mut(), tool_calls);
             if st.stream {
                 let (logprob, top_logprobs) = match lp {
                     Some(lp) => (Some(lp.logprob), Some(lp.top_logprobs)),
                     None => (None, None),
                 };
-                push_chunk(&mut st, row, Chunk { text: text.clone(), token_id: Some(*token_id), logprob, top_logprobs });
+                let chunk = Chunk { text: text.clone(), token_id: Some(*token_id), logprob, top_logprobs, tool_calls: pieces };
+                push_chunk(&mut st, row, chunk);
             }
         }
-        Event::Done { finish_reason, usage, text, .. } => {
+        Event::Done { finish_reason, usage, text, tool_calls, .. } => {
             st.text.push_str(text);
-            if st.stream && !text.is_empty() {
-                push_chunk(&mut st, row, Chunk { text: text.clone(), token_id: None, logprob: None, top_logprobs: None });
+            // Pieces only the end released (a call completed by the last text).
+            let released = st.tool_calls.as_ref().map(|a| a.catch_up(tool_calls)).unwrap_or_default();
+            let pieces = tool_deltas(st.tool_calls.as_mut(), &released);
+            if st.stream && (!text.is_empty() || pieces.is_some()) {
+                let chunk = Chunk { text: text.clone(), token_id: None, logprob: None, top_logprobs: None, tool_calls: pieces };
+                push_chunk(&mut st, row, chunk);
             }
+            st.final_calls = tool_calls.clone();
             st.summary = Some((*finish_reason, *usage));
             st.end = Some(End::Done);
             flush_end(&mut st, row.serial);
@@ -838,13 +947,10 @@ impl CloneCompletion for Option<Completion> {
         self.as_ref().map(|c| Completion {
             text: c.text.clone(),
             token_ids: c.token_ids.clone(),
-            finish_reason: match c.finish_reason {
-                FinishReason::Stop => FinishReason::Stop,
-                FinishReason::Length => FinishReason::Length,
-                FinishReason::Cancelled => FinishReason::Cancelled,
-            },
+            finish_reason: c.finish_reason,
             usage: c.usage.clone(),
             logprobs: c.logprobs.clone(),
+            tool_calls: c.tool_calls.clone(),
         })
     }
 }
