@@ -542,15 +542,19 @@ pub fn prepare(
             )));
         }
     }
-    // A forced tool choice is enforced with its grammar.
+    // Tool calls are enforced with their grammar: forced from the start for required / named,
+    // from the call opener on for auto (which gives way to the caller's own constraint).
     if let Some(grammar) = request.tools.as_ref().and_then(|t| t.grammar()) {
-        if let Some(other) = &request.constraint {
-            return Err(Error::InvalidRequest(format!(
-                "tool_choice: a required or named tool call cannot be combined with {}",
-                other.field()
-            )));
+        match (&request.constraint, &grammar) {
+            (None, _) => request.constraint = Some(grammar),
+            (Some(_), Constraint::Triggered(_)) => {}
+            (Some(other), _) => {
+                return Err(Error::InvalidRequest(format!(
+                    "tool_choice: a required or named tool call cannot be combined with {}",
+                    other.field()
+                )))
+            }
         }
-        request.constraint = Some(grammar);
     }
     let constraint = match &request.constraint {
         Some(c) => Some(crate::constrain::compile(c, tokenizer.ok_or_else(|| {
