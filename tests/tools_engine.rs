@@ -134,7 +134,8 @@ use weft::tools::ToolFormat;
 fn tool_tokenizer(special: bool) -> Tokenizer {
     use tokenizer_support::{tiny_vocab, GgufWriter, Meta, TempDir, TINY_TEMPLATE};
     let (mut tokens, merges, mut types) = tiny_vocab();
-    for (t, control) in [("<tool_call>", special), ("</tool_call>", false)] {
+    // Two tokens that finish a byte-by-byte opener and run past it.
+    for (t, control) in [("<tool_call>", special), ("</tool_call>", false), (">\n{", false), (">x", false)] {
         tokens.push(t.into());
         types.push(if control { 3 } else { 4 });
     }
@@ -242,6 +243,22 @@ fn auto_grammar_switches_on_at_the_opener() {
     assert!(!c.is_waiting());
     feed(&mut c, &tok, "\n{\"name\": \"get_time\", \"arguments\": {\"zone\": 12}}\n</tool_call>");
     assert!(c.is_finished(), "without parallel calls the grammar ends after one call");
+    // A token that completes the opener and goes on: what follows the opener is checked.
+    let run_past = |last: &str| {
+        let mut c = compiled(&auto, &tok);
+        for b in "ok <tool_call".bytes() {
+            c.commit(u32::from(b)).unwrap();
+        }
+        let t = tok.encode(last, false).unwrap();
+        assert_eq!(t.len(), 1, "{last:?} is one token");
+        (c.commit(t[0]), c)
+    };
+    let (ok, mut c) = run_past(">\n{");
+    ok.unwrap();
+    feed(&mut c, &tok, "\"name\": \"get_time\", \"arguments\": {\"zone\": 1}}\n</tool_call>");
+    assert!(c.is_finished());
+    let e = run_past(">x").0.unwrap_err().to_string();
+    assert!(e.contains("not a valid call") && e.contains("\"x\""), "{e}");
 }
 
 #[test]

@@ -93,13 +93,10 @@ impl Tools {
             ToolChoice::None | ToolChoice::Function(_) => return None,
             // The opening stops inside the first call's name.
             ToolChoice::Required => format!("start: named {close}{more}{end}"),
+            // A little whitespace may follow the opener (part of the token that completed it).
             ToolChoice::Auto => {
-                let begin = match format {
-                    ToolFormat::Hermes => "(\"\\n\" | \" \")? ",
-                    ToolFormat::Mistral => "\"[\" ",
-                    ToolFormat::Llama3Json => "",
-                };
-                format!("start: {begin}call{more}{end}")
+                let list = if format == ToolFormat::Mistral { "\"[\" " } else { "" };
+                format!("start: /[ \\n]{{1,4}}/? {list}call{more}{end}")
             }
         };
         rules.insert(0, start);
@@ -158,12 +155,12 @@ mod tests {
         // Auto: triggered by the opener.
         let Some(Constraint::Triggered(t)) = tools(json!("auto")).grammar() else { panic!() };
         assert_eq!(t.triggers, vec![Trigger { text: "<tool_call>".into(), included: false, at_start: false }]);
-        assert!(t.lark.starts_with("start: (\"\\n\" | \" \")? call (\"\\n<tool_call>\\n\" call)*\n"), "{}", t.lark);
+        assert!(t.lark.starts_with("start: /[ \\n]{1,4}/? call (\"\\n<tool_call>\\n\" call)*\n"), "{}", t.lark);
         let mut llama = tools(json!("auto"));
         llama.format = Some(ToolFormat::Llama3Json);
         let Some(Constraint::Triggered(t)) = llama.grammar() else { panic!() };
         assert_eq!(t.triggers.len(), 2);
-        assert!(t.lark.starts_with("start: call (\"; \" call)*\n") && t.lark.contains("\\\"parameters\\\": \" args0"), "{}", t.lark);
+        assert!(t.lark.starts_with("start: /[ \\n]{1,4}/? call (\"; \" call)*\n") && t.lark.contains("\\\"parameters\\\": \" args0"), "{}", t.lark);
         assert!(tools(json!("none")).grammar().is_none());
     }
 }
