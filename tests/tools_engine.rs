@@ -296,6 +296,9 @@ fn required_allows_parallel_calls_unless_told_not_to() {
     assert!(c.is_accepting() && !c.is_finished());
     feed(&mut c, &tok, "\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"zone\": 2}}\n</tool_call>");
     assert!(c.is_accepting());
+    // A newline after a call may end the list too (end-of-sequence allowed).
+    feed(&mut c, &tok, "\n");
+    assert!(c.is_accepting());
     let mut c = compiled(&two_tools(json!("required"), false, ToolFormat::Hermes), &tok);
     feed(&mut c, &tok, rest);
     assert!(c.is_finished(), "parallel_tool_calls false: exactly one call");

@@ -88,7 +88,13 @@ impl Tools {
             format!("call: {} named {close}", literal("{\"name\": \"")),
         ];
         rules.extend((0..self.specs.len()).map(args));
-        let more = if self.parallel { format!(" ({} call)*", literal(syn.between)) } else { String::new() };
+        // With parallel calls a newline after a call may also end the list (Hermes writes one
+        // before its end of turn): else a newline would force another call.
+        let more = match (self.parallel, format) {
+            (false, _) => String::new(),
+            (true, ToolFormat::Hermes) => format!(" ({} call)* \"\\n\"?", literal(syn.between)),
+            (true, _) => format!(" ({} call)*", literal(syn.between)),
+        };
         let start = match &self.choice {
             ToolChoice::None | ToolChoice::Function(_) => return None,
             // The opening stops inside the first call's name.
@@ -146,7 +152,7 @@ mod tests {
         assert!(g.contains("\"x-guidance\":{\"whitespace_flexible\":false,\"item_separator\":\", \",\"key_separator\":\": \"}"), "{g}");
         // Required: the first call's name onwards, then any number of further calls.
         let Some(Constraint::Lark(g)) = tools(json!("required")).grammar() else { panic!() };
-        assert!(g.starts_with("start: named \"}\\n</tool_call>\" (\"\\n<tool_call>\\n\" call)*\n"), "{g}");
+        assert!(g.starts_with("start: named \"}\\n</tool_call>\" (\"\\n<tool_call>\\n\" call)* \"\\n\"?\n"), "{g}");
         assert!(g.contains("\nnamed: \"a\\\", \\\"arguments\\\": \" args0 | \"b\\\", \\\"arguments\\\": \" args1\n"), "{g}");
         let mut single = tools(json!("required"));
         single.parallel = false;
@@ -155,7 +161,7 @@ mod tests {
         // Auto: triggered by the opener.
         let Some(Constraint::Triggered(t)) = tools(json!("auto")).grammar() else { panic!() };
         assert_eq!(t.triggers, vec![Trigger { text: "<tool_call>".into(), included: false, at_start: false }]);
-        assert!(t.lark.starts_with("start: /[ \\n]{1,4}/? call (\"\\n<tool_call>\\n\" call)*\n"), "{}", t.lark);
+        assert!(t.lark.starts_with("start: /[ \\n]{1,4}/? call (\"\\n<tool_call>\\n\" call)* \"\\n\"?\n"), "{}", t.lark);
         let mut llama = tools(json!("auto"));
         llama.format = Some(ToolFormat::Llama3Json);
         let Some(Constraint::Triggered(t)) = llama.grammar() else { panic!() };
