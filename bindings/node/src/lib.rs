@@ -8,6 +8,11 @@
 //! `maxTokens`. Cancellation (`break`, `return()`, `cancel()`, an aborted `signal`, `close()`,
 //! garbage collection of an unfinished `Generation`) reaches the engine's `cancel`, and the sink
 //! also answers `false` from then on so the row is evicted at its next token.
+//!
+//! Tokenization and chat-template rendering never run on the JS thread: `generate` /
+//! `complete` run the contract's cheap checks there (so bad options still throw or reject at
+//! once), and a request whose prompt is text or messages is tokenized by the engine's
+//! [`Preparer`] thread, which then queues it; token-id prompts are queued at once.
 
 mod js;
 mod options;
@@ -15,14 +20,14 @@ mod options;
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{mpsc, Arc, Weak};
 
 use napi::bindgen_prelude::{AsyncTask, Either, ObjectFinalize, PromiseRaw, ToNapiValue, Unknown};
 use napi::{sys, Env, JsDeferred, JsValue, Task};
 use napi_derive::napi;
 use parking_lot::Mutex;
 
-use weft::engine::{Event, RowFlow};
+use weft::engine::{CheckedRequest, Event, RowFlow, Submitter};
 use weft::generate::FinishReason as WeftFinish;
 
 use crate::js::{Fail, JsRef, Raw, Res};
@@ -250,13 +255,81 @@ pub fn register_error_class(env: Env, ctor: Unknown) -> napi::Result<()> {
 
 struct Shared {
     engine: Mutex<Option<weft::engine::Engine>>,
+    preparer: Preparer,
     info: ModelInfo,
 }
 
 impl Shared {
-    fn cancel(&self, id: u64) {
-        if let Some(e) = self.engine.lock().as_ref() {
-            e.cancel(id);
+    /// Cancels the row's request once it is in the engine; a row still being prepared is
+    /// cancelled by the preparer as soon as it has been queued (it reads `row.cancelled`).
+    fn cancel(&self, row: &Row) {
+        row.cancelled.store(true, Ordering::SeqCst);
+        let id = row.id.load(Ordering::SeqCst);
+        if id != 0 {
+            if let Some(e) = self.engine.lock().as_ref() {
+                e.cancel(id);
+            }
+        }
+    }
+}
+
+/// Work for the preparer thread, in the order `generate` / `complete` / `close` were called.
+enum Job {
+    /// Tokenize (or render the chat template of) a checked request and queue it for its row.
+    Submit(CheckedRequest, Arc<Row>),
+    /// Answered once every earlier job is done (`close` waits for it before shutting down).
+    Barrier(mpsc::Sender<()>),
+}
+
+/// One thread per engine that tokenizes requests off the JS thread and queues them. It ends
+/// when the engine object is freed (its channel closes).
+struct Preparer {
+    tx: mpsc::Sender<Job>,
+}
+
+impl Preparer {
+    fn start(submitter: Submitter) -> Res<Preparer> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("weft-node-prepare".into())
+            .spawn(move || {
+                for job in rx {
+                    match job {
+                        Job::Submit(checked, row) => queue_row(&submitter, checked, &row),
+                        Job::Barrier(done) => {
+                            let _ = done.send(());
+                        }
+                    }
+                }
+            })
+            .map_err(|e| Fail::new("INTERNAL", format!("cannot start the tokenizer thread: {e}")))?;
+        Ok(Preparer { tx })
+    }
+
+    fn barrier(&self) -> mpsc::Receiver<()> {
+        let (done, wait) = mpsc::channel();
+        let _ = self.tx.send(Job::Barrier(done));
+        wait
+    }
+}
+
+/// Queues a checked request for `row` (tokenizing it first when it needs it); a request the
+/// engine refuses (a prompt longer than the context, over the KV budget, a template error, a
+/// closed engine) ends the row with that error and its own code.
+fn queue_row(submitter: &Submitter, checked: CheckedRequest, row: &Arc<Row>) {
+    let sink_row = Arc::clone(row);
+    let sink: weft::engine::Sink = Box::new(move |ev: &Event| on_event(&sink_row, ev));
+    match submitter.submit_checked(checked, sink, Some(row.flow.clone())) {
+        Ok(id) => {
+            row.id.store(id, Ordering::SeqCst);
+            if row.cancelled.load(Ordering::SeqCst) {
+                submitter.cancel(id);
+            }
+        }
+        Err(e) => {
+            let mut st = row.state.lock();
+            st.end = Some(End::Failed(Fail::from(e)));
+            flush_end(&mut st, row.serial);
         }
     }
 }
@@ -286,8 +359,9 @@ impl Task for LoadTask {
         })
     }
 
-    fn resolve(&mut self, _env: Env, (engine, info): Self::Output) -> napi::Result<Engine> {
-        Ok(Engine { shared: Arc::new(Shared { engine: Mutex::new(Some(engine)), info }) })
+    fn resolve(&mut self, env: Env, (engine, info): Self::Output) -> napi::Result<Engine> {
+        let preparer = Preparer::start(engine.submitter()).map_err(|f| js::to_napi(env.raw(), &f))?;
+        Ok(Engine { shared: Arc::new(Shared { engine: Mutex::new(Some(engine)), preparer, info }) })
     }
 
     fn reject(&mut self, env: Env, err: napi::Error) -> napi::Result<Engine> {
@@ -317,6 +391,8 @@ fn load_engine(params: options::LoadParams) -> Res<(weft::engine::Engine, ModelI
 
 pub struct CloseTask {
     engine: Option<weft::engine::Engine>,
+    /// Requests still being tokenized are queued first, so `close` cancels them too.
+    prepared: Option<mpsc::Receiver<()>>,
 }
 
 impl Task for CloseTask {
@@ -324,6 +400,9 @@ impl Task for CloseTask {
     type JsValue = ();
 
     fn compute(&mut self) -> napi::Result<()> {
+        if let Some(wait) = self.prepared.take() {
+            let _ = wait.recv();
+        }
         if let Some(e) = self.engine.take() {
             e.shutdown();
         }
@@ -377,7 +456,7 @@ impl Engine {
         let result = self.start(raw, options.map(|o| o.raw()), false).and_then(|generation| {
             let mut st = generation.row.state.lock();
             if let Some(end) = st.end.take() {
-                // Cannot happen (the engine answers on its own thread), but stay correct.
+                // The preparer refused the request before this call got here.
                 drop(st);
                 return settle_now(&env, &generation.row, end).map(|p| p.0);
             }
@@ -418,25 +497,39 @@ impl Engine {
     /// `ENGINE_CLOSED`; closing twice is harmless.
     #[napi(ts_return_type = "Promise<void>")]
     pub fn close(&self) -> AsyncTask<CloseTask> {
-        AsyncTask::new(CloseTask { engine: self.shared.engine.lock().take() })
+        let engine = self.shared.engine.lock().take();
+        let prepared = engine.is_some().then(|| self.shared.preparer.barrier());
+        AsyncTask::new(CloseTask { engine, prepared })
     }
 
+    /// Checks the request here (cheap: bad options fail at once); a token-id prompt is queued
+    /// here too, a text or messages prompt by the preparer thread once it is tokenized.
     fn start(&self, env: sys::napi_env, options: Option<sys::napi_value>, stream: bool) -> Res<Generation> {
         let params = options::generate_params(env, options)?;
         let row = Arc::new(Row {
             state: Mutex::new(RowState::new(stream, params.request.logprobs.is_some())),
             cancelled: AtomicBool::new(false),
+            id: AtomicU64::new(0),
             serial: NEXT_SERIAL.fetch_add(1, Ordering::Relaxed),
             flow: RowFlow::new(),
         });
-        let id = {
+        {
             let guard = self.shared.engine.lock();
             let engine = guard.as_ref().ok_or_else(Fail::closed)?;
-            let sink_row = Arc::clone(&row);
-            let flow = row.flow.clone();
-            engine.submit_with_flow(params.request, Box::new(move |ev: &Event| on_event(&sink_row, ev)), flow)?
-        };
-        let generation = Generation { row, shared: Arc::clone(&self.shared), id };
+            let checked = engine.check(params.request)?;
+            if checked.needs_tokenizing() {
+                // Under the engine lock, so a `close` after this call waits for it.
+                if self.shared.preparer.tx.send(Job::Submit(checked, Arc::clone(&row))).is_err() {
+                    return Err(Fail::new("INTERNAL", "the tokenizer thread has stopped"));
+                }
+            } else {
+                let sink_row = Arc::clone(&row);
+                let sink = Box::new(move |ev: &Event| on_event(&sink_row, ev));
+                let id = engine.submitter().submit_checked(checked, sink, Some(row.flow.clone()))?;
+                row.id.store(id, Ordering::SeqCst);
+            }
+        }
+        let generation = Generation { row, shared: Arc::clone(&self.shared) };
         if let Some(signal) = params.signal {
             if let Err(f) = watch_signal(env, signal, &generation) {
                 generation.cancel_row();
@@ -471,7 +564,6 @@ static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
 fn watch_signal(env: sys::napi_env, signal: sys::napi_value, generation: &Generation) -> Res<()> {
     let row = Arc::downgrade(&generation.row);
     let shared: Weak<Shared> = Arc::downgrade(&generation.shared);
-    let id = generation.id;
     if js::as_bool(env, js::get(env, signal, "aborted")?)? {
         generation.cancel_row();
         return Ok(());
@@ -479,9 +571,9 @@ fn watch_signal(env: sys::napi_env, signal: sys::napi_value, generation: &Genera
     let env_ = Env::from_raw(env);
     let func = env_.create_function_from_closure::<(), (), _>("weftAbort", move |_ctx| {
         if let Some(row) = row.upgrade() {
-            row.cancelled.store(true, Ordering::Relaxed);
+            row.cancelled.store(true, Ordering::SeqCst);
             if let Some(shared) = shared.upgrade() {
-                shared.cancel(id);
+                shared.cancel(&row);
             }
         }
         Ok(())
@@ -517,7 +609,8 @@ enum Waiter {
 /// How a row ended (its summary, for `Done`, is in `RowState::summary`).
 enum End {
     Done,
-    Failed(String),
+    /// An engine error (`GENERATION_FAILED`), or the preparer's refusal with its own code.
+    Failed(Fail),
 }
 
 struct RowState {
@@ -578,6 +671,8 @@ struct Row {
     state: Mutex<RowState>,
     /// Set by any cancellation; the sink then answers `false` so the engine drops the row.
     cancelled: AtomicBool,
+    /// The engine's request id once the row is queued; 0 while the preparer tokenizes it.
+    id: AtomicU64,
     serial: u64,
     /// Paused while `PAUSE_AT` chunks wait unread, so an iterator nobody advances parks its
     /// row in the engine instead of buffering without bound; resumed as `next()` drains it.
@@ -660,7 +755,7 @@ fn on_event(row: &Row, ev: &Event) -> bool {
             flush_end(&mut st, row.serial);
         }
         Event::Error { message } => {
-            st.end = Some(End::Failed(message.clone()));
+            st.end = Some(End::Failed(failure(message)));
             flush_end(&mut st, row.serial);
         }
     }
@@ -704,11 +799,11 @@ fn flush_end(st: &mut RowState, serial: u64) {
                         Ok(Step::Done(c))
                     }))
                 }
-                End::Failed(m) => {
-                    let m = m.clone();
+                End::Failed(f) => {
+                    let f = f.clone();
                     d.resolve(Box::new(move |env| {
                         release_listener(env.raw(), serial);
-                        Err(js::to_napi(env.raw(), &failure(&m)))
+                        Err(js::to_napi(env.raw(), &f))
                     }))
                 }
             },
@@ -722,7 +817,7 @@ fn flush_end(st: &mut RowState, serial: u64) {
             Waiter::Complete(d) => {
                 let result = match (&end, completion.clone_completion()) {
                     (End::Done, Some(c)) => Ok(c),
-                    (End::Failed(m), _) => Err(failure(m)),
+                    (End::Failed(f), _) => Err(f.clone()),
                     (End::Done, None) => Err(Fail::new("INTERNAL", "no summary")),
                 };
                 d.resolve(Box::new(move |env| {
@@ -765,7 +860,7 @@ fn settle_now(env: &Env, row: &Row, end: End) -> Res<Raw> {
             Some(c) => PromiseRaw::resolve(env, CompletionResult(c))?.raw(),
             None => return Err(Fail::new("INTERNAL", "no summary")),
         },
-        End::Failed(m) => PromiseRaw::<()>::reject(env, Raw(js::error_value(env.raw(), &failure(&m))?))?.raw(),
+        End::Failed(f) => PromiseRaw::<()>::reject(env, Raw(js::error_value(env.raw(), &f)?))?.raw(),
     };
     Ok(Raw(p))
 }
@@ -779,13 +874,11 @@ fn settle_now(env: &Env, row: &Row, end: End) -> Res<Raw> {
 pub struct Generation {
     row: Arc<Row>,
     shared: Arc<Shared>,
-    id: u64,
 }
 
 impl Generation {
     fn cancel_row(&self) {
-        self.row.cancelled.store(true, Ordering::Relaxed);
-        self.shared.cancel(self.id);
+        self.shared.cancel(&self.row);
     }
 
     fn wait(&self, env: &Env, returning: bool) -> napi::Result<Raw> {
@@ -809,8 +902,8 @@ impl Generation {
             drop(st);
             release_listener(raw, self.row.serial);
             let p = match end {
-                End::Failed(m) if !returning => {
-                    let err = js::error_value(raw, &failure(&m)).map_err(|f| js::to_napi(raw, &f))?;
+                End::Failed(f) if !returning => {
+                    let err = js::error_value(raw, &f).map_err(|f| js::to_napi(raw, &f))?;
                     PromiseRaw::<()>::reject(env, Raw(err))?.raw()
                 }
                 _ => PromiseRaw::resolve(env, Step::Done(completion))?.raw(),

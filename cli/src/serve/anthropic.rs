@@ -23,7 +23,7 @@ use weft::tokenizer::{ChatMessage, ToolCall};
 use weft::tools::{Assembler, ToolChoice, ToolDelta, ToolSpec, Tools};
 
 use super::errors::{json_response, ApiError, ErrorKind, Protocol};
-use super::params::{self, get, opt_bool, opt_count, opt_ranged, Object};
+use super::params::{self, get, opt_bool, Object};
 use super::state::{sse_event, AppState, EventStream, Generation, StreamEncoder};
 
 pub async fn messages(State(state): State<Arc<AppState>>, req: axum::extract::Request) -> Response {
@@ -217,27 +217,17 @@ async fn messages_inner(
     let body = params::read_body(req, state.limits.body_bytes).await?;
     state.check_model(body.get("model"))?;
     let tools = request_tools(&body)?;
-    let max_tokens =
-        opt_count(&body, "max_tokens", 1)?.ok_or_else(|| ApiError::field("max_tokens", "`max_tokens` is required"))?;
-    state.limits.check_max_tokens(max_tokens, "max_tokens")?;
+    if get(&body, "max_tokens").is_none() {
+        return Err(ApiError::field("max_tokens", "`max_tokens` is required"));
+    }
+    // Anthropic has temperature, top_p, top_k and stop_sequences; the rest keep the server
+    // defaults.
+    let mut request = Request::new(Input::Tokens(Vec::new()));
+    params::generation(&body, &params::ANTHROPIC, "max_tokens", &state.defaults, &mut request)?;
+    state.limits.check_max_tokens(request.max_tokens, "max_tokens")?;
     let stream = opt_bool(&body, "stream")?.unwrap_or(false);
     let messages = conversation(state, &body)?;
     state.check_prompt_bytes(messages.iter().map(|m| m.content.len()).sum())?;
-
-    // Anthropic has temperature, top_p and top_k; the rest keep the server defaults.
-    let mut sampling_fields = Object::new();
-    for key in ["temperature", "top_p", "top_k"] {
-        if let Some(v) = get(&body, key) {
-            sampling_fields.insert(key.into(), v.clone());
-        }
-    }
-    opt_ranged(&body, "temperature", 0.0, f64::MAX)?;
-    let vocab = state.engine.model_info().vocab_size as usize;
-    let mut request = Request::new(Input::Tokens(Vec::new()));
-    request.max_tokens = max_tokens;
-    request.sampling = params::sampling(&sampling_fields, &state.defaults, vocab)?;
-    request.stop = params::stop_strings(&body, "stop_sequences")?;
-    request.ignore_eos = opt_bool(&body, "ignore_eos")?.unwrap_or(false);
     let (generation, prompt_len) = state
         .blocking(move |state| {
             let (prompt, tools) = state.tokenize_chat(&messages, tools)?;
