@@ -2,8 +2,15 @@
 //! byte-level tokenizer and a ChatML template without tool support, so Weft's fallback): a
 //! named choice opens the call in the prompt, the row's tokens carry no ordinary text, the
 //! streamed deltas assemble to `Done`'s calls, and a plain row batched alongside is untouched.
+//!
+//! The call grammars: `auto`'s, switched on by the call opener, fed token by token at the
+//! constraint level (free text unmasked, then only valid calls; text, split and special-token
+//! openers), and end to end on a tiny model whose tokenizer has `<tool_call>` as one token
+//! that a logit bias makes the model write (golden rows in the same batch stay exact);
+//! `required` with parallel calls (one or more) and without (exactly one).
 
 mod support;
+mod tokenizer_support;
 
 use std::sync::mpsc::Receiver;
 
@@ -111,4 +118,288 @@ fn bad_tool_requests_fail_at_submit() {
     let request = Request { tools: Some(weather_tools(auto)), ..Request::new(Input::Messages(vec![stray])) };
     let e = engine.submit_channel(request).unwrap_err().to_string();
     assert!(e.contains("call_9") && e.contains("does not match"), "{e}");
+}
+
+// ---- the call grammars ----
+
+use weft::constrain::{self, Constraint, RowConstraint, Trigger, Triggered};
+use weft::generate::FinishReason;
+use weft::gguf::GgufHeader;
+use weft::tokenizer::Tokenizer;
+use weft::tools::ToolFormat;
+
+/// The tiny byte-level tokenizer (byte tokens 0..=255 are the bytes) plus `<tool_call>` and
+/// `</tool_call>` as single tokens: added text tokens as in Qwen's vocabulary, or with
+/// `special` the opener a control token (as `[TOOL_CALLS]` / `<|python_tag|>` are).
+fn tool_tokenizer(special: bool) -> Tokenizer {
+    use tokenizer_support::{tiny_vocab, GgufWriter, Meta, TempDir, TINY_TEMPLATE};
+    let (mut tokens, merges, mut types) = tiny_vocab();
+    // Two tokens that finish a byte-by-byte opener and run past it.
+    for (t, control) in [("<tool_call>", special), ("</tool_call>", false), (">\n{", false), (">x", false)] {
+        tokens.push(t.into());
+        types.push(if control { 3 } else { 4 });
+    }
+    let id = |t: &str| tokens.iter().position(|x| x == t).unwrap() as u32;
+    let dir = TempDir::new("tool-tok");
+    let path = GgufWriter::default()
+        .kv("general.architecture", Meta::str("llama"))
+        .kv("tokenizer.ggml.model", Meta::str("gpt2"))
+        .kv("tokenizer.ggml.pre", Meta::str("gpt2"))
+        .kv("tokenizer.ggml.bos_token_id", Meta::U32(id("<|im_start|>")))
+        .kv("tokenizer.ggml.eos_token_id", Meta::U32(id("<|im_end|>")))
+        .kv("tokenizer.chat_template", Meta::str(TINY_TEMPLATE))
+        .kv("tokenizer.ggml.tokens", Meta::strs(&tokens))
+        .kv("tokenizer.ggml.merges", Meta::strs(&merges))
+        .kv("tokenizer.ggml.token_type", Meta::i32s(&types))
+        .write(&dir.path("tok.gguf"));
+    Tokenizer::from_gguf(&GgufHeader::read(path).unwrap()).unwrap()
+}
+
+fn two_tools(choice: serde_json::Value, parallel: bool, format: ToolFormat) -> Tools {
+    let tools = json!([
+        {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"], "additionalProperties": false}}},
+        {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object",
+            "properties": {"zone": {"type": "integer"}}, "required": ["zone"], "additionalProperties": false}}}
+    ]);
+    let mut t = Tools::parse(Some(&tools), Some(&choice), Some(parallel)).unwrap().unwrap();
+    t.format = Some(format);
+    t
+}
+
+fn compiled(tools: &Tools, tok: &Tokenizer) -> RowConstraint {
+    constrain::compile(&tools.grammar().expect("a grammar"), tok).unwrap()
+}
+
+/// Feeds `text` byte token by byte token; every token must be allowed and committed.
+fn feed(c: &mut RowConstraint, tok: &Tokenizer, text: &str) {
+    for t in tok.encode(text, false).unwrap() {
+        c.prepare_mask().unwrap();
+        assert!(c.allows(t), "token {t} of {text:?} not allowed");
+        c.commit(t).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+    }
+}
+
+/// Feeds free text: no mask while waiting for the opener.
+fn feed_free(c: &mut RowConstraint, tok: &Tokenizer, text: &str) {
+    for t in tok.encode(text, false).unwrap() {
+        assert!(c.is_waiting(), "{text:?}: the grammar switched on early");
+        assert_eq!(c.bias(300, &[]).unwrap(), None, "free text is not masked");
+        c.commit(t).unwrap();
+    }
+}
+
+/// Feeds `good` then expects the first token of `bad` to be refused.
+fn refused(c: &mut RowConstraint, tok: &Tokenizer, good: &str, bad: &str) {
+    feed(c, tok, good);
+    let t = tok.encode(bad, false).unwrap()[0];
+    c.prepare_mask().unwrap();
+    assert!(!c.allows(t), "{bad:?} after {good:?} was allowed");
+    assert!(c.commit(t).is_err(), "{bad:?} after {good:?} was committed");
+}
+
+#[test]
+fn auto_grammar_switches_on_at_the_opener() {
+    for special in [false, true] {
+        let tok = tool_tokenizer(special);
+        let auto = two_tools(json!("auto"), true, ToolFormat::Hermes);
+        let call = "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+        let mut c = compiled(&auto, &tok);
+        // Free text, near misses included, then the opener as one token (text or special).
+        feed_free(&mut c, &tok, "Let me see <tool_ca <tool_x> {\"name\": ");
+        let opener = tok.encode("<tool_call>", false).unwrap();
+        assert_eq!(opener.len(), 1, "<tool_call> is one token");
+        c.commit(opener[0]).unwrap();
+        assert!(!c.is_waiting(), "special={special}: the opener switches the grammar on");
+        feed(&mut c, &tok, &format!("\n{call}"));
+        assert!(c.is_accepting() && !c.is_finished(), "a complete call; more may follow");
+        if !special {
+            // (A second opener is grammar text: Hermes' `<tool_call>` is text in its vocabularies.)
+            feed(&mut c, &tok, "\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"zone\": 3}}\n</tool_call>");
+            assert!(c.is_accepting());
+        }
+        // Bad arguments, unknown names, text after a call: refused.
+        for (good, bad) in [
+            ("\n{\"name\": \"get_weather\", \"arguments\": {\"city\": ", "5"),
+            ("\n{\"name\": \"get_weather\", \"arguments\": {\"", "town"),
+            ("\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"", ","),
+            ("\n{\"name\": \"get_", "x"),
+            ("\n{\"name\": \"get_time\", \"arguments\": {\"zone\": 3}}\n</tool_call>", "Done"),
+        ] {
+            let mut c = compiled(&auto, &tok);
+            c.commit(opener[0]).unwrap();
+            refused(&mut c, &tok, good.strip_prefix("\n").unwrap_or(good), bad);
+        }
+    }
+    // The opener written byte by byte (no single token for it) fires across tokens.
+    let tok = tool_tokenizer(false);
+    let auto = two_tools(json!("auto"), false, ToolFormat::Hermes);
+    let mut c = compiled(&auto, &tok);
+    let split: Vec<u32> = "Sure. <tool_call>".bytes().map(u32::from).collect();
+    for (i, t) in split.iter().enumerate() {
+        assert!(c.is_waiting(), "fired before byte {i}");
+        c.commit(*t).unwrap();
+    }
+    assert!(!c.is_waiting());
+    feed(&mut c, &tok, "\n{\"name\": \"get_time\", \"arguments\": {\"zone\": 12}}\n</tool_call>");
+    assert!(c.is_finished(), "without parallel calls the grammar ends after one call");
+    // A token that completes the opener and goes on: what follows the opener is checked.
+    let run_past = |last: &str| {
+        let mut c = compiled(&auto, &tok);
+        for b in "ok <tool_call".bytes() {
+            c.commit(u32::from(b)).unwrap();
+        }
+        let t = tok.encode(last, false).unwrap();
+        assert_eq!(t.len(), 1, "{last:?} is one token");
+        (c.commit(t[0]), c)
+    };
+    let (ok, mut c) = run_past(">\n{");
+    ok.unwrap();
+    feed(&mut c, &tok, "\"name\": \"get_time\", \"arguments\": {\"zone\": 1}}\n</tool_call>");
+    assert!(c.is_finished());
+    let e = run_past(">x").0.unwrap_err().to_string();
+    assert!(e.contains("not a valid call") && e.contains("\"x\""), "{e}");
+}
+
+#[test]
+fn llama_bare_call_at_the_start_and_special_triggers() {
+    let tok = tool_tokenizer(false);
+    let auto = two_tools(json!("auto"), true, ToolFormat::Llama3Json);
+    // A reply that starts with `{"name"` is a call from its first byte...
+    let mut c = compiled(&auto, &tok);
+    for t in tok.encode(" {\"name\"", false).unwrap() {
+        c.commit(t).unwrap();
+    }
+    assert!(!c.is_waiting());
+    refused(&mut c, &tok, ": \"get_time\", \"parameters\": {\"zone\": 1}}; {\"name\": \"get_weather\", \"parameters\": {\"city\": ", "{");
+    // ...one after text is not.
+    let mut c = compiled(&auto, &tok);
+    feed_free(&mut c, &tok, "Hi {\"name\": \"x\"} ");
+    assert!(c.is_waiting());
+    // A trigger that is a special token fires on that token alone.
+    let hello = Triggered { triggers: vec![Trigger { text: "<|im_start|>".into(), included: false, at_start: false }], lark: "start: \"ok\"".into() };
+    let mut c = constrain::compile(&Constraint::Triggered(hello), &tok).unwrap();
+    feed_free(&mut c, &tok, "<|im_start|"); // its text, byte by byte, is just text
+    c.commit(tok.encode("<|im_start|>", false).unwrap()[0]).unwrap();
+    assert!(!c.is_waiting());
+    feed(&mut c, &tok, "ok");
+    assert!(c.is_finished());
+}
+
+#[test]
+fn required_allows_parallel_calls_unless_told_not_to() {
+    let tok = tool_tokenizer(false);
+    // The prompt's opening ends inside the first name: `<tool_call>\n{"name": "`.
+    let rest = "get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>";
+    let mut c = compiled(&two_tools(json!("required"), true, ToolFormat::Hermes), &tok);
+    feed(&mut c, &tok, rest);
+    assert!(c.is_accepting() && !c.is_finished());
+    feed(&mut c, &tok, "\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"zone\": 2}}\n</tool_call>");
+    assert!(c.is_accepting());
+    // A newline after a call may end the list too (end-of-sequence allowed).
+    feed(&mut c, &tok, "\n");
+    assert!(c.is_accepting());
+    let mut c = compiled(&two_tools(json!("required"), false, ToolFormat::Hermes), &tok);
+    feed(&mut c, &tok, rest);
+    assert!(c.is_finished(), "parallel_tool_calls false: exactly one call");
+    // Mistral's list and Llama's `;`-separated calls.
+    let mut c = compiled(&two_tools(json!("required"), true, ToolFormat::Mistral), &tok);
+    feed(&mut c, &tok, "get_time\", \"arguments\": {\"zone\": 1}}, {\"name\": \"get_time\", \"arguments\": {\"zone\": 2}}]");
+    assert!(c.is_finished());
+}
+
+/// The tiny qwen3 model with [`tool_tokenizer`] (text `<tool_call>`).
+fn tool_engine() -> Engine {
+    let mut model = loading::load(&support::tiny_model_dir("qwen3")).unwrap();
+    model.tokenizer = Some(tool_tokenizer(false));
+    Engine::start(model, EngineConfig::default()).unwrap()
+}
+
+fn tool_chat(tools: Tools, max_tokens: usize, bias: Vec<(u32, f32)>) -> Request {
+    Request {
+        max_tokens,
+        sampling: SamplingParams { logit_bias: bias, ..SamplingParams::greedy() },
+        ignore_eos: true,
+        tools: Some(tools),
+        ..Request::new(Input::Messages(vec![ChatMessage::new("user", "Weather in Oslo?")]))
+    }
+}
+
+/// Every call valid for [`two_tools`]' schemas.
+fn assert_valid_calls(calls: &[weft::tools::ToolCall], what: &str) {
+    for call in calls {
+        let args: serde_json::Value = serde_json::from_str(&call.arguments).unwrap_or_else(|e| panic!("{what}: {e}: {call:?}"));
+        match call.name.as_str() {
+            "get_weather" => assert!(args["city"].as_str().is_some_and(|c| c.chars().count() <= 12) && args.as_object().unwrap().len() == 1, "{what}: {args}"),
+            "get_time" => assert!(args["zone"].is_i64() && args.as_object().unwrap().len() == 1, "{what}: {args}"),
+            other => panic!("{what}: unknown tool {other}"),
+        }
+    }
+}
+
+#[test]
+fn auto_calls_end_to_end_and_golden_rows_stay_exact() {
+    let engine = tool_engine();
+    let opener = tool_tokenizer(false).encode("<tool_call>", false).unwrap()[0];
+    let g = support::golden("qwen3");
+    let batch = &g["batch"].as_array().unwrap()[0];
+    let rows = batch["rows"].as_array().unwrap();
+    // The bias makes the opener the first token; from there the grammar holds.
+    let auto = |parallel| tool_chat(two_tools(json!("auto"), parallel, ToolFormat::Hermes), 120, vec![(opener, 100.0)]);
+    let (_, single) = engine.submit_channel(auto(false)).unwrap();
+    let goldens: Vec<_> = rows
+        .iter()
+        .map(|r| engine.submit_channel(support::greedy(support::ids(&r["prompt_ids"]), r["max_tokens"].as_u64().unwrap() as usize)).unwrap().1)
+        .collect();
+    let (_, many) = engine.submit_channel(auto(true)).unwrap();
+    for (r, rx) in rows.iter().zip(&goldens) {
+        let out = support::collect(rx);
+        assert_eq!(out.error, None);
+        assert_eq!(out.tokens, support::ids(&r["tokens"]), "a golden row batched with auto tool rows");
+    }
+    let single = events(single);
+    let Some(Event::Done { tool_calls, finish_reason, text, .. }) = single.last() else { panic!("{single:?}") };
+    assert_eq!((*finish_reason, text.as_str()), (FinishReason::Stop, ""), "{single:?}");
+    assert_eq!(tool_calls.len(), 1, "parallel_tool_calls false: one call");
+    assert_valid_calls(tool_calls, "auto");
+    let (_, streamed) = text_of(&single);
+    assert_eq!(streamed, "", "no call text leaks");
+    // With parallel calls and no end-of-sequence (ignore_eos), the grammar only allows more
+    // calls: several, the complete ones valid, until max_tokens.
+    let many = events(many);
+    let Some(Event::Done { tool_calls, finish_reason, .. }) = many.last() else { panic!("{many:?}") };
+    assert_eq!(*finish_reason, FinishReason::Length);
+    let complete: Vec<_> = tool_calls.iter().filter(|c| serde_json::from_str::<serde_json::Value>(&c.arguments).is_ok()).cloned().collect();
+    assert!(complete.len() >= 2, "{tool_calls:?}");
+    assert_valid_calls(&complete, "auto parallel");
+    let mut asm = Assembler::default();
+    let mut starts = Vec::new();
+    for ev in &many {
+        if let Event::Token { tool_calls, .. } = ev {
+            for d in tool_calls {
+                if let ToolDelta::Start { index, .. } = d {
+                    starts.push(*index);
+                }
+                asm.apply(d);
+            }
+        }
+    }
+    assert_eq!(starts, (0..tool_calls.len()).collect::<Vec<_>>(), "each call starts with the next index");
+    assert_eq!(&asm.calls[..complete.len()], &tool_calls[..complete.len()], "streamed deltas assemble to the calls");
+}
+
+#[test]
+fn required_parallel_end_to_end() {
+    let engine = tool_engine();
+    let (_, many) = engine.submit_channel(tool_chat(two_tools(json!("required"), true, ToolFormat::Hermes), 120, vec![])).unwrap();
+    let (_, one) = engine.submit_channel(tool_chat(two_tools(json!("required"), false, ToolFormat::Hermes), 120, vec![])).unwrap();
+    let many = events(many);
+    let Some(Event::Done { tool_calls, .. }) = many.last() else { panic!("{many:?}") };
+    let complete: Vec<_> = tool_calls.iter().filter(|c| serde_json::from_str::<serde_json::Value>(&c.arguments).is_ok()).cloned().collect();
+    assert!(complete.len() >= 2, "ignore_eos: the grammar goes on with more calls: {tool_calls:?}");
+    assert_valid_calls(&complete, "required parallel");
+    let one = events(one);
+    let Some(Event::Done { tool_calls, finish_reason, .. }) = one.last() else { panic!("{one:?}") };
+    assert_eq!((*finish_reason, tool_calls.len()), (FinishReason::Stop, 1), "{one:?}");
+    assert_valid_calls(tool_calls, "required single");
 }

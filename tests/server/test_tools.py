@@ -4,7 +4,8 @@
 
 A full loop per protocol (call -> tool result -> text answer), streaming and not, with the
 streamed deltas assembling to the non-streamed call at temperature 0; forced choices (named,
-required / any: enforced by a grammar, arguments valid for the schema); and the 400s for bad
+required / any: enforced by a grammar, arguments valid for the schema; parallel calls with
+their stream indexes); and the 400s for bad
 tool input.
 
     WEFT_URL=... WEFT_API_KEY=... WEFT_MODEL_ID=... .venv/bin/python tests/server/test_tools.py
@@ -49,7 +50,7 @@ def claude():
 
 
 def chat(**kw):
-    return oai().chat.completions.create(model=MODEL_ID, temperature=0, max_tokens=MAX, **kw)
+    return oai().chat.completions.create(model=MODEL_ID, temperature=0, **{"max_tokens": MAX, **kw})
 
 
 def streamed_calls(chunks):
@@ -104,8 +105,9 @@ class OpenAITools(unittest.TestCase):
         self.assertEqual((text, calls, finish), (answer, [], r.choices[0].finish_reason))
 
     def test_required_is_a_valid_call(self):
-        # Enforced by the grammar: a call of one of the tools, arguments valid for its schema.
-        r = chat(messages=ASK, tools=[WEATHER, TIME], tool_choice="required")
+        # Enforced by the grammar: a call of one of the tools, arguments valid for its schema;
+        # without parallel calls exactly one.
+        r = chat(messages=ASK, tools=[WEATHER, TIME], tool_choice="required", parallel_tool_calls=False)
         self.assertEqual(r.choices[0].finish_reason, "tool_calls")
         self.assertIsNone(r.choices[0].message.content)
         (call,) = r.choices[0].message.tool_calls
@@ -113,6 +115,22 @@ class OpenAITools(unittest.TestCase):
         args = json.loads(call.function.arguments)
         if call.function.name == "get_weather":
             self.assertIsInstance(args["city"], str)
+
+    def test_required_parallel_calls_stream_with_their_indexes(self):
+        # parallel_tool_calls (the default): one or more calls, each valid; the streamed deltas
+        # carry each call's index and assemble to the non-streamed calls.
+        kw = dict(messages=ASK, tools=[WEATHER, TIME], tool_choice="required", max_tokens=80)
+        r = chat(**kw)
+        calls = r.choices[0].message.tool_calls or []
+        self.assertGreaterEqual(len(calls), 1)
+        complete = r.choices[0].finish_reason == "tool_calls"
+        for c in calls if complete else calls[:-1]:
+            self.assertIn(c.function.name, ("get_weather", "get_time"))
+            self.assertIsInstance(json.loads(c.function.arguments), dict)
+        text, streamed, finish = streamed_calls(chat(stream=True, **kw))
+        self.assertEqual((text, finish), ("", r.choices[0].finish_reason))
+        self.assertEqual([(c["name"], c["arguments"]) for c in streamed],
+                         [(c.function.name, c.function.arguments) for c in calls])
 
     def test_auto_streams_what_it_returns(self):
         # Whatever the model chooses, streaming and not agree and no call text leaks.
@@ -182,7 +200,7 @@ class AnthropicTools(unittest.TestCase):
         self.assertTrue(answer.content[0].text.strip())
 
     def test_any_is_a_valid_call(self):
-        m = self.create(messages=ASK, tool_choice={"type": "any"})
+        m = self.create(messages=ASK, tool_choice={"type": "any", "disable_parallel_tool_use": True})
         self.assertEqual(m.stop_reason, "tool_use")
         self.assertEqual([(b.type, b.name) for b in m.content], [("tool_use", "get_weather")])
         self.assertIsInstance(m.content[0].input["city"], str)

@@ -11,6 +11,12 @@
 //!
 //! End-of-sequence is the row's business, not the grammar's: the row's stop ids are allowed
 //! exactly when the grammar is in an accepting state, and never appear as grammar text.
+//!
+//! A [`Triggered`] constraint (tool calls under `tool_choice: auto`) is compiled at submit
+//! like the others but waits: until one of its triggers appears in the output no mask is
+//! computed or applied (the text is free, at no cost), and from the trigger on the output
+//! must match its grammar. A trigger that is a special token of the tokenizer fires on that
+//! token; otherwise on its text, found across token boundaries.
 
 use std::fmt;
 use std::sync::{Arc, OnceLock};
@@ -37,6 +43,28 @@ pub enum Constraint {
     Lark(String),
     /// Exactly one of these strings.
     Choice(Vec<String>),
+    /// Free text until a trigger appears, then a Lark grammar (tool calls under `auto`).
+    Triggered(Triggered),
+}
+
+/// A grammar that switches on mid-output.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Triggered {
+    /// What switches the grammar on (the first to appear).
+    pub triggers: Vec<Trigger>,
+    /// The Lark grammar of the output from the trigger on.
+    pub lark: String,
+}
+
+/// One way a [`Triggered`] grammar switches on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Trigger {
+    /// The text that fires it; a special token of this name fires it too.
+    pub text: String,
+    /// The grammar's input begins with the trigger's text (else just after it).
+    pub included: bool,
+    /// Fires only when nothing but whitespace comes before it in the output.
+    pub at_start: bool,
 }
 
 impl Constraint {
@@ -48,6 +76,7 @@ impl Constraint {
             Constraint::Regex(_) => "regex",
             Constraint::Lark(_) => "grammar",
             Constraint::Choice(_) => "choice",
+            Constraint::Triggered(_) => "tools",
         }
     }
 
@@ -62,7 +91,7 @@ impl Constraint {
             }
             Constraint::JsonObject => TopLevelGrammar::from_json_schema(compact(serde_json::json!({"type": "object"}))),
             Constraint::Regex(rx) => TopLevelGrammar::from_regex(rx),
-            Constraint::Lark(lark) => {
+            Constraint::Lark(lark) | Constraint::Triggered(Triggered { lark, .. }) => {
                 if lark.trim().is_empty() {
                     return Err(bad("the grammar is empty"));
                 }
@@ -92,6 +121,7 @@ fn compact(mut schema: Value) -> Value {
 /// The model's token trie and grammar compiler, shared by every constrained row.
 pub struct ConstraintFactory {
     parsers: ParserFactory,
+    env: TokEnv,
     /// Tokens llguidance treats as end-of-sequence (masked out of grammar text).
     trie_eos: Vec<u32>,
 }
@@ -121,7 +151,7 @@ impl ConstraintFactory {
         let env: TokEnv = Arc::new(TrieEnv { trie, tokenizer: tokenizer.clone() });
         let mut parsers = ParserFactory::new_simple(&env).map_err(|e| unsupported(e.to_string()))?;
         parsers.quiet();
-        Ok(ConstraintFactory { parsers, trie_eos })
+        Ok(ConstraintFactory { parsers, env, trie_eos })
     }
 
     /// Compiles `constraint` for one row and checks that it accepts some output.
@@ -132,11 +162,16 @@ impl ConstraintFactory {
             .parsers
             .create_parser(grammar)
             .map_err(|e| Error::InvalidRequest(format!("{field}: {}", first_line(&e.to_string()))))?;
+        let waiting = match constraint {
+            Constraint::Triggered(t) => Some(Waiting::new(t, self.env.clone())),
+            _ => None,
+        };
         let mut row = RowConstraint {
             matcher: Matcher::new(Ok(parser)),
             field,
             next: None,
             trie_eos: self.trie_eos.clone(),
+            waiting,
         };
         row.prepare_mask().map_err(|e| match e {
             Error::InvalidRequest(m) => Error::InvalidRequest(format!("{m} (the constraint accepts no output)")),
@@ -182,11 +217,79 @@ pub struct RowConstraint {
     /// The mask for the next token, computed ahead of the step that needs it.
     next: Option<SimpleVob>,
     trie_eos: Vec<u32>,
+    /// A triggered grammar not switched on yet: the output is free.
+    waiting: Option<Waiting>,
 }
 
 impl fmt::Debug for RowConstraint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RowConstraint").field("field", &self.field).field("stopped", &self.matcher.is_stopped()).finish()
+        f.debug_struct("RowConstraint")
+            .field("field", &self.field)
+            .field("waiting", &self.waiting.is_some())
+            .field("stopped", &self.matcher.is_stopped())
+            .finish()
+    }
+}
+
+/// A triggered grammar's watch over the free text before its trigger.
+struct Waiting {
+    /// Each trigger with the special token that fires it, if the tokenizer has one.
+    triggers: Vec<(Trigger, Option<u32>)>,
+    env: TokEnv,
+    /// The end of the output so far, as long as a trigger could straddle (bytes).
+    tail: Vec<u8>,
+    /// The output before `tail` is whitespace only.
+    space_before_tail: bool,
+}
+
+impl Waiting {
+    fn new(t: &Triggered, env: TokEnv) -> Self {
+        let trie = env.tok_trie();
+        let triggers = t.triggers.iter().map(|tr| (tr.clone(), trie.get_special_token(&tr.text))).collect();
+        Waiting { triggers, env, tail: Vec::new(), space_before_tail: true }
+    }
+
+    /// Watches `token`; when it fires a trigger, the bytes the grammar starts with (what of
+    /// the output, from the trigger or just after it, is already written).
+    fn fire(&mut self, token: u32) -> Option<Vec<u8>> {
+        let trie = self.env.tok_trie();
+        if trie.is_special_token(token) {
+            let at_start = self.space_before_tail && self.tail.iter().all(u8::is_ascii_whitespace);
+            let fired = self.triggers.iter().find(|(tr, id)| *id == Some(token) && (!tr.at_start || at_start));
+            if let Some((tr, _)) = fired {
+                return Some(if tr.included { tr.text.as_bytes().to_vec() } else { Vec::new() });
+            }
+            // Another special token: text cannot run across it.
+            self.tail.clear();
+            self.space_before_tail = false;
+            return None;
+        }
+        let mut text = std::mem::take(&mut self.tail);
+        text.extend_from_slice(trie.token(token));
+        // The earliest trigger in the text (ties: the longest).
+        let mut best: Option<(usize, &Trigger)> = None;
+        for (tr, _) in &self.triggers {
+            let needle = tr.text.as_bytes();
+            if needle.is_empty() {
+                continue;
+            }
+            let Some(at) = text.windows(needle.len()).position(|w| w == needle) else { continue };
+            if tr.at_start && !(self.space_before_tail && text[..at].iter().all(u8::is_ascii_whitespace)) {
+                continue;
+            }
+            if best.is_none_or(|(b, bt)| at < b || (at == b && needle.len() > bt.text.len())) {
+                best = Some((at, tr));
+            }
+        }
+        if let Some((at, tr)) = best {
+            let from = if tr.included { at } else { at + tr.text.len() };
+            return Some(text[from..].to_vec());
+        }
+        let keep = self.triggers.iter().map(|(t, _)| t.text.len()).max().unwrap_or(1).saturating_sub(1);
+        let cut = text.len().saturating_sub(keep);
+        self.space_before_tail &= text[..cut].iter().all(u8::is_ascii_whitespace);
+        self.tail = text[cut..].to_vec();
+        None
     }
 }
 
@@ -194,7 +297,7 @@ impl RowConstraint {
     /// Computes the next token's mask if it is not known yet (the expensive part: run it off
     /// the critical path).
     pub fn prepare_mask(&mut self) -> Result<()> {
-        if self.next.is_none() && !self.matcher.is_stopped() {
+        if self.waiting.is_none() && self.next.is_none() && !self.matcher.is_stopped() {
             let mask = self.matcher.compute_mask().map_err(|e| self.error(e))?;
             self.next = Some(mask);
         }
@@ -203,22 +306,38 @@ impl RowConstraint {
 
     /// A mask is still to be computed before the next token can be sampled.
     pub fn needs_mask(&self) -> bool {
-        self.next.is_none() && !self.matcher.is_stopped()
+        self.waiting.is_none() && self.next.is_none() && !self.matcher.is_stopped()
+    }
+
+    /// A triggered grammar still waiting for its trigger: the output is free, no mask applies.
+    pub fn is_waiting(&self) -> bool {
+        self.waiting.is_some()
     }
 
     /// The grammar is complete: nothing but end-of-sequence may follow.
     pub fn is_finished(&self) -> bool {
-        self.matcher.is_stopped()
+        self.waiting.is_none() && self.matcher.is_stopped()
     }
 
-    /// The output so far is a complete match (end-of-sequence is allowed here).
+    /// The output so far is a complete match (end-of-sequence is allowed here); free text
+    /// before a trigger is.
     pub fn is_accepting(&mut self) -> bool {
-        self.matcher.is_accepting().unwrap_or(false)
+        self.waiting.is_some() || self.matcher.is_accepting().unwrap_or(false)
     }
 
-    /// The additive bias for a logits row of `width`: 0 for allowed tokens, -inf for the rest.
+    /// Whether `token` may come next ([`RowConstraint::prepare_mask`] first); any token may
+    /// while a triggered grammar waits.
+    pub fn allows(&self, token: u32) -> bool {
+        self.waiting.is_some() || self.next.as_ref().is_some_and(|m| m.is_allowed(token))
+    }
+
+    /// The additive bias for a logits row of `width`: 0 for allowed tokens, -inf for the rest;
+    /// `None` while a triggered grammar waits (no mask: the logits stay as they are).
     /// Call [`RowConstraint::prepare_mask`] first.
-    pub fn bias(&mut self, width: usize, stop_ids: &[u32]) -> Result<Vec<f32>> {
+    pub fn bias(&mut self, width: usize, stop_ids: &[u32]) -> Result<Option<Vec<f32>>> {
+        if self.waiting.is_some() {
+            return Ok(None);
+        }
         self.prepare_mask()?;
         let mut bias = vec![f32::NEG_INFINITY; width];
         if let Some(mask) = &self.next {
@@ -239,11 +358,31 @@ impl RowConstraint {
                 *b = if accepting { 0.0 } else { f32::NEG_INFINITY };
             }
         }
-        Ok(bias)
+        Ok(Some(bias))
     }
 
     /// Advances the grammar by a sampled token (never an end-of-sequence id: the row ends there).
+    /// Before its trigger a triggered grammar only watches; the token that fires it hands the
+    /// grammar what of the output is already written from the trigger on.
     pub fn commit(&mut self, token: u32) -> Result<()> {
+        if let Some(waiting) = self.waiting.as_mut() {
+            let Some(written) = waiting.fire(token) else { return Ok(()) };
+            let env = waiting.env.clone();
+            self.waiting = None;
+            if written.is_empty() {
+                return Ok(()); // the mask computed at submit is the one for the grammar's start
+            }
+            self.next = None;
+            let tokens = env.tok_trie().greedy_tokenize(&written);
+            return self.matcher.consume_tokens(&tokens).map_err(|e| {
+                Error::InvalidRequest(format!(
+                    "{}: the output after a tool call's opening is not a valid call ({:?}): {}",
+                    self.field,
+                    String::from_utf8_lossy(&written),
+                    first_line(&e.to_string())
+                ))
+            });
+        }
         self.next = None;
         self.matcher.consume_token(token).map_err(|e| self.error(e))
     }

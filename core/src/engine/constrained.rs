@@ -85,7 +85,9 @@ pub(super) fn masked(row: &mut Row, logits: &Array) -> Result<Array> {
     let Some(c) = row.constraint.as_mut() else { return Ok(logits.clone()) };
     let width = *logits.shape().last().unwrap_or(&0) as usize;
     let bias = match c.bias(width, &row.stop_token_ids) {
-        Ok(bias) => bias,
+        Ok(Some(bias)) => bias,
+        // A triggered grammar before its trigger: free text.
+        Ok(None) => return Ok(logits.clone()),
         // The grammar failed for this row alone: it ends with the error, the batch goes on.
         Err(e) => {
             row.fail_later(&e);
@@ -106,7 +108,8 @@ pub(super) fn batch_bias(rows: &mut [Row], width: usize, dtype: mlx_rs::Dtype) -
         }
         let Some(c) = row.constraint.as_mut() else { continue };
         match c.bias(width, &row.stop_token_ids) {
-            Ok(bias) => all[b * width..(b + 1) * width].copy_from_slice(&bias),
+            Ok(Some(bias)) => all[b * width..(b + 1) * width].copy_from_slice(&bias),
+            Ok(None) => {} // a triggered grammar before its trigger: free text
             Err(e) => row.fail_later(&e),
         }
     }

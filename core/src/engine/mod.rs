@@ -659,16 +659,23 @@ pub fn finish_prepare(
             prompt
         }
     };
-    // A forced tool choice is enforced with its grammar (known once the call syntax is).
+    // Tool calls are enforced with their grammar (known once the call syntax is): forced from
+    // the start for required / named, from the call opener on for auto (which gives way to
+    // the caller's own constraint).
     if let Some(grammar) = request.tools.as_ref().and_then(|t| t.grammar()) {
-        if let Some(other) = &request.constraint {
-            return Err(Error::InvalidRequest(format!(
-                "tool_choice: a required or named tool call cannot be combined with {}",
-                other.field()
-            )));
+        match (&request.constraint, &grammar) {
+            (None, _) => {
+                constraint = Some(compile_constraint(&grammar, tokenizer)?);
+                request.constraint = Some(grammar);
+            }
+            (Some(_), Constraint::Triggered(_)) => {}
+            (Some(other), _) => {
+                return Err(Error::InvalidRequest(format!(
+                    "tool_choice: a required or named tool call cannot be combined with {}",
+                    other.field()
+                )))
+            }
         }
-        constraint = Some(compile_constraint(&grammar, tokenizer)?);
-        request.constraint = Some(grammar);
     }
     let stop_token_ids = if request.ignore_eos { Vec::new() } else { eos_token_ids.to_vec() };
     Ok(Submission { id, prompt, request, stop_token_ids, sink: EventSink::new(sink), flow: None, constraint })
