@@ -187,6 +187,40 @@ fn fast_mode_next_token_distribution_stays_close_on_tiny_quantized_models() {
     }
 }
 
+/// Fast mode also stacks q/k/v and gate/up into one matmul each at load: on float models the
+/// fused dense matmuls (another BLAS blocking) are held to the same bound against exact mode,
+/// with and without projection biases (Qwen2) and q/k norms (Qwen3, Gemma 3).
+#[test]
+fn fast_mode_with_fused_float_projections_stays_close_on_tiny_float_models() {
+    for (model, golden) in [("llama-fp32", "llama-fp32"), ("qwen2", "qwen2"), ("qwen3", "qwen3"), ("gemma3-text", "gemma3")] {
+        compare_modes(model, &tiny_model_dir(model), &golden_cases(golden));
+    }
+}
+
+/// Fused quantized projections are the separate layers' packed rows stacked, and the fast kernel
+/// computes each output column alone, so fusing changes no bit of the logits.
+#[test]
+fn fused_quantized_projections_give_the_separate_layers_logits() {
+    use weft::nn::with_fused_projections;
+    let mut models: Vec<(String, std::path::PathBuf)> = vec![("llama-4bit".into(), tiny_model_dir("llama-4bit"))];
+    if let Some(p) = default_model() {
+        models.push(("smollm2 (Q4_1 GGUF)".into(), p));
+    }
+    for (name, path) in models {
+        let load = |fuse| with_cpu_kernels(CpuKernels::Fast, || with_fused_projections(fuse, || loading::load(&path))).unwrap();
+        let (fused, separate) = (load(true), load(false));
+        let vocab = fused.model.info().vocab_size as usize;
+        for prompt in [vec![1u32, 2, 3, 4, 5, 6, 7], vec![9u32]] {
+            let opts = GenerateOptions { max_tokens: 3, capture_first_logits: vocab, ..GenerateOptions::default() };
+            let f = generate(fused.model.as_ref(), None, &prompt, &opts, |_| true).unwrap();
+            let s = generate(separate.model.as_ref(), None, &prompt, &opts, |_| true).unwrap();
+            let differ = f.first_logits.iter().zip(&s.first_logits).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            assert_eq!(differ, 0, "{name}: {differ} of {vocab} logits differ, fused vs separate ({}-token prompt)", prompt.len());
+            assert_eq!(f.tokens, s.tokens, "{name}");
+        }
+    }
+}
+
 #[test]
 fn fast_mode_next_token_distribution_stays_close_on_the_default_model() {
     let Some(path) = default_model() else { return };
@@ -251,4 +285,56 @@ fn quantized_linear_switches_to_dequantize_from_the_row_count() {
         let want = if rows >= 4 { dense } else { qmm };
         assert_eq!(got, want, "{rows} rows");
     }
+}
+
+/// `Linear::concat_outputs` (projection fusion at load): dense and quantized layers of one form
+/// stack into one layer whose output is theirs concatenated, bit for bit (the fast kernel and
+/// the reference BLAS compute each output column alone); layers of different forms stay apart.
+#[test]
+fn concatenated_linears_compute_the_parts_outputs() {
+    use weft::nn::{Linear, QuantConfig, Weights};
+    let in_dim = 256;
+    let quantized = |seed: u64, out_dim: i32, bits: i32| {
+        let (wq, s, b) = quantize(&random(&[out_dim, in_dim], seed), 32, bits).unwrap();
+        let tensors = [("l.weight", wq), ("l.scales", s), ("l.biases", b)].into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+        let quant = QuantConfig::from_json(&serde_json::json!({"group_size": 32, "bits": bits})).unwrap();
+        with_cpu_kernels(CpuKernels::Fast, || Linear::load(&mut Weights::new(tensors, Some(quant)), "l", in_dim, out_dim, false)).unwrap()
+    };
+    let dense = |seed: u64, out_dim: i32| {
+        let tensors = [("l.weight", random(&[out_dim, in_dim], seed)), ("l.bias", random(&[out_dim], seed + 100))]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        Linear::load(&mut Weights::new(tensors, None), "l", in_dim, out_dim, true).unwrap()
+    };
+    for rows in [1, 5] {
+        let x = random(&[rows, in_dim], 40 + rows as u64);
+        for parts in [vec![quantized(1, 64, 4), quantized(2, 32, 4), quantized(3, 32, 4)], vec![dense(4, 64), dense(5, 96)]] {
+            let want: Vec<Array> = parts.iter().map(|l| l.forward(&x).unwrap()).collect();
+            let want = to_vec(&mlx_rs::ops::concatenate(&want, -1).unwrap());
+            let fused = Linear::concat_outputs(parts).unwrap().unwrap_or_else(|_| panic!("the parts stack"));
+            assert_eq!(to_vec(&fused.forward(&x).unwrap()), want, "{rows} rows");
+        }
+    }
+    let mixed = Linear::concat_outputs(vec![quantized(6, 32, 4), quantized(7, 32, 8)]).unwrap();
+    assert!(matches!(mixed, Err(ref p) if p.len() == 2), "4- and 8-bit layers do not stack");
+    let mixed = Linear::concat_outputs(vec![quantized(8, 32, 4), dense(9, 32)]).unwrap();
+    assert!(mixed.is_err(), "quantized and dense layers do not stack");
+}
+
+/// The kernel's aarch64 NEON path, cross-compiled and run under qemu against a scalar
+/// reference (scripts/test-kernel-aarch64; ~30 s). Skipped, loudly, only when the cross
+/// toolchain is absent (the script exits 77; scripts/setup installs it on x86-64 Debian).
+#[test]
+fn aarch64_neon_kernel_matches_a_scalar_reference_under_qemu() {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/test-kernel-aarch64");
+    let out = std::process::Command::new(&script).output().unwrap_or_else(|e| panic!("{}: {e}", script.display()));
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    if out.status.code() == Some(77) {
+        eprintln!("\n{stderr}");
+        return;
+    }
+    assert!(out.status.success(), "{}: {}\n{stdout}\n{stderr}", script.display(), out.status);
+    assert!(stdout.contains(" 0 mismatching outputs"), "{stdout}");
+    eprintln!("{stdout}");
 }

@@ -4,8 +4,9 @@
 //! logits (one prompt longer than the 512-token sliding window), and batched generation through
 //! the engine with that long prompt in the batch. Those run in the exact mode
 //! (`GgufWeights::Dequantize`: every tensor float32, the goldens' weights); the default mode
-//! (`Native`: Q4_K / Q5_0 / Q8_0 stay quantized, lossless) is gated against it by KL divergence
-//! and memory.
+//! (`Native`: Q4_K / Q5_0 / Q8_0 stay quantized, lossless; with the fast CPU kernels the nine
+//! Q6_K `ffn_down` matrices are rounded to 8 bits, lossy) is gated against it by KL divergence
+//! and memory, and the Q6_K rounding error against gguf-py's expansion is bounded.
 
 mod support;
 
@@ -84,9 +85,9 @@ fn single_and_batched_generation_match_mlx_lm() {
 
 
 /// The default load (quantized weights, fast CPU kernels) against the exact mode: the same
-/// dequantized weight values, summed in another order, so the next-token distributions agree
-/// to far below anything a sampler notices, the greedy trajectories are the goldens, and the
-/// weights take under a third of the memory.
+/// dequantized weight values except the Q6_K matrices rounded to 8 bits, summed in another
+/// order. Measured: first-step KL 2.1e-4 nats (6e-11 with Q6_K kept float32), the greedy
+/// trajectories are the goldens, and the weights take 323 MB against 1072 MB.
 #[test]
 fn native_quantized_weights_stay_close_to_the_exact_mode() {
     let Some(path) = gemma3_270m() else { return };
@@ -114,7 +115,7 @@ fn native_quantized_weights_stay_close_to_the_exact_mode() {
         let opts = GenerateOptions { max_tokens: want.len(), capture_first_logits: vocab, ..GenerateOptions::default() };
         let n = generate(native.model.as_ref(), None, &prompt, &opts, |_| true).unwrap();
         let d = kl(&e.first_logits, &n.first_logits);
-        assert!(d < 1e-4, "{}-token prompt: KL(exact || native) = {d:e} nats", prompt.len());
+        assert!(d < 1e-3, "{}-token prompt: KL(exact || native) = {d:e} nats", prompt.len());
         worst = worst.max(d);
         assert_eq!(n.tokens, want, "greedy tokens of the native weights after {} prompt tokens", prompt.len());
     }
@@ -122,5 +123,52 @@ fn native_quantized_weights_stay_close_to_the_exact_mode() {
         "gemma-3-270m native vs exact: weights {:.0} MB vs {:.0} MB, worst first-step KL {worst:.2e} nats",
         native_bytes / 1e6,
         exact_bytes / 1e6
+    );
+}
+
+/// Fast mode rounds the file's Q6_K tensors (nine `ffn_down` matrices) to 8-bit group 32: the
+/// error against gguf-py's expansion (`gguf_dequant`, bit-exact with it), over every element.
+#[test]
+fn q6_k_tensors_round_to_8_bits_with_a_small_error() {
+    use weft::gguf::GgmlType;
+    use weft::loading::{gguf_affine, gguf_dequant};
+    let Some(path) = gemma3_270m() else { return };
+    let header = GgufHeader::read(&path).unwrap();
+    let file = std::fs::read(&path).unwrap();
+    let (mut tensors, mut n, mut sum, mut max, mut sum_sq_w, mut max_of_step) = (0, 0usize, 0.0f64, 0.0f64, 0.0f64, 0.0f64);
+    for t in header.tensors.iter().filter(|t| t.ggml_type() == GgmlType::Q6_K) {
+        let cols = t.dims[0] as usize;
+        let count: usize = t.dims.iter().product::<u64>() as usize;
+        let start = (header.data_offset + t.offset) as usize;
+        let bytes = &file[start..start + count / 256 * 210];
+        let want = gguf_dequant::dequantize(GgmlType::Q6_K, bytes, count).unwrap();
+        let a = gguf_affine::requantize_q6_k(bytes, cols).unwrap();
+        assert_eq!((a.bits, a.scales.len()), (8, count / 32), "{}", t.name);
+        for (g, w) in want.chunks_exact(32).enumerate() {
+            // The file's own step in this group: the larger of its two sub-blocks' scales.
+            let block = &bytes[g / 8 * 210..][..210];
+            let d = half::f16::from_le_bytes([block[208], block[209]]).to_f32() as f64;
+            let step = d.abs() * (block[192 + 2 * (g % 8)] as i8).unsigned_abs().max((block[193 + 2 * (g % 8)] as i8).unsigned_abs()) as f64;
+            for (i, &v) in w.iter().enumerate() {
+                let c = (a.packed[(g * 32 + i) / 4] >> (8 * (i % 4))) & 0xFF;
+                let e = ((a.scales[g] * c as f32 + a.biases[g]) as f64 - v as f64).abs();
+                assert!(e <= step * 64.0 / 510.0 * (1.0 + 1e-4), "{} group {g}: error {e:e}, Q6_K step {step:e}", t.name);
+                sum += e;
+                max = max.max(e);
+                max_of_step = max_of_step.max(if step > 0.0 { e / step } else { 0.0 });
+                sum_sq_w += (v as f64).powi(2);
+            }
+        }
+        n += count;
+        tensors += 1;
+    }
+    assert!(tensors > 0, "the Q4_K_M file has Q6_K tensors");
+    let (mean, rms_w) = (sum / n as f64, (sum_sq_w / n as f64).sqrt());
+    // Every element is within 64/510 of the file's own step (asserted above); measured: mean
+    // |error| 6.0e-5 against a weight RMS of 1.6e-2 (0.4%), max 2.0e-3.
+    assert!(mean < 0.01 * rms_w, "Q6_K -> 8-bit: mean |error| {mean:e}, max {max:e}, weight RMS {rms_w:e}");
+    eprintln!(
+        "gemma-3-270m Q6_K -> 8-bit g32 ({tensors} tensors, {n} weights): mean |error| {mean:.2e}, max {max:.2e} \
+         ({max_of_step:.3} of the Q6_K step), weight RMS {rms_w:.2e}"
     );
 }

@@ -17,8 +17,9 @@
 //! The products are exact in float32 (an fp16 times a small integer), so `scale * q + bias`
 //! gives the very float32 values [`super::gguf_dequant`] (gguf-py's reference) produces (up to
 //! the sign of a zero).
-//! Q6_K (16-element sub-blocks with their own scales; MLX's smallest group is 32) and other
-//! types have no lossless affine form and are expanded to float32 instead.
+//! Q6_K (16-element sub-blocks with their own scales; MLX's smallest group is 32) has no
+//! lossless affine form: [`requantize_q6_k`] rounds it to 8-bit group 32 (lossy, for the fast
+//! CPU kernels; the error bound is stated there). Other types are expanded to float32.
 //!
 //! A 5-bit type can be widened to 8 bits (the same codes, scales and biases, so still lossless):
 //! Weft's fast CPU kernels run 4- and 8-bit weights only, and 8-bit codes read faster there
@@ -27,7 +28,7 @@
 //! Codes are packed the way MLX packs them: each row's codes as one little-endian bit stream of
 //! `bits`-bit fields in u32 words (for 3/5/6 bits too; checked against `mx.quantize`).
 
-use super::gguf_dequant::{half_at, k_scales_mins, nibbles};
+use super::gguf_dequant::{half_at, k_scales_mins, nibbles, q6_k};
 use crate::gguf::GgmlType;
 use crate::{Error, Result};
 
@@ -119,6 +120,61 @@ pub fn repack(t: GgmlType, data: &[u8], cols: usize, widen_5_to_8: bool) -> Resu
     Ok(Affine { bits, packed: pack(&codes, bits, cols), scales, biases })
 }
 
+/// Q6_K as MLX 8-bit group 32, lossy. A 32-element group spans two 16-element Q6_K sub-blocks
+/// with scales `s1`, `s2`; where `s1 == s2` the group is `s * q - 32 s` with the file's 6-bit
+/// codes (exact). Otherwise the group's 32 reference values (gguf-py's float32 expansion) are
+/// rounded to the 256-level grid from their minimum to their maximum: every element moves by at
+/// most `(max - min) / 510`, at most 64/510 (about 1/8) of the file's own quantization step in
+/// the sub-block with the larger scale (the group's range is at most 64 of those steps).
+pub fn requantize_q6_k(data: &[u8], cols: usize) -> Result<Affine> {
+    const BLOCK: usize = 256;
+    const BLOCK_BYTES: usize = 210;
+    if cols % BLOCK != 0 || data.len() % BLOCK_BYTES != 0 {
+        return Err(Error::ModelLoad(format!("GGUF Q6_K rows of {cols} elements do not hold whole blocks")));
+    }
+    let n = data.len() / BLOCK_BYTES * BLOCK;
+    let mut codes = Vec::with_capacity(n);
+    let mut scales = Vec::with_capacity(n / GROUP_SIZE);
+    let mut biases = Vec::with_capacity(n / GROUP_SIZE);
+    let mut values = Vec::with_capacity(BLOCK);
+    for b in data.chunks_exact(BLOCK_BYTES) {
+        values.clear();
+        q6_k(b, &mut values);
+        let d = half_at(b, 208);
+        for (g, group) in values.chunks_exact(GROUP_SIZE).enumerate() {
+            let (s1, s2) = (b[192 + 2 * g] as i8, b[192 + 2 * g + 1] as i8);
+            if s1 == s2 {
+                // v = s (q - 32) with s = d * sc: s * q, 32 s and their difference are exact in
+                // float32 (at most 24 significant bits), so MLX's `scale * q + bias` is v.
+                let s = d * s1 as f32;
+                scales.push(s);
+                biases.push(-32.0 * s);
+                codes.extend(q6_codes(b, g));
+                continue;
+            }
+            let lo = group.iter().copied().fold(f32::INFINITY, f32::min);
+            let hi = group.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let step = (hi - lo) / 255.0;
+            scales.push(step);
+            biases.push(lo);
+            codes.extend(group.iter().map(|&v| if step > 0.0 { ((v - lo) / step).round().clamp(0.0, 255.0) as u8 } else { 0 }));
+        }
+    }
+    Ok(Affine { bits: 8, packed: pack(&codes, 8, cols), scales, biases })
+}
+
+/// The unsigned 6-bit codes (0..64, value = scale * (q - 32)) of elements `32 g .. 32 g + 32` of
+/// a Q6_K block: low 4 bits in `ql`, high 2 bits in `qh` (the layout `gguf_dequant` expands).
+fn q6_codes(b: &[u8], g: usize) -> impl Iterator<Item = u8> + '_ {
+    let (ql, qh) = (&b[..128], &b[128..192]);
+    (g * GROUP_SIZE..(g + 1) * GROUP_SIZE).map(move |i| {
+        let (half, j) = (i / 128, i % 128);
+        let lo = (ql[half * 64 + j % 64] >> ((j / 64) * 4)) & 0x0F;
+        let hi = (qh[half * 32 + j % 32] >> ((j / 32) * 2)) & 0x03;
+        lo | (hi << 4)
+    })
+}
+
 /// Q5_0 / Q5_1 codes: the nibbles plus bit i of the little-endian u32 `qh` as bit 4 of element i.
 fn with_high_bits<'a>(qs: &'a [u8], qh: &[u8]) -> impl Iterator<Item = u8> + 'a {
     let qh = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
@@ -196,6 +252,56 @@ mod tests {
                 assert_eq!(differing, 0, "{name} (widened: {widen}): {differing} of {} values differ", want.len());
             }
         }
+    }
+
+    #[test]
+    fn q6_k_requantized_to_8_bits_stays_within_its_bound() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../goldens/gguf/dequant");
+        let data = std::fs::read(dir.join("Q6_K.bin")).unwrap();
+        let want: Vec<f32> = std::fs::read(dir.join("Q6_K.f32"))
+            .unwrap()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let cols = 256;
+        let a = requantize_q6_k(&data, cols).unwrap();
+        assert_eq!(a.bits, 8);
+        let got = dequantize(&a, cols);
+        assert_eq!(got.len(), want.len());
+        let (mut max_err, mut sum_err, mut max_rel) = (0.0f64, 0.0f64, 0.0f64);
+        for (g, (got, want)) in got.chunks_exact(GROUP_SIZE).zip(want.chunks_exact(GROUP_SIZE)).enumerate() {
+            let lo = want.iter().copied().fold(f32::INFINITY, f32::min) as f64;
+            let hi = want.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+            for (x, y) in got.iter().zip(want) {
+                let e = (*x as f64 - *y as f64).abs();
+                // Half a step of the 8-bit grid, plus float32 rounding of scale * q + bias.
+                assert!(e <= (hi - lo) / 510.0 * 1.0001 + 1e-7 * hi.abs().max(lo.abs()), "group {g}: error {e}");
+                max_err = max_err.max(e);
+                sum_err += e;
+                if hi > lo {
+                    max_rel = max_rel.max(e / (hi - lo));
+                }
+            }
+        }
+        let mean = sum_err / want.len() as f64;
+        // The blocks hold real errors, not a silently exact copy: rounding happened somewhere.
+        assert!(max_err > 0.0);
+        eprintln!("Q6_K -> 8-bit g32: max |error| {max_err:.3e}, mean {mean:.3e}, max error / group range {max_rel:.4}");
+    }
+
+    #[test]
+    fn q6_k_groups_with_one_scale_repack_exactly() {
+        // A block whose sixteen sub-block scales are all 3: every group takes the exact form.
+        let mut block = vec![0u8; 210];
+        for (i, b) in block[..192].iter_mut().enumerate() {
+            *b = (i * 37 % 251) as u8;
+        }
+        block[192..208].fill(3);
+        block[208..210].copy_from_slice(&half::f16::from_f32(0.0123).to_le_bytes());
+        let mut want = Vec::new();
+        q6_k(&block, &mut want);
+        let got = dequantize(&requantize_q6_k(&block, 256).unwrap(), 256);
+        assert_eq!(got, want);
     }
 
     #[test]

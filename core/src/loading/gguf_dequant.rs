@@ -150,7 +150,7 @@ fn q5_k(b: &[u8], out: &mut Vec<f32>) {
 /// Q6_K: 16 sub-blocks of 16 with int8 scales; low 4 bits in `ql` (2 chunks of 64 bytes, each
 /// covering 128 elements as low then high nibbles), high 2 bits in `qh` (2 chunks of 32 bytes,
 /// four 2-bit fields per byte).
-fn q6_k(b: &[u8], out: &mut Vec<f32>) {
+pub(super) fn q6_k(b: &[u8], out: &mut Vec<f32>) {
     let (ql, qh, scales) = (&b[..128], &b[128..192], &b[192..208]);
     let d = half_at(b, 208);
     let start = out.len();

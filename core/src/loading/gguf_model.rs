@@ -4,7 +4,8 @@
 //!
 //! Files with other block types are read here ([`repacked_arrays`]): in [`GgufWeights::Native`]
 //! mode the types with a lossless affine form stay quantized (`super::gguf_affine`: Q5_0/Q5_1 →
-//! 5-bit, Q4_K → 4-bit, Q5_K → 5-bit, all group 32), the rest are expanded to float32; in
+//! 5-bit, Q4_K → 4-bit, Q5_K → 5-bit, all group 32), Q6_K is rounded to 8-bit group 32 with the
+//! fast CPU kernels (float32 otherwise), the rest are expanded to float32; in
 //! [`GgufWeights::Dequantize`] mode everything is expanded (the goldens' weights).
 //!
 //! Conversion decisions (the goldens script does the same in Python):
@@ -21,10 +22,10 @@ use std::path::Path;
 use mlx_rs::{Array, Dtype};
 use serde_json::json;
 
-use super::gguf_affine::{affine_bits, repack};
+use super::gguf_affine::{affine_bits, repack, requantize_q6_k};
 use super::gguf_dequant::{block_geometry, dequantize};
 use super::{build_model, push_unique, GenerationDefaults, GgufWeights, LoadedModel};
-use crate::gguf::{GgufHeader, SUPPORTED_TENSOR_TYPES};
+use crate::gguf::{GgmlType, GgufHeader, SUPPORTED_TENSOR_TYPES};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 
@@ -370,8 +371,10 @@ fn repacked_arrays(h: &GgufHeader, path: &Path, weights: GgufWeights) -> Result<
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     // SAFETY: read-only mapping of a model file we do not modify; extents were checked.
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
-    // Weft's fast CPU kernels take 4 and 8 bits: 5-bit types go to 8 bits there.
-    let widen = crate::kernels::cpu_kernels()? == crate::kernels::CpuKernels::Fast && crate::default_device() == "cpu";
+    // Weft's fast CPU kernels take 4 and 8 bits: 5-bit types go to 8 bits there, and Q6_K is
+    // rounded to 8 bits (lossy, so only in fast mode: exact mode keeps its float32 expansion).
+    let fast = crate::kernels::cpu_kernels()? == crate::kernels::CpuKernels::Fast && crate::default_device() == "cpu";
+    let widen = fast;
     let mut out = Vec::with_capacity(h.tensors.len());
     for t in &h.tensors {
         let (block, block_bytes) = block_geometry(t.ggml_type())
@@ -380,10 +383,13 @@ fn repacked_arrays(h: &GgufHeader, path: &Path, weights: GgufWeights) -> Result<
         let start = (h.data_offset + t.offset) as usize;
         let bytes = &map[start..start + (n as usize / block) * block_bytes];
         let shape: Vec<i32> = t.dims.iter().rev().map(|&d| d as i32).collect();
-        let affine = weights == GgufWeights::Native && shape.len() == 2 && affine_bits(t.ggml_type()).is_some();
-        if affine {
+        let matrix = weights == GgufWeights::Native && shape.len() == 2;
+        let lossless = matrix && affine_bits(t.ggml_type()).is_some();
+        let rounded = matrix && fast && t.ggml_type() == GgmlType::Q6_K;
+        if lossless || rounded {
             let (rows, cols) = (shape[0], shape[1] as usize);
-            let a = repack(t.ggml_type(), bytes, cols, widen).map_err(|e| Error::ModelLoad(format!("GGUF tensor '{}': {e}", t.name)))?;
+            let a = if lossless { repack(t.ggml_type(), bytes, cols, widen) } else { requantize_q6_k(bytes, cols) }
+                .map_err(|e| Error::ModelLoad(format!("GGUF tensor '{}': {e}", t.name)))?;
             let (base, _) = split_suffix(&t.name);
             let groups = (cols / super::gguf_affine::GROUP_SIZE) as i32;
             out.push((t.name.clone(), Array::from_slice(&a.packed, &[rows, (cols * a.bits as usize / 32) as i32])));

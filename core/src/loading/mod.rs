@@ -45,7 +45,8 @@ impl std::fmt::Debug for LoadedModel {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum GgufWeights {
     /// Types with a lossless MLX affine form (Q4_0/1, Q5_0/1, Q8_0, Q4_K, Q5_K) stay quantized
-    /// ([`gguf_affine`]); the rest (Q6_K, ...) are expanded to float32.
+    /// ([`gguf_affine`]); Q6_K is rounded to 8-bit group 32 when the fast CPU kernels are on
+    /// (lossy, [`gguf_affine::requantize_q6_k`]); the rest are expanded to float32.
     #[default]
     Native,
     /// Every tensor expanded to float32: the weights the mlx-lm goldens run (mlx-lm cannot read

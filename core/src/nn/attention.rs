@@ -25,7 +25,8 @@ pub struct AttentionOptions {
 
 enum Projections {
     Separate { q_proj: Linear, k_proj: Linear, v_proj: Linear },
-    /// One `qkv_proj` whose output splits at `[q, q + kv]` (mlx `mx.split`).
+    /// One `qkv_proj` whose output splits at `[q, q + kv]` (mlx `mx.split`): Phi-3's layout, or
+    /// separate projections stacked at load ([`super::fuse_projections`]).
     Fused { qkv_proj: Linear, q: i32, kv: i32 },
 }
 
@@ -56,7 +57,19 @@ impl Attention {
         let q_proj = Linear::load(w, &format!("{prefix}.q_proj"), h, opts.heads * hd, opts.qkv_bias)?;
         let k_proj = Linear::load(w, &format!("{prefix}.k_proj"), h, opts.kv_heads * hd, opts.qkv_bias)?;
         let v_proj = Linear::load(w, &format!("{prefix}.v_proj"), h, opts.kv_heads * hd, opts.qkv_bias)?;
-        Self::with_projections(w, prefix, opts, Projections::Separate { q_proj, k_proj, v_proj })
+        let proj = if super::fuse_projections()? {
+            match Linear::concat_outputs(vec![q_proj, k_proj, v_proj])? {
+                Ok(qkv_proj) => Projections::Fused { qkv_proj, q: opts.heads * hd, kv: opts.kv_heads * hd },
+                Err(parts) => {
+                    let mut parts = parts.into_iter();
+                    let (q_proj, k_proj, v_proj) = (parts.next().expect("q"), parts.next().expect("k"), parts.next().expect("v"));
+                    Projections::Separate { q_proj, k_proj, v_proj }
+                }
+            }
+        } else {
+            Projections::Separate { q_proj, k_proj, v_proj }
+        };
+        Self::with_projections(w, prefix, opts, proj)
     }
 
     /// Phi-3's layout: one fused `qkv_proj` (no biases).

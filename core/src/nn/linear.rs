@@ -82,7 +82,101 @@ pub fn with_dequantize_rows<R>(rows: i32, f: impl FnOnce() -> R) -> R {
     f()
 }
 
+thread_local! {
+    static FUSE: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Whether layers loaded now on this thread fuse the projections that read one input (q/k/v,
+/// gate/up) into one matmul: only with the fast CPU kernels on the CPU. One larger matmul
+/// saves a dispatch and a pass over the input per projection; fused dense matmuls are not
+/// bit-equal to separate ones (BLAS blocks them differently), so exact mode keeps them apart.
+pub fn fuse_projections() -> Result<bool> {
+    if let Some(on) = FUSE.with(|f| f.get()) {
+        return Ok(on);
+    }
+    Ok(crate::default_device() == "cpu" && kernels::cpu_kernels()? == CpuKernels::Fast)
+}
+
+/// Runs `f` (a model load) with projection fusion forced on or off, on this thread only (tests
+/// and benchmarks compare the two).
+pub fn with_fused_projections<R>(on: bool, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<bool>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            FUSE.with(|r| r.set(self.0));
+        }
+    }
+    let _restore = Restore(FUSE.with(|r| r.replace(Some(on))));
+    f()
+}
+
 impl Linear {
+    /// One layer whose output is the `parts`' outputs concatenated along the last axis, when
+    /// they can be stacked: all dense of one dtype, or all quantized with one bits / group size
+    /// / path (packed codes, scales and biases stack along the output rows), and all with or
+    /// all without a bias. Otherwise the parts come back unchanged.
+    pub fn concat_outputs(parts: Vec<Linear>) -> Result<std::result::Result<Linear, Vec<Linear>>> {
+        use mlx_rs::ops::concatenate;
+        let cat = |arrays: Vec<&Array>| -> Result<Array> {
+            let a = concatenate(&arrays, 0)?;
+            // Materialize now: a lazy op would belong to this thread's stream, and the model
+            // may run on another thread (the engine's driver).
+            a.eval()?;
+            Ok(a)
+        };
+        let bias = |l: &Linear| match l {
+            Linear::Dense { bias, .. } | Linear::Quantized { bias, .. } => bias.clone(),
+        };
+        let biases: Vec<Option<Array>> = parts.iter().map(bias).collect();
+        if parts.len() < 2 || !(biases.iter().all(Option::is_some) || biases.iter().all(Option::is_none)) {
+            return Ok(Err(parts));
+        }
+        let fused_bias = match biases.iter().map(|b| b.as_ref()).collect::<Option<Vec<_>>>() {
+            Some(b) => Some(cat(b)?),
+            None => None,
+        };
+        match &parts[0] {
+            Linear::Dense { weight: w0, .. } => {
+                let weights: Option<Vec<&Array>> = parts
+                    .iter()
+                    .map(|l| match l {
+                        Linear::Dense { weight, .. } if weight.dtype() == w0.dtype() && weight.dim(-1) == w0.dim(-1) => Some(weight),
+                        _ => None,
+                    })
+                    .collect();
+                match weights {
+                    Some(weights) => Ok(Ok(Linear::Dense { weight: cat(weights)?, bias: fused_bias })),
+                    None => Ok(Err(parts)),
+                }
+            }
+            Linear::Quantized { weight: w0, spec: spec0, path: path0, .. } => {
+                let (spec, path) = (*spec0, *path0);
+                let triples: Option<Vec<(&Array, &Array, &Array)>> = parts
+                    .iter()
+                    .map(|l| match l {
+                        Linear::Quantized { weight, scales, biases, spec: s, path: p, .. }
+                            if *s == spec && *p == path && weight.dim(-1) == w0.dim(-1) =>
+                        {
+                            Some((weight, scales, biases))
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                match triples {
+                    Some(t) => Ok(Ok(Linear::Quantized {
+                        weight: cat(t.iter().map(|x| x.0).collect())?,
+                        scales: cat(t.iter().map(|x| x.1).collect())?,
+                        biases: cat(t.iter().map(|x| x.2).collect())?,
+                        bias: fused_bias,
+                        spec,
+                        path,
+                    })),
+                    None => Ok(Err(parts)),
+                }
+            }
+        }
+    }
+
     pub fn load(w: &mut Weights, prefix: &str, in_dim: i32, out_dim: i32, bias: bool) -> Result<Self> {
         let bias = if bias {
             Some(w.take(&format!("{prefix}.bias"), &[out_dim])?)

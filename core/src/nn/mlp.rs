@@ -15,7 +15,8 @@ pub enum MlpActivation {
 
 enum GateUp {
     Separate { gate_proj: Linear, up_proj: Linear },
-    /// Phi-3's `gate_up_proj`: gate then up halves (`mx.split(x, 2, axis=-1)`).
+    /// Phi-3's `gate_up_proj`, or separate projections stacked at load
+    /// ([`super::fuse_projections`]): gate then up halves (`mx.split(x, 2, axis=-1)`).
     Fused(Linear),
 }
 
@@ -38,11 +39,21 @@ impl Mlp {
         bias: bool,
         activation: MlpActivation,
     ) -> Result<Self> {
+        let gate_proj = Linear::load(w, &format!("{prefix}.gate_proj"), hidden, intermediate, bias)?;
+        let up_proj = Linear::load(w, &format!("{prefix}.up_proj"), hidden, intermediate, bias)?;
+        let gate_up = if super::fuse_projections()? {
+            match Linear::concat_outputs(vec![gate_proj, up_proj])? {
+                Ok(fused) => GateUp::Fused(fused),
+                Err(mut parts) => {
+                    let up_proj = parts.pop().expect("two parts");
+                    GateUp::Separate { gate_proj: parts.pop().expect("two parts"), up_proj }
+                }
+            }
+        } else {
+            GateUp::Separate { gate_proj, up_proj }
+        };
         Ok(Mlp {
-            gate_up: GateUp::Separate {
-                gate_proj: Linear::load(w, &format!("{prefix}.gate_proj"), hidden, intermediate, bias)?,
-                up_proj: Linear::load(w, &format!("{prefix}.up_proj"), hidden, intermediate, bias)?,
-            },
+            gate_up,
             down_proj: Linear::load(w, &format!("{prefix}.down_proj"), intermediate, hidden, bias)?,
             activation,
         })
