@@ -124,8 +124,13 @@ impl Linear {
             a.eval()?;
             Ok(a)
         };
+        // A sharded-to-all layer all-sums its output across ranks: never stacked.
+        if parts.iter().any(|l| matches!(l, Linear::ShardedToAll { .. })) {
+            return Ok(Err(parts));
+        }
         let bias = |l: &Linear| match l {
             Linear::Dense { bias, .. } | Linear::Quantized { bias, .. } => bias.clone(),
+            Linear::ShardedToAll { .. } => None,
         };
         let biases: Vec<Option<Array>> = parts.iter().map(bias).collect();
         if parts.len() < 2 || !(biases.iter().all(Option::is_some) || biases.iter().all(Option::is_none)) {
@@ -174,6 +179,7 @@ impl Linear {
                     None => Ok(Err(parts)),
                 }
             }
+            Linear::ShardedToAll { .. } => Ok(Err(parts)),
         }
     }
 
