@@ -1,14 +1,19 @@
-//! Turning a logits row into the next token: mlx-lm's logits processors (logit bias,
-//! repetition / presence / frequency penalties over the last `penalty_context` tokens) run as MLX
-//! ops exactly as mlx-lm applies them; greedy is `argmax(logprobs)` (first index on ties). The
-//! stochastic path (temperature, top-p, min-p, top-k) runs on the host over the logprobs row with
-//! a per-request RNG, so every request carries its own seed without serializing anything.
+//! Turning a logits row into the next token, entirely as MLX ops (so a decode step can be built
+//! from the previous step's unread token, see the engine's executor): mlx-lm's logits processors
+//! (logit bias, repetition / presence / frequency penalties over the last `penalty_context`
+//! tokens) run exactly as mlx-lm applies them; greedy is `argmax(logprobs)` (first index on
+//! ties). The stochastic path applies mlx-lm's top-p / min-p / top-k filters with mlx-lm's ops
+//! ([`keep_mask`]) and picks by Gumbel-max: `argmax(logprobs / T + g)` over the kept tokens, `g`
+//! Gumbel noise from MLX's counter-based generator under a key drawn from the request's own RNG,
+//! one key per step. The key does not depend on the token, so it is drawn before the previous
+//! token is known, and each request's draws stay its own however the batch is composed.
 //!
 //! Parity with mlx-lm 0.32 (`mlx_lm/sample_utils.py`) is checked by `tests/sampling.rs` against
 //! `goldens/sampling/` (greedy trajectories through the processors; filter kept-sets).
 
 use mlx_rs::ops::indexing::{argmax_axis, IndexOp, TryIndexMutOp, TryIndexUpdateOp, UpdateMode};
-use mlx_rs::Array;
+use mlx_rs::ops::{concatenate, cumsum, sort_axis};
+use mlx_rs::{Array, Dtype};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -153,6 +158,14 @@ impl Sampler {
     /// where `ctx` is the last `penalty_context` observed tokens (prompt included) and scalars
     /// are cast to the logits dtype first (MLX's weak scalar typing).
     pub fn process_logits(&self, logits: &Array) -> Result<Array> {
+        self.process_logits_pending(logits, None)
+    }
+
+    /// [`Sampler::process_logits`] when the newest token of the history is still on the device
+    /// (`pending`, `[1]`, not yet [`Sampler::observe`]d): the penalty window is the last
+    /// `penalty_context - 1` observed tokens and then `pending`, the same ids in the same order
+    /// as once it is observed, so the result is bit-identical.
+    pub fn process_logits_pending(&self, logits: &Array, pending: Option<&Array>) -> Result<Array> {
         let p = &self.params;
         let mut logits = logits.clone();
         if !p.logit_bias.is_empty() {
@@ -162,11 +175,21 @@ impl Sampler {
             let vals = Array::from_slice(&vals, &[vals.len() as i32]).as_dtype(logits.dtype())?;
             logits = scatter_add(&logits, &ids, &vals)?;
         }
-        if self.recent.is_empty() || !p.has_penalties() {
+        if (self.recent.is_empty() && pending.is_none()) || !p.has_penalties() {
             return Ok(logits);
         }
-        let ids: Vec<i32> = self.recent.iter().map(|&t| t as i32).collect();
-        let ids = Array::from_slice(&ids, &[ids.len() as i32]);
+        let ids = match pending {
+            None => {
+                let ids: Vec<i32> = self.recent.iter().map(|&t| t as i32).collect();
+                Array::from_slice(&ids, &[ids.len() as i32])
+            }
+            Some(token) => {
+                let keep = p.penalty_context.max(1) - 1;
+                let host: Vec<i32> = self.recent[self.recent.len().saturating_sub(keep)..].iter().map(|&t| t as i32).collect();
+                let host = Array::from_slice(&host, &[host.len() as i32]);
+                concatenate(&[host, token.reshape(&[1])?.as_dtype(Dtype::Int32)?], 0)?
+            }
+        };
         let dtype = logits.dtype();
         let scalar = |x: f32| Array::from_f32(x).as_dtype(dtype);
         if let Some(pen) = p.repetition_penalty.filter(|&x| x != 1.0) {
@@ -200,38 +223,78 @@ impl Sampler {
         Ok(argmax_axis(logprobs, -1, None)?)
     }
 
-    /// Chooses a token from one row of log-probabilities on the host: greedy at temperature 0,
-    /// else [`filter_logprobs`] then a draw from `softmax(logprobs / temperature)` over the kept
-    /// tokens with this request's RNG.
-    pub fn sample_host(&mut self, logprobs: &[f32]) -> u32 {
+    /// The key of this request's next sampled step, from its RNG (one per step, whatever the
+    /// token: it can be drawn before the previous token is read).
+    fn next_key(&mut self) -> Result<Array> {
+        Ok(mlx_rs::random::key(self.rng.random::<u64>())?)
+    }
+
+    /// Chooses the next token on the device from `[1, V]` processed log-probabilities → `[1]`
+    /// uint32: `argmax` at temperature 0; otherwise the kept tokens of [`keep_mask`] (mlx-lm's
+    /// filters) and the Gumbel-max draw `argmax(logprobs * (1 / T) + g)` over them (mlx-lm's
+    /// `categorical(logprobs * (1 / temp))`), `g = -log(-log(u))` with `u` uniform in
+    /// `[f32::MIN_POSITIVE, 1)` under this step's key, so every noise value is finite and a
+    /// kept token always outranks a dropped one. One key is drawn per call.
+    pub fn choose(&mut self, logprobs: &Array) -> Result<Array> {
         let p = &self.params;
         if p.temperature == 0.0 {
-            return first_argmax(logprobs);
+            return Self::argmax(logprobs);
         }
-        let keep = filter_logprobs(logprobs, p);
-        let inv_t = 1.0 / p.temperature as f64;
-        let max = (0..logprobs.len())
-            .filter(|&i| keep[i])
-            .map(|i| logprobs[i] as f64 * inv_t)
-            .fold(f64::NEG_INFINITY, f64::max);
-        if !max.is_finite() {
-            return first_argmax(logprobs);
-        }
-        let weights: Vec<f64> = (0..logprobs.len())
-            .map(|i| if keep[i] { (logprobs[i] as f64 * inv_t - max).exp() } else { 0.0 })
-            .collect();
-        let total: f64 = weights.iter().sum();
-        let mut r = self.rng.random::<f64>() * total;
-        for (i, w) in weights.iter().enumerate() {
-            if *w > 0.0 {
-                if r < *w {
-                    return i as u32;
-                }
-                r -= w;
-            }
-        }
-        weights.iter().rposition(|w| *w > 0.0).unwrap_or(0) as u32
+        let lp = logprobs.as_dtype(Dtype::Float32)?;
+        let keep = keep_mask(&lp, p)?;
+        let inv_t = (1.0 / p.temperature as f64) as f32;
+        let key = self.next_key()?;
+        let u = mlx_rs::random::uniform::<f32, f32>(f32::MIN_POSITIVE, 1.0, lp.shape(), &key)?;
+        let gumbel = u.log()?.negative()?.log()?.negative()?;
+        let scores = lp.multiply(Array::from_f32(inv_t))?.add(&gumbel)?;
+        let scores = mlx_rs::ops::select(&keep, &scores, Array::from_f32(f32::NEG_INFINITY))?;
+        Self::argmax(&scores)
     }
+}
+
+/// mlx-lm's sampling filters as MLX ops over float32 log-probabilities `[N, V]`, in
+/// `make_sampler`'s order (`apply_top_p` if `0 < top_p < 1`, `apply_min_p` if `min_p > 0`,
+/// top-k if `0 < top_k < V`): `true` where a token survives (never a `-inf` entry). top-p and
+/// min-p are mlx-lm's ops (sort, reverse exclusive cumsum of `exp`, `num_dropped`, threshold;
+/// `max + f32(ln(min_p))`); top-k keeps the k largest with the lower index winning among equal
+/// values at the boundary (mlx-lm's argpartition leaves that open), so `top_k = 1` is greedy.
+/// Each filter keeps everything at or above some value, so intersecting them on the original
+/// row equals applying them one after another. [`filter_logprobs`] is the host statement of
+/// the same rule.
+pub fn keep_mask(logprobs: &Array, params: &SamplingParams) -> Result<Array> {
+    let n = *logprobs.shape().last().unwrap_or(&0);
+    let neg_inf = Array::from_f32(f32::NEG_INFINITY);
+    let mut keep = logprobs.gt(&neg_inf)?;
+    let top_p = params.top_p > 0.0 && params.top_p < 1.0;
+    let top_k = params.top_k > 0 && (params.top_k as i64) < n as i64;
+    let sorted = if top_p || top_k { Some(sort_axis(logprobs, -1)?) } else { None };
+    if let (true, Some(sorted)) = (top_p, &sorted) {
+        let probs = sorted.exp()?;
+        let mass_above = cumsum(&probs, -1, true, false)?;
+        let total = mass_above.index((.., ..1)).add(probs.index((.., ..1)))?;
+        let target = total.multiply(Array::from_f32(params.top_p))?;
+        let dropped = mass_above.ge(&target)?.sum_axis(-1, true)?.as_dtype(Dtype::Int32)?;
+        // All of a row can count as dropped only when it is all -inf (nothing survives anyway).
+        let dropped = mlx_rs::ops::minimum(&dropped, Array::from_int(n - 1))?;
+        let threshold = sorted.take_along_axis(&dropped, -1)?;
+        keep = keep.logical_and(&logprobs.ge(&threshold)?)?;
+    }
+    if params.min_p > 0.0 {
+        let top = logprobs.max_axis(-1, true)?;
+        let cut = top.add(Array::from_f32((params.min_p as f64).ln() as f32))?;
+        keep = keep.logical_and(&logprobs.ge(&cut)?)?;
+    }
+    if let (true, Some(sorted)) = (top_k, &sorted) {
+        let k = params.top_k as i32;
+        let kth = sorted.index((.., n - k..n - k + 1));
+        let above = logprobs.gt(&kth)?;
+        let at = logprobs.eq(&kth)?;
+        let room = Array::from_int(k).subtract(above.as_dtype(Dtype::Int32)?.sum_axis(-1, true)?)?;
+        // Equal values at the boundary: the first ones in index order fill the room left.
+        let rank = cumsum(at.as_dtype(Dtype::Int32)?, -1, false, true)?;
+        keep = keep.logical_and(&above.logical_or(&at.logical_and(&rank.le(&room)?)?)?)?;
+    }
+    Ok(keep)
 }
 
 /// `a.at[:, ids].add(updates)` for `a` of shape `[1, V]` (updates broadcast to `[1, len(ids)]`).

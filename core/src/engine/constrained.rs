@@ -29,7 +29,7 @@ impl PendingMasks {
         let taken: Vec<(usize, RowConstraint, Result<()>)> = rows
             .iter_mut()
             .enumerate()
-            .filter(|(_, r)| r.constraint.as_ref().is_some_and(RowConstraint::needs_mask))
+            .filter(|(_, r)| r.finish.is_none() && r.constraint.as_ref().is_some_and(RowConstraint::needs_mask))
             .filter_map(|(b, r)| r.constraint.take().map(|c| (b, c, Ok(()))))
             .collect();
         let work: Work = Arc::new(Mutex::new((taken, Duration::ZERO)));
@@ -40,11 +40,6 @@ impl PendingMasks {
         // Should the thread not start, `join` computes the masks on the caller's thread.
         let job = std::thread::Builder::new().name("weft-masks".into()).spawn(move || compute(&shared)).ok();
         PendingMasks { work, job }
-    }
-
-    /// Whether any mask is being computed.
-    pub(super) fn is_running(&self) -> bool {
-        self.job.is_some()
     }
 
     /// Waits for the masks and gives the constraints back to their rows; a row whose mask
@@ -101,7 +96,8 @@ pub(super) fn masked(row: &mut Row, logits: &Array) -> Result<Array> {
 pub(super) fn batch_bias(rows: &mut [Row], width: usize, dtype: mlx_rs::Dtype) -> Result<Array> {
     let mut all = vec![0.0f32; rows.len() * width];
     for (b, row) in rows.iter_mut().enumerate() {
-        if row.error.is_some() {
+        // Failed or finished rows (their token is thrown away) keep a zero bias.
+        if row.error.is_some() || row.finish.is_some() {
             continue;
         }
         let Some(c) = row.constraint.as_mut() else { continue };
