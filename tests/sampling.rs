@@ -11,7 +11,7 @@ use serde_json::Value;
 use support::*;
 use weft::generate::{generate, FinishReason, GenerateOptions};
 use weft::loading::{self, LoadedModel};
-use weft::sampling::{filter_logprobs, first_argmax, keep_mask, Sampler, SamplingParams};
+use weft::sampling::{draw_rows, filter_logprobs, first_argmax, keep_mask, Sampler, SamplingParams};
 use weft::Error;
 
 fn sampling_golden(name: &str) -> Value {
@@ -267,6 +267,39 @@ fn seeded_sampling_is_reproducible_and_seed_dependent() {
     };
     assert_eq!(draws(42), draws(42));
     assert_ne!(draws(42), draws(43));
+}
+
+#[test]
+fn a_batched_draw_equals_each_row_drawn_alone() {
+    // The engine draws all sampled rows of a step at once, each with its own settings and key;
+    // each row's tokens must be what the row gets alone (per-row filters, per-row noise).
+    let params = [
+        SamplingParams { temperature: 0.7, top_p: 0.9, seed: Some(1), ..SamplingParams::default() },
+        SamplingParams { temperature: 1.3, top_k: 3, seed: Some(2), ..SamplingParams::default() },
+        SamplingParams { temperature: 1.0, min_p: 0.1, seed: Some(3), ..SamplingParams::default() },
+        SamplingParams { temperature: 2.0, seed: Some(4), ..SamplingParams::default() },
+        SamplingParams { temperature: 0.5, top_p: 0.6, top_k: 5, min_p: 0.05, seed: Some(5), ..SamplingParams::default() },
+    ];
+    let rows: Vec<Vec<f32>> = (0..params.len())
+        .map(|r| log_softmax(&(0..12).map(|i| ((i * 7 + r * 3) % 11) as f64 * 0.4 - 1.0).collect::<Vec<_>>()))
+        .collect();
+    let flat: Vec<f32> = rows.iter().flatten().copied().collect();
+    let batch = mlx_rs::Array::from_slice(&flat, &[rows.len() as i32, 12]);
+    let mut together: Vec<Sampler> = params.iter().cloned().map(Sampler::new).collect();
+    let mut alone: Vec<Sampler> = params.iter().cloned().map(Sampler::new).collect();
+    let mut differs = 0;
+    for _ in 0..60 {
+        let mut refs: Vec<&mut Sampler> = together.iter_mut().collect();
+        let t = draw_rows(&batch, &mut refs).unwrap();
+        t.eval().unwrap();
+        for (r, s) in alone.iter_mut().enumerate() {
+            let one = s.choose(&mlx_rs::Array::from_slice(&rows[r], &[1, 12])).unwrap();
+            let one = weft::generate::read_token(&one).unwrap();
+            assert_eq!(t.as_slice::<u32>()[r], one, "row {r}");
+            differs += (one != first_argmax(&rows[r])) as usize;
+        }
+    }
+    assert!(differs > 30, "the draws barely left the argmax ({differs})");
 }
 
 #[test]

@@ -106,7 +106,8 @@ impl SamplingParams {
             || self.frequency_penalty.is_some_and(|p| p != 0.0)
     }
 
-    fn has_processors(&self) -> bool {
+    /// A logit bias or a penalty is set (the logits go through [`Sampler::process_logits`]).
+    pub fn has_processors(&self) -> bool {
         !self.logit_bias.is_empty() || self.has_penalties()
     }
 
@@ -229,27 +230,52 @@ impl Sampler {
         Ok(mlx_rs::random::key(self.rng.random::<u64>())?)
     }
 
-    /// Chooses the next token on the device from `[1, V]` processed log-probabilities → `[1]`
-    /// uint32: `argmax` at temperature 0; otherwise the kept tokens of [`keep_mask`] (mlx-lm's
-    /// filters) and the Gumbel-max draw `argmax(logprobs * (1 / T) + g)` over them (mlx-lm's
-    /// `categorical(logprobs * (1 / temp))`), `g = -log(-log(u))` with `u` uniform in
-    /// `[f32::MIN_POSITIVE, 1)` under this step's key, so every noise value is finite and a
-    /// kept token always outranks a dropped one. One key is drawn per call.
+    /// Chooses the next token on the device from `[N, V]` processed log-probabilities → `[N]`
+    /// uint32 (one draw per row, all under one key): `argmax` at temperature 0; otherwise
+    /// [`draw_rows`]'s draw. One key is drawn per call at temperature > 0.
     pub fn choose(&mut self, logprobs: &Array) -> Result<Array> {
-        let p = &self.params;
-        if p.temperature == 0.0 {
+        if self.params.temperature == 0.0 {
             return Self::argmax(logprobs);
         }
         let lp = logprobs.as_dtype(Dtype::Float32)?;
-        let keep = keep_mask(&lp, p)?;
-        let inv_t = (1.0 / p.temperature as f64) as f32;
-        let key = self.next_key()?;
-        let u = mlx_rs::random::uniform::<f32, f32>(f32::MIN_POSITIVE, 1.0, lp.shape(), &key)?;
-        let gumbel = u.log()?.negative()?.log()?.negative()?;
-        let scores = lp.multiply(Array::from_f32(inv_t))?.add(&gumbel)?;
-        let scores = mlx_rs::ops::select(&keep, &scores, Array::from_f32(f32::NEG_INFINITY))?;
-        Self::argmax(&scores)
+        let noise = gumbel_noise(lp.shape(), &self.next_key()?)?;
+        let rows = lp.shape().first().copied().unwrap_or(1).max(1) as usize;
+        draw(&lp, &vec![&self.params; rows], &noise)
     }
+}
+
+/// Gumbel noise `-log(-log(u))`, `u` uniform in `[f32::MIN_POSITIVE, 1)` under `key` (MLX's
+/// counter-based generator), so every value is finite.
+fn gumbel_noise(shape: &[i32], key: &Array) -> Result<Array> {
+    let u = mlx_rs::random::uniform::<f32, f32>(f32::MIN_POSITIVE, 1.0, shape, key)?;
+    Ok(u.log()?.negative()?.log()?.negative()?)
+}
+
+/// One draw per row of float32 log-probabilities `[S, V]` (temperature > 0 rows), row `i` with
+/// `samplers[i]`'s settings and the next key of its RNG: the same choice [`Sampler::choose`]
+/// makes for that row alone with that key (the filters and the noise are row-wise). `[S]` uint32.
+pub fn draw_rows(logprobs: &Array, samplers: &mut [&mut Sampler]) -> Result<Array> {
+    let width = *logprobs.shape().last().unwrap_or(&0);
+    let noise: Vec<Array> = samplers.iter_mut().map(|s| gumbel_noise(&[1, width], &s.next_key()?)).collect::<Result<_>>()?;
+    let params: Vec<&SamplingParams> = samplers.iter().map(|s| &s.params).collect();
+    draw(logprobs, &params, &concatenate(&noise, 0)?)
+}
+
+/// Gumbel-max over the kept tokens: `argmax(where(keep, logprobs * (1 / T) + noise, -inf))`
+/// (mlx-lm's `categorical(logprobs * (1 / temp))` restricted to [`keep_mask`]); a kept token
+/// always outranks a dropped one. `params` has one entry per row.
+fn draw(logprobs: &Array, params: &[&SamplingParams], noise: &Array) -> Result<Array> {
+    let keep = keep_mask_rows(logprobs, params)?;
+    let inv_t = column(params, |p| (1.0 / p.temperature as f64) as f32);
+    let scores = logprobs.multiply(&inv_t)?.add(noise)?;
+    let scores = mlx_rs::ops::select(&keep, &scores, Array::from_f32(f32::NEG_INFINITY))?;
+    Sampler::argmax(&scores)
+}
+
+/// A `[rows, 1]` float32 column of one value per row's settings.
+fn column(params: &[&SamplingParams], f: impl Fn(&SamplingParams) -> f32) -> Array {
+    let v: Vec<f32> = params.iter().map(|p| f(p)).collect();
+    Array::from_slice(&v, &[v.len() as i32, 1])
 }
 
 /// mlx-lm's sampling filters as MLX ops over float32 log-probabilities `[N, V]`, in
@@ -262,34 +288,50 @@ impl Sampler {
 /// row equals applying them one after another. [`filter_logprobs`] is the host statement of
 /// the same rule.
 pub fn keep_mask(logprobs: &Array, params: &SamplingParams) -> Result<Array> {
+    let rows = logprobs.shape().first().copied().unwrap_or(1).max(1) as usize;
+    keep_mask_rows(logprobs, &vec![params; rows])
+}
+
+/// [`keep_mask`] with each row's own settings (`params`: one per row). A
+/// filter one row does not use keeps all of that row (top-p's threshold and min-p's cut become
+/// `-inf`, top-k's k becomes V), so each row's set is what it would be alone.
+fn keep_mask_rows(logprobs: &Array, params: &[&SamplingParams]) -> Result<Array> {
     let n = *logprobs.shape().last().unwrap_or(&0);
     let neg_inf = Array::from_f32(f32::NEG_INFINITY);
     let mut keep = logprobs.gt(&neg_inf)?;
-    let top_p = params.top_p > 0.0 && params.top_p < 1.0;
-    let top_k = params.top_k > 0 && (params.top_k as i64) < n as i64;
+    let uses_top_p = |p: &SamplingParams| p.top_p > 0.0 && p.top_p < 1.0;
+    let uses_top_k = |p: &SamplingParams| p.top_k > 0 && (p.top_k as i64) < n as i64;
+    let top_p = params.iter().any(|p| uses_top_p(p));
+    let top_k = params.iter().any(|p| uses_top_k(p));
     let sorted = if top_p || top_k { Some(sort_axis(logprobs, -1)?) } else { None };
     if let (true, Some(sorted)) = (top_p, &sorted) {
         let probs = sorted.exp()?;
         let mass_above = cumsum(&probs, -1, true, false)?;
         let total = mass_above.index((.., ..1)).add(probs.index((.., ..1)))?;
-        let target = total.multiply(Array::from_f32(params.top_p))?;
+        let target = total.multiply(column(params, |p| p.top_p))?;
         let dropped = mass_above.ge(&target)?.sum_axis(-1, true)?.as_dtype(Dtype::Int32)?;
         // All of a row can count as dropped only when it is all -inf (nothing survives anyway).
         let dropped = mlx_rs::ops::minimum(&dropped, Array::from_int(n - 1))?;
         let threshold = sorted.take_along_axis(&dropped, -1)?;
+        let on: Vec<bool> = params.iter().map(|p| uses_top_p(p)).collect();
+        let on = Array::from_slice(&on, &[on.len() as i32, 1]);
+        let threshold = mlx_rs::ops::select(&on, &threshold, &neg_inf)?;
         keep = keep.logical_and(&logprobs.ge(&threshold)?)?;
     }
-    if params.min_p > 0.0 {
+    if params.iter().any(|p| p.min_p > 0.0) {
         let top = logprobs.max_axis(-1, true)?;
-        let cut = top.add(Array::from_f32((params.min_p as f64).ln() as f32))?;
+        // mlx-lm: `top + math.log(min_p)`, the float64 log rounded to float32.
+        let cut = top.add(column(params, |p| if p.min_p > 0.0 { (p.min_p as f64).ln() as f32 } else { f32::NEG_INFINITY }))?;
         keep = keep.logical_and(&logprobs.ge(&cut)?)?;
     }
     if let (true, Some(sorted)) = (top_k, &sorted) {
-        let k = params.top_k as i32;
-        let kth = sorted.index((.., n - k..n - k + 1));
+        let ks: Vec<i32> = params.iter().map(|p| if uses_top_k(p) { p.top_k as i32 } else { n }).collect();
+        let k = Array::from_slice(&ks, &[ks.len() as i32, 1]);
+        let at_index = Array::from_int(n).subtract(&k)?;
+        let kth = sorted.take_along_axis(&at_index, -1)?;
         let above = logprobs.gt(&kth)?;
         let at = logprobs.eq(&kth)?;
-        let room = Array::from_int(k).subtract(above.as_dtype(Dtype::Int32)?.sum_axis(-1, true)?)?;
+        let room = k.subtract(above.as_dtype(Dtype::Int32)?.sum_axis(-1, true)?)?;
         // Equal values at the boundary: the first ones in index order fill the room left.
         let rank = cumsum(at.as_dtype(Dtype::Int32)?, -1, false, true)?;
         keep = keep.logical_and(&above.logical_or(&at.logical_and(&rank.le(&room)?)?)?)?;

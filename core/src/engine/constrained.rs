@@ -71,26 +71,6 @@ fn compute(work: &Work) {
     work.1 = started.elapsed();
 }
 
-/// `logits` (one row, `[1, vocab]`) with the row's constraint applied: disallowed tokens at
-/// -inf, end-of-sequence only where the grammar accepts. Unconstrained rows are returned as is.
-pub(super) fn masked(row: &mut Row, logits: &Array) -> Result<Array> {
-    if row.error.is_some() {
-        return Ok(logits.clone());
-    }
-    let Some(c) = row.constraint.as_mut() else { return Ok(logits.clone()) };
-    let width = *logits.shape().last().unwrap_or(&0) as usize;
-    let bias = match c.bias(width, &row.stop_token_ids) {
-        Ok(bias) => bias,
-        // The grammar failed for this row alone: it ends with the error, the batch goes on.
-        Err(e) => {
-            row.fail_later(&e);
-            return Ok(logits.clone());
-        }
-    };
-    let bias = Array::from_slice(&bias, &[1, width as i32]).as_dtype(logits.dtype())?;
-    Ok(logits.add(&bias)?)
-}
-
 /// The `[rows, width]` additive bias of a whole batch: each constrained row's mask, zeros for
 /// the others (adding 0 leaves their logits bit-identical).
 pub(super) fn batch_bias(rows: &mut [Row], width: usize, dtype: mlx_rs::Dtype) -> Result<Array> {

@@ -36,7 +36,7 @@ use crate::cache::{maybe_quantize, KvCache, KvQuantization};
 use crate::generate::{as_f32_slice, prefill_with, FinishReason};
 use crate::models::LanguageModel;
 use crate::nn::last_position;
-use crate::sampling::Sampler;
+use crate::sampling::{draw_rows, Sampler};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 
@@ -683,38 +683,56 @@ impl Executor {
 /// Builds the step's token choice for every row of `rows` from the batch's last-position
 /// `logits` (`[B, V]`), on the device: `[B]` uint32 tokens and, for rows that asked, their
 /// float32 log-probability rows. `pending` is the unread step that produced this step's inputs
-/// (its tokens are the newest history of the rows it covers, for the penalties). Plain greedy
-/// batches take one argmax; all-greedy batches with constrained rows one biased argmax (a
-/// zero bias leaves the other rows bit-identical); anything else goes row by row: mask, mlx-lm's
-/// processors, logprobs, [`Sampler::choose`]. Rows already finished get a throwaway argmax.
+/// (its tokens are the newest history of the rows it covers, for the penalties). Batched
+/// wherever the rows allow, so the op count grows with the kinds of rows, not their number:
+/// one `[B, V]` mask bias (zeros leave unconstrained rows bit-identical), mlx-lm's processors
+/// row by row for the rows that have them, one logprobs and argmax over the batch, one
+/// [`draw_rows`] over the sampled rows. Rows already finished get a throwaway argmax.
 fn choose(rows: &mut [Row], logits: &Array, pending: Option<&InFlight>) -> Result<(Array, Vec<Option<Array>>)> {
-    let none = vec![None; rows.len()];
-    let greedy = rows.iter().all(|r| r.finish.is_some() || (r.sampler.params().is_plain_greedy() && r.logprobs.is_none()));
-    if greedy {
-        let logits = if rows.iter().any(|r| r.finish.is_none() && r.constraint.is_some()) {
-            let width = *logits.shape().last().unwrap_or(&0) as usize;
-            logits.add(&constrained::batch_bias(rows, width, logits.dtype())?)?
-        } else {
-            logits.clone()
-        };
-        return Ok((Sampler::argmax(&Sampler::logprobs(&logits)?)?, none));
+    let live = |r: &Row| r.finish.is_none();
+    let mut logits = logits.clone();
+    if rows.iter().any(|r| live(r) && r.constraint.is_some()) {
+        let width = *logits.shape().last().unwrap_or(&0) as usize;
+        logits = logits.add(&constrained::batch_bias(rows, width, logits.dtype())?)?;
     }
-    let mut tokens = Vec::with_capacity(rows.len());
-    let mut logprobs = Vec::with_capacity(rows.len());
-    for (b, r) in rows.iter_mut().enumerate() {
-        let row_logits = logits.index(b as i32..b as i32 + 1);
-        if r.finish.is_some() {
-            tokens.push(Sampler::argmax(&row_logits)?);
-            logprobs.push(None);
-            continue;
-        }
-        let masked = constrained::masked(r, &row_logits)?;
-        let newest = pending.filter(|f| b < f.rows).map(|f| f.tokens.index(b as i32..b as i32 + 1));
-        let lp = Sampler::logprobs(&r.sampler.process_logits_pending(&masked, newest.as_ref())?)?;
-        tokens.push(r.sampler.choose(&lp)?);
-        logprobs.push(r.logprobs.is_some().then(|| lp.as_dtype(Dtype::Float32)).transpose()?);
+    let processed: Vec<usize> = (0..rows.len()).filter(|&b| live(&rows[b]) && rows[b].sampler.params().has_processors()).collect();
+    if !processed.is_empty() {
+        let new_rows: Vec<Array> = processed
+            .iter()
+            .map(|&b| {
+                let newest = pending.filter(|f| b < f.rows).map(|f| f.tokens.index(b as i32..b as i32 + 1));
+                rows[b].sampler.process_logits_pending(&logits.index(b as i32..b as i32 + 1), newest.as_ref())
+            })
+            .collect::<Result<_>>()?;
+        logits = replace_rows(&logits, &processed, &concatenate(&new_rows, 0)?)?;
     }
-    Ok((concatenate(&tokens, 0)?, logprobs))
+    let lp = Sampler::logprobs(&logits)?;
+    let mut tokens = Sampler::argmax(&lp)?;
+    let sampled: Vec<usize> = (0..rows.len()).filter(|&b| live(&rows[b]) && rows[b].sampler.params().temperature > 0.0).collect();
+    if !sampled.is_empty() {
+        let idx: Vec<i32> = sampled.iter().map(|&b| b as i32).collect();
+        let sub = lp.take_axis(&Array::from_slice(&idx, &[idx.len() as i32]), 0)?.as_dtype(Dtype::Float32)?;
+        let mut samplers: Vec<&mut Sampler> =
+            rows.iter_mut().enumerate().filter(|(b, _)| sampled.binary_search(b).is_ok()).map(|(_, r)| &mut r.sampler).collect();
+        tokens = replace_rows(&tokens, &sampled, &draw_rows(&sub, &mut samplers)?)?;
+    }
+    let logprobs = rows
+        .iter()
+        .enumerate()
+        .map(|(b, r)| (live(r) && r.logprobs.is_some()).then(|| lp.index(b as i32..b as i32 + 1).as_dtype(Dtype::Float32)).transpose())
+        .collect::<std::result::Result<_, _>>()?;
+    Ok((tokens, logprobs))
+}
+
+/// `base` (`[B, ...]`) with rows `at` (ascending) replaced by the rows of `new`, in order.
+fn replace_rows(base: &Array, at: &[usize], new: &Array) -> Result<Array> {
+    let b = base.shape()[0] as usize;
+    let mut map: Vec<i32> = (0..b as i32).collect();
+    for (j, &row) in at.iter().enumerate() {
+        map[row] = (b + j) as i32;
+    }
+    let both = concatenate(&[base.clone(), new.clone()], 0)?;
+    Ok(both.take_axis(&Array::from_slice(&map, &[b as i32]), 0)?)
 }
 
 impl Drop for Executor {
