@@ -1,6 +1,7 @@
-//! Sampling: parity of the logits processors and the top-p / min-p / top-k filters with mlx-lm
-//! (goldens/sampling/, made by goldens/make_sampling_goldens.py), seeded reproducibility,
-//! top-k 1 = greedy, temperature-sampling frequencies, and parameter validation.
+//! Sampling: parity of the logits processors and the top-p / min-p / top-k filters (the device
+//! ops the engine samples with, and their host statement) with mlx-lm (goldens/sampling/, made
+//! by goldens/make_sampling_goldens.py), seeded reproducibility, top-k 1 = greedy,
+//! temperature-sampling frequencies of the device sampler, and parameter validation.
 
 mod support;
 
@@ -10,7 +11,7 @@ use serde_json::Value;
 use support::*;
 use weft::generate::{generate, FinishReason, GenerateOptions};
 use weft::loading::{self, LoadedModel};
-use weft::sampling::{filter_logprobs, first_argmax, Sampler, SamplingParams};
+use weft::sampling::{draw_rows, filter_logprobs, first_argmax, keep_mask, Sampler, SamplingParams};
 use weft::Error;
 
 fn sampling_golden(name: &str) -> Value {
@@ -134,6 +135,14 @@ fn vector(v: &Value) -> Vec<f32> {
     v.as_array().unwrap().iter().map(|x| x.as_f64().map_or(f32::NEG_INFINITY, |f| f as f32)).collect()
 }
 
+/// The kept set of the device filters ([`keep_mask`], what the engine samples with).
+fn device_kept(lp: &[f32], params: &SamplingParams) -> BTreeSet<usize> {
+    let row = mlx_rs::Array::from_slice(lp, &[1, lp.len() as i32]);
+    let mask = keep_mask(&row, params).unwrap();
+    mask.eval().unwrap();
+    mask.as_slice::<bool>().iter().enumerate().filter(|(_, &k)| k).map(|(i, _)| i).collect()
+}
+
 #[test]
 fn filters_match_mlx_lm_kept_sets() {
     let g = sampling_golden("filters");
@@ -152,6 +161,7 @@ fn filters_match_mlx_lm_kept_sets() {
         params.validate(lp.len()).unwrap();
         let mask = filter_logprobs(&lp, &params);
         let got: BTreeSet<usize> = (0..lp.len()).filter(|&i| mask[i]).collect();
+        let device = device_kept(&lp, &params);
         let want = golden_kept(case, lp.len());
         assert_eq!(want.len() as u64, case["kept_count"].as_u64().unwrap());
         let label = format!(
@@ -170,8 +180,16 @@ fn filters_match_mlx_lm_kept_sets() {
             if values(&got) != values(&want) {
                 failures.push(format!("{label}: kept values differ ({} vs mlx-lm {})", got.len(), want.len()));
             }
+            if device != got {
+                failures.push(format!("{label}: device keep_mask {} vs host {} (tie rule)", device.len(), got.len()));
+            }
         } else {
             exact += 1;
+            if device != want {
+                let extra: Vec<_> = device.difference(&want).take(8).collect();
+                let missing: Vec<_> = want.difference(&device).take(8).collect();
+                failures.push(format!("{label} (device): kept {} vs mlx-lm {}; extra {extra:?} missing {missing:?}", device.len(), want.len()));
+            }
             if got != want {
                 let extra: Vec<_> = got.difference(&want).take(8).collect();
                 let missing: Vec<_> = want.difference(&got).take(8).collect();
@@ -192,7 +210,9 @@ fn filter_edge_cases() {
     let lp = [-1.0f32, -0.5, -0.5, f32::NEG_INFINITY, -3.0];
     let kept = |p: SamplingParams| -> Vec<usize> {
         let m = filter_logprobs(&lp, &p);
-        (0..lp.len()).filter(|&i| m[i]).collect()
+        let host: Vec<usize> = (0..lp.len()).filter(|&i| m[i]).collect();
+        assert_eq!(device_kept(&lp, &p).into_iter().collect::<Vec<_>>(), host, "device vs host filters, {p:?}");
+        host
     };
     let base = SamplingParams { temperature: 1.0, ..SamplingParams::default() };
     // Nothing enabled: everything finite survives.
@@ -242,10 +262,44 @@ fn seeded_sampling_is_reproducible_and_seed_dependent() {
     let lp = log_softmax(&[1.0, 0.5, 0.0, -0.5, -1.0, 0.25, 0.75, -0.25]);
     let draws = |seed| {
         let mut s = Sampler::new(SamplingParams { temperature: 1.0, seed: Some(seed), ..SamplingParams::default() });
-        (0..500).map(|_| s.sample_host(&lp)).collect::<Vec<u32>>()
+        let row = mlx_rs::Array::from_slice(&lp, &[1, lp.len() as i32]);
+        (0..200).map(|_| weft::generate::read_token(&s.choose(&row).unwrap()).unwrap()).collect::<Vec<u32>>()
     };
     assert_eq!(draws(42), draws(42));
     assert_ne!(draws(42), draws(43));
+}
+
+#[test]
+fn a_batched_draw_equals_each_row_drawn_alone() {
+    // The engine draws all sampled rows of a step at once, each with its own settings and key;
+    // each row's tokens must be what the row gets alone (per-row filters, per-row noise).
+    let params = [
+        SamplingParams { temperature: 0.7, top_p: 0.9, seed: Some(1), ..SamplingParams::default() },
+        SamplingParams { temperature: 1.3, top_k: 3, seed: Some(2), ..SamplingParams::default() },
+        SamplingParams { temperature: 1.0, min_p: 0.1, seed: Some(3), ..SamplingParams::default() },
+        SamplingParams { temperature: 2.0, seed: Some(4), ..SamplingParams::default() },
+        SamplingParams { temperature: 0.5, top_p: 0.6, top_k: 5, min_p: 0.05, seed: Some(5), ..SamplingParams::default() },
+    ];
+    let rows: Vec<Vec<f32>> = (0..params.len())
+        .map(|r| log_softmax(&(0..12).map(|i| ((i * 7 + r * 3) % 11) as f64 * 0.4 - 1.0).collect::<Vec<_>>()))
+        .collect();
+    let flat: Vec<f32> = rows.iter().flatten().copied().collect();
+    let batch = mlx_rs::Array::from_slice(&flat, &[rows.len() as i32, 12]);
+    let mut together: Vec<Sampler> = params.iter().cloned().map(Sampler::new).collect();
+    let mut alone: Vec<Sampler> = params.iter().cloned().map(Sampler::new).collect();
+    let mut differs = 0;
+    for _ in 0..60 {
+        let mut refs: Vec<&mut Sampler> = together.iter_mut().collect();
+        let t = draw_rows(&batch, &mut refs).unwrap();
+        t.eval().unwrap();
+        for (r, s) in alone.iter_mut().enumerate() {
+            let one = s.choose(&mlx_rs::Array::from_slice(&rows[r], &[1, 12])).unwrap();
+            let one = weft::generate::read_token(&one).unwrap();
+            assert_eq!(t.as_slice::<u32>()[r], one, "row {r}");
+            differs += (one != first_argmax(&rows[r])) as usize;
+        }
+    }
+    assert!(differs > 30, "the draws barely left the argmax ({differs})");
 }
 
 #[test]
@@ -331,12 +385,21 @@ fn temperature_sampling_frequencies_follow_softmax() {
         // min_p 0.2 at T=1: keep p_i >= 0.2 p_max, i.e. logit >= 2 + ln 0.2 = 0.39.
         (SamplingParams { temperature: 1.3, min_p: 0.2, ..base.clone() }, target(1.3, &|i| logits[i] >= 0.39), 25.0),
     ];
-    for (k, (params, p, bound)) in cases.into_iter().enumerate() {
-        let mut s = Sampler::new(SamplingParams { seed: Some(1000 + k as u64), ..params.clone() });
+    // `n` draws at once: `n` copies of the row through the device sampler (one key, so the
+    // noise of every copy is independent).
+    let draw = |params: &SamplingParams, seed: u64| -> Vec<u64> {
+        let mut s = Sampler::new(SamplingParams { seed: Some(seed), ..params.clone() });
+        let rows: Vec<f32> = (0..n).flat_map(|_| lp.iter().copied()).collect();
+        let tokens = s.choose(&mlx_rs::Array::from_slice(&rows, &[n as i32, lp.len() as i32])).unwrap();
+        tokens.eval().unwrap();
         let mut counts = vec![0u64; lp.len()];
-        for _ in 0..n {
-            counts[s.sample_host(&lp) as usize] += 1;
+        for &t in tokens.as_slice::<u32>() {
+            counts[t as usize] += 1;
         }
+        counts
+    };
+    for (k, (params, p, bound)) in cases.into_iter().enumerate() {
+        let counts = draw(&params, 1000 + k as u64);
         let chi2 = chi_square(&counts, &p);
         assert!(
             chi2 < bound,
@@ -348,11 +411,7 @@ fn temperature_sampling_frequencies_follow_softmax() {
         );
     }
     // A wrong temperature must fail the same bound (the test has power).
-    let mut s = Sampler::new(SamplingParams { temperature: 1.0, seed: Some(1000), ..SamplingParams::default() });
-    let mut counts = vec![0u64; lp.len()];
-    for _ in 0..n {
-        counts[s.sample_host(&lp) as usize] += 1;
-    }
+    let counts = draw(&SamplingParams { temperature: 1.0, ..SamplingParams::default() }, 1000);
     assert!(chi_square(&counts, &target(1.2, &|_| true)) > 34.0);
 }
 

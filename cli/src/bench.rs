@@ -49,6 +49,29 @@ pub struct BenchArgs {
     /// at least 12 characters), `regex` (`[a-z ,.]+`) or `choice` (unbounded runs of "yes"/"no").
     #[arg(long, default_value = "json", value_parser = ["json", "regex", "choice"])]
     pub constraint: String,
+    /// Sample this many rows of each batch (the first ones) at `--temp` / `--top-p`, each with
+    /// its own seed; the rest decode greedily; 0 = all greedy.
+    #[arg(long, default_value_t = 0)]
+    pub sampled: usize,
+    /// Temperature of `--sampled` rows.
+    #[arg(long, default_value_t = 0.8)]
+    pub temp: f32,
+    /// Nucleus threshold of `--sampled` rows (1 = off).
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Ask for log-probabilities (with 5 alternatives) on this many rows (the last ones).
+    #[arg(long, default_value_t = 0)]
+    pub logprobs: usize,
+}
+
+/// The sampling of row `i` of a batch: `--sampled` rows at `--temp` / `--top-p`, seeded by
+/// their index; greedy otherwise.
+fn bench_sampling(args: &BenchArgs, i: usize) -> SamplingParams {
+    if i < args.sampled {
+        SamplingParams { temperature: args.temp, top_p: args.top_p, seed: Some(i as u64), ..SamplingParams::greedy() }
+    } else {
+        SamplingParams::greedy()
+    }
 }
 
 /// The constraint `--constraint` names. None of them completes early on its own.
@@ -136,11 +159,11 @@ fn run_once(engine: &mut Collector, args: &BenchArgs, batch: usize, gen: usize, 
         engine.submit(Request {
             input: Input::Tokens(p),
             max_tokens: gen,
-            sampling: SamplingParams::greedy(),
+            sampling: bench_sampling(args, i),
             stop: Vec::new(),
             ignore_eos: true,
             capture_first_logits: 0,
-            logprobs: None,
+            logprobs: (i + args.logprobs >= batch).then_some(5),
             tools: None,
             constraint: (i < args.constrained).then(|| bench_constraint(&args.constraint)),
         })?;
@@ -188,8 +211,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.batch.iter().any(|&b| b == 0) || args.gen < 2 {
         return Err(Error::InvalidRequest("--batch sizes must be >= 1 and --gen >= 2".into()));
     }
-    if args.batch.iter().any(|&b| args.constrained > b) {
-        return Err(Error::InvalidRequest("--constrained must not exceed any --batch size".into()));
+    for (flag, n) in [("--constrained", args.constrained), ("--sampled", args.sampled), ("--logprobs", args.logprobs)] {
+        if args.batch.iter().any(|&b| n > b) {
+            return Err(Error::InvalidRequest(format!("{flag} must not exceed any --batch size")));
+        }
+    }
+    if args.sampled > 0 {
+        SamplingParams { temperature: args.temp, top_p: args.top_p, ..SamplingParams::greedy() }
+            .validate(usize::MAX)
+            .map_err(|e| Error::InvalidRequest(format!("--temp / --top-p: {e}")))?;
     }
     let source = resolve_model_path(args.model.model.as_deref())?;
     let model = weft::loading::load(&source)?;
@@ -255,6 +285,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "{}",
             json!({"model": source.display().to_string(), "prompt_len": args.prompt_len, "gen": args.gen,
                    "runs": args.runs, "constrained": args.constrained, "constraint": args.constraint,
+                   "sampled": args.sampled, "temp": args.temp, "top_p": args.top_p, "logprobs": args.logprobs,
                    "kv": {"mode": args.kv.describe(), "kv_bits": args.kv.kv_bits,
                           "kv_group_size": args.kv.kv_group_size, "quantized_kv_start": args.kv.quantized_kv_start,
                           "bytes_per_row": row_bytes, "rows_per_gb": per_gb(row_bytes),
@@ -271,6 +302,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
             full_row_bytes,
             per_gb(full_row_bytes)
         );
+        if args.sampled > 0 || args.logprobs > 0 {
+            println!("sampled rows: {} (temp {}, top_p {})  rows with logprobs: {}", args.sampled, args.temp, args.top_p, args.logprobs);
+        }
         if args.constrained > 0 {
             println!("constrained rows: {} ({})  rows ended early (median): {}", args.constrained, args.constraint,
                      results.iter().map(|(_, m)| m.short_rows.to_string()).collect::<Vec<_>>().join(","));

@@ -235,9 +235,7 @@ pub fn generate(
             (read_token(&tok)?, logits)
         } else {
             let (lp, logits) = step(&input, &mut caches, &sampler)?;
-            let lp = lp.as_dtype(mlx_rs::Dtype::Float32)?;
-            eval([&lp])?;
-            let id = sampler.sample_host(as_f32_slice(&lp)?);
+            let id = read_token(&sampler.choose(&lp)?)?;
             (id, logits)
         };
         if n == 0 {

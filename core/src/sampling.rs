@@ -1,14 +1,19 @@
-//! Turning a logits row into the next token: mlx-lm's logits processors (logit bias,
-//! repetition / presence / frequency penalties over the last `penalty_context` tokens) run as MLX
-//! ops exactly as mlx-lm applies them; greedy is `argmax(logprobs)` (first index on ties). The
-//! stochastic path (temperature, top-p, min-p, top-k) runs on the host over the logprobs row with
-//! a per-request RNG, so every request carries its own seed without serializing anything.
+//! Turning a logits row into the next token, entirely as MLX ops (so a decode step can be built
+//! from the previous step's unread token, see the engine's executor): mlx-lm's logits processors
+//! (logit bias, repetition / presence / frequency penalties over the last `penalty_context`
+//! tokens) run exactly as mlx-lm applies them; greedy is `argmax(logprobs)` (first index on
+//! ties). The stochastic path applies mlx-lm's top-p / min-p / top-k filters with mlx-lm's ops
+//! ([`keep_mask`]) and picks by Gumbel-max: `argmax(logprobs / T + g)` over the kept tokens, `g`
+//! Gumbel noise from MLX's counter-based generator under a key drawn from the request's own RNG,
+//! one key per step. The key does not depend on the token, so it is drawn before the previous
+//! token is known, and each request's draws stay its own however the batch is composed.
 //!
 //! Parity with mlx-lm 0.32 (`mlx_lm/sample_utils.py`) is checked by `tests/sampling.rs` against
 //! `goldens/sampling/` (greedy trajectories through the processors; filter kept-sets).
 
 use mlx_rs::ops::indexing::{argmax_axis, IndexOp, TryIndexMutOp, TryIndexUpdateOp, UpdateMode};
-use mlx_rs::Array;
+use mlx_rs::ops::{concatenate, cumsum, sort_axis};
+use mlx_rs::{Array, Dtype};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -101,7 +106,8 @@ impl SamplingParams {
             || self.frequency_penalty.is_some_and(|p| p != 0.0)
     }
 
-    fn has_processors(&self) -> bool {
+    /// A logit bias or a penalty is set (the logits go through [`Sampler::process_logits`]).
+    pub fn has_processors(&self) -> bool {
         !self.logit_bias.is_empty() || self.has_penalties()
     }
 
@@ -153,6 +159,14 @@ impl Sampler {
     /// where `ctx` is the last `penalty_context` observed tokens (prompt included) and scalars
     /// are cast to the logits dtype first (MLX's weak scalar typing).
     pub fn process_logits(&self, logits: &Array) -> Result<Array> {
+        self.process_logits_pending(logits, None)
+    }
+
+    /// [`Sampler::process_logits`] when the newest token of the history is still on the device
+    /// (`pending`, `[1]`, not yet [`Sampler::observe`]d): the penalty window is the last
+    /// `penalty_context - 1` observed tokens and then `pending`, the same ids in the same order
+    /// as once it is observed, so the result is bit-identical.
+    pub fn process_logits_pending(&self, logits: &Array, pending: Option<&Array>) -> Result<Array> {
         let p = &self.params;
         let mut logits = logits.clone();
         if !p.logit_bias.is_empty() {
@@ -162,11 +176,21 @@ impl Sampler {
             let vals = Array::from_slice(&vals, &[vals.len() as i32]).as_dtype(logits.dtype())?;
             logits = scatter_add(&logits, &ids, &vals)?;
         }
-        if self.recent.is_empty() || !p.has_penalties() {
+        if (self.recent.is_empty() && pending.is_none()) || !p.has_penalties() {
             return Ok(logits);
         }
-        let ids: Vec<i32> = self.recent.iter().map(|&t| t as i32).collect();
-        let ids = Array::from_slice(&ids, &[ids.len() as i32]);
+        let ids = match pending {
+            None => {
+                let ids: Vec<i32> = self.recent.iter().map(|&t| t as i32).collect();
+                Array::from_slice(&ids, &[ids.len() as i32])
+            }
+            Some(token) => {
+                let keep = p.penalty_context.max(1) - 1;
+                let host: Vec<i32> = self.recent[self.recent.len().saturating_sub(keep)..].iter().map(|&t| t as i32).collect();
+                let host = Array::from_slice(&host, &[host.len() as i32]);
+                concatenate(&[host, token.reshape(&[1])?.as_dtype(Dtype::Int32)?], 0)?
+            }
+        };
         let dtype = logits.dtype();
         let scalar = |x: f32| Array::from_f32(x).as_dtype(dtype);
         if let Some(pen) = p.repetition_penalty.filter(|&x| x != 1.0) {
@@ -200,38 +224,119 @@ impl Sampler {
         Ok(argmax_axis(logprobs, -1, None)?)
     }
 
-    /// Chooses a token from one row of log-probabilities on the host: greedy at temperature 0,
-    /// else [`filter_logprobs`] then a draw from `softmax(logprobs / temperature)` over the kept
-    /// tokens with this request's RNG.
-    pub fn sample_host(&mut self, logprobs: &[f32]) -> u32 {
-        let p = &self.params;
-        if p.temperature == 0.0 {
-            return first_argmax(logprobs);
-        }
-        let keep = filter_logprobs(logprobs, p);
-        let inv_t = 1.0 / p.temperature as f64;
-        let max = (0..logprobs.len())
-            .filter(|&i| keep[i])
-            .map(|i| logprobs[i] as f64 * inv_t)
-            .fold(f64::NEG_INFINITY, f64::max);
-        if !max.is_finite() {
-            return first_argmax(logprobs);
-        }
-        let weights: Vec<f64> = (0..logprobs.len())
-            .map(|i| if keep[i] { (logprobs[i] as f64 * inv_t - max).exp() } else { 0.0 })
-            .collect();
-        let total: f64 = weights.iter().sum();
-        let mut r = self.rng.random::<f64>() * total;
-        for (i, w) in weights.iter().enumerate() {
-            if *w > 0.0 {
-                if r < *w {
-                    return i as u32;
-                }
-                r -= w;
-            }
-        }
-        weights.iter().rposition(|w| *w > 0.0).unwrap_or(0) as u32
+    /// The key of this request's next sampled step, from its RNG (one per step, whatever the
+    /// token: it can be drawn before the previous token is read).
+    fn next_key(&mut self) -> Result<Array> {
+        Ok(mlx_rs::random::key(self.rng.random::<u64>())?)
     }
+
+    /// Chooses the next token on the device from `[N, V]` processed log-probabilities → `[N]`
+    /// uint32 (one draw per row, all under one key): `argmax` at temperature 0; otherwise
+    /// [`draw_rows`]'s draw. One key is drawn per call at temperature > 0.
+    pub fn choose(&mut self, logprobs: &Array) -> Result<Array> {
+        if self.params.temperature == 0.0 {
+            return Self::argmax(logprobs);
+        }
+        let lp = logprobs.as_dtype(Dtype::Float32)?;
+        let noise = gumbel_noise(lp.shape(), &self.next_key()?)?;
+        let rows = lp.shape().first().copied().unwrap_or(1).max(1) as usize;
+        draw(&lp, &vec![&self.params; rows], &noise)
+    }
+}
+
+/// Gumbel noise `-log(-log(u))`, `u` uniform in `[f32::MIN_POSITIVE, 1)` under `key` (MLX's
+/// counter-based generator), so every value is finite.
+fn gumbel_noise(shape: &[i32], key: &Array) -> Result<Array> {
+    let u = mlx_rs::random::uniform::<f32, f32>(f32::MIN_POSITIVE, 1.0, shape, key)?;
+    Ok(u.log()?.negative()?.log()?.negative()?)
+}
+
+/// One draw per row of float32 log-probabilities `[S, V]` (temperature > 0 rows), row `i` with
+/// `samplers[i]`'s settings and the next key of its RNG: the same choice [`Sampler::choose`]
+/// makes for that row alone with that key (the filters and the noise are row-wise). `[S]` uint32.
+pub fn draw_rows(logprobs: &Array, samplers: &mut [&mut Sampler]) -> Result<Array> {
+    let width = *logprobs.shape().last().unwrap_or(&0);
+    let noise: Vec<Array> = samplers.iter_mut().map(|s| gumbel_noise(&[1, width], &s.next_key()?)).collect::<Result<_>>()?;
+    let params: Vec<&SamplingParams> = samplers.iter().map(|s| &s.params).collect();
+    draw(logprobs, &params, &concatenate(&noise, 0)?)
+}
+
+/// Gumbel-max over the kept tokens: `argmax(where(keep, logprobs * (1 / T) + noise, -inf))`
+/// (mlx-lm's `categorical(logprobs * (1 / temp))` restricted to [`keep_mask`]); a kept token
+/// always outranks a dropped one. `params` has one entry per row.
+fn draw(logprobs: &Array, params: &[&SamplingParams], noise: &Array) -> Result<Array> {
+    let keep = keep_mask_rows(logprobs, params)?;
+    let inv_t = column(params, |p| (1.0 / p.temperature as f64) as f32);
+    let scores = logprobs.multiply(&inv_t)?.add(noise)?;
+    let scores = mlx_rs::ops::select(&keep, &scores, Array::from_f32(f32::NEG_INFINITY))?;
+    Sampler::argmax(&scores)
+}
+
+/// A `[rows, 1]` float32 column of one value per row's settings.
+fn column(params: &[&SamplingParams], f: impl Fn(&SamplingParams) -> f32) -> Array {
+    let v: Vec<f32> = params.iter().map(|p| f(p)).collect();
+    Array::from_slice(&v, &[v.len() as i32, 1])
+}
+
+/// mlx-lm's sampling filters as MLX ops over float32 log-probabilities `[N, V]`, in
+/// `make_sampler`'s order (`apply_top_p` if `0 < top_p < 1`, `apply_min_p` if `min_p > 0`,
+/// top-k if `0 < top_k < V`): `true` where a token survives (never a `-inf` entry). top-p and
+/// min-p are mlx-lm's ops (sort, reverse exclusive cumsum of `exp`, `num_dropped`, threshold;
+/// `max + f32(ln(min_p))`); top-k keeps the k largest with the lower index winning among equal
+/// values at the boundary (mlx-lm's argpartition leaves that open), so `top_k = 1` is greedy.
+/// Each filter keeps everything at or above some value, so intersecting them on the original
+/// row equals applying them one after another. [`filter_logprobs`] is the host statement of
+/// the same rule.
+pub fn keep_mask(logprobs: &Array, params: &SamplingParams) -> Result<Array> {
+    let rows = logprobs.shape().first().copied().unwrap_or(1).max(1) as usize;
+    keep_mask_rows(logprobs, &vec![params; rows])
+}
+
+/// [`keep_mask`] with each row's own settings (`params`: one per row). A
+/// filter one row does not use keeps all of that row (top-p's threshold and min-p's cut become
+/// `-inf`, top-k's k becomes V), so each row's set is what it would be alone.
+fn keep_mask_rows(logprobs: &Array, params: &[&SamplingParams]) -> Result<Array> {
+    let n = *logprobs.shape().last().unwrap_or(&0);
+    let neg_inf = Array::from_f32(f32::NEG_INFINITY);
+    let mut keep = logprobs.gt(&neg_inf)?;
+    let uses_top_p = |p: &SamplingParams| p.top_p > 0.0 && p.top_p < 1.0;
+    let uses_top_k = |p: &SamplingParams| p.top_k > 0 && (p.top_k as i64) < n as i64;
+    let top_p = params.iter().any(|p| uses_top_p(p));
+    let top_k = params.iter().any(|p| uses_top_k(p));
+    let sorted = if top_p || top_k { Some(sort_axis(logprobs, -1)?) } else { None };
+    if let (true, Some(sorted)) = (top_p, &sorted) {
+        let probs = sorted.exp()?;
+        let mass_above = cumsum(&probs, -1, true, false)?;
+        let total = mass_above.index((.., ..1)).add(probs.index((.., ..1)))?;
+        let target = total.multiply(column(params, |p| p.top_p))?;
+        let dropped = mass_above.ge(&target)?.sum_axis(-1, true)?.as_dtype(Dtype::Int32)?;
+        // All of a row can count as dropped only when it is all -inf (nothing survives anyway).
+        let dropped = mlx_rs::ops::minimum(&dropped, Array::from_int(n - 1))?;
+        let threshold = sorted.take_along_axis(&dropped, -1)?;
+        let on: Vec<bool> = params.iter().map(|p| uses_top_p(p)).collect();
+        let on = Array::from_slice(&on, &[on.len() as i32, 1]);
+        let threshold = mlx_rs::ops::select(&on, &threshold, &neg_inf)?;
+        keep = keep.logical_and(&logprobs.ge(&threshold)?)?;
+    }
+    if params.iter().any(|p| p.min_p > 0.0) {
+        let top = logprobs.max_axis(-1, true)?;
+        // mlx-lm: `top + math.log(min_p)`, the float64 log rounded to float32.
+        let cut = top.add(column(params, |p| if p.min_p > 0.0 { (p.min_p as f64).ln() as f32 } else { f32::NEG_INFINITY }))?;
+        keep = keep.logical_and(&logprobs.ge(&cut)?)?;
+    }
+    if let (true, Some(sorted)) = (top_k, &sorted) {
+        let ks: Vec<i32> = params.iter().map(|p| if uses_top_k(p) { p.top_k as i32 } else { n }).collect();
+        let k = Array::from_slice(&ks, &[ks.len() as i32, 1]);
+        let at_index = Array::from_int(n).subtract(&k)?;
+        let kth = sorted.take_along_axis(&at_index, -1)?;
+        let above = logprobs.gt(&kth)?;
+        let at = logprobs.eq(&kth)?;
+        let room = k.subtract(above.as_dtype(Dtype::Int32)?.sum_axis(-1, true)?)?;
+        // Equal values at the boundary: the first ones in index order fill the room left.
+        let rank = cumsum(at.as_dtype(Dtype::Int32)?, -1, false, true)?;
+        keep = keep.logical_and(&above.logical_or(&at.logical_and(&rank.le(&room)?)?)?)?;
+    }
+    Ok(keep)
 }
 
 /// `a.at[:, ids].add(updates)` for `a` of shape `[1, V]` (updates broadcast to `[1, len(ids)]`).

@@ -10,10 +10,13 @@ use super::row::Row;
 use crate::cache::{extend_rows_mixed, KvCache};
 use crate::{Error, Result};
 
-/// Tokens of a decode step still being computed, for the first `rows` rows of the batch.
+/// Tokens of a decode step still being computed, for the first `rows` rows of the batch, and
+/// (row by row, `None` for rows that did not ask) the float32 log-probabilities `[1, V]` they
+/// were chosen from, read together with the tokens.
 pub(super) struct InFlight {
     pub(super) tokens: Array,
     pub(super) rows: usize,
+    pub(super) logprobs: Vec<Option<Array>>,
 }
 
 /// A row taken out of the batch, with its KV as single-sequence caches when they were asked
@@ -116,6 +119,7 @@ impl RunningBatch {
                 let idx = Array::from_slice(&kept, &[kept.len() as i32]);
                 f.tokens = f.tokens.take_axis(&idx, 0)?;
                 f.rows = kept.len();
+                f.logprobs = kept.iter().map(|&i| f.logprobs[i as usize].take()).collect();
             }
         }
         let mut removed = Vec::new();

@@ -29,7 +29,7 @@ impl PendingMasks {
         let taken: Vec<(usize, RowConstraint, Result<()>)> = rows
             .iter_mut()
             .enumerate()
-            .filter(|(_, r)| r.constraint.as_ref().is_some_and(RowConstraint::needs_mask))
+            .filter(|(_, r)| r.finish.is_none() && r.constraint.as_ref().is_some_and(RowConstraint::needs_mask))
             .filter_map(|(b, r)| r.constraint.take().map(|c| (b, c, Ok(()))))
             .collect();
         let work: Work = Arc::new(Mutex::new((taken, Duration::ZERO)));
@@ -40,11 +40,6 @@ impl PendingMasks {
         // Should the thread not start, `join` computes the masks on the caller's thread.
         let job = std::thread::Builder::new().name("weft-masks".into()).spawn(move || compute(&shared)).ok();
         PendingMasks { work, job }
-    }
-
-    /// Whether any mask is being computed.
-    pub(super) fn is_running(&self) -> bool {
-        self.job.is_some()
     }
 
     /// Waits for the masks and gives the constraints back to their rows; a row whose mask
@@ -76,34 +71,13 @@ fn compute(work: &Work) {
     work.1 = started.elapsed();
 }
 
-/// `logits` (one row, `[1, vocab]`) with the row's constraint applied: disallowed tokens at
-/// -inf, end-of-sequence only where the grammar accepts. Unconstrained rows are returned as is.
-pub(super) fn masked(row: &mut Row, logits: &Array) -> Result<Array> {
-    if row.error.is_some() {
-        return Ok(logits.clone());
-    }
-    let Some(c) = row.constraint.as_mut() else { return Ok(logits.clone()) };
-    let width = *logits.shape().last().unwrap_or(&0) as usize;
-    let bias = match c.bias(width, &row.stop_token_ids) {
-        Ok(Some(bias)) => bias,
-        // A triggered grammar before its trigger: free text.
-        Ok(None) => return Ok(logits.clone()),
-        // The grammar failed for this row alone: it ends with the error, the batch goes on.
-        Err(e) => {
-            row.fail_later(&e);
-            return Ok(logits.clone());
-        }
-    };
-    let bias = Array::from_slice(&bias, &[1, width as i32]).as_dtype(logits.dtype())?;
-    Ok(logits.add(&bias)?)
-}
-
 /// The `[rows, width]` additive bias of a whole batch: each constrained row's mask, zeros for
 /// the others (adding 0 leaves their logits bit-identical).
 pub(super) fn batch_bias(rows: &mut [Row], width: usize, dtype: mlx_rs::Dtype) -> Result<Array> {
     let mut all = vec![0.0f32; rows.len() * width];
     for (b, row) in rows.iter_mut().enumerate() {
-        if row.error.is_some() {
+        // Failed or finished rows (their token is thrown away) keep a zero bias.
+        if row.error.is_some() || row.finish.is_some() {
             continue;
         }
         let Some(c) = row.constraint.as_mut() else { continue };
