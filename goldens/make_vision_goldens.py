@@ -122,6 +122,34 @@ def make_images():
     return {name: Image.open(VISION_DIR / name) for name in files}
 
 
+def write_tokenizer():
+    """A word-level tokenizer over the tiny vocabulary (ids spelled "t<id>", 108 = "\\n\\n" as in
+    Gemma's vocabulary, the image tokens special), so text prompts with `<start_of_image>` are
+    expanded and tokenized the way the processor does it. Pieces split on " " (removed) and
+    "\\n\\n" (kept)."""
+    vocab = {f"t{i}": i for i in range(509)}
+    vocab.pop("t108")
+    vocab["\n\n"] = 108
+    special = {"<start_of_image>": BOI, "<end_of_image>": EOI, "<image_soft_token>": IMAGE_TOKEN}
+    vocab.update(special)
+    tok = {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": True} for c, i in special.items()],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"String": " "}, "behavior": "Removed", "invert": False},
+            {"type": "Split", "pattern": {"String": "\n\n"}, "behavior": "Isolated", "invert": False}]},
+        "post_processor": None, "decoder": None,
+        "model": {"type": "WordLevel", "vocab": dict(sorted(vocab.items(), key=lambda kv: kv[1])), "unk_token": "t0"},
+    }
+    (MODEL_DIR / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False) + "\n")
+    from tokenizers import Tokenizer
+
+    t = Tokenizer.from_file(str(MODEL_DIR / "tokenizer.json"))
+    return t
+
+
 def pixel_values(images):
     from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
@@ -220,6 +248,7 @@ def main():
     mx.set_default_device(mx.cpu)
     images = make_images()
     model = build()
+    tokenizer = write_tokenizer()
     tensors = {}
     doc = {
         "model_dir": "goldens/models/gemma3-vision",
@@ -266,6 +295,11 @@ def main():
                 tensors[f"first_logits/{key}"] = logits
             doc["cases"].append({"name": name, "prompt_ids": ids, "images": imgs,
                                  "prefill_step_size": pss, "tokens": toks, "margins": margins})
+    # A text prompt holding the marker: the processor's expansion, tokenized, gives image_a's ids.
+    text = "t2 t17 t93<start_of_image>t44 t0 t301 t12 t77 t250 t5 t33"
+    expanded = text.replace("<start_of_image>", "\n\n<start_of_image>" + "<image_soft_token>" * 4 + "<end_of_image>\n\n")
+    assert tokenizer.encode(expanded).ids == cases[0][1], tokenizer.encode(expanded).ids
+    doc["text_prompt"] = {"text": text, "images": ["a"], "equals_case": "image_a"}
     by = {c["name"]: c["tokens"] for c in doc["cases"]}
     assert by["image_a"] != by["image_b"] != by["image_c"], "images must change the trajectory"
     assert by["image_a/chunk5"] == by["image_a"]

@@ -116,6 +116,27 @@ fn image_prompts_alone_match_mlx_vlm_tokens_and_first_logits() {
 }
 
 #[test]
+fn a_text_prompt_with_the_image_marker_is_expanded_as_the_processor_does() {
+    // goldens/models/gemma3-vision/tokenizer.json: "<start_of_image>" becomes
+    // "\n\n<start_of_image>" + "<image_soft_token>" x 4 + "<end_of_image>\n\n", then tokenized.
+    let g = golden("gemma3_vision");
+    let t = &g["text_prompt"];
+    let want = case(&g, t["equals_case"].as_str().unwrap());
+    let engine = Engine::start(load(), EngineConfig::default()).unwrap();
+    let mut r = request(want, 20);
+    r.input = weft::engine::Input::Prompt(t["text"].as_str().unwrap().to_string());
+    let out = collect(&engine.submit_channel(r).unwrap().1);
+    assert_eq!(out.error, None);
+    assert_eq!(out.usage.prompt_tokens, want["prompt_ids"].as_array().unwrap().len());
+    assert_eq!(out.tokens, ids(&want["tokens"]));
+    // A marker count that differs from the images is refused.
+    let mut r = request(want, 4);
+    r.input = weft::engine::Input::Prompt("t2 t5".into());
+    let e = engine.submit_channel(r).err().expect("refused").to_string();
+    assert!(e.contains("0 image marker(s)"), "{e}");
+}
+
+#[test]
 fn image_and_text_rows_batch_together_and_join_a_running_batch() {
     let g = golden("gemma3_vision");
     let names = ["image_a", "text", "image_b", "two_images", "image_c"];

@@ -154,7 +154,13 @@ impl Executor {
     /// Starts a request: reuses a cached prefix if there is one, then queues its prefill.
     pub fn admit(&mut self, mut sub: Submission, projected_kv_bytes: u64) {
         let images = std::mem::take(&mut sub.images);
+        // Images reach rows only through `attach_images`; a caller of `prepare` alone
+        // (EngineCore users) must not have them dropped silently.
+        let unprepared = images.is_empty() && !sub.request.images.is_empty();
         let mut row = Row::new(sub, self.tokenizer.as_ref(), projected_kv_bytes);
+        if unprepared {
+            return self.fail_row(row, "images: the request's images were not prepared (engine::attach_images)".into());
+        }
         if !images.is_empty() {
             // The tower runs here, once per request, before the row's first chunk.
             match RowMedia::encode(self.model.as_ref(), &images) {

@@ -79,6 +79,8 @@ impl Siglip {
         // mlx-vlm check_array_shape: [out, kh, kw, in] when out >= kh, out >= kw and kh == kw.
         let mlx_layout = shape.len() == 4 && shape[0] >= shape[1] && shape[0] >= shape[2] && shape[1] == shape[2];
         let patch_weight = if mlx_layout { raw } else { raw.transpose_axes(&[0, 2, 3, 1])? };
+        // Materialize now: the tower runs on the engine's thread, not the loader's stream.
+        patch_weight.eval()?;
         if patch_weight.shape() != [d, p, p, c] {
             return Err(Error::ModelLoad(format!("{name}: shape {shape:?}, expected [{d}, {p}, {p}, {c}] (or [{d}, {c}, {p}, {p}])")));
         }
