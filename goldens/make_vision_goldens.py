@@ -144,6 +144,9 @@ def write_tokenizer():
         "model": {"type": "WordLevel", "vocab": dict(sorted(vocab.items(), key=lambda kv: kv[1])), "unk_token": "t0"},
     }
     (MODEL_DIR / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False) + "\n")
+    # A chat template that writes the turns' text as is (Gemma's own would need its vocabulary).
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    (MODEL_DIR / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}) + "\n")
     from tokenizers import Tokenizer
 
     t = Tokenizer.from_file(str(MODEL_DIR / "tokenizer.json"))
