@@ -33,6 +33,14 @@
 #define WEFT_ABI_VERSION 1
 
 /**
+ * Compatible additions within WEFT_ABI_VERSION, counted: 0 = the first release; 1 = tool calls
+ * (weft_event's tool_deltas .. tool_calls_len, WEFT_FINISH_TOOL_CALLS, weft_tool_delta,
+ * weft_tool_call, weft_abi_minor). Compare with weft_abi_minor() before reading a field added
+ * in a later minor (docs/c-api.md, Versioning).
+ */
+#define WEFT_ABI_MINOR 1
+
+/**
  * Status codes returned by the int32_t functions: WEFT_OK (0) or a negative error. The enum
  * only names the values; functions return int32_t so that codes added later stay ABI-stable.
  */
@@ -139,6 +147,13 @@ enum weft_finish_reason
    * weft_cancel or the engine's shutdown ended the request.
    */
   WEFT_FINISH_CANCELLED = 2,
+  /**
+   * (ABI minor 1) A request with "tools" stopped after making calls: DONE's tool_calls holds
+   * them. stop_kind is WEFT_STOP_NONE when the call itself ended the request (a named
+   * tool_choice or "parallel_tool_calls": false stop after the first complete call), else the
+   * stop that did.
+   */
+  WEFT_FINISH_TOOL_CALLS = 3,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -149,7 +164,8 @@ typedef int32_t weft_finish_reason;
 #endif // __cplusplus
 
 /**
- * weft_event.stop_kind of a DONE event with WEFT_FINISH_STOP: what stopped the request.
+ * weft_event.stop_kind of a DONE event with WEFT_FINISH_STOP (or WEFT_FINISH_TOOL_CALLS): what
+ * stopped the request.
  */
 enum weft_stop_kind
 #if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
@@ -157,7 +173,7 @@ enum weft_stop_kind
 #endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
  {
   /**
-   * Not a WEFT_FINISH_STOP (or not a DONE event).
+   * Not a WEFT_FINISH_STOP / WEFT_FINISH_TOOL_CALLS (or not a DONE event).
    */
   WEFT_STOP_NONE = 0,
   /**
@@ -182,6 +198,31 @@ typedef int32_t weft_stop_kind;
 #endif // __cplusplus
 
 /**
+ * weft_tool_delta.kind.
+ */
+enum weft_tool_delta_kind
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * Call number `index` begins: id and name are set, arguments is "".
+   */
+  WEFT_TOOL_DELTA_START = 1,
+  /**
+   * More of call `index`'s arguments (JSON text): arguments is set, id and name are "".
+   */
+  WEFT_TOOL_DELTA_ARGUMENTS = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum weft_tool_delta_kind weft_tool_delta_kind;
+#else
+typedef int32_t weft_tool_delta_kind;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * A loaded model and its running engine thread (opaque to C).
  */
 typedef struct weft_engine weft_engine;
@@ -196,6 +237,53 @@ typedef struct weft_token_logprob {
    */
   float logprob;
 } weft_token_logprob;
+
+/**
+ * A streamed piece of a tool call (see weft_event.tool_deltas), as OpenAI streams
+ * `delta.tool_calls`: a START with the call's id and name, then ARGUMENTS fragments whose
+ * concatenation is the call's arguments JSON text. Strings are UTF-8, NUL-terminated, never
+ * NULL ("" when they do not apply), owned by the library and valid only during the callback.
+ */
+typedef struct weft_tool_delta {
+  /**
+   * A weft_tool_delta_kind.
+   */
+  int32_t kind;
+  /**
+   * Which call of this request's output (0-based, in the order the model wrote them).
+   */
+  uint32_t index;
+  /**
+   * START: the call's id ("call_" + 24 letters or digits).
+   */
+  const char *id;
+  size_t id_len;
+  /**
+   * START: the function's name.
+   */
+  const char *name;
+  size_t name_len;
+  /**
+   * ARGUMENTS: the next fragment of the arguments' JSON text.
+   */
+  const char *arguments;
+  size_t arguments_len;
+} weft_tool_delta;
+
+/**
+ * A complete tool call (see weft_event.tool_calls). Strings as in weft_tool_delta.
+ */
+typedef struct weft_tool_call {
+  const char *id;
+  size_t id_len;
+  const char *name;
+  size_t name_len;
+  /**
+   * The arguments as JSON text (an object, as the model wrote it).
+   */
+  const char *arguments;
+  size_t arguments_len;
+} weft_tool_call;
 
 /**
  * One event of one request, passed to its weft_event_fn. The struct and everything it points
@@ -230,8 +318,9 @@ typedef struct weft_event {
    */
   size_t text_len;
   /**
-   * DONE: a weft_finish_reason (WEFT_FINISH_STOP, WEFT_FINISH_LENGTH or
-   * WEFT_FINISH_CANCELLED); -1 for other kinds.
+   * DONE: a weft_finish_reason (WEFT_FINISH_STOP, WEFT_FINISH_LENGTH,
+   * WEFT_FINISH_CANCELLED or, for a request with "tools", WEFT_FINISH_TOOL_CALLS); -1 for
+   * other kinds.
    */
   int32_t finish_reason;
   /**
@@ -270,7 +359,7 @@ typedef struct weft_event {
    */
   size_t top_logprobs_len;
   /**
-   * DONE with WEFT_FINISH_STOP: a weft_stop_kind (WEFT_STOP_EOS, WEFT_STOP_STRING or
+   * DONE with WEFT_FINISH_STOP or WEFT_FINISH_TOOL_CALLS: a weft_stop_kind (WEFT_STOP_EOS, WEFT_STOP_STRING or
    * WEFT_STOP_CONSTRAINT);
    * WEFT_STOP_NONE (0) otherwise.
    */
@@ -288,6 +377,26 @@ typedef struct weft_event {
    * Length of stop_string in bytes, excluding the terminating NUL.
    */
   size_t stop_string_len;
+  /**
+   * (ABI minor 1) TOKEN and DONE of a request with "tools": the tool-call pieces this event
+   * adds, in order (the text of a call never appears in text). DONE's are the pieces the end
+   * released, so assembling every TOKEN's and DONE's deltas gives DONE's tool_calls. NULL
+   * when tool_deltas_len is 0.
+   */
+  const struct weft_tool_delta *tool_deltas;
+  /**
+   * Number of entries in tool_deltas.
+   */
+  size_t tool_deltas_len;
+  /**
+   * (ABI minor 1) DONE of a request with "tools": every call the output made, complete (also
+   * with WEFT_FINISH_LENGTH, whose last call may be cut short). NULL when tool_calls_len is 0.
+   */
+  const struct weft_tool_call *tool_calls;
+  /**
+   * Number of entries in tool_calls.
+   */
+  size_t tool_calls_len;
 } weft_event;
 
 /**
@@ -310,6 +419,13 @@ extern "C" {
  * A program built against a header whose WEFT_ABI_VERSION differs must not use the library.
  */
 uint32_t weft_abi_version(void);
+
+/**
+ * The ABI minor version of the loaded library (WEFT_ABI_MINOR of the header it was built from):
+ * fields and constants of minor n exist when weft_abi_minor() >= n. (Libraries before minor 1
+ * lack this function; they also reject "tools" at weft_submit.)
+ */
+uint32_t weft_abi_minor(void);
 
 /**
  * The library's version, e.g. "0.1.0": a static NUL-terminated string (never freed).
@@ -396,8 +512,10 @@ void weft_engine_free(struct weft_engine *engine);
  * "repetition_penalty", "presence_penalty", "frequency_penalty", "penalty_context" (>= 1,
  * default 20), "logit_bias" ({"<token id>": bias}; the bias "-Infinity" bans the token),
  * "stop" (a string or an array of non-empty strings), "ignore_eos" (default false),
- * "logprobs" (bool), "top_logprobs" (0..20, needs "logprobs"). The input must not be empty.
- * Unknown fields are errors.
+ * "logprobs" (bool), "top_logprobs" (0..20, needs "logprobs"), one constraint of
+ * "response_format" / "json_schema" / "regex" / "grammar" / "choice", and (ABI minor 1) "tools",
+ * "tool_choice", "parallel_tool_calls", whose calls arrive in weft_event's tool_deltas /
+ * tool_calls (docs/c-api.md, Tool calls). The input must not be empty. Unknown fields are errors.
  *
  * Returns WEFT_OK, WEFT_ERR_INVALID_ARGUMENT (NULL engine / request_json / on_event, bad JSON,
  * a bad field, a prompt longer than the model's context, token ids outside the vocabulary,

@@ -66,6 +66,11 @@ fn header_is_up_to_date() {
     for needle in [
         "#define WEFT_ABI_VERSION 1",
         "uint32_t weft_abi_version(void);",
+        "#define WEFT_ABI_MINOR 1",
+        "uint32_t weft_abi_minor(void);",
+        "WEFT_FINISH_TOOL_CALLS = 3,",
+        "WEFT_TOOL_DELTA_START = 1,",
+        "WEFT_TOOL_DELTA_ARGUMENTS = 2,",
         "const char *weft_version(void);",
         "typedef struct weft_engine weft_engine;",
         "const char *weft_status_string(int32_t status);",
@@ -485,4 +490,18 @@ fn constrained_output_through_the_c_abi() {
         .output()
         .expect("running the C constrained-output test");
     assert_pass(&out, "constrained_test.c on goldens/gguf/llama-q4_1.gguf");
+}
+
+/// Tool calls through weft_event (ABI minor 1) on the tiny GGUF (random weights, a ChatML
+/// template without tools: Weft's fallback) and on the default model (required in CI).
+#[test]
+fn tool_calls_through_the_c_abi() {
+    let source = repo_root().join("ffi/tests/c/tools_test.c");
+    let exe = build(&source, Lang::C, Link::Dynamic);
+    let mut models = vec![repo_root().join("goldens/gguf/llama-q4_1.gguf")];
+    models.extend(support::default_model());
+    for model in models {
+        let out = runs_from_rpath(Command::new(&exe)).arg(&model).output().expect("running the C tool-call test");
+        assert_pass(&out, &format!("tools_test.c on {}", model.display()));
+    }
 }

@@ -6,21 +6,17 @@ export type WeftErrorCode =
   | 'INVALID_ARGUMENT'
   /** The request can never fit the engine's limits (e.g. more KV than the whole budget). */
   | 'CAPACITY'
-  /** The model directory / file is missing, unreadable or inconsistent. */
+  /** The model is missing, unreadable, inconsistent, or could not be downloaded or verified. */
   | 'MODEL_LOAD'
   /** The model uses an architecture or option Weft does not implement. */
   | 'UNSUPPORTED'
-  /** Tokenizer or chat-template failure. */
-  | 'TOKENIZER'
-  /** Downloading or verifying the default model failed. */
-  | 'DOWNLOAD'
-  | 'IO'
-  /** An MLX operation failed. */
-  | 'MLX'
   /** The engine was closed. */
   | 'ENGINE_CLOSED'
+  /** The engine's thread failed (a bug): every request got an error; load a new engine. */
+  | 'ENGINE_FAILED'
   /** A request failed while generating (its stream or `complete` promise reports it). */
   | 'GENERATION_FAILED'
+  /** A failure inside the engine or MLX. */
   | 'INTERNAL'
 
 /** Every error the Weft API throws or rejects with. */
@@ -99,9 +95,19 @@ export declare class Generation {
 
 /** One turn of a conversation. */
 export interface ChatMessage {
-  /** `"system"`, `"user"`, `"assistant"`... as the model's chat template expects. */
+  /** `"system"`, `"user"`, `"assistant"`, `"tool"`... as the model's chat template expects. */
   role: string
-  content: string
+  /** May be `null` on an assistant turn that only calls tools. */
+  content?: string | null
+  /**
+   * An assistant turn's calls, in OpenAI's shape (a {@link ToolCall} `c` is `{ id: c.id,
+   * type: 'function', function: { name: c.name, arguments: c.arguments } }`).
+   */
+  toolCalls?: Array<{ id: string; type: 'function'; function: { name: string; arguments: string | Record<string, unknown> } }>
+  /** A `tool` turn: the id of the call it answers. */
+  toolCallId?: string
+  /** A `tool` turn: the function's name (optional). */
+  name?: string
 }
 
 /** One streamed piece of output. */
@@ -126,6 +132,12 @@ export interface Chunk {
    * (empty when `topLogprobs` is 0).
    */
   topLogprobs?: Array<TokenLogprob>
+  /**
+   * With `tools`: the pieces of tool calls this chunk adds, in order (a call's text is never
+   * in `text`). Absent when there are none. Assembling every chunk's pieces gives the
+   * completion's `toolCalls`.
+   */
+  toolCalls?: Array<ToolCallDelta>
 }
 
 /** The result of {@link Engine.complete}, and {@link Generation.summary} once a stream ended. */
@@ -137,6 +149,11 @@ export interface Completion {
   usage: Usage
   /** With `logprobs: true`: one entry per generated token, in the order of `tokenIds`. */
   logprobs?: Array<TokenLogprobs>
+  /**
+   * With `tools`: every call the output made, complete (empty when it made none; with
+   * `finishReason: "length"` the last may be cut short).
+   */
+  toolCalls?: Array<ToolCall>
 }
 
 /** A snapshot of the engine's scheduler and counters. */
@@ -158,11 +175,12 @@ export interface EngineStats {
 }
 
 /**
- * Why a request ended: `"stop"` (an end-of-sequence token or a stop string), `"length"`
- * (`maxTokens` or the model's context length) or `"cancelled"` (`break`, `return()`,
- * `cancel()`, an aborted signal or `close()`).
+ * Why a request ended: `"stop"` (an end-of-sequence token, a stop string or a complete
+ * constraint), `"length"` (`maxTokens` or the model's context length), `"cancelled"`
+ * (`break`, `return()`, `cancel()`, an aborted signal or `close()`) or `"tool_calls"` (a
+ * request with `tools` stopped after making calls).
  */
-export type FinishReason = 'stop' | 'length' | 'cancelled'
+export type FinishReason = 'stop' | 'length' | 'cancelled' | 'tool_calls'
 
 /**
  * Options for {@link Engine.generate} and {@link Engine.complete}. Exactly one of `messages`,
@@ -216,6 +234,18 @@ export interface GenerateOptions {
   grammar?: string
   /** The output is exactly one of these strings. */
   choice?: Array<string>
+  /**
+   * Tools the model may call; its calls arrive as `toolCalls` in chunks and the completion
+   * (docs/tools.md). Needs `messages`.
+   */
+  tools?: Array<Tool>
+  /**
+   * `'auto'` (default), `'none'`, `'required'` (a call is forced) or a named function
+   * (`{ type: 'function', function: { name } }`, forced); forced calls are grammar-constrained.
+   */
+  toolChoice?: 'auto' | 'none' | 'required' | { type: 'function'; function: { name: string } }
+  /** `false` ends generation after the first complete call (default `true`). */
+  parallelToolCalls?: boolean
   /**
    * Aborting it cancels the request in the engine; the stream then ends normally with
    * `finishReason: "cancelled"` (nothing is thrown).
@@ -285,6 +315,36 @@ export interface TokenLogprobs {
   logprob: number
   /** Best first; empty when `topLogprobs` is 0. */
   topLogprobs: Array<TokenLogprob>
+}
+
+/** A tool the model may call (OpenAI's function shape). */
+export interface Tool {
+  type: 'function'
+  function: { name: string; description?: string; parameters?: Record<string, unknown> }
+}
+
+/** A complete tool call. */
+export interface ToolCall {
+  id: string
+  name: string
+  /** The arguments as JSON text (an object; `JSON.parse` it). */
+  arguments: string
+}
+
+/**
+ * A streamed piece of a tool call, as OpenAI streams `delta.tool_calls`: the first piece of a
+ * call has its `id` and `name`; later pieces carry `arguments` fragments whose concatenation
+ * is the call's arguments JSON text.
+ */
+export interface ToolCallDelta {
+  /** Which call of the output (0-based, in the order the model wrote them). */
+  index: number
+  /** The call's id (`call_` + 24 letters or digits), on its first piece. */
+  id?: string
+  /** The function's name, on the call's first piece. */
+  name?: string
+  /** The next fragment of the arguments' JSON text. */
+  arguments?: string
 }
 
 export interface Usage {

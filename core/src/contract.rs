@@ -185,10 +185,12 @@ fn check_keys(where_: &str, map: &Map<String, Value>, known: &[String]) -> Resul
     Ok(())
 }
 
-/// Typed access to an object's fields by snake_case name, with messages in the face's spelling.
+/// Typed access to an object's fields by snake_case name, with messages in the face's spelling
+/// (or under the face's own name for a field, `aliases`: `(field, key)` pairs).
 struct Fields<'a> {
     map: &'a Map<String, Value>,
     spelling: Spelling,
+    aliases: &'a [(&'a str, &'a str)],
 }
 
 impl<'a> Fields<'a> {
@@ -198,16 +200,20 @@ impl<'a> Fields<'a> {
         };
         let known: Vec<String> = known.iter().map(|k| spelling.key(k).into_owned()).collect();
         check_keys("", map, &known)?;
-        Ok(Fields { map, spelling })
+        Ok(Fields { map, spelling, aliases: &[] })
     }
 
+    /// The key the caller writes `field` as.
     fn name(&self, field: &str) -> String {
-        self.spelling.key(field).into_owned()
+        match self.aliases.iter().find(|(f, _)| *f == field) {
+            Some((_, key)) => key.to_string(),
+            None => self.spelling.key(field).into_owned(),
+        }
     }
 
     /// The field's value; `None` when absent or null.
     fn get(&self, field: &str) -> Option<&'a Value> {
-        self.map.get(self.spelling.key(field).as_ref()).filter(|v| !v.is_null())
+        self.map.get(&self.name(field)).filter(|v| !v.is_null())
     }
 
     fn err(&self, field: &str, rule: &str, got: &Value) -> Error {
@@ -274,38 +280,7 @@ pub fn parse_request(v: &Value, spelling: Spelling) -> Result<Request> {
     };
 
     let mut req = Request::new(input);
-    // Capped so the engine's KV projection (prompt + max_tokens) cannot overflow.
-    if let Some(n) = f.usize("max_tokens", 1, u32::MAX as u64)? {
-        req.max_tokens = n;
-    }
-    let s = &mut req.sampling;
-    // The rules of SamplingParams::validate, with the caller's names.
-    if let Some(x) = f.number("temperature", "a finite number >= 0", |x| x >= 0.0)? {
-        s.temperature = x;
-    }
-    if let Some(x) = f.number("top_p", "a number in (0, 1]", |x| x > 0.0 && x <= 1.0)? {
-        s.top_p = x;
-    }
-    if let Some(n) = f.int("top_k", 0, u32::MAX as u64)? {
-        s.top_k = n as u32;
-    }
-    if let Some(x) = f.number("min_p", "a number in [0, 1]", |x| (0.0..=1.0).contains(&x))? {
-        s.min_p = x;
-    }
-    s.seed = f.int("seed", 0, u64::MAX)?;
-    s.repetition_penalty = f.number("repetition_penalty", "a finite number > 0", |x| x > 0.0)?;
-    s.presence_penalty = f.number("presence_penalty", "a finite number", |_| true)?;
-    s.frequency_penalty = f.number("frequency_penalty", "a finite number", |_| true)?;
-    if let Some(n) = f.usize("penalty_context", 1, u32::MAX as u64)? {
-        s.penalty_context = n;
-    }
-    if f.get("logit_bias").is_some() {
-        s.logit_bias = parse_logit_bias(&f)?;
-    }
-    req.stop = parse_stop(&f)?;
-    if let Some(b) = f.bool("ignore_eos")? {
-        req.ignore_eos = b;
-    }
+    generation_fields(&f).map_err(|e| invalid(e.message))?.apply(&mut req);
     let logprobs = f.bool("logprobs")?.unwrap_or(false);
     let top = f.usize("top_logprobs", 0, MAX_TOP_LOGPROBS)?;
     req.logprobs = match (logprobs, top) {
@@ -315,9 +290,8 @@ pub fn parse_request(v: &Value, spelling: Spelling) -> Result<Request> {
             return Err(invalid(format!("{} needs {}: true", f.name("top_logprobs"), f.name("logprobs"))));
         }
     };
-    // Tools in OpenAI's shape (docs/tools.md), checked with the caller's field names. The C,
-    // Node and Swift events do not carry tool calls yet, so a request with tools is refused
-    // rather than having its calls withheld silently.
+    // Tools in OpenAI's shape (docs/tools.md), checked with the caller's field names; every
+    // face delivers the parsed calls (C weft_event fields, Node chunks, Swift events).
     let parallel = f.bool("parallel_tool_calls")?;
     let tools = crate::tools::Tools::parse(f.get("tools"), f.get("tool_choice"), parallel).map_err(|e| {
         let mut message = e.message;
@@ -326,12 +300,7 @@ pub fn parse_request(v: &Value, spelling: Spelling) -> Result<Request> {
         }
         invalid(message)
     })?;
-    if tools.is_some() {
-        return Err(invalid(format!(
-            "{}: tool calls are not delivered through this interface yet (weft serve supports them)",
-            f.name("tools")
-        )));
-    }
+    req.tools = tools;
     req.constraint = parse_constraint_fields(&f)?;
     req.images = parse_images(&f)?;
     Ok(req)
@@ -368,11 +337,162 @@ fn parse_images(f: &Fields) -> Result<Vec<Vec<u8>>> {
         .collect()
 }
 
+/// The sampling, stop and length fields of a request, read by the contract's rules; each is
+/// `None` (`stop`: empty) when not given.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GenerationFields {
+    pub max_tokens: Option<usize>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<u32>,
+    pub min_p: Option<f32>,
+    pub seed: Option<u64>,
+    pub repetition_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub penalty_context: Option<usize>,
+    pub logit_bias: Option<Vec<(u32, f32)>>,
+    pub stop: Vec<String>,
+    pub ignore_eos: Option<bool>,
+}
+
+/// The fields [`GenerationFields`] reads, snake_case.
+pub const GENERATION_FIELDS: &[&str] = &[
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "penalty_context",
+    "logit_bias",
+    "stop",
+    "ignore_eos",
+];
+
+impl GenerationFields {
+    /// Sets the given fields on `request`, leaving the others as they are (its defaults).
+    pub fn apply(self, request: &mut Request) {
+        if let Some(n) = self.max_tokens {
+            request.max_tokens = n;
+        }
+        let s = &mut request.sampling;
+        if let Some(x) = self.temperature {
+            s.temperature = x;
+        }
+        if let Some(x) = self.top_p {
+            s.top_p = x;
+        }
+        if let Some(n) = self.top_k {
+            s.top_k = n;
+        }
+        if let Some(x) = self.min_p {
+            s.min_p = x;
+        }
+        if self.seed.is_some() {
+            s.seed = self.seed;
+        }
+        if self.repetition_penalty.is_some() {
+            s.repetition_penalty = self.repetition_penalty;
+        }
+        if self.presence_penalty.is_some() {
+            s.presence_penalty = self.presence_penalty;
+        }
+        if self.frequency_penalty.is_some() {
+            s.frequency_penalty = self.frequency_penalty;
+        }
+        if let Some(n) = self.penalty_context {
+            s.penalty_context = n;
+        }
+        if let Some(bias) = self.logit_bias {
+            s.logit_bias = bias;
+        }
+        if !self.stop.is_empty() {
+            request.stop = self.stop;
+        }
+        if let Some(b) = self.ignore_eos {
+            request.ignore_eos = b;
+        }
+    }
+}
+
+/// A field the contract refused: its key as the caller wrote it (HTTP's `param`) and the
+/// message, which names it the same way.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FieldError {
+    pub key: String,
+    pub message: String,
+}
+
+/// The [`GENERATION_FIELDS`] of a request object by the contract's rules, other keys ignored:
+/// for a face that reads the rest of its request itself (the HTTP server). `aliases` are
+/// `(field, key)` pairs for fields the face names otherwise (`("stop", "stop_sequences")`);
+/// messages and [`FieldError::key`] use the face's key.
+pub fn parse_generation_fields(
+    v: &Value,
+    spelling: Spelling,
+    aliases: &[(&str, &str)],
+) -> std::result::Result<GenerationFields, FieldError> {
+    let Value::Object(map) = v else {
+        return Err(FieldError { key: String::new(), message: format!("the request must be an object, got {}", show(v)) });
+    };
+    generation_fields(&Fields { map, spelling, aliases })
+}
+
+fn generation_fields(f: &Fields) -> std::result::Result<GenerationFields, FieldError> {
+    let at = |field: &'static str| {
+        move |e: Error| FieldError {
+            key: f.name(field),
+            message: match e {
+                Error::InvalidRequest(m) => m,
+                other => other.to_string(),
+            },
+        }
+    };
+    // Capped so the engine's KV projection (prompt + max_tokens) cannot overflow.
+    let max_tokens = f.usize("max_tokens", 1, u32::MAX as u64).map_err(at("max_tokens"))?;
+    // The rules of SamplingParams::validate, with the caller's names.
+    let temperature = f.number("temperature", "a finite number >= 0", |x| x >= 0.0).map_err(at("temperature"))?;
+    let top_p = f.number("top_p", "a number in (0, 1]", |x| x > 0.0 && x <= 1.0).map_err(at("top_p"))?;
+    let top_k = f.int("top_k", 0, u32::MAX as u64).map_err(at("top_k"))?.map(|n| n as u32);
+    let min_p = f.number("min_p", "a number in [0, 1]", |x| (0.0..=1.0).contains(&x)).map_err(at("min_p"))?;
+    let seed = f.int("seed", 0, u64::MAX).map_err(at("seed"))?;
+    let repetition_penalty =
+        f.number("repetition_penalty", "a finite number > 0", |x| x > 0.0).map_err(at("repetition_penalty"))?;
+    let presence_penalty = f.number("presence_penalty", "a finite number", |_| true).map_err(at("presence_penalty"))?;
+    let frequency_penalty = f.number("frequency_penalty", "a finite number", |_| true).map_err(at("frequency_penalty"))?;
+    let penalty_context = f.usize("penalty_context", 1, u32::MAX as u64).map_err(at("penalty_context"))?;
+    let logit_bias = match f.get("logit_bias") {
+        Some(_) => Some(parse_logit_bias(f).map_err(at("logit_bias"))?),
+        None => None,
+    };
+    let stop = parse_stop(f).map_err(at("stop"))?;
+    let ignore_eos = f.bool("ignore_eos").map_err(at("ignore_eos"))?;
+    Ok(GenerationFields {
+        max_tokens,
+        temperature,
+        top_p,
+        top_k,
+        min_p,
+        seed,
+        repetition_penalty,
+        presence_penalty,
+        frequency_penalty,
+        penalty_context,
+        logit_bias,
+        stop,
+        ignore_eos,
+    })
+}
+
 /// Constraint fields of a request object by the contract's rules, other keys ignored: for
 /// faces that parse the rest of the request themselves (the HTTP server).
 pub fn parse_constraint(v: &Value, spelling: Spelling) -> Result<Option<Constraint>> {
     let Value::Object(map) = v else { return Err(invalid(format!("the request must be an object, got {}", show(v)))) };
-    parse_constraint_fields(&Fields { map, spelling })
+    parse_constraint_fields(&Fields { map, spelling, aliases: &[] })
 }
 
 /// The constraint fields; at most one may be given (`response_format` of type `text` counts as
@@ -797,11 +917,8 @@ mod tests {
         assert_eq!(m[1].tool_calls[0].arguments, "{\"city\": \"Oslo\"}");
         assert_eq!(m[2].tool_call_id.as_deref(), Some("c1"));
         assert!(r.tools.is_none());
-        // Valid tools are refused until the faces deliver calls.
-        let e = parse_request(&json!({"messages": [{"role": "user", "content": "q"}], "tools": [weather.clone()]}), Snake)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("tools: tool calls are not delivered"), "{e}");
+        let r = req(json!({"messages": [{"role": "user", "content": "q"}], "tools": [weather.clone()], "tool_choice": "required"}));
+        assert_eq!(r.tools.as_ref().map(|t| t.specs.len()), Some(1));
         // Camel spelling for Node and Swift, and messages in it.
         let v = json!({"messages": [{"role": "tool", "toolCallId": "c1", "content": "x"}], "tools": [weather], "toolChoice": "sometimes"});
         let e = parse_request(&v, Spelling::Camel).unwrap_err().to_string();
@@ -869,6 +986,46 @@ mod tests {
         ];
         for (v, needle) in cases {
             has(&req_err(v, Snake), needle);
+        }
+    }
+
+    #[test]
+    fn generation_fields_for_a_face_with_its_own_keys() {
+        // Other keys are the face's; aliased fields are read and named under the face's key.
+        let aliases = [("stop", "stop_sequences"), ("max_tokens", "max_completion_tokens")];
+        let g = parse_generation_fields(
+            &json!({"model": "x", "messages": [], "stop_sequences": ["\n"], "max_completion_tokens": 7, "max_tokens": 0,
+                    "top_k": 4, "presence_penalty": 0.5, "logit_bias": {"3": "-Infinity"}}),
+            Snake,
+            &aliases,
+        )
+        .unwrap();
+        assert_eq!((g.max_tokens, g.top_k, g.presence_penalty), (Some(7), Some(4), Some(0.5)));
+        assert_eq!((g.stop.clone(), g.logit_bias.clone(), g.temperature), (vec!["\n".to_string()], Some(vec![(3, f32::NEG_INFINITY)]), None));
+        // apply() sets what was given over the request's defaults, and only that.
+        let mut r = Request::new(Input::Tokens(vec![1]));
+        r.sampling.temperature = 0.7;
+        g.apply(&mut r);
+        assert_eq!((r.max_tokens, r.sampling.top_k, r.sampling.temperature), (7, 4, 0.7));
+        assert_eq!(r.stop, vec!["\n".to_string()]);
+
+        let err = |v: Value| parse_generation_fields(&v, Snake, &aliases).unwrap_err();
+        let e = err(json!({"stop_sequences": [""]}));
+        assert_eq!((e.key.as_str(), e.message.as_str()), ("stop_sequences", "stop_sequences[0] must not be empty"));
+        let e = err(json!({"max_completion_tokens": 0}));
+        assert_eq!(e.key, "max_completion_tokens");
+        assert!(e.message.starts_with("max_completion_tokens must be an integer in [1, "), "{}", e.message);
+        let e = err(json!({"top_p": 1.5}));
+        assert_eq!((e.key.as_str(), e.message.as_str()), ("top_p", "top_p must be a number in (0, 1], got 1.5"));
+        let e = err(json!({"logit_bias": {"x": 1}}));
+        assert_eq!(e.key, "logit_bias");
+        // The same rules as parse_request: the messages are those of every other face.
+        for (v, field) in [(json!({"temperature": -1}), "temperature"), (json!({"seed": "s"}), "seed"), (json!({"ignore_eos": 1}), "ignore_eos")] {
+            let mut full = v.clone();
+            full.as_object_mut().unwrap().insert("prompt_ids".into(), json!([1]));
+            let e = err(v);
+            assert_eq!(e.key, field);
+            assert_eq!(req_err(full, Snake), e.message);
         }
     }
 

@@ -10,6 +10,7 @@
 pub mod cache;
 pub mod constrain;
 pub mod contract;
+pub mod distributed;
 pub mod error;
 pub mod engine;
 pub mod generate;

@@ -8,6 +8,7 @@ use std::thread::JoinHandle;
 
 use weft::engine::{Event, RowFlow, Sink, StopCause};
 use weft::generate::FinishReason;
+use weft::tools::{Assembler, ToolCall, ToolDelta};
 
 use crate::IN_CALLBACK;
 
@@ -33,6 +34,11 @@ pub enum weft_finish_reason {
     WEFT_FINISH_LENGTH = 1,
     /// weft_cancel or the engine's shutdown ended the request.
     WEFT_FINISH_CANCELLED = 2,
+    /// (ABI minor 1) A request with "tools" stopped after making calls: DONE's tool_calls holds
+    /// them. stop_kind is WEFT_STOP_NONE when the call itself ended the request (a named
+    /// tool_choice or "parallel_tool_calls": false stop after the first complete call), else the
+    /// stop that did.
+    WEFT_FINISH_TOOL_CALLS = 3,
 }
 
 const WEFT_EVENT_TOKEN: i32 = weft_event_kind::WEFT_EVENT_TOKEN as i32;
@@ -41,12 +47,14 @@ const WEFT_EVENT_ERROR: i32 = weft_event_kind::WEFT_EVENT_ERROR as i32;
 const WEFT_FINISH_STOP: i32 = weft_finish_reason::WEFT_FINISH_STOP as i32;
 const WEFT_FINISH_LENGTH: i32 = weft_finish_reason::WEFT_FINISH_LENGTH as i32;
 const WEFT_FINISH_CANCELLED: i32 = weft_finish_reason::WEFT_FINISH_CANCELLED as i32;
+const WEFT_FINISH_TOOL_CALLS: i32 = weft_finish_reason::WEFT_FINISH_TOOL_CALLS as i32;
 
-/// weft_event.stop_kind of a DONE event with WEFT_FINISH_STOP: what stopped the request.
+/// weft_event.stop_kind of a DONE event with WEFT_FINISH_STOP (or WEFT_FINISH_TOOL_CALLS): what
+/// stopped the request.
 #[repr(i32)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum weft_stop_kind {
-    /// Not a WEFT_FINISH_STOP (or not a DONE event).
+    /// Not a WEFT_FINISH_STOP / WEFT_FINISH_TOOL_CALLS (or not a DONE event).
     WEFT_STOP_NONE = 0,
     /// One of the model's end-of-sequence tokens (stop_token_id; not counted, not in the text).
     WEFT_STOP_EOS = 1,
@@ -70,6 +78,52 @@ pub struct weft_token_logprob {
     pub logprob: f32,
 }
 
+/// weft_tool_delta.kind.
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum weft_tool_delta_kind {
+    /// Call number `index` begins: id and name are set, arguments is "".
+    WEFT_TOOL_DELTA_START = 1,
+    /// More of call `index`'s arguments (JSON text): arguments is set, id and name are "".
+    WEFT_TOOL_DELTA_ARGUMENTS = 2,
+}
+
+const WEFT_TOOL_DELTA_START: i32 = weft_tool_delta_kind::WEFT_TOOL_DELTA_START as i32;
+const WEFT_TOOL_DELTA_ARGUMENTS: i32 = weft_tool_delta_kind::WEFT_TOOL_DELTA_ARGUMENTS as i32;
+
+/// A streamed piece of a tool call (see weft_event.tool_deltas), as OpenAI streams
+/// `delta.tool_calls`: a START with the call's id and name, then ARGUMENTS fragments whose
+/// concatenation is the call's arguments JSON text. Strings are UTF-8, NUL-terminated, never
+/// NULL ("" when they do not apply), owned by the library and valid only during the callback.
+#[repr(C)]
+pub struct weft_tool_delta {
+    /// A weft_tool_delta_kind.
+    pub kind: i32,
+    /// Which call of this request's output (0-based, in the order the model wrote them).
+    pub index: u32,
+    /// START: the call's id ("call_" + 24 letters or digits).
+    pub id: *const c_char,
+    pub id_len: usize,
+    /// START: the function's name.
+    pub name: *const c_char,
+    pub name_len: usize,
+    /// ARGUMENTS: the next fragment of the arguments' JSON text.
+    pub arguments: *const c_char,
+    pub arguments_len: usize,
+}
+
+/// A complete tool call (see weft_event.tool_calls). Strings as in weft_tool_delta.
+#[repr(C)]
+pub struct weft_tool_call {
+    pub id: *const c_char,
+    pub id_len: usize,
+    pub name: *const c_char,
+    pub name_len: usize,
+    /// The arguments as JSON text (an object, as the model wrote it).
+    pub arguments: *const c_char,
+    pub arguments_len: usize,
+}
+
 /// One event of one request, passed to its weft_event_fn. The struct and everything it points
 /// to are owned by the library and valid only during the callback: copy what you keep. Fields
 /// that do not apply to the event's kind hold the stated neutral values. New fields may be
@@ -91,8 +145,9 @@ pub struct weft_event {
     pub text: *const c_char,
     /// Length of text in bytes, excluding the terminating NUL.
     pub text_len: usize,
-    /// DONE: a weft_finish_reason (WEFT_FINISH_STOP, WEFT_FINISH_LENGTH or
-    /// WEFT_FINISH_CANCELLED); -1 for other kinds.
+    /// DONE: a weft_finish_reason (WEFT_FINISH_STOP, WEFT_FINISH_LENGTH,
+    /// WEFT_FINISH_CANCELLED or, for a request with "tools", WEFT_FINISH_TOOL_CALLS); -1 for
+    /// other kinds.
     pub finish_reason: i32,
     /// DONE: prompt length in tokens; 0 for other kinds.
     pub prompt_tokens: u32,
@@ -113,7 +168,7 @@ pub struct weft_event {
     pub top_logprobs: *const weft_token_logprob,
     /// Number of entries in top_logprobs.
     pub top_logprobs_len: usize,
-    /// DONE with WEFT_FINISH_STOP: a weft_stop_kind (WEFT_STOP_EOS, WEFT_STOP_STRING or
+    /// DONE with WEFT_FINISH_STOP or WEFT_FINISH_TOOL_CALLS: a weft_stop_kind (WEFT_STOP_EOS, WEFT_STOP_STRING or
     /// WEFT_STOP_CONSTRAINT);
     /// WEFT_STOP_NONE (0) otherwise.
     pub stop_kind: i32,
@@ -124,6 +179,18 @@ pub struct weft_event {
     pub stop_string: *const c_char,
     /// Length of stop_string in bytes, excluding the terminating NUL.
     pub stop_string_len: usize,
+    /// (ABI minor 1) TOKEN and DONE of a request with "tools": the tool-call pieces this event
+    /// adds, in order (the text of a call never appears in text). DONE's are the pieces the end
+    /// released, so assembling every TOKEN's and DONE's deltas gives DONE's tool_calls. NULL
+    /// when tool_deltas_len is 0.
+    pub tool_deltas: *const weft_tool_delta,
+    /// Number of entries in tool_deltas.
+    pub tool_deltas_len: usize,
+    /// (ABI minor 1) DONE of a request with "tools": every call the output made, complete (also
+    /// with WEFT_FINISH_LENGTH, whose last call may be cut short). NULL when tool_calls_len is 0.
+    pub tool_calls: *const weft_tool_call,
+    /// Number of entries in tool_calls.
+    pub tool_calls_len: usize,
 }
 
 /// Receives a request's events, in order, on a delivery thread the library runs for that
@@ -168,11 +235,71 @@ impl IdSlot {
 }
 
 /// Buffers reused across a request's events (NUL-terminated copies of text / message).
+#[derive(Default)]
 struct Buffers {
     text: Vec<u8>,
     message: Vec<u8>,
     stop: Vec<u8>,
     top: Vec<weft_token_logprob>,
+    /// NUL-terminated strings of the event's tool deltas / calls (each its own allocation, so
+    /// pointers stay valid while more are added).
+    tool_strings: Vec<Vec<u8>>,
+    tool_deltas: Vec<weft_tool_delta>,
+    tool_calls: Vec<weft_tool_call>,
+    /// The calls as delivered so far, for the pieces DONE must still release.
+    assembled: Assembler,
+}
+
+impl Buffers {
+    /// A NUL-terminated copy of `s` that lives until the next event.
+    fn keep(&mut self, s: &str) -> (*const c_char, usize) {
+        let mut b = Vec::with_capacity(s.len() + 1);
+        b.extend_from_slice(s.as_bytes());
+        b.push(0);
+        let p = b.as_ptr().cast();
+        self.tool_strings.push(b);
+        (p, s.len())
+    }
+
+    fn set_deltas(&mut self, deltas: &[ToolDelta]) {
+        let empty: *const c_char = c"".as_ptr();
+        for d in deltas {
+            self.assembled.apply(d);
+            let mut out = weft_tool_delta {
+                kind: 0,
+                index: 0,
+                id: empty,
+                id_len: 0,
+                name: empty,
+                name_len: 0,
+                arguments: empty,
+                arguments_len: 0,
+            };
+            match d {
+                ToolDelta::Start { index, id, name } => {
+                    out.kind = WEFT_TOOL_DELTA_START;
+                    out.index = u32::try_from(*index).unwrap_or(u32::MAX);
+                    (out.id, out.id_len) = self.keep(id);
+                    (out.name, out.name_len) = self.keep(name);
+                }
+                ToolDelta::Arguments { index, fragment } => {
+                    out.kind = WEFT_TOOL_DELTA_ARGUMENTS;
+                    out.index = u32::try_from(*index).unwrap_or(u32::MAX);
+                    (out.arguments, out.arguments_len) = self.keep(fragment);
+                }
+            }
+            self.tool_deltas.push(out);
+        }
+    }
+
+    fn set_calls(&mut self, calls: &[ToolCall]) {
+        for c in calls {
+            let (id, id_len) = self.keep(&c.id);
+            let (name, name_len) = self.keep(&c.name);
+            let (arguments, arguments_len) = self.keep(&c.arguments);
+            self.tool_calls.push(weft_tool_call { id, id_len, name, name_len, arguments, arguments_len });
+        }
+    }
 }
 
 fn nul_terminated(buf: &mut Vec<u8>, s: &str) -> (*const c_char, usize) {
@@ -261,7 +388,7 @@ impl Delivery {
 
     fn run(self, cb: Callback, slot: &IdSlot) {
         let id = slot.wait();
-        let mut bufs = Buffers { text: Vec::new(), message: Vec::new(), stop: Vec::new(), top: Vec::new() };
+        let mut bufs = Buffers::default();
         loop {
             let ev = {
                 let mut state = self.queue.lock();
@@ -317,11 +444,19 @@ fn deliver(cb: &Callback, id: u64, ev: &Event, bufs: &mut Buffers) {
         stop_token_id: -1,
         stop_string: empty,
         stop_string_len: 0,
+        tool_deltas: std::ptr::null(),
+        tool_deltas_len: 0,
+        tool_calls: std::ptr::null(),
+        tool_calls_len: 0,
     };
+    bufs.tool_strings.clear();
+    bufs.tool_deltas.clear();
+    bufs.tool_calls.clear();
     let sat = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
     match ev {
-        Event::Token { token_id, text, logprobs, .. } => {
+        Event::Token { token_id, text, logprobs, tool_calls } => {
             e.kind = WEFT_EVENT_TOKEN;
+            bufs.set_deltas(tool_calls);
             e.token_id = i32::try_from(*token_id).unwrap_or(i32::MAX);
             (e.text, e.text_len) = nul_terminated(&mut bufs.text, text);
             if let Some(lp) = logprobs {
@@ -339,8 +474,11 @@ fn deliver(cb: &Callback, id: u64, ev: &Event, bufs: &mut Buffers) {
                 }
             }
         }
-        Event::Done { finish_reason, usage, text, stop, .. } => {
+        Event::Done { finish_reason, usage, text, stop, tool_calls, .. } => {
             e.kind = WEFT_EVENT_DONE;
+            let released = bufs.assembled.catch_up(tool_calls);
+            bufs.set_deltas(&released);
+            bufs.set_calls(tool_calls);
             (e.text, e.text_len) = nul_terminated(&mut bufs.text, text);
             match stop {
                 Some(StopCause::Eos { token_id }) => {
@@ -355,6 +493,7 @@ fn deliver(cb: &Callback, id: u64, ev: &Event, bufs: &mut Buffers) {
                 None => {}
             }
             e.finish_reason = match finish_reason {
+                FinishReason::Stop if !tool_calls.is_empty() => WEFT_FINISH_TOOL_CALLS,
                 FinishReason::Stop => WEFT_FINISH_STOP,
                 FinishReason::Length => WEFT_FINISH_LENGTH,
                 FinishReason::Cancelled => WEFT_FINISH_CANCELLED,
@@ -367,6 +506,14 @@ fn deliver(cb: &Callback, id: u64, ev: &Event, bufs: &mut Buffers) {
             e.kind = WEFT_EVENT_ERROR;
             (e.message, e.message_len) = nul_terminated(&mut bufs.message, message);
         }
+    }
+    if !bufs.tool_deltas.is_empty() {
+        e.tool_deltas = bufs.tool_deltas.as_ptr();
+        e.tool_deltas_len = bufs.tool_deltas.len();
+    }
+    if !bufs.tool_calls.is_empty() {
+        e.tool_calls = bufs.tool_calls.as_ptr();
+        e.tool_calls_len = bufs.tool_calls.len();
     }
     let _ = IN_CALLBACK.try_with(|c| c.set(c.get() + 1));
     // SAFETY: a valid function pointer from weft_submit; `e` and its buffers outlive the call.

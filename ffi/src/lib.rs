@@ -27,7 +27,10 @@ use std::thread::JoinHandle;
 use weft::engine::Engine;
 use weft::model_store::ModelStore;
 
-pub use event::{weft_event, weft_event_fn, weft_event_kind, weft_finish_reason, weft_token_logprob};
+pub use event::{
+    weft_event, weft_event_fn, weft_event_kind, weft_finish_reason, weft_token_logprob, weft_tool_call, weft_tool_delta,
+    weft_tool_delta_kind,
+};
 pub use status::weft_status;
 
 use status::{
@@ -39,6 +42,12 @@ use status::{
 /// constant or struct field changes incompatibly; additions (new functions, constants, fields
 /// appended to the end of weft_event) keep it. Compare with weft_abi_version() at start-up.
 pub const WEFT_ABI_VERSION: u32 = 1;
+
+/// Compatible additions within WEFT_ABI_VERSION, counted: 0 = the first release; 1 = tool calls
+/// (weft_event's tool_deltas .. tool_calls_len, WEFT_FINISH_TOOL_CALLS, weft_tool_delta,
+/// weft_tool_call, weft_abi_minor). Compare with weft_abi_minor() before reading a field added
+/// in a later minor (docs/c-api.md, Versioning).
+pub const WEFT_ABI_MINOR: u32 = 1;
 
 static VERSION: &CStr = match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
     Ok(v) => v,
@@ -124,6 +133,14 @@ fn str_arg<'a>(p: *const c_char, func: &str, name: &str) -> FfiResult<&'a str> {
 #[no_mangle]
 pub extern "C" fn weft_abi_version() -> u32 {
     WEFT_ABI_VERSION
+}
+
+/// The ABI minor version of the loaded library (WEFT_ABI_MINOR of the header it was built from):
+/// fields and constants of minor n exist when weft_abi_minor() >= n. (Libraries before minor 1
+/// lack this function; they also reject "tools" at weft_submit.)
+#[no_mangle]
+pub extern "C" fn weft_abi_minor() -> u32 {
+    WEFT_ABI_MINOR
 }
 
 /// The library's version, e.g. "0.1.0": a static NUL-terminated string (never freed).
@@ -267,8 +284,10 @@ pub extern "C" fn weft_engine_free(engine: *mut weft_engine) {
 /// "repetition_penalty", "presence_penalty", "frequency_penalty", "penalty_context" (>= 1,
 /// default 20), "logit_bias" ({"<token id>": bias}; the bias "-Infinity" bans the token),
 /// "stop" (a string or an array of non-empty strings), "ignore_eos" (default false),
-/// "logprobs" (bool), "top_logprobs" (0..20, needs "logprobs"). The input must not be empty.
-/// Unknown fields are errors.
+/// "logprobs" (bool), "top_logprobs" (0..20, needs "logprobs"), one constraint of
+/// "response_format" / "json_schema" / "regex" / "grammar" / "choice", and (ABI minor 1) "tools",
+/// "tool_choice", "parallel_tool_calls", whose calls arrive in weft_event's tool_deltas /
+/// tool_calls (docs/c-api.md, Tool calls). The input must not be empty. Unknown fields are errors.
 ///
 /// Returns WEFT_OK, WEFT_ERR_INVALID_ARGUMENT (NULL engine / request_json / on_event, bad JSON,
 /// a bad field, a prompt longer than the model's context, token ids outside the vocabulary,

@@ -8,6 +8,11 @@
 //! `maxTokens`. Cancellation (`break`, `return()`, `cancel()`, an aborted `signal`, `close()`,
 //! garbage collection of an unfinished `Generation`) reaches the engine's `cancel`, and the sink
 //! also answers `false` from then on so the row is evicted at its next token.
+//!
+//! Tokenization and chat-template rendering never run on the JS thread: `generate` /
+//! `complete` run the contract's cheap checks there (so bad options still throw or reject at
+//! once), and a request whose prompt is text or messages is tokenized by the engine's
+//! [`Preparer`] thread, which then queues it; token-id prompts are queued at once.
 
 mod js;
 mod options;
@@ -15,14 +20,14 @@ mod options;
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{mpsc, Arc, Weak};
 
 use napi::bindgen_prelude::{AsyncTask, Either, ObjectFinalize, PromiseRaw, ToNapiValue, Unknown};
 use napi::{sys, Env, JsDeferred, JsValue, Task};
 use napi_derive::napi;
 use parking_lot::Mutex;
 
-use weft::engine::{Event, RowFlow};
+use weft::engine::{CheckedRequest, Event, RowFlow, Submitter};
 use weft::generate::FinishReason as WeftFinish;
 
 use crate::js::{Fail, JsRef, Raw, Res};
@@ -66,9 +71,28 @@ pub struct LoadOptions {
 /// One turn of a conversation.
 #[napi(object)]
 pub struct ChatMessage {
-    /// `"system"`, `"user"`, `"assistant"`... as the model's chat template expects.
+    /// `"system"`, `"user"`, `"assistant"`, `"tool"`... as the model's chat template expects.
     pub role: String,
-    pub content: String,
+    /// May be `null` on an assistant turn that only calls tools.
+    #[napi(ts_type = "string | null")]
+    pub content: Option<String>,
+    /// An assistant turn's calls, in OpenAI's shape (a {@link ToolCall} `c` is `{ id: c.id,
+    /// type: 'function', function: { name: c.name, arguments: c.arguments } }`).
+    #[napi(ts_type = "Array<{ id: string; type: 'function'; function: { name: string; arguments: string | Record<string, unknown> } }>")]
+    pub tool_calls: Option<Vec<bool>>,
+    /// A `tool` turn: the id of the call it answers.
+    pub tool_call_id: Option<String>,
+    /// A `tool` turn: the function's name (optional).
+    pub name: Option<String>,
+}
+
+/// A tool the model may call (OpenAI's function shape).
+#[napi(object, object_to_js = false)]
+pub struct Tool {
+    #[napi(js_name = "type", ts_type = "'function'")]
+    pub kind: String,
+    #[napi(ts_type = "{ name: string; description?: string; parameters?: Record<string, unknown> }")]
+    pub function: bool,
 }
 
 /// Options for {@link Engine.generate} and {@link Engine.complete}. Exactly one of `messages`,
@@ -126,6 +150,15 @@ pub struct GenerateOptions {
     pub grammar: Option<String>,
     /// The output is exactly one of these strings.
     pub choice: Option<Vec<String>>,
+    /// Tools the model may call; its calls arrive as `toolCalls` in chunks and the completion
+    /// (docs/tools.md). Needs `messages`.
+    pub tools: Option<Vec<Tool>>,
+    /// `'auto'` (default), `'none'`, `'required'` (a call is forced) or a named function
+    /// (`{ type: 'function', function: { name } }`, forced); forced calls are grammar-constrained.
+    #[napi(ts_type = "'auto' | 'none' | 'required' | { type: 'function'; function: { name: string } }")]
+    pub tool_choice: Option<bool>,
+    /// `false` ends generation after the first complete call (default `true`).
+    pub parallel_tool_calls: Option<bool>,
     /// Aborting it cancels the request in the engine; the stream then ends normally with
     /// `finishReason: "cancelled"` (nothing is thrown).
     #[napi(ts_type = "AbortSignal")]
@@ -147,6 +180,36 @@ pub struct Chunk {
     /// With `logprobs: true`: the `topLogprobs` most likely tokens at this step, best first
     /// (empty when `topLogprobs` is 0).
     pub top_logprobs: Option<Vec<TokenLogprob>>,
+    /// With `tools`: the pieces of tool calls this chunk adds, in order (a call's text is never
+    /// in `text`). Absent when there are none. Assembling every chunk's pieces gives the
+    /// completion's `toolCalls`.
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
+}
+
+/// A streamed piece of a tool call, as OpenAI streams `delta.tool_calls`: the first piece of a
+/// call has its `id` and `name`; later pieces carry `arguments` fragments whose concatenation
+/// is the call's arguments JSON text.
+#[napi(object)]
+#[derive(Clone)]
+pub struct ToolCallDelta {
+    /// Which call of the output (0-based, in the order the model wrote them).
+    pub index: u32,
+    /// The call's id (`call_` + 24 letters or digits), on its first piece.
+    pub id: Option<String>,
+    /// The function's name, on the call's first piece.
+    pub name: Option<String>,
+    /// The next fragment of the arguments' JSON text.
+    pub arguments: Option<String>,
+}
+
+/// A complete tool call.
+#[napi(object)]
+#[derive(Clone)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    /// The arguments as JSON text (an object; `JSON.parse` it).
+    pub arguments: String,
 }
 
 /// One of the most likely tokens at a step.
@@ -168,10 +231,12 @@ pub struct TokenLogprobs {
     pub top_logprobs: Vec<TokenLogprob>,
 }
 
-/// Why a request ended: `"stop"` (an end-of-sequence token or a stop string), `"length"`
-/// (`maxTokens` or the model's context length) or `"cancelled"` (`break`, `return()`,
-/// `cancel()`, an aborted signal or `close()`).
-#[napi(string_enum = "lowercase")]
+/// Why a request ended: `"stop"` (an end-of-sequence token, a stop string or a complete
+/// constraint), `"length"` (`maxTokens` or the model's context length), `"cancelled"`
+/// (`break`, `return()`, `cancel()`, an aborted signal or `close()`) or `"tool_calls"` (a
+/// request with `tools` stopped after making calls).
+#[napi(string_enum = "snake_case")]
+#[derive(Clone, Copy)]
 pub enum FinishReason {
     /// An end-of-sequence token or a stop string.
     Stop,
@@ -179,6 +244,8 @@ pub enum FinishReason {
     Length,
     /// `break`, `return()`, `cancel()`, an aborted signal or `close()`.
     Cancelled,
+    /// A request with `tools` stopped after making calls (`Completion.toolCalls`).
+    ToolCalls,
 }
 
 #[napi(object)]
@@ -200,6 +267,9 @@ pub struct Completion {
     pub usage: Usage,
     /// With `logprobs: true`: one entry per generated token, in the order of `tokenIds`.
     pub logprobs: Option<Vec<TokenLogprobs>>,
+    /// With `tools`: every call the output made, complete (empty when it made none; with
+    /// `finishReason: "length"` the last may be cut short).
+    pub tool_calls: Option<Vec<ToolCall>>,
 }
 
 /// A snapshot of the engine's scheduler and counters.
@@ -250,13 +320,81 @@ pub fn register_error_class(env: Env, ctor: Unknown) -> napi::Result<()> {
 
 struct Shared {
     engine: Mutex<Option<weft::engine::Engine>>,
+    preparer: Preparer,
     info: ModelInfo,
 }
 
 impl Shared {
-    fn cancel(&self, id: u64) {
-        if let Some(e) = self.engine.lock().as_ref() {
-            e.cancel(id);
+    /// Cancels the row's request once it is in the engine; a row still being prepared is
+    /// cancelled by the preparer as soon as it has been queued (it reads `row.cancelled`).
+    fn cancel(&self, row: &Row) {
+        row.cancelled.store(true, Ordering::SeqCst);
+        let id = row.id.load(Ordering::SeqCst);
+        if id != 0 {
+            if let Some(e) = self.engine.lock().as_ref() {
+                e.cancel(id);
+            }
+        }
+    }
+}
+
+/// Work for the preparer thread, in the order `generate` / `complete` / `close` were called.
+enum Job {
+    /// Tokenize (or render the chat template of) a checked request and queue it for its row.
+    Submit(CheckedRequest, Arc<Row>),
+    /// Answered once every earlier job is done (`close` waits for it before shutting down).
+    Barrier(mpsc::Sender<()>),
+}
+
+/// One thread per engine that tokenizes requests off the JS thread and queues them. It ends
+/// when the engine object is freed (its channel closes).
+struct Preparer {
+    tx: mpsc::Sender<Job>,
+}
+
+impl Preparer {
+    fn start(submitter: Submitter) -> Res<Preparer> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("weft-node-prepare".into())
+            .spawn(move || {
+                for job in rx {
+                    match job {
+                        Job::Submit(checked, row) => queue_row(&submitter, checked, &row),
+                        Job::Barrier(done) => {
+                            let _ = done.send(());
+                        }
+                    }
+                }
+            })
+            .map_err(|e| Fail::new("INTERNAL", format!("cannot start the tokenizer thread: {e}")))?;
+        Ok(Preparer { tx })
+    }
+
+    fn barrier(&self) -> mpsc::Receiver<()> {
+        let (done, wait) = mpsc::channel();
+        let _ = self.tx.send(Job::Barrier(done));
+        wait
+    }
+}
+
+/// Queues a checked request for `row` (tokenizing it first when it needs it); a request the
+/// engine refuses (a prompt longer than the context, over the KV budget, a template error, a
+/// closed engine) ends the row with that error and its own code.
+fn queue_row(submitter: &Submitter, checked: CheckedRequest, row: &Arc<Row>) {
+    let sink_row = Arc::clone(row);
+    let sink: weft::engine::Sink = Box::new(move |ev: &Event| on_event(&sink_row, ev));
+    match submitter.submit_checked(checked, sink, Some(row.flow.clone())) {
+        Ok(id) => {
+            row.id.store(id, Ordering::SeqCst);
+            if row.cancelled.load(Ordering::SeqCst) {
+                submitter.cancel(id);
+            }
+        }
+        Err(e) => {
+            let mut st = row.state.lock();
+            st.end = Some(End::Failed(Fail::from(e)));
+            flush_end(&mut st, row.serial);
         }
     }
 }
@@ -286,8 +424,9 @@ impl Task for LoadTask {
         })
     }
 
-    fn resolve(&mut self, _env: Env, (engine, info): Self::Output) -> napi::Result<Engine> {
-        Ok(Engine { shared: Arc::new(Shared { engine: Mutex::new(Some(engine)), info }) })
+    fn resolve(&mut self, env: Env, (engine, info): Self::Output) -> napi::Result<Engine> {
+        let preparer = Preparer::start(engine.submitter()).map_err(|f| js::to_napi(env.raw(), &f))?;
+        Ok(Engine { shared: Arc::new(Shared { engine: Mutex::new(Some(engine)), preparer, info }) })
     }
 
     fn reject(&mut self, env: Env, err: napi::Error) -> napi::Result<Engine> {
@@ -317,6 +456,8 @@ fn load_engine(params: options::LoadParams) -> Res<(weft::engine::Engine, ModelI
 
 pub struct CloseTask {
     engine: Option<weft::engine::Engine>,
+    /// Requests still being tokenized are queued first, so `close` cancels them too.
+    prepared: Option<mpsc::Receiver<()>>,
 }
 
 impl Task for CloseTask {
@@ -324,6 +465,9 @@ impl Task for CloseTask {
     type JsValue = ();
 
     fn compute(&mut self) -> napi::Result<()> {
+        if let Some(wait) = self.prepared.take() {
+            let _ = wait.recv();
+        }
         if let Some(e) = self.engine.take() {
             e.shutdown();
         }
@@ -377,7 +521,7 @@ impl Engine {
         let result = self.start(raw, options.map(|o| o.raw()), false).and_then(|generation| {
             let mut st = generation.row.state.lock();
             if let Some(end) = st.end.take() {
-                // Cannot happen (the engine answers on its own thread), but stay correct.
+                // The preparer refused the request before this call got here.
                 drop(st);
                 return settle_now(&env, &generation.row, end).map(|p| p.0);
             }
@@ -418,25 +562,39 @@ impl Engine {
     /// `ENGINE_CLOSED`; closing twice is harmless.
     #[napi(ts_return_type = "Promise<void>")]
     pub fn close(&self) -> AsyncTask<CloseTask> {
-        AsyncTask::new(CloseTask { engine: self.shared.engine.lock().take() })
+        let engine = self.shared.engine.lock().take();
+        let prepared = engine.is_some().then(|| self.shared.preparer.barrier());
+        AsyncTask::new(CloseTask { engine, prepared })
     }
 
+    /// Checks the request here (cheap: bad options fail at once); a token-id prompt is queued
+    /// here too, a text or messages prompt by the preparer thread once it is tokenized.
     fn start(&self, env: sys::napi_env, options: Option<sys::napi_value>, stream: bool) -> Res<Generation> {
         let params = options::generate_params(env, options)?;
         let row = Arc::new(Row {
-            state: Mutex::new(RowState::new(stream, params.request.logprobs.is_some())),
+            state: Mutex::new(RowState::new(stream, params.request.logprobs.is_some(), params.request.tools.is_some())),
             cancelled: AtomicBool::new(false),
+            id: AtomicU64::new(0),
             serial: NEXT_SERIAL.fetch_add(1, Ordering::Relaxed),
             flow: RowFlow::new(),
         });
-        let id = {
+        {
             let guard = self.shared.engine.lock();
             let engine = guard.as_ref().ok_or_else(Fail::closed)?;
-            let sink_row = Arc::clone(&row);
-            let flow = row.flow.clone();
-            engine.submit_with_flow(params.request, Box::new(move |ev: &Event| on_event(&sink_row, ev)), flow)?
-        };
-        let generation = Generation { row, shared: Arc::clone(&self.shared), id };
+            let checked = engine.check(params.request)?;
+            if checked.needs_tokenizing() {
+                // Under the engine lock, so a `close` after this call waits for it.
+                if self.shared.preparer.tx.send(Job::Submit(checked, Arc::clone(&row))).is_err() {
+                    return Err(Fail::new("INTERNAL", "the tokenizer thread has stopped"));
+                }
+            } else {
+                let sink_row = Arc::clone(&row);
+                let sink = Box::new(move |ev: &Event| on_event(&sink_row, ev));
+                let id = engine.submitter().submit_checked(checked, sink, Some(row.flow.clone()))?;
+                row.id.store(id, Ordering::SeqCst);
+            }
+        }
+        let generation = Generation { row, shared: Arc::clone(&self.shared) };
         if let Some(signal) = params.signal {
             if let Err(f) = watch_signal(env, signal, &generation) {
                 generation.cancel_row();
@@ -471,7 +629,6 @@ static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
 fn watch_signal(env: sys::napi_env, signal: sys::napi_value, generation: &Generation) -> Res<()> {
     let row = Arc::downgrade(&generation.row);
     let shared: Weak<Shared> = Arc::downgrade(&generation.shared);
-    let id = generation.id;
     if js::as_bool(env, js::get(env, signal, "aborted")?)? {
         generation.cancel_row();
         return Ok(());
@@ -479,9 +636,9 @@ fn watch_signal(env: sys::napi_env, signal: sys::napi_value, generation: &Genera
     let env_ = Env::from_raw(env);
     let func = env_.create_function_from_closure::<(), (), _>("weftAbort", move |_ctx| {
         if let Some(row) = row.upgrade() {
-            row.cancelled.store(true, Ordering::Relaxed);
+            row.cancelled.store(true, Ordering::SeqCst);
             if let Some(shared) = shared.upgrade() {
-                shared.cancel(id);
+                shared.cancel(&row);
             }
         }
         Ok(())
@@ -517,7 +674,8 @@ enum Waiter {
 /// How a row ended (its summary, for `Done`, is in `RowState::summary`).
 enum End {
     Done,
-    Failed(String),
+    /// An engine error (`GENERATION_FAILED`), or the preparer's refusal with its own code.
+    Failed(Fail),
 }
 
 struct RowState {
@@ -530,6 +688,10 @@ struct RowState {
     token_ids: Vec<u32>,
     /// Per generated token, when the request asked for log-probabilities.
     logprobs: Option<Vec<TokenLogprobs>>,
+    /// The calls as streamed so far, when the request offered tools.
+    tool_calls: Option<weft::tools::Assembler>,
+    /// Done's calls, once the engine finished the row.
+    final_calls: Vec<weft::tools::ToolCall>,
     /// The final event, once the engine sent it and until it is handed to JavaScript.
     end: Option<End>,
     /// The summary, once the engine finished the row successfully.
@@ -540,7 +702,7 @@ struct RowState {
 }
 
 impl RowState {
-    fn new(stream: bool, logprobs: bool) -> Self {
+    fn new(stream: bool, logprobs: bool, tools: bool) -> Self {
         RowState {
             stream,
             queue: VecDeque::new(),
@@ -548,6 +710,8 @@ impl RowState {
             text: String::new(),
             token_ids: Vec::new(),
             logprobs: logprobs.then(Vec::new),
+            tool_calls: tools.then(weft::tools::Assembler::default),
+            final_calls: Vec::new(),
             end: None,
             summary: None,
             delivered: false,
@@ -560,6 +724,7 @@ impl RowState {
             text: self.text.clone(),
             token_ids: self.token_ids.clone(),
             finish_reason: match finish {
+                WeftFinish::Stop if !self.final_calls.is_empty() => FinishReason::ToolCalls,
                 WeftFinish::Stop => FinishReason::Stop,
                 WeftFinish::Length => FinishReason::Length,
                 WeftFinish::Cancelled => FinishReason::Cancelled,
@@ -570,14 +735,46 @@ impl RowState {
                 cached_tokens: usage.cached_tokens as u32,
             },
             logprobs: self.logprobs.clone(),
+            tool_calls: self.tool_calls.as_ref().map(|_| self.final_calls.iter().map(tool_call).collect()),
         })
     }
+}
+
+fn tool_call(c: &weft::tools::ToolCall) -> ToolCall {
+    ToolCall { id: c.id.clone(), name: c.name.clone(), arguments: c.arguments.clone() }
+}
+
+/// The deltas as JS pieces (applied to `asm`, which tracks what was streamed); `None` if empty.
+fn tool_deltas(asm: Option<&mut weft::tools::Assembler>, deltas: &[weft::tools::ToolDelta]) -> Option<Vec<ToolCallDelta>> {
+    use weft::tools::ToolDelta;
+    let asm = asm?;
+    if deltas.is_empty() {
+        return None;
+    }
+    Some(
+        deltas
+            .iter()
+            .map(|d| {
+                asm.apply(d);
+                match d {
+                    ToolDelta::Start { index, id, name } => {
+                        ToolCallDelta { index: *index as u32, id: Some(id.clone()), name: Some(name.clone()), arguments: None }
+                    }
+                    ToolDelta::Arguments { index, fragment } => {
+                        ToolCallDelta { index: *index as u32, id: None, name: None, arguments: Some(fragment.clone()) }
+                    }
+                }
+            })
+            .collect(),
+    )
 }
 
 struct Row {
     state: Mutex<RowState>,
     /// Set by any cancellation; the sink then answers `false` so the engine drops the row.
     cancelled: AtomicBool,
+    /// The engine's request id once the row is queued; 0 while the preparer tokenizes it.
+    id: AtomicU64,
     serial: u64,
     /// Paused while `PAUSE_AT` chunks wait unread, so an iterator nobody advances parks its
     /// row in the engine instead of buffering without bound; resumed as `next()` drains it.
@@ -631,7 +828,7 @@ fn failure(message: &str) -> Fail {
 fn on_event(row: &Row, ev: &Event) -> bool {
     let mut st = row.state.lock();
     match ev {
-        Event::Token { token_id, text, logprobs, .. } => {
+        Event::Token { token_id, text, logprobs, tool_calls } => {
             st.text.push_str(text);
             st.token_ids.push(*token_id);
             let lp = logprobs.as_ref().map(|lp| TokenLogprobs {
@@ -642,25 +839,32 @@ fn on_event(row: &Row, ev: &Event) -> bool {
             if let (Some(all), Some(lp)) = (st.logprobs.as_mut(), &lp) {
                 all.push(lp.clone());
             }
+            let pieces = tool_deltas(st.tool_calls.as_mut(), tool_calls);
             if st.stream {
                 let (logprob, top_logprobs) = match lp {
                     Some(lp) => (Some(lp.logprob), Some(lp.top_logprobs)),
                     None => (None, None),
                 };
-                push_chunk(&mut st, row, Chunk { text: text.clone(), token_id: Some(*token_id), logprob, top_logprobs });
+                let chunk = Chunk { text: text.clone(), token_id: Some(*token_id), logprob, top_logprobs, tool_calls: pieces };
+                push_chunk(&mut st, row, chunk);
             }
         }
-        Event::Done { finish_reason, usage, text, .. } => {
+        Event::Done { finish_reason, usage, text, tool_calls, .. } => {
             st.text.push_str(text);
-            if st.stream && !text.is_empty() {
-                push_chunk(&mut st, row, Chunk { text: text.clone(), token_id: None, logprob: None, top_logprobs: None });
+            // Pieces only the end released (a call completed by the last text).
+            let released = st.tool_calls.as_ref().map(|a| a.catch_up(tool_calls)).unwrap_or_default();
+            let pieces = tool_deltas(st.tool_calls.as_mut(), &released);
+            if st.stream && (!text.is_empty() || pieces.is_some()) {
+                let chunk = Chunk { text: text.clone(), token_id: None, logprob: None, top_logprobs: None, tool_calls: pieces };
+                push_chunk(&mut st, row, chunk);
             }
+            st.final_calls = tool_calls.clone();
             st.summary = Some((*finish_reason, *usage));
             st.end = Some(End::Done);
             flush_end(&mut st, row.serial);
         }
         Event::Error { message } => {
-            st.end = Some(End::Failed(message.clone()));
+            st.end = Some(End::Failed(failure(message)));
             flush_end(&mut st, row.serial);
         }
     }
@@ -704,11 +908,11 @@ fn flush_end(st: &mut RowState, serial: u64) {
                         Ok(Step::Done(c))
                     }))
                 }
-                End::Failed(m) => {
-                    let m = m.clone();
+                End::Failed(f) => {
+                    let f = f.clone();
                     d.resolve(Box::new(move |env| {
                         release_listener(env.raw(), serial);
-                        Err(js::to_napi(env.raw(), &failure(&m)))
+                        Err(js::to_napi(env.raw(), &f))
                     }))
                 }
             },
@@ -722,7 +926,7 @@ fn flush_end(st: &mut RowState, serial: u64) {
             Waiter::Complete(d) => {
                 let result = match (&end, completion.clone_completion()) {
                     (End::Done, Some(c)) => Ok(c),
-                    (End::Failed(m), _) => Err(failure(m)),
+                    (End::Failed(f), _) => Err(f.clone()),
                     (End::Done, None) => Err(Fail::new("INTERNAL", "no summary")),
                 };
                 d.resolve(Box::new(move |env| {
@@ -743,13 +947,10 @@ impl CloneCompletion for Option<Completion> {
         self.as_ref().map(|c| Completion {
             text: c.text.clone(),
             token_ids: c.token_ids.clone(),
-            finish_reason: match c.finish_reason {
-                FinishReason::Stop => FinishReason::Stop,
-                FinishReason::Length => FinishReason::Length,
-                FinishReason::Cancelled => FinishReason::Cancelled,
-            },
+            finish_reason: c.finish_reason,
             usage: c.usage.clone(),
             logprobs: c.logprobs.clone(),
+            tool_calls: c.tool_calls.clone(),
         })
     }
 }
@@ -765,7 +966,7 @@ fn settle_now(env: &Env, row: &Row, end: End) -> Res<Raw> {
             Some(c) => PromiseRaw::resolve(env, CompletionResult(c))?.raw(),
             None => return Err(Fail::new("INTERNAL", "no summary")),
         },
-        End::Failed(m) => PromiseRaw::<()>::reject(env, Raw(js::error_value(env.raw(), &failure(&m))?))?.raw(),
+        End::Failed(f) => PromiseRaw::<()>::reject(env, Raw(js::error_value(env.raw(), &f)?))?.raw(),
     };
     Ok(Raw(p))
 }
@@ -779,13 +980,11 @@ fn settle_now(env: &Env, row: &Row, end: End) -> Res<Raw> {
 pub struct Generation {
     row: Arc<Row>,
     shared: Arc<Shared>,
-    id: u64,
 }
 
 impl Generation {
     fn cancel_row(&self) {
-        self.row.cancelled.store(true, Ordering::Relaxed);
-        self.shared.cancel(self.id);
+        self.shared.cancel(&self.row);
     }
 
     fn wait(&self, env: &Env, returning: bool) -> napi::Result<Raw> {
@@ -809,8 +1008,8 @@ impl Generation {
             drop(st);
             release_listener(raw, self.row.serial);
             let p = match end {
-                End::Failed(m) if !returning => {
-                    let err = js::error_value(raw, &failure(&m)).map_err(|f| js::to_napi(raw, &f))?;
+                End::Failed(f) if !returning => {
+                    let err = js::error_value(raw, &f).map_err(|f| js::to_napi(raw, &f))?;
                     PromiseRaw::<()>::reject(env, Raw(err))?.raw()
                 }
                 _ => PromiseRaw::resolve(env, Step::Done(completion))?.raw(),

@@ -1,7 +1,7 @@
 // Compiled by `tsc --noEmit` (test/types.test.mjs, test.sh): the public API as a TypeScript
 // user writes it. Never run.
 import { Engine, Generation, WeftError } from 'weft'
-import type { Chunk, Completion, EngineStats, FinishReason, GenerateOptions, TokenLogprob, TokenLogprobs, WeftErrorCode } from 'weft'
+import type { Chunk, Completion, EngineStats, FinishReason, GenerateOptions, TokenLogprob, TokenLogprobs, Tool, ToolCall, ToolCallDelta, WeftErrorCode } from 'weft'
 
 export async function quickStart(): Promise<string> {
   const engine: Engine = await Engine.load({ model: 'path/to/model', maxBatch: 4 })
@@ -47,9 +47,35 @@ export async function quickStart(): Promise<string> {
   return text + active + engine.modelInfo.modelType
 }
 
+export async function toolLoop(engine: Engine): Promise<string> {
+  const tool: Tool = { type: 'function', function: { name: 'f', parameters: { type: 'object' } } }
+  const options: GenerateOptions = { messages: [{ role: 'user', content: 'q' }], tools: [tool], toolChoice: 'required', parallelToolCalls: false }
+  let args = ''
+  for await (const chunk of engine.generate(options)) {
+    const pieces: ToolCallDelta[] | undefined = chunk.toolCalls
+    for (const d of pieces ?? []) args += (d.id ?? '') + (d.name ?? '') + (d.arguments ?? '') + String(d.index)
+  }
+  const r = await engine.complete({ ...options, toolChoice: { type: 'function', function: { name: 'f' } }, jsonSchema: undefined })
+  const calls: ToolCall[] = r.toolCalls ?? []
+  const reason: FinishReason = r.finishReason
+  if (reason === 'tool_calls' && calls[0]) {
+    const c = calls[0]
+    await engine.complete({
+      messages: [
+        { role: 'assistant', content: null, toolCalls: [{ id: c.id, type: 'function', function: { name: c.name, arguments: c.arguments } }] },
+        { role: 'tool', toolCallId: c.id, content: 'ok' },
+      ],
+      tools: [tool],
+    })
+  }
+  return args
+}
+
 // @ts-expect-error promptIds must be numbers
 export const bad1: GenerateOptions = { promptIds: ['1'] }
 // @ts-expect-error unknown option
 export const bad2: GenerateOptions = { max_tokens: 3 }
+// @ts-expect-error toolChoice is a closed set
+export const bad4: GenerateOptions = { toolChoice: 'sometimes' }
 // @ts-expect-error finish reasons are a closed set
 export const bad3: FinishReason = 'eos'

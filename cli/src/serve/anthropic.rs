@@ -24,7 +24,7 @@ use weft::tools::{Assembler, ToolChoice, ToolDelta, ToolSpec, Tools};
 
 use super::errors::{json_response, ApiError, ErrorKind, Protocol};
 use super::openai::MessageImages;
-use super::params::{self, get, opt_bool, opt_count, opt_ranged, Object};
+use super::params::{self, get, opt_bool, Object};
 use super::state::{sse_event, AppState, EventStream, Generation, StreamEncoder};
 
 pub async fn messages(State(state): State<Arc<AppState>>, req: axum::extract::Request) -> Response {
@@ -250,9 +250,14 @@ async fn messages_inner(
     let body = params::read_body(req, state.limits.body_bytes).await?;
     state.check_model(body.get("model"))?;
     let tools = request_tools(&body)?;
-    let max_tokens =
-        opt_count(&body, "max_tokens", 1)?.ok_or_else(|| ApiError::field("max_tokens", "`max_tokens` is required"))?;
-    state.limits.check_max_tokens(max_tokens, "max_tokens")?;
+    if get(&body, "max_tokens").is_none() {
+        return Err(ApiError::field("max_tokens", "`max_tokens` is required"));
+    }
+    // Anthropic has temperature, top_p, top_k and stop_sequences; the rest keep the server
+    // defaults.
+    let mut request = Request::new(Input::Tokens(Vec::new()));
+    params::generation(&body, &params::ANTHROPIC, "max_tokens", &state.defaults, &mut request)?;
+    state.limits.check_max_tokens(request.max_tokens, "max_tokens")?;
     let stream = opt_bool(&body, "stream")?.unwrap_or(false);
     let mut images = MessageImages::for_model(state);
     let messages = conversation(state, &body, images.as_mut())?;
@@ -261,21 +266,6 @@ async fn messages_inner(
         return Err(ApiError::field("tools", "`tools` together with images is not supported yet".to_string()));
     }
     state.check_prompt_bytes(messages.iter().map(|m| m.content.len()).sum())?;
-
-    // Anthropic has temperature, top_p and top_k; the rest keep the server defaults.
-    let mut sampling_fields = Object::new();
-    for key in ["temperature", "top_p", "top_k"] {
-        if let Some(v) = get(&body, key) {
-            sampling_fields.insert(key.into(), v.clone());
-        }
-    }
-    opt_ranged(&body, "temperature", 0.0, f64::MAX)?;
-    let vocab = state.engine.model_info().vocab_size as usize;
-    let mut request = Request::new(Input::Tokens(Vec::new()));
-    request.max_tokens = max_tokens;
-    request.sampling = params::sampling(&sampling_fields, &state.defaults, vocab)?;
-    request.stop = params::stop_strings(&body, "stop_sequences")?;
-    request.ignore_eos = opt_bool(&body, "ignore_eos")?.unwrap_or(false);
     let (generation, prompt_len) = state
         .blocking(move |state| {
             if !images.is_empty() {

@@ -302,11 +302,10 @@ fn engine_request(
 ) -> Result<Request, ApiError> {
     let vocab = state.engine.model_info().vocab_size as usize;
     let mut r = Request::new(Input::Tokens(prompt));
-    r.max_tokens = params::max_tokens(body, &["max_completion_tokens", "max_tokens"], state.defaults.max_tokens)?;
-    state.limits.check_max_tokens(r.max_tokens, "max_tokens")?;
-    r.sampling = params::sampling(body, &state.defaults, vocab)?;
-    r.stop = params::stop_strings(body, "stop")?;
-    r.ignore_eos = opt_bool(body, "ignore_eos")?.unwrap_or(false);
+    let max_tokens_key = if get(body, "max_completion_tokens").is_some() { "max_completion_tokens" } else { "max_tokens" };
+    params::generation(body, &params::OPENAI, max_tokens_key, &state.defaults, &mut r)?;
+    state.limits.check_max_tokens(r.max_tokens, max_tokens_key)?;
+    params::check_sampling(&r, vocab)?;
     r.logprobs = logprobs;
     r.constraint = params::constraint(body)?.map(|(_, c)| c);
     Ok(r)

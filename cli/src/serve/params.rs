@@ -5,7 +5,8 @@
 use axum::body::BodyDataStream;
 use futures_core::Stream as _;
 use serde_json::{Map, Value};
-use weft::engine::Constraint;
+use weft::contract::{parse_generation_fields, GenerationFields, Spelling, GENERATION_FIELDS};
+use weft::engine::{Constraint, Request};
 use weft::sampling::SamplingParams;
 
 use super::errors::{ApiError, ErrorKind};
@@ -81,23 +82,6 @@ pub fn opt_bool(m: &Object, key: &str) -> Result<Option<bool>, ApiError> {
     }
 }
 
-pub fn opt_f64(m: &Object, key: &str) -> Result<Option<f64>, ApiError> {
-    match get(m, key) {
-        None => Ok(None),
-        Some(Value::Number(n)) => Ok(n.as_f64()),
-        Some(_) => Err(ApiError::field(key, format!("`{key}` must be a number"))),
-    }
-}
-
-/// A number within `[lo, hi]`.
-pub fn opt_ranged(m: &Object, key: &str, lo: f64, hi: f64) -> Result<Option<f32>, ApiError> {
-    match opt_f64(m, key)? {
-        None => Ok(None),
-        Some(v) if v >= lo && v <= hi => Ok(Some(v as f32)),
-        Some(v) => Err(ApiError::field(key, format!("`{key}` must be between {lo} and {hi}, got {v}"))),
-    }
-}
-
 pub fn opt_int(m: &Object, key: &str) -> Result<Option<i64>, ApiError> {
     match get(m, key) {
         None => Ok(None),
@@ -129,100 +113,79 @@ pub fn opt_str<'a>(m: &'a Object, key: &str) -> Result<Option<&'a str>, ApiError
     }
 }
 
-/// Stop strings: a string or an array of strings (OpenAI `stop`, Anthropic `stop_sequences`).
-pub fn stop_strings(m: &Object, key: &str) -> Result<Vec<String>, ApiError> {
-    let list = match get(m, key) {
-        None => return Ok(Vec::new()),
-        Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|v| v.as_str().map(str::to_string))
-            .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| ApiError::field(key, format!("`{key}` must be a string or an array of strings")))?,
-        Some(_) => return Err(ApiError::field(key, format!("`{key}` must be a string or an array of strings"))),
-    };
-    if list.iter().any(String::is_empty) {
-        return Err(ApiError::field(key, format!("`{key}` must not contain empty strings")));
-    }
-    Ok(list)
+/// Which of the request contract's generation fields a protocol carries, and under which key.
+pub struct Dialect {
+    /// Contract field names (`weft::contract::GENERATION_FIELDS`) the protocol has.
+    pub fields: &'static [&'static str],
+    /// `(field, key)` for fields the protocol names otherwise.
+    pub aliases: &'static [(&'static str, &'static str)],
 }
 
-/// `max_tokens` (or the first of several names present), at least 1; the server default when
-/// absent.
-pub fn max_tokens(m: &Object, keys: &[&str], default: usize) -> Result<usize, ApiError> {
-    for key in keys {
-        if let Some(n) = opt_count(m, key, 1)? {
-            return Ok(n);
-        }
+/// OpenAI's chat and completions (plus mlx_lm.server's extensions: `top_k`, `min_p`,
+/// `repetition_penalty`, `repetition_context_size`, and Weft's `ignore_eos`).
+pub const OPENAI: Dialect = Dialect { fields: GENERATION_FIELDS, aliases: &[("penalty_context", "repetition_context_size")] };
+
+/// Anthropic's messages: temperature, top_p, top_k, stop_sequences (and `ignore_eos`).
+pub const ANTHROPIC: Dialect = Dialect {
+    fields: &["max_tokens", "temperature", "top_p", "top_k", "stop", "ignore_eos"],
+    aliases: &[("stop", "stop_sequences")],
+};
+
+/// The sampling, stop and length fields of `m`, read by the request contract (the one set of
+/// rules and messages every face uses; a bad value is a 400 whose `param` is the body's key),
+/// then set on `request` over the server's defaults. `max_tokens_key` is the body key that
+/// holds the length limit (OpenAI's chat prefers `max_completion_tokens`).
+pub fn generation(
+    m: &Object,
+    dialect: &Dialect,
+    max_tokens_key: &'static str,
+    d: &Defaults,
+    request: &mut Request,
+) -> Result<(), ApiError> {
+    let mut aliases: Vec<(&str, &str)> = dialect.aliases.to_vec();
+    aliases.push(("max_tokens", max_tokens_key));
+    // Only the protocol's fields, so the others (messages, tools...) are not copied.
+    let mut fields = Object::new();
+    for &field in dialect.fields {
+        let key = aliases.iter().find(|(f, _)| *f == field).map_or(field, |(_, k)| *k);
+        let Some(v) = get(m, key) else { continue };
+        match (field, v) {
+            // mlx_lm.server's spellings of "off": top_k -1, repetition_penalty 0 (or 1).
+            ("top_k", v) if v.as_i64() == Some(-1) => fields.insert(key.into(), Value::from(0)),
+            ("repetition_penalty", v) if matches!(v.as_f64(), Some(x) if x == 0.0 || x == 1.0) => continue,
+            _ => fields.insert(key.into(), v.clone()),
+        };
     }
-    Ok(default)
+    let g = parse_generation_fields(&Value::Object(fields), Spelling::Snake, &aliases)
+        .map_err(|e| ApiError::field(&e.key, e.message))?;
+    request.max_tokens = d.max_tokens;
+    request.sampling = SamplingParams {
+        temperature: d.temperature,
+        top_p: d.top_p,
+        top_k: d.top_k,
+        min_p: d.min_p,
+        ..SamplingParams::default()
+    };
+    // Penalties of 0 are off (no logits processor, so greedy steps stay pipelined).
+    let off = |p: Option<f32>| p.filter(|&x| x != 0.0);
+    let g = GenerationFields { presence_penalty: off(g.presence_penalty), frequency_penalty: off(g.frequency_penalty), ..g };
+    g.apply(request);
+    Ok(())
 }
 
-/// Sampling fields shared by the OpenAI endpoints (and the subset Anthropic has): temperature,
-/// top_p, top_k, min_p, the penalties (mlx_lm.server's names and meaning), logit_bias, seed.
-pub fn sampling(m: &Object, d: &Defaults, vocab_size: usize) -> Result<SamplingParams, ApiError> {
-    let temperature = opt_ranged(m, "temperature", 0.0, f64::MAX)?.unwrap_or(d.temperature);
-    let top_p = match opt_f64(m, "top_p")? {
-        None => d.top_p,
-        Some(v) if v > 0.0 && v <= 1.0 => v as f32,
-        Some(v) => return Err(ApiError::field("top_p", format!("`top_p` must be in (0, 1], got {v}"))),
-    };
-    let top_k = match opt_int(m, "top_k")? {
-        None => d.top_k,
-        // OpenAI-style clients sometimes send -1 for "off".
-        Some(-1) => 0,
-        Some(v) if (0..=u32::MAX as i64).contains(&v) => v as u32,
-        Some(v) => return Err(ApiError::field("top_k", format!("`top_k` must be at least 0, got {v}"))),
-    };
-    let min_p = opt_ranged(m, "min_p", 0.0, 1.0)?.unwrap_or(d.min_p);
-    let nonzero = |v: Option<f32>, off: f32| v.filter(|&p| p != off);
-    let repetition_penalty = match opt_f64(m, "repetition_penalty")? {
-        // mlx_lm.server: 0 (its default) means off.
-        None => None,
-        Some(v) if v == 0.0 || v == 1.0 => None,
-        Some(v) if v > 0.0 && v.is_finite() => Some(v as f32),
-        Some(v) => {
-            return Err(ApiError::field("repetition_penalty", format!("`repetition_penalty` must be > 0, got {v}")))
+/// What only the model can decide about the sampling fields (logit-bias ids against the
+/// vocabulary), checked before the prompt is tokenized; the engine's message starts with the
+/// field at fault, which becomes the `param`.
+pub fn check_sampling(request: &Request, vocab_size: usize) -> Result<(), ApiError> {
+    request.sampling.validate(vocab_size).map_err(|e| {
+        let message = match e {
+            weft::Error::InvalidRequest(m) => m,
+            other => other.to_string(),
+        };
+        match GENERATION_FIELDS.iter().find(|f| message.starts_with(*f)) {
+            Some(field) => ApiError::field(field, message),
+            None => ApiError::invalid(message),
         }
-    };
-    let presence_penalty = nonzero(opt_ranged(m, "presence_penalty", -1e9, 1e9)?, 0.0);
-    let frequency_penalty = nonzero(opt_ranged(m, "frequency_penalty", -1e9, 1e9)?, 0.0);
-    let penalty_context = opt_count(m, "repetition_context_size", 1)?.unwrap_or(20);
-    let seed = opt_int(m, "seed")?.map(|s| s as u64);
-    let logit_bias = match get(m, "logit_bias") {
-        None => Vec::new(),
-        Some(Value::Object(b)) => {
-            let mut out = Vec::with_capacity(b.len());
-            for (k, v) in b {
-                let id: u32 = k.trim().parse().map_err(|_| {
-                    ApiError::field("logit_bias", format!("`logit_bias` keys must be token ids, got {k:?}"))
-                })?;
-                if id as usize >= vocab_size {
-                    return Err(ApiError::field(
-                        "logit_bias",
-                        format!("`logit_bias` token id {id} is outside the vocabulary (size {vocab_size})"),
-                    ));
-                }
-                let bias = v.as_f64().filter(|b| b.is_finite()).ok_or_else(|| {
-                    ApiError::field("logit_bias", format!("`logit_bias` values must be numbers (token {k})"))
-                })?;
-                out.push((id, bias as f32));
-            }
-            out
-        }
-        Some(_) => return Err(ApiError::field("logit_bias", "`logit_bias` must be an object of token id to bias")),
-    };
-    Ok(SamplingParams {
-        temperature,
-        top_p,
-        top_k,
-        min_p,
-        repetition_penalty,
-        presence_penalty,
-        frequency_penalty,
-        penalty_context,
-        logit_bias,
-        seed,
     })
 }
 

@@ -361,10 +361,15 @@ impl Health {
 /// Thread-safe handle to a running engine. Dropping it cancels outstanding requests (each gets
 /// its final event) and joins the driver thread.
 pub struct Engine {
-    tx: Sender<Command>,
+    front: Arc<Front>,
     stats: Arc<Mutex<EngineStats>>,
-    health: Arc<Health>,
     driver: Option<JoinHandle<()>>,
+}
+
+/// What submitting needs, shared by the [`Engine`] and its [`Submitter`]s.
+struct Front {
+    tx: Sender<Command>,
+    health: Arc<Health>,
     tokenizer: Option<Tokenizer>,
     info: ModelInfo,
     eos_token_ids: Vec<u32>,
@@ -372,6 +377,51 @@ pub struct Engine {
     vision: Option<crate::vision::ImageSpec>,
     config: EngineConfig,
     next_id: AtomicU64,
+}
+
+impl Front {
+    fn check(&self, request: Request) -> Result<CheckedRequest> {
+        self.health.check()?;
+        check_request(request, self.tokenizer.as_ref(), &self.info, &self.config)
+    }
+
+    fn submit(&self, checked: CheckedRequest, sink: Sink, flow: Option<RowFlow>) -> Result<RequestId> {
+        self.health.check()?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut sub = finish_prepare(id, checked, sink, self.tokenizer.as_ref(), &self.info, &self.eos_token_ids, &self.config)?;
+        attach_images(&mut sub, self.vision.as_ref(), self.tokenizer.as_ref(), &self.info)?;
+        if let Some(flow) = &flow {
+            *flow.inner.wake.lock() = Some(self.tx.clone());
+        }
+        sub.flow = flow;
+        if let Err(mpsc::SendError(Command::Submit(mut sub))) = self.tx.send(Command::Submit(sub)) {
+            // The driver is gone: no event will ever come, so the caller gets the error instead.
+            sub.sink.discard();
+            return Err(self.health.check().err().unwrap_or(Error::Shutdown));
+        }
+        Ok(id)
+    }
+}
+
+/// A cloneable handle that submits [`CheckedRequest`]s and cancels requests from any thread,
+/// for a face that checks requests on its caller's thread ([`Engine::check`]) and tokenizes
+/// them on another. Once the engine is shut down its submits fail with [`Error::Shutdown`].
+#[derive(Clone)]
+pub struct Submitter {
+    front: Arc<Front>,
+}
+
+impl Submitter {
+    /// Tokenizes (or renders the chat template of) a checked request, checks its prompt, and
+    /// queues it, as [`Engine::submit_with_flow`] does.
+    pub fn submit_checked(&self, checked: CheckedRequest, sink: Sink, flow: Option<RowFlow>) -> Result<RequestId> {
+        self.front.submit(checked, sink, flow)
+    }
+
+    /// As [`Engine::cancel`].
+    pub fn cancel(&self, id: RequestId) {
+        let _ = self.front.tx.send(Command::Cancel(id));
+    }
 }
 
 impl Engine {
@@ -400,41 +450,31 @@ impl Engine {
             .name("weft-engine".into())
             .spawn(move || drive(EngineCore::new(model, core_config), rx, shared_stats, shared_health))
             .map_err(|e| Error::Mlx(format!("cannot start the engine thread: {e}")))?;
-        Ok(Engine {
-            tx,
-            stats,
-            health,
-            driver: Some(driver),
-            tokenizer,
-            info,
-            eos_token_ids,
-            vision,
-            config,
-            next_id: AtomicU64::new(1),
-        })
+        let front = Front { tx, health, tokenizer, info, eos_token_ids, vision, config, next_id: AtomicU64::new(1) };
+        Ok(Engine { front: Arc::new(front), stats, driver: Some(driver) })
     }
 
     pub fn tokenizer(&self) -> Option<&Tokenizer> {
-        self.tokenizer.as_ref()
+        self.front.tokenizer.as_ref()
     }
 
     pub fn model_info(&self) -> &ModelInfo {
-        &self.info
+        &self.front.info
     }
 
     /// The model's image contract (`None`: a text-only model).
     pub fn vision(&self) -> Option<&crate::vision::ImageSpec> {
-        self.vision.as_ref()
+        self.front.vision.as_ref()
     }
 
     pub fn config(&self) -> &EngineConfig {
-        &self.config
+        &self.front.config
     }
 
     /// `Ok` while the engine serves requests; [`Error::EngineFailed`] once its driver thread
     /// has died (every outstanding request then got an `Error` event).
     pub fn health(&self) -> Result<()> {
-        self.health.check()
+        self.front.health.check()
     }
 
     /// Validates and tokenizes `request` on the caller's thread (so bad requests fail here,
@@ -450,20 +490,19 @@ impl Engine {
     }
 
     fn submit_flow(&self, request: Request, sink: Sink, flow: Option<RowFlow>) -> Result<RequestId> {
-        self.health.check()?;
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let mut sub = prepare(id, request, sink, self.tokenizer.as_ref(), &self.info, &self.eos_token_ids, &self.config)?;
-        attach_images(&mut sub, self.vision.as_ref(), self.tokenizer.as_ref(), &self.info)?;
-        if let Some(flow) = &flow {
-            *flow.inner.wake.lock() = Some(self.tx.clone());
-        }
-        sub.flow = flow;
-        if let Err(mpsc::SendError(Command::Submit(mut sub))) = self.tx.send(Command::Submit(sub)) {
-            // The driver is gone: no event will ever come, so the caller gets the error instead.
-            sub.sink.discard();
-            return Err(self.health.check().err().unwrap_or(Error::Shutdown));
-        }
-        Ok(id)
+        let checked = self.front.check(request)?;
+        self.front.submit(checked, sink, flow)
+    }
+
+    /// The checks of [`Engine::submit`] that need no tokenization ([`check_request`]); the
+    /// result goes to a [`Submitter`], which tokenizes and queues it.
+    pub fn check(&self, request: Request) -> Result<CheckedRequest> {
+        self.front.check(request)
+    }
+
+    /// A handle that submits checked requests from another thread.
+    pub fn submitter(&self) -> Submitter {
+        Submitter { front: Arc::clone(&self.front) }
     }
 
     /// Like [`Engine::submit`], delivering events through a channel. Dropping the receiver
@@ -477,7 +516,7 @@ impl Engine {
     /// Cancels a queued, prefilling or decoding request; its sink gets `Done(cancelled)`.
     /// Unknown or finished ids are ignored.
     pub fn cancel(&self, id: RequestId) {
-        let _ = self.tx.send(Command::Cancel(id));
+        let _ = self.front.tx.send(Command::Cancel(id));
     }
 
     pub fn stats(&self) -> EngineStats {
@@ -490,7 +529,7 @@ impl Engine {
     }
 
     fn stop(&mut self) {
-        let _ = self.tx.send(Command::Shutdown);
+        let _ = self.front.tx.send(Command::Shutdown);
         if let Some(driver) = self.driver.take() {
             let _ = driver.join();
         }
@@ -503,42 +542,62 @@ impl Drop for Engine {
     }
 }
 
-/// Turns a request into token ids and checks it against the model and the engine's limits.
-pub fn prepare(
-    id: RequestId,
+/// A request that passed every check that needs no tokenization ([`check_request`]): what is
+/// left is rendering / tokenizing its prompt and the checks on the prompt's length
+/// ([`finish_prepare`]).
+pub struct CheckedRequest {
     request: Request,
-    sink: Sink,
+    /// The prompt's ids, already checked, when the request gave token ids.
+    prompt: Option<Vec<u32>>,
+    /// The request's own constraint, compiled for this model.
+    constraint: Option<RowConstraint>,
+}
+
+impl CheckedRequest {
+    /// Whether [`finish_prepare`] still has a prompt to render or tokenize (text or messages);
+    /// a token-id prompt is ready to queue.
+    pub fn needs_tokenizing(&self) -> bool {
+        self.prompt.is_none()
+    }
+}
+
+/// The cheap half of [`prepare`]: field ranges, what needs a tokenizer or a chat template,
+/// tool history, token-id prompts against the vocabulary, context and KV budget, and the
+/// constraint (compiled here, so a bad schema is refused at once). A face may run this on its
+/// caller's thread and leave [`finish_prepare`] (tokenization, chat-template rendering) to
+/// another.
+pub fn check_request(
+    request: Request,
     tokenizer: Option<&Tokenizer>,
     info: &ModelInfo,
-    eos_token_ids: &[u32],
     config: &EngineConfig,
-) -> Result<Submission> {
+) -> Result<CheckedRequest> {
     let need_tokenizer = || {
         tokenizer.ok_or_else(|| Error::InvalidRequest("this model has no tokenizer; send token ids".into()))
     };
-    let mut request = request;
-    let prompt = match (&request.input, &mut request.tools) {
+    let prompt = match (&request.input, &request.tools) {
         (Input::Messages(messages), tools) => {
             crate::tools::check_history(messages)?;
             let tokenizer = need_tokenizer()?;
-            match tools {
-                None => tokenizer.apply_chat_template(messages, true)?,
-                Some(tools) => {
-                    let template = tokenizer.chat_template().ok_or_else(|| {
-                        crate::tools::ToolsError::new("tools", "tools need a model with a chat template; this model has none")
-                    })?;
-                    let text = crate::tools::render_with_tools(template, messages, tools)?;
-                    tokenizer.encode(&text, false)?
+            match (tools, tokenizer.chat_template()) {
+                (Some(_), None) => {
+                    return Err(crate::tools::ToolsError::new("tools", "tools need a model with a chat template; this model has none").into())
                 }
+                (None, None) => return Err(Error::Tokenizer("this model has no chat template; pass a raw prompt".into())),
+                _ => {}
             }
+            None
         }
         // A caller that rendered the prompt itself (the server) has set the call syntax.
-        (Input::Tokens(ids), Some(tools)) if tools.format.is_some() => ids.clone(),
+        (Input::Tokens(ids), Some(tools)) if tools.format.is_some() => Some(ids.clone()),
         (_, Some(_)) => {
             return Err(Error::InvalidRequest("tools need a conversation (messages), not a raw prompt or token ids".into()))
         }
-        (Input::Tokens(ids), None) => ids.clone(),
-        (Input::Prompt(text), None) => need_tokenizer()?.encode(text, true)?,
+        (Input::Tokens(ids), None) => Some(ids.clone()),
+        (Input::Prompt(_), None) => {
+            need_tokenizer()?;
+            None
+        }
     };
     if request.logprobs.is_some_and(|k| k > 20) {
         return Err(Error::InvalidRequest("top logprobs must be at most 20".into()));
@@ -549,8 +608,20 @@ pub fn prepare(
     if !request.stop.is_empty() && tokenizer.is_none() {
         return Err(Error::InvalidRequest("stop strings need a model with a tokenizer".into()));
     }
-    crate::generate::validate_prompt_ids(info, &prompt)?;
+    if let Some(prompt) = &prompt {
+        check_prompt(&request, prompt, info, config)?;
+    }
     request.sampling.validate(info.vocab_size as usize)?;
+    let constraint = match &request.constraint {
+        Some(c) => Some(compile_constraint(c, tokenizer)?),
+        None => None,
+    };
+    Ok(CheckedRequest { request, prompt, constraint })
+}
+
+/// The prompt against the vocabulary, the context and the engine's whole KV budget.
+fn check_prompt(request: &Request, prompt: &[u32], info: &ModelInfo, config: &EngineConfig) -> Result<()> {
+    crate::generate::validate_prompt_ids(info, prompt)?;
     if let Some(budget) = config.kv_budget_bytes {
         let need = scheduler::projected_kv_bytes_for(info, config.kv_quantization().as_ref(), prompt.len(), request.max_tokens);
         if need > budget {
@@ -562,7 +633,52 @@ pub fn prepare(
             )));
         }
     }
-    // A forced tool choice is enforced with its grammar.
+    Ok(())
+}
+
+fn compile_constraint(c: &Constraint, tokenizer: Option<&Tokenizer>) -> Result<RowConstraint> {
+    let tokenizer = tokenizer.ok_or_else(|| {
+        Error::InvalidRequest(format!("{}: constrained output needs a model with a tokenizer", c.field()))
+    })?;
+    crate::constrain::compile(c, tokenizer)
+}
+
+/// The costly half of [`prepare`]: renders the chat template (with tools) or tokenizes the
+/// text, checks the prompt's length, and compiles a forced tool choice's grammar.
+pub fn finish_prepare(
+    id: RequestId,
+    checked: CheckedRequest,
+    sink: Sink,
+    tokenizer: Option<&Tokenizer>,
+    info: &ModelInfo,
+    eos_token_ids: &[u32],
+    config: &EngineConfig,
+) -> Result<Submission> {
+    let CheckedRequest { mut request, prompt, mut constraint } = checked;
+    let need_tokenizer = || {
+        tokenizer.ok_or_else(|| Error::InvalidRequest("this model has no tokenizer; send token ids".into()))
+    };
+    let prompt = match prompt {
+        Some(ids) => ids,
+        None => {
+            let prompt = match (&request.input, &mut request.tools) {
+                (Input::Messages(messages), None) => need_tokenizer()?.apply_chat_template(messages, true)?,
+                (Input::Messages(messages), Some(tools)) => {
+                    let tokenizer = need_tokenizer()?;
+                    let template = tokenizer.chat_template().ok_or_else(|| {
+                        crate::tools::ToolsError::new("tools", "tools need a model with a chat template; this model has none")
+                    })?;
+                    let text = crate::tools::render_with_tools(template, messages, tools)?;
+                    tokenizer.encode(&text, false)?
+                }
+                (Input::Prompt(text), _) => need_tokenizer()?.encode(text, true)?,
+                (Input::Tokens(ids), _) => ids.clone(),
+            };
+            check_prompt(&request, &prompt, info, config)?;
+            prompt
+        }
+    };
+    // A forced tool choice is enforced with its grammar (known once the call syntax is).
     if let Some(grammar) = request.tools.as_ref().and_then(|t| t.grammar()) {
         if let Some(other) = &request.constraint {
             return Err(Error::InvalidRequest(format!(
@@ -570,14 +686,9 @@ pub fn prepare(
                 other.field()
             )));
         }
+        constraint = Some(compile_constraint(&grammar, tokenizer)?);
         request.constraint = Some(grammar);
     }
-    let constraint = match &request.constraint {
-        Some(c) => Some(crate::constrain::compile(c, tokenizer.ok_or_else(|| {
-            Error::InvalidRequest(format!("{}: constrained output needs a model with a tokenizer", c.field()))
-        })?)?),
-        None => None,
-    };
     let stop_token_ids = if request.ignore_eos { Vec::new() } else { eos_token_ids.to_vec() };
     Ok(Submission { id, prompt, request, stop_token_ids, sink: EventSink::new(sink), flow: None, constraint, images: Vec::new() })
 }
@@ -662,6 +773,21 @@ fn expanded_text_prompt(
         )));
     }
     Ok(Some(tok.encode(&text.replace(begin.as_str(), &full), add_special)?))
+}
+
+/// Turns a request into token ids and checks it against the model and the engine's limits
+/// ([`check_request`], then [`finish_prepare`]).
+pub fn prepare(
+    id: RequestId,
+    request: Request,
+    sink: Sink,
+    tokenizer: Option<&Tokenizer>,
+    info: &ModelInfo,
+    eos_token_ids: &[u32],
+    config: &EngineConfig,
+) -> Result<Submission> {
+    let checked = check_request(request, tokenizer, info, config)?;
+    finish_prepare(id, checked, sink, tokenizer, info, eos_token_ids, config)
 }
 
 /// The driver thread: runs the core until shutdown. A panic inside a step fails the rows in

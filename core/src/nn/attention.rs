@@ -46,6 +46,11 @@ impl Attention {
         &self.opts.rope
     }
 
+    /// The output projection, for tensor parallel's sharding pass.
+    pub(crate) fn o_proj_mut(&mut self) -> &mut Linear {
+        &mut self.o_proj
+    }
+
     pub fn load(w: &mut Weights, prefix: &str, opts: AttentionOptions) -> Result<Self> {
         let (h, hd) = (opts.hidden, opts.head_dim);
         let q_proj = Linear::load(w, &format!("{prefix}.q_proj"), h, opts.heads * hd, opts.qkv_bias)?;

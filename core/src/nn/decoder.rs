@@ -76,11 +76,26 @@ pub struct DenseDecoder {
     lm_head: Option<Linear>,
     info: ModelInfo,
     scaling: DecoderScaling,
+    /// Under pipeline parallel: this rank's stage (`layers` holds only its layers).
+    stage: Option<super::pipeline::Stage>,
 }
 
 impl DenseDecoder {
-    pub fn load(mut w: Weights, spec: DenseDecoderSpec) -> Result<Self> {
-        let info = spec.info;
+    pub fn load(mut w: Weights, mut spec: DenseDecoderSpec) -> Result<Self> {
+        // Under `with_tensor_parallel`: this rank's slices and sizes (mlx-lm's `shard()`).
+        let tensor_group = super::tensor_parallel::take_group();
+        if let Some(group) = &tensor_group {
+            super::tensor_parallel::shard_dense(&mut w, &mut spec, group)?;
+        }
+        // Under `with_pipeline`: only this rank's layers (mlx-lm's `pipeline()`).
+        let stage = match super::pipeline::take_group() {
+            Some(_) if tensor_group.is_some() => {
+                return Err(Error::Unsupported("tensor and pipeline parallel at once".into()))
+            }
+            Some(group) => Some(super::pipeline::Stage::new(group, &spec.info.model_type, spec.info.num_layers)?),
+            None => None,
+        };
+        let mut info = spec.info;
         let (hidden, vocab, eps) = (info.hidden_size, info.vocab_size, spec.rms_norm_eps);
         w.ignore_suffix("self_attn.rotary_emb.inv_freq");
         if spec.tie_word_embeddings {
@@ -93,6 +108,10 @@ impl DenseDecoder {
         let mut layers = Vec::with_capacity(info.num_layers);
         for i in 0..info.num_layers {
             let p = format!("model.layers.{i}");
+            if stage.as_ref().is_some_and(|s| !s.layers.contains(&i)) {
+                w.remove_prefix(&format!("{p}."));
+                continue;
+            }
             let mut opts = spec.attention.clone();
             if spec.nope_layers.contains(&i) {
                 opts.rope = Rope::none(opts.rope.dims());
@@ -108,13 +127,18 @@ impl DenseDecoder {
             if let Some((beta, original_max)) = spec.scaling.query_position_scaling {
                 self_attn = self_attn.with_query_scaling(beta, original_max);
             }
+            let mut mlp = if spec.fused_projections {
+                Mlp::load_fused(&mut w, &format!("{p}.mlp"), hidden, spec.intermediate)?
+            } else {
+                Mlp::load(&mut w, &format!("{p}.mlp"), hidden, spec.intermediate, spec.mlp_bias)?
+            };
+            if let Some(group) = &tensor_group {
+                super::tensor_parallel::sum_output_over(self_attn.o_proj_mut(), group);
+                super::tensor_parallel::sum_output_over(mlp.down_proj_mut(), group);
+            }
             layers.push(DecoderBlock {
                 self_attn,
-                mlp: if spec.fused_projections {
-                    Mlp::load_fused(&mut w, &format!("{p}.mlp"), hidden, spec.intermediate)?
-                } else {
-                    Mlp::load(&mut w, &format!("{p}.mlp"), hidden, spec.intermediate, spec.mlp_bias)?
-                },
+                mlp,
                 input_layernorm: RmsNorm::load(&mut w, &format!("{p}.input_layernorm"), hidden, eps)?,
                 post_attention_layernorm: RmsNorm::load(
                     &mut w,
@@ -136,7 +160,9 @@ impl DenseDecoder {
         if spec.tie_word_embeddings {
             scaling.head_input_divisor = None;
         }
-        Ok(DenseDecoder { embed_tokens, layers, norm, lm_head, info, scaling })
+        // Caches (and their memory) are per rank: this stage's layers.
+        info.num_layers = layers.len();
+        Ok(DenseDecoder { embed_tokens, layers, norm, lm_head, info, scaling, stage })
     }
 }
 
@@ -152,11 +178,17 @@ impl LanguageModel for DenseDecoder {
         let sc = &self.scaling;
         let mut h = times(&self.embed_tokens.forward(tokens)?, sc.embedding)?;
         let mask = caches[0].make_mask(h.dim(1), None)?;
+        if let Some(stage) = &self.stage {
+            h = stage.receive(h)?;
+        }
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
             let r = layer.self_attn.forward(&layer.input_layernorm.forward(&h)?, &mask, cache.as_mut())?;
             let h1 = h.add(&times(&r, sc.residual)?)?;
             let r = layer.mlp.forward(&layer.post_attention_layernorm.forward(&h1)?)?;
             h = h1.add(&times(&r, sc.residual)?)?;
+        }
+        if let Some(stage) = &self.stage {
+            h = stage.hand_on(h)?;
         }
         let h = self.norm.forward(&h)?;
         let logits = match &self.lm_head {

@@ -12,6 +12,9 @@ use crate::Result;
 pub enum Linear {
     Dense { weight: Array, bias: Option<Array> },
     Quantized { weight: Array, scales: Array, biases: Array, bias: Option<Array>, spec: QuantSpec, path: QmmPath },
+    /// Tensor parallel's sharded-to-all projection ([`super::tensor_parallel`]): this rank's
+    /// input columns, the partial products summed over `group`, then the bias.
+    ShardedToAll { part: Box<Linear>, bias: Option<Array>, group: crate::distributed::Group },
 }
 
 /// How a quantized layer computes `x @ w^T`, chosen when it is loaded.
@@ -108,6 +111,7 @@ impl Linear {
                     None => y,
                 }
             }
+            Linear::ShardedToAll { part, bias, group } => super::tensor_parallel::sharded_to_all(part, bias.as_ref(), group, x)?,
         })
     }
 }

@@ -57,6 +57,11 @@ impl Mlp {
         })
     }
 
+    /// The down projection, for tensor parallel's sharding pass.
+    pub(crate) fn down_proj_mut(&mut self) -> &mut Linear {
+        &mut self.down_proj
+    }
+
     pub fn forward(&self, x: &Array) -> Result<Array> {
         let (gate, up) = match &self.gate_up {
             GateUp::Separate { gate_proj, up_proj } => (gate_proj.forward(x)?, up_proj.forward(x)?),

@@ -9,8 +9,10 @@ mod hybrid;
 mod linear;
 mod mlp;
 mod moe_shared;
+pub mod pipeline;
 mod rope;
 mod switch;
+pub mod tensor_parallel;
 mod weights;
 
 pub use attention::{Attention, AttentionOptions};

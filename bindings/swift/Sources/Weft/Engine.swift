@@ -120,7 +120,7 @@ public final class Engine: Sendable {
     /// Leaving the loop early or cancelling the consuming task cancels the request in the
     /// engine. An invalid request throws its `WeftError` from the first iteration.
     public func generate(messages: [Message], options: GenerateOptions = GenerateOptions()) -> Generation {
-        start(options, input: ["messages": messages.map { ["role": $0.role, "content": $0.content] }])
+        start(options, input: ["messages": messages.map(\.contractFields)])
     }
 
     /// Streams the continuation of raw text (tokenized as is).
@@ -188,6 +188,9 @@ public final class Engine: Sendable {
             let sink = EventSink(
                 onTopLogprob: { [state] id, logprob in state.topLogprob(Int(id), logprob) },
                 onToken: { [state] id, text, logprob in state.token(Int(id), text, logprob) },
+                onToolStart: { [state] index, id, name in state.toolDelta(.start(index: Int(index), id: id, name: name)) },
+                onToolArguments: { [state] index, fragment in state.toolDelta(.arguments(index: Int(index), fragment: fragment)) },
+                onToolCall: { [state] id, name, arguments in state.toolCall(ToolCall(id: id, name: name, arguments: arguments)) },
                 onDone: { [state] reason, prompt, completion, cached in
                     state.done(reason: reason, prompt: prompt, completion: completion, cached: cached)
                 },
@@ -237,7 +240,44 @@ extension GenerateOptions {
             o["logitBias"] = Dictionary(uniqueKeysWithValues: logitBias.map { (String($0.key), ContractJSON.number($0.value)) })
         }
         if !stop.isEmpty { o["stop"] = stop }
+        switch constraint {
+        case nil: break
+        case .jsonObject?: o["responseFormat"] = ["type": "json_object"]
+        case .jsonSchema(let text)?: o["jsonSchema"] = ContractJSON.parsed(text)
+        case .regex(let rx)?: o["regex"] = rx
+        case .grammar(let lark)?: o["grammar"] = lark
+        case .choice(let items)?: o["choice"] = items
+        }
+        if !tools.isEmpty {
+            o["tools"] = tools.map { tool -> [String: Any] in
+                var function: [String: Any] = ["name": tool.name]
+                function["description"] = tool.description
+                function["parameters"] = tool.parameters.map(ContractJSON.parsed)
+                return ["type": "function", "function": function]
+            }
+        }
+        switch toolChoice {
+        case .auto: break
+        case .none: o["toolChoice"] = "none"
+        case .required: o["toolChoice"] = "required"
+        case .function(let name): o["toolChoice"] = ["type": "function", "function": ["name": name]]
+        }
+        o["parallelToolCalls"] = parallelToolCalls
         return o
+    }
+}
+
+extension Message {
+    /// The turn as the request contract's camelCase fields.
+    var contractFields: [String: Any] {
+        var m: [String: Any] = ["role": role, "content": content]
+        if !toolCalls.isEmpty {
+            m["toolCalls"] = toolCalls.map {
+                ["id": $0.id, "type": "function", "function": ["name": $0.name, "arguments": $0.arguments]] as [String: Any]
+            }
+        }
+        m["toolCallId"] = toolCallId
+        return m
     }
 }
 
@@ -249,6 +289,12 @@ enum ContractJSON {
         if x.isNaN { return "NaN" }
         if x.isInfinite { return x > 0 ? "Infinity" : "-Infinity" }
         return x
+    }
+
+    /// JSON text given by the caller (a schema) as a value; text that is not JSON goes as a
+    /// string, which the contract reports as not a schema.
+    static func parsed(_ text: String) -> Any {
+        (try? JSONSerialization.jsonObject(with: Data(text.utf8), options: [.fragmentsAllowed])) ?? text
     }
 
     /// Only strings, numbers, booleans, arrays and dictionaries go in; should serialization still

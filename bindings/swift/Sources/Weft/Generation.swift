@@ -95,6 +95,10 @@ final class RowState: @unchecked Sendable {
     private var logprobs: [TokenLogprobs]?
     /// The alternatives of the token whose `token` call comes next.
     private var pendingTop: [TokenLogprob] = []
+    /// Tool-call pieces of the chunk whose `token` call comes next.
+    private var pendingDeltas: [ToolCallDelta] = []
+    /// The complete calls, from the engine right before `done`.
+    private var toolCalls: [ToolCall] = []
     private var outcome: Result<Completion, WeftError>?
     private var waiters: [CheckedContinuation<Completion, Error>] = []
     /// Chunks yielded and not yet read by an iterator.
@@ -167,6 +171,20 @@ final class RowState: @unchecked Sendable {
         lock.unlock()
     }
 
+    // Engine thread: a piece of a tool call (it comes before its chunk's `token`).
+    func toolDelta(_ delta: ToolCallDelta) {
+        lock.lock()
+        pendingDeltas.append(delta)
+        lock.unlock()
+    }
+
+    // Engine thread: a complete call (they come right before `done`).
+    func toolCall(_ call: ToolCall) {
+        lock.lock()
+        toolCalls.append(call)
+        lock.unlock()
+    }
+
     // Engine thread. `logprob`: NaN unless the request asked for log-probabilities.
     func token(_ id: Int, _ piece: String, _ logprob: Double) {
         let tokenId: Int? = id == RowState.noToken ? nil : id
@@ -174,6 +192,8 @@ final class RowState: @unchecked Sendable {
         text += piece
         let top = pendingTop
         pendingTop = []
+        let deltas = pendingDeltas
+        pendingDeltas = []
         var scored: TokenLogprobs?
         if let tokenId {
             tokenIds.append(tokenId)
@@ -189,19 +209,27 @@ final class RowState: @unchecked Sendable {
         lock.unlock()
         // Pausing only sets the row's flag; the engine parks it at its next step.
         if pause { row?.pause() }
-        continuation.yield(Chunk(text: piece, tokenId: tokenId, logprob: scored?.logprob, topLogprobs: scored?.topLogprobs))
+        continuation.yield(
+            Chunk(text: piece, tokenId: tokenId, logprob: scored?.logprob, topLogprobs: scored?.topLogprobs, toolCalls: deltas))
     }
 
     // Engine thread.
     func done(reason: UInt8, prompt: UInt64, completion: UInt64, cached: UInt64) {
-        let finish: FinishReason = reason == 0 ? .stop : reason == 1 ? .length : .cancelled
+        let finish: FinishReason
+        switch reason {
+        case 0: finish = .stop
+        case 1: finish = .length
+        case 3: finish = .toolCalls
+        default: finish = .cancelled
+        }
         lock.lock()
         let result = Completion(
             text: text,
             tokenIds: tokenIds,
             finishReason: finish,
             usage: Usage(promptTokens: Int(prompt), completionTokens: Int(completion), cachedTokens: Int(cached)),
-            logprobs: logprobs
+            logprobs: logprobs,
+            toolCalls: toolCalls
         )
         let waiting = settle(.success(result))
         lock.unlock()

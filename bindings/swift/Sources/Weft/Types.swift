@@ -41,18 +41,94 @@ public struct WeftError: Error, Sendable, Equatable, CustomStringConvertible {
 
 /// One turn of a conversation, rendered with the model's chat template.
 public struct Message: Sendable, Equatable {
-    /// `"system"`, `"user"`, `"assistant"`... as the model's chat template expects.
+    /// `"system"`, `"user"`, `"assistant"`, `"tool"`... as the model's chat template expects.
     public var role: String
     public var content: String
+    /// An assistant turn's tool calls (e.g. a previous `Completion.toolCalls`).
+    public var toolCalls: [ToolCall]
+    /// A `tool` turn: the id of the call it answers.
+    public var toolCallId: String?
 
-    public init(role: String, content: String) {
+    public init(role: String, content: String, toolCalls: [ToolCall] = [], toolCallId: String? = nil) {
         self.role = role
         self.content = content
+        self.toolCalls = toolCalls
+        self.toolCallId = toolCallId
     }
 
     public static func system(_ content: String) -> Message { Message(role: "system", content: content) }
     public static func user(_ content: String) -> Message { Message(role: "user", content: content) }
     public static func assistant(_ content: String) -> Message { Message(role: "assistant", content: content) }
+    /// An assistant turn that made these calls.
+    public static func assistant(toolCalls: [ToolCall]) -> Message { Message(role: "assistant", content: "", toolCalls: toolCalls) }
+    /// The result of the call with id `callId`.
+    public static func tool(_ content: String, callId: String) -> Message { Message(role: "tool", content: content, toolCallId: callId) }
+}
+
+/// A function the model may call (OpenAI's function tool).
+public struct Tool: Sendable, Equatable {
+    /// 1 to 64 of `[A-Za-z0-9_-]`, unique among the request's tools.
+    public var name: String
+    public var description: String?
+    /// The arguments' JSON schema as JSON text (e.g. `#"{"type": "object", ...}"#`); `nil` is
+    /// `{"type": "object"}`.
+    public var parameters: String?
+
+    public init(name: String, description: String? = nil, parameters: String? = nil) {
+        self.name = name
+        self.description = description
+        self.parameters = parameters
+    }
+}
+
+/// Whether and which tool the model must call.
+public enum ToolChoice: Sendable, Equatable {
+    /// The model chooses (the default).
+    case auto
+    /// Tools are shown but the output is text.
+    case none
+    /// A call of one of the tools is forced (grammar-constrained: the arguments validate).
+    case required
+    /// A call of this function is forced.
+    case function(String)
+}
+
+/// A streamed piece of a tool call, as OpenAI streams `delta.tool_calls`.
+public enum ToolCallDelta: Sendable, Equatable {
+    /// Call number `index` (0-based, in the order the model wrote them) begins.
+    case start(index: Int, id: String, name: String)
+    /// More of call `index`'s arguments JSON text.
+    case arguments(index: Int, fragment: String)
+}
+
+/// A complete tool call.
+public struct ToolCall: Sendable, Equatable {
+    /// `call_` + 24 letters or digits.
+    public let id: String
+    public let name: String
+    /// The arguments as JSON text (an object).
+    public let arguments: String
+
+    public init(id: String, name: String, arguments: String) {
+        self.id = id
+        self.name = name
+        self.arguments = arguments
+    }
+}
+
+/// Constrained output: the model can only produce text that matches
+/// (docs/constrained-decoding.md).
+public enum OutputConstraint: Sendable, Equatable {
+    /// Any JSON object (OpenAI's `response_format: {"type": "json_object"}`).
+    case jsonObject
+    /// A JSON schema, given as JSON text (e.g. `#"{"type": "object", ...}"#`).
+    case jsonSchema(String)
+    /// A regular expression the whole output must match.
+    case regex(String)
+    /// A grammar in llguidance's Lark syntax (may embed `%json {schema}`).
+    case grammar(String)
+    /// Exactly one of these strings.
+    case choice([String])
 }
 
 /// How a request is sampled and when it stops.
@@ -84,6 +160,14 @@ public struct GenerateOptions: Sendable {
     public var logprobs: Bool
     /// Also report this many most likely alternatives per token (0...20; needs `logprobs`).
     public var topLogprobs: Int?
+    /// What the output must match; `nil` is free text.
+    public var constraint: OutputConstraint?
+    /// Tools the model may call (needs `messages`); calls arrive as `Chunk.toolCalls` pieces
+    /// and `Completion.toolCalls` (docs/tools.md).
+    public var tools: [Tool]
+    public var toolChoice: ToolChoice
+    /// `false` ends generation after the first complete call; `nil` = true.
+    public var parallelToolCalls: Bool?
 
     public init(
         maxTokens: Int = 256,
@@ -100,7 +184,11 @@ public struct GenerateOptions: Sendable {
         stop: [String] = [],
         ignoreEos: Bool = false,
         logprobs: Bool = false,
-        topLogprobs: Int? = nil
+        topLogprobs: Int? = nil,
+        constraint: OutputConstraint? = nil,
+        tools: [Tool] = [],
+        toolChoice: ToolChoice = .auto,
+        parallelToolCalls: Bool? = nil
     ) {
         self.maxTokens = maxTokens
         self.temperature = temperature
@@ -117,6 +205,10 @@ public struct GenerateOptions: Sendable {
         self.ignoreEos = ignoreEos
         self.logprobs = logprobs
         self.topLogprobs = topLogprobs
+        self.constraint = constraint
+        self.tools = tools
+        self.toolChoice = toolChoice
+        self.parallelToolCalls = parallelToolCalls
     }
 }
 
@@ -134,6 +226,9 @@ public struct Chunk: Sendable, Equatable {
     /// With `logprobs`: the `topLogprobs` most likely tokens at this step, best first (empty
     /// when `topLogprobs` is nil or 0).
     public let topLogprobs: [TokenLogprob]?
+    /// With `tools`: the pieces of tool calls this chunk adds, in order (a call's text is never
+    /// in `text`); empty otherwise. Assembled, they are `Completion.toolCalls`.
+    public let toolCalls: [ToolCallDelta]
 }
 
 /// One of the most likely tokens at a step.
@@ -152,12 +247,14 @@ public struct TokenLogprobs: Sendable, Equatable {
 }
 
 public enum FinishReason: String, Sendable, Equatable {
-    /// An end-of-sequence token or a stop string.
+    /// An end-of-sequence token, a stop string or a complete constraint.
     case stop
     /// `maxTokens` or the model's context length.
     case length
     /// The consuming task was cancelled, the loop was left early, `cancel()` or `close()`.
     case cancelled
+    /// A request with `tools` stopped after making calls (`Completion.toolCalls`).
+    case toolCalls = "tool_calls"
 }
 
 public struct Usage: Sendable, Equatable {
@@ -176,6 +273,9 @@ public struct Completion: Sendable, Equatable {
     public let usage: Usage
     /// With `logprobs`: one entry per generated token, in the order of `tokenIds`.
     public let logprobs: [TokenLogprobs]?
+    /// Every tool call the output made, complete (with `.length` the last may be cut short);
+    /// empty without `tools`.
+    public let toolCalls: [ToolCall]
 }
 
 /// What was loaded.

@@ -5,6 +5,9 @@
 public final class EventSink {
     let top: (UInt32, Double) -> Void
     let token: (UInt32, String, Double) -> Void
+    let toolStart: (UInt32, String, String) -> Void
+    let toolArguments: (UInt32, String) -> Void
+    let toolCall: (String, String, String) -> Void
     let done: (UInt8, UInt64, UInt64, UInt64) -> Void
     let error: (String, String) -> Void
 
@@ -13,17 +16,27 @@ public final class EventSink {
     ///     best first, when the request asked for them.
     ///   - onToken: a token id, the text it completes (possibly empty) and its log-probability
     ///     (NaN unless the request asked for log-probabilities).
-    ///   - onDone: finish reason (0 stop, 1 length, 2 cancelled), prompt, completion and cached
-    ///     token counts. Final.
+    ///   - onToolStart: a tool call begins (index, id, name); pieces of calls come before the
+    ///     `onToken` they belong to.
+    ///   - onToolArguments: more of call `index`'s arguments JSON text.
+    ///   - onToolCall: a complete call (id, name, arguments), each right before `onDone`.
+    ///   - onDone: finish reason (0 stop, 1 length, 2 cancelled, 3 tool calls), prompt,
+    ///     completion and cached token counts. Final.
     ///   - onError: an error code and message. Final.
     public init(
         onTopLogprob: @escaping (UInt32, Double) -> Void = { _, _ in },
         onToken: @escaping (UInt32, String, Double) -> Void,
+        onToolStart: @escaping (UInt32, String, String) -> Void = { _, _, _ in },
+        onToolArguments: @escaping (UInt32, String) -> Void = { _, _ in },
+        onToolCall: @escaping (String, String, String) -> Void = { _, _, _ in },
         onDone: @escaping (UInt8, UInt64, UInt64, UInt64) -> Void,
         onError: @escaping (String, String) -> Void
     ) {
         top = onTopLogprob
         token = onToken
+        toolStart = onToolStart
+        toolArguments = onToolArguments
+        toolCall = onToolCall
         done = onDone
         error = onError
     }
@@ -34,6 +47,18 @@ public final class EventSink {
 
     func on_token(token_id: UInt32, text: RustString, logprob: Double) {
         token(token_id, text.toString(), logprob)
+    }
+
+    func on_tool_start(index: UInt32, id: RustString, name: RustString) {
+        toolStart(index, id.toString(), name.toString())
+    }
+
+    func on_tool_arguments(index: UInt32, fragment: RustString) {
+        toolArguments(index, fragment.toString())
+    }
+
+    func on_tool_call(id: RustString, name: RustString, arguments: RustString) {
+        toolCall(id.toString(), name.toString(), arguments.toString())
     }
 
     func on_done(finish_reason: UInt8, prompt_tokens: UInt64, completion_tokens: UInt64, cached_tokens: UInt64) {

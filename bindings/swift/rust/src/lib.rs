@@ -22,6 +22,7 @@ use parking_lot::Mutex;
 use weft::contract::{self, Spelling};
 use weft::engine::{Event, Request, RowFlow};
 use weft::generate::FinishReason;
+use weft::tools::{Assembler, ToolDelta};
 
 #[swift_bridge::bridge]
 mod ffi {
@@ -61,8 +62,14 @@ mod ffi {
         // one on_top_logprob call each, best first.
         fn on_top_logprob(&self, token_id: u32, logprob: f64);
         fn on_token(&self, token_id: u32, text: String, logprob: f64);
-        // finish_reason: 0 stop, 1 length, 2 cancelled. (No doc comments in this module: they
-        // panic swift-bridge 0.1.59's build script.)
+        // Pieces of tool calls come before the on_token they belong to: a call's start (index,
+        // id, name), then fragments of its arguments' JSON text.
+        fn on_tool_start(&self, index: u32, id: String, name: String);
+        fn on_tool_arguments(&self, index: u32, fragment: String);
+        // The complete calls, one call each, right before on_done.
+        fn on_tool_call(&self, id: String, name: String, arguments: String);
+        // finish_reason: 0 stop, 1 length, 2 cancelled, 3 tool calls. (No doc comments in this
+        // module: they panic swift-bridge 0.1.59's build script.)
         fn on_done(&self, finish_reason: u8, prompt_tokens: u64, completion_tokens: u64, cached_tokens: u64);
         fn on_error(&self, code: String, message: String);
     }
@@ -217,7 +224,10 @@ impl RustEngine {
         let id = {
             let guard = self.shared.engine.lock();
             let engine = guard.as_ref().ok_or_else(RustError::closed)?;
-            engine.submit_with_flow(request, Box::new(move |ev: &Event| deliver(&sink, &flag, ev)), flow.clone())?
+            // The calls as streamed so far: the pieces Done still has to release.
+            let mut streamed = Assembler::default();
+            let sink = Box::new(move |ev: &Event| deliver(&sink, &flag, &mut streamed, ev));
+            engine.submit_with_flow(request, sink, flow.clone())?
         };
         Ok(RustRow { id, flag: row, flow, shared: Arc::clone(&self.shared) })
     }
@@ -306,10 +316,22 @@ unsafe impl Send for SendSink {}
 /// the request ended (`RowState.token` in Generation.swift knows it).
 const NO_TOKEN: u32 = u32::MAX;
 
+/// Hands tool-call pieces to Swift (they belong to the next `on_token`).
+fn send_deltas(sink: &SendSink, streamed: &mut Assembler, deltas: &[ToolDelta]) {
+    for d in deltas {
+        streamed.apply(d);
+        match d {
+            ToolDelta::Start { index, id, name } => sink.0.on_tool_start(*index as u32, id.clone(), name.clone()),
+            ToolDelta::Arguments { index, fragment } => sink.0.on_tool_arguments(*index as u32, fragment.clone()),
+        }
+    }
+}
+
 /// The engine's sink: runs on the engine thread and never blocks on Swift.
-fn deliver(sink: &SendSink, flag: &RowFlag, ev: &Event) -> bool {
+fn deliver(sink: &SendSink, flag: &RowFlag, streamed: &mut Assembler, ev: &Event) -> bool {
     match ev {
-        Event::Token { token_id, text, logprobs, .. } => {
+        Event::Token { token_id, text, logprobs, tool_calls } => {
+            send_deltas(sink, streamed, tool_calls);
             let logprob = match logprobs {
                 Some(lp) => {
                     for &(t, l) in &lp.top {
@@ -321,11 +343,17 @@ fn deliver(sink: &SendSink, flag: &RowFlag, ev: &Event) -> bool {
             };
             sink.0.on_token(*token_id, text.clone(), logprob)
         }
-        Event::Done { finish_reason, usage, text, .. } => {
-            if !text.is_empty() {
+        Event::Done { finish_reason, usage, text, tool_calls, .. } => {
+            let released = streamed.catch_up(tool_calls);
+            send_deltas(sink, streamed, &released);
+            if !text.is_empty() || !released.is_empty() {
                 sink.0.on_token(NO_TOKEN, text.clone(), f64::NAN);
             }
+            for c in tool_calls {
+                sink.0.on_tool_call(c.id.clone(), c.name.clone(), c.arguments.clone());
+            }
             let reason = match finish_reason {
+                FinishReason::Stop if !tool_calls.is_empty() => 3,
                 FinishReason::Stop => 0,
                 FinishReason::Length => 1,
                 FinishReason::Cancelled => 2,

@@ -1,0 +1,123 @@
+//! Pipeline parallelism as mlx-lm's `PipelineMixin` does it: each rank holds a contiguous range
+//! of decoder layers, the hidden state travels between neighbours with `send` / `recv`, and an
+//! `all_gather` at the end gives every rank the last stage's output.
+//!
+//! The split runs in reverse: rank `N-1` holds the first layers and rank 0 the last, each
+//! getting `L / N` layers and the low ranks one more while `L % N` lasts. Every rank keeps the
+//! embedding, the final norm and the head. A step: rank `r < N-1` receives the hidden state
+//! from rank `r+1`, runs its layers, and (for `r > 0`) sends it on to rank `r-1`; then
+//! `all_gather(h)[..B]` (rank 0's rows) feeds the norm and head on every rank.
+
+use std::cell::RefCell;
+use std::ops::Range;
+
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::Array;
+
+use crate::distributed::Group;
+use crate::{Error, Result};
+
+thread_local! {
+    static PLAN: RefCell<Option<(Group, bool)>> = const { RefCell::new(None) };
+}
+
+/// The `model_type`s mlx-lm pipelines over the dense stack ([`super::DenseDecoder`]).
+pub const PIPELINED_TYPES: [&str; 1] = ["qwen2"];
+
+/// Runs `load` (a model load) with this rank holding only its stage's layers over `group`.
+/// Errors if the architecture has no pipeline split, rather than loading it whole.
+pub fn with_pipeline<R>(group: &Group, load: impl FnOnce() -> Result<R>) -> Result<R> {
+    struct Restore(Option<(Group, bool)>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            PLAN.with(|p| *p.borrow_mut() = self.0.take());
+        }
+    }
+    let _restore = Restore(PLAN.with(|p| p.borrow_mut().replace((group.clone(), false))));
+    let out = load()?;
+    if !PLAN.with(|p| p.borrow().as_ref().is_some_and(|(_, taken)| *taken)) {
+        return Err(Error::Unsupported(format!(
+            "pipeline parallel: this architecture has no pipeline split (supported: {})",
+            PIPELINED_TYPES.join(", ")
+        )));
+    }
+    Ok(out)
+}
+
+/// The group the model being loaded on this thread is pipelined over, if any; marks it taken.
+pub(crate) fn take_group() -> Option<Group> {
+    PLAN.with(|p| {
+        p.borrow_mut().as_mut().map(|(g, taken)| {
+            *taken = true;
+            g.clone()
+        })
+    })
+}
+
+/// mlx-lm `PipelineMixin.pipeline` with the even split: the layers `rank` runs.
+pub fn stage_layers(num_layers: usize, rank: usize, size: usize) -> Range<usize> {
+    let (base, extra) = (num_layers / size, num_layers % size);
+    let split = |r: usize| base + usize::from(r < extra);
+    let start: usize = (rank + 1..size).map(split).sum();
+    start..start + split(rank)
+}
+
+/// One rank's stage of a pipelined model.
+pub(crate) struct Stage {
+    pub group: Group,
+    pub layers: Range<usize>,
+}
+
+impl Stage {
+    pub(crate) fn new(group: Group, model_type: &str, num_layers: usize) -> Result<Stage> {
+        if !PIPELINED_TYPES.contains(&model_type) {
+            return Err(Error::Unsupported(format!(
+                "pipeline parallel for {model_type:?} (supported: {})",
+                PIPELINED_TYPES.join(", ")
+            )));
+        }
+        if num_layers < group.size() {
+            return Err(Error::Unsupported(format!(
+                "pipeline parallel: {num_layers} layers cannot be split over {} ranks",
+                group.size()
+            )));
+        }
+        let layers = stage_layers(num_layers, group.rank(), group.size());
+        Ok(Stage { group, layers })
+    }
+
+    /// The hidden state this stage starts from: received from the previous stage, or `h`
+    /// (the embedding) on the first.
+    pub(crate) fn receive(&self, h: Array) -> Result<Array> {
+        let (rank, size) = (self.group.rank(), self.group.size());
+        if rank < size - 1 {
+            // A receive has no inputs, so MLX may run it before the previous step's
+            // `all_gather` when steps are queued ahead (greedy decoding builds step n+1 before
+            // reading token n), and it would read that gather's bytes. Evaluating this step's
+            // input first finishes every earlier collective.
+            h.eval()?;
+            self.group.recv_like(&h, rank + 1)
+        } else {
+            Ok(h)
+        }
+    }
+
+    /// Hands this stage's output on and returns the last stage's output, on every rank.
+    pub(crate) fn hand_on(&self, h: Array) -> Result<Array> {
+        let (rank, size) = (self.group.rank(), self.group.size());
+        let h = if rank != 0 {
+            let sent = self.group.send(&h, rank - 1)?;
+            // mlx-lm ties the send to the cache (`mx.depends`) so that a prefill chunk, whose
+            // output nobody evaluates, still sends; here it is sent now.
+            sent.eval()?;
+            sent
+        } else {
+            h
+        };
+        if size == 1 {
+            return Ok(h);
+        }
+        let b = h.dim(0);
+        Ok(self.group.all_gather(&h)?.index(..b))
+    }
+}
