@@ -783,3 +783,58 @@ mod fuzz {
         assert_eq!(count("5"), 0.0, "{metrics}");
     }
 }
+
+/// Gemma 3 vision (goldens/models/gemma3-vision, word-level tokenizer "t<id>", a template that
+/// writes the turns' text): an OpenAI image_url part gives mlx-vlm's greedy tokens for that
+/// image; a remote URL and an image for a text-only model are 400s; /v1/models says vision.
+#[test]
+fn image_parts_through_the_chat_endpoint() {
+    let g = golden("gemma3_vision");
+    let case = g["cases"].as_array().unwrap().iter().find(|c| c["name"] == "image_a").unwrap();
+    let want: Vec<String> = case["tokens"].as_array().unwrap().iter().map(|t| format!("t{t}")).collect();
+    let server = Server::start(&goldens_dir().join("models").join("gemma3-vision"), &[]);
+    let (status, listed) = server.get("/v1/models", "");
+    assert_eq!(status, 200, "{listed}");
+    assert!(listed.contains("\"vision\":true"), "{listed}");
+    let png = std::fs::read(goldens_dir().join("vision").join("a.png")).unwrap();
+    let b64 = base64_encode(&png);
+    let body = |url: &str| {
+        serde_json::json!({
+            "max_tokens": 20, "temperature": 0, "ignore_eos": true, "logprobs": true,
+            "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "t2 t17 t93 "},
+                {"type": "image_url", "image_url": {"url": url}},
+                {"type": "text", "text": " t44 t0 t301 t12 t77 t250 t5 t33"}]}]
+        })
+        .to_string()
+    };
+    let post = |b: String| exchange(&server.addr, "POST", "/v1/chat/completions", &[("Content-Type", "application/json")], b.as_bytes());
+    let (status, _, raw) = post(body(&format!("data:image/png;base64,{b64}")));
+    let v: serde_json::Value = serde_json::from_slice(&raw).unwrap();
+    assert_eq!(status, 200, "{v}");
+    let got: Vec<&str> = v["choices"][0]["logprobs"]["content"].as_array().unwrap().iter().map(|e| e["token"].as_str().unwrap()).collect();
+    assert_eq!(got, want);
+    assert_eq!(v["usage"]["prompt_tokens"], 19, "{v}");
+    let (status, _, raw) = post(body("https://example.com/a.png"));
+    let text = String::from_utf8_lossy(&raw);
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("remote URLs are not fetched") && text.contains("messages[0].content[1].image_url"), "{text}");
+    // A text-only model.
+    let text_only = Server::start(&tiny_model(), &[]);
+    let (status, _, raw) = exchange(&text_only.addr, "POST", "/v1/chat/completions", &[("Content-Type", "application/json")], body("data:image/png;base64,AAAA").as_bytes());
+    let text = String::from_utf8_lossy(&raw);
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("takes no images"), "{text}");
+}
+
+fn base64_encode(bytes: &[u8]) -> String {
+    const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for c in bytes.chunks(3) {
+        let n = (c[0] as u32) << 16 | (*c.get(1).unwrap_or(&0) as u32) << 8 | *c.get(2).unwrap_or(&0) as u32;
+        for i in 0..4 {
+            out.push(if i <= c.len() { A[(n >> (18 - 6 * i) & 63) as usize] as char } else { '=' });
+        }
+    }
+    out
+}

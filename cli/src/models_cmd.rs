@@ -26,7 +26,7 @@ struct Capabilities {
     chat_template: bool,
     /// Its chat template renders tool definitions (it mentions `tools`).
     tools: bool,
-    /// The checkpoint carries a vision part (a `vision_config`).
+    /// The checkpoint carries a vision tower Weft runs (Gemma 3's, sized by `vision_config`).
     vision: bool,
 }
 
@@ -242,7 +242,9 @@ fn inspect_dir(dir: &Path) -> std::result::Result<Inspected, String> {
         capabilities: Capabilities {
             chat_template: template.is_some(),
             tools: template.as_deref().is_some_and(|t| t.contains("tools")),
-            vision: config.get("vision_config").is_some_and(|v| !v.is_null()),
+            // Image input Weft serves: a gemma3 checkpoint whose vision_config sizes a tower.
+            vision: config["model_type"] == "gemma3"
+                && config.get("vision_config").is_some_and(|v| v.get("hidden_size").is_some()),
         },
     })
 }

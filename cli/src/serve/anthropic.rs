@@ -23,6 +23,7 @@ use weft::tokenizer::{ChatMessage, ToolCall};
 use weft::tools::{Assembler, ToolChoice, ToolDelta, ToolSpec, Tools};
 
 use super::errors::{json_response, ApiError, ErrorKind, Protocol};
+use super::openai::MessageImages;
 use super::params::{self, get, opt_bool, Object};
 use super::state::{sse_event, AppState, EventStream, Generation, StreamEncoder};
 
@@ -38,7 +39,7 @@ pub async fn count_tokens(State(state): State<Arc<AppState>>, req: axum::extract
     let result = async {
         let body = params::read_body(req, state.limits.body_bytes).await?;
         state.check_model(body.get("model"))?;
-        let messages = conversation(&state, &body)?;
+        let messages = conversation(&state, &body, None)?;
         let prompt = state.blocking(move |state| state.tokenize_messages(&messages)).await?;
         Ok::<_, ApiError>(json_response(StatusCode::OK, &json!({"input_tokens": prompt.len()})))
     }
@@ -76,7 +77,7 @@ fn blocks_text(v: &Value, param: &str) -> Result<String, ApiError> {
 }
 
 /// `system` first (as a system message), then `messages` (user / assistant turns).
-fn conversation(state: &AppState, body: &Object) -> Result<Vec<ChatMessage>, ApiError> {
+fn conversation(state: &AppState, body: &Object, mut images: Option<&mut MessageImages>) -> Result<Vec<ChatMessage>, ApiError> {
     let mut out = Vec::new();
     if let Some(system) = get(body, "system") {
         let text = blocks_text(system, "system")?;
@@ -103,18 +104,27 @@ fn conversation(state: &AppState, body: &Object) -> Result<Vec<ChatMessage>, Api
         };
         let content =
             get(m, "content").ok_or_else(|| ApiError::field(&param, format!("`{param}.content` is required")))?;
-        turn_messages(role, content, &format!("{param}.content"), &mut out)?;
+        turn_messages(role, content, &format!("{param}.content"), &mut out, images.as_deref_mut())?;
     }
     Ok(out)
 }
 
 /// One turn's content: text, plus `tool_use` blocks (assistant) as tool calls and
 /// `tool_result` blocks (user) as `tool` messages, which come before the turn's text.
-fn turn_messages(role: &str, content: &Value, param: &str, out: &mut Vec<ChatMessage>) -> Result<(), ApiError> {
+fn turn_messages(
+    role: &str,
+    content: &Value,
+    param: &str,
+    out: &mut Vec<ChatMessage>,
+    mut images: Option<&mut MessageImages>,
+) -> Result<(), ApiError> {
     let Value::Array(blocks) = content else {
         out.push(ChatMessage::new(role, blocks_text(content, param)?));
         return Ok(());
     };
+    // With images, each text block is trimmed (Gemma 3's template trims list parts) and an
+    // image block becomes the model's begin-of-image marker where it stands.
+    let has_images = blocks.iter().any(|b| b.get("type").and_then(Value::as_str) == Some("image"));
     let mut text_blocks = Vec::new();
     let mut calls = Vec::new();
     for (j, b) in blocks.iter().enumerate() {
@@ -139,6 +149,29 @@ fn turn_messages(role: &str, content: &Value, param: &str, out: &mut Vec<ChatMes
                 let is_error = b.get("is_error").and_then(Value::as_bool).unwrap_or(false);
                 let result = if is_error { format!("Error: {result}") } else { result };
                 out.push(ChatMessage { tool_call_id: Some(id.into()), ..ChatMessage::new("tool", result) });
+            }
+            ("user", Some("image")) => {
+                let Some(images) = images.as_deref_mut() else {
+                    return Err(ApiError::field(&at, "this model takes no images (it has no vision tower)".to_string()));
+                };
+                let source = b.get("source").ok_or_else(|| bad("(image) needs a `source`"))?;
+                let url = match (source.get("type").and_then(Value::as_str), source.get("data"), source.get("url")) {
+                    (Some("base64"), Some(Value::String(data)), _) => {
+                        let media = source.get("media_type").and_then(Value::as_str).unwrap_or("image/png");
+                        format!("data:{media};base64,{data}")
+                    }
+                    (Some("url"), _, Some(Value::String(url))) => url.clone(),
+                    _ => return Err(bad("(image) `source` must be {type: base64, media_type, data} or {type: url, url}")),
+                };
+                images.add(&url, &at)?;
+                text_blocks.push(serde_json::json!({"type": "text", "text": images.marker}));
+            }
+            _ if has_images && b.get("type").and_then(Value::as_str) == Some("text") => {
+                let mut b = b.clone();
+                if let Some(t) = b.get("text").and_then(Value::as_str).map(|t| t.trim().to_string()) {
+                    b["text"] = Value::String(t);
+                }
+                text_blocks.push(b);
             }
             _ => text_blocks.push(b.clone()),
         }
@@ -226,10 +259,21 @@ async fn messages_inner(
     params::generation(&body, &params::ANTHROPIC, "max_tokens", &state.defaults, &mut request)?;
     state.limits.check_max_tokens(request.max_tokens, "max_tokens")?;
     let stream = opt_bool(&body, "stream")?.unwrap_or(false);
-    let messages = conversation(state, &body)?;
+    let mut images = MessageImages::for_model(state);
+    let messages = conversation(state, &body, images.as_mut())?;
+    let images = images.map(|i| i.bytes).unwrap_or_default();
+    if !images.is_empty() && tools.is_some() {
+        return Err(ApiError::field("tools", "`tools` together with images is not supported yet".to_string()));
+    }
     state.check_prompt_bytes(messages.iter().map(|m| m.content.len()).sum())?;
     let (generation, prompt_len) = state
         .blocking(move |state| {
+            if !images.is_empty() {
+                // The engine renders and expands the image markers (weft::engine::attach_images);
+                // the prompt length is known once it has (message_start reports 0).
+                weft::tools::check_history(&messages).map_err(|e| ApiError::field(&e.param, e.message))?;
+                return Ok((state.start(Request { input: Input::Messages(messages), images, ..request }, arrived)?, 0));
+            }
             let (prompt, tools) = state.tokenize_chat(&messages, tools)?;
             let len = prompt.len();
             Ok((state.start(Request { input: Input::Tokens(prompt), tools, ..request }, arrived)?, len))

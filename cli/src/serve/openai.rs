@@ -87,7 +87,7 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, req: axum::ext
 
 /// OpenAI `messages`: roles and text content (a string, or an array of text parts joined as
 /// mlx_lm.server joins them). `developer` is the newer name for `system`.
-fn chat_messages(state: &AppState, body: &Object) -> Result<Vec<ChatMessage>, ApiError> {
+fn chat_messages(state: &AppState, body: &Object, mut images: Option<&mut MessageImages>) -> Result<Vec<ChatMessage>, ApiError> {
     let list = match get(body, "messages") {
         Some(Value::Array(a)) if !a.is_empty() => a,
         Some(Value::Array(_)) => return Err(ApiError::field("messages", "`messages` must not be empty")),
@@ -114,7 +114,7 @@ fn chat_messages(state: &AppState, body: &Object) -> Result<Vec<ChatMessage>, Ap
                     ))
                 }
             };
-            let content = content_text(get(m, "content"), &param)?;
+            let content = content_text(get(m, "content"), &param, images.as_deref_mut())?;
             let mut message = ChatMessage::new(role, content);
             if role == "assistant" {
                 message.tool_calls = assistant_tool_calls(get(m, "tool_calls"), &param)?;
@@ -187,25 +187,47 @@ fn chat_finish_str(r: FinishReason, calls: usize) -> &'static str {
     }
 }
 
-fn content_text(content: Option<&Value>, param: &str) -> Result<String, ApiError> {
+/// Text content, or text parts joined; `image_url` parts (when `images` collects them: a model
+/// with a vision tower) become the model's begin-of-image marker in the text and their bytes
+/// go to `images`. A message with images trims each text part, as Gemma 3's template does for
+/// a list of parts.
+fn content_text(content: Option<&Value>, param: &str, images: Option<&mut MessageImages>) -> Result<String, ApiError> {
     match content {
         None => Ok(String::new()),
         Some(Value::String(s)) => Ok(s.clone()),
         Some(Value::Array(parts)) => {
+            let has_images = parts.iter().any(|p| p.get("type").and_then(Value::as_str) == Some("image_url"));
+            let mut images = images;
             let mut text = String::new();
-            for p in parts {
+            for (j, p) in parts.iter().enumerate() {
                 match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
-                    (Some("text"), Some(t)) => text.push_str(t),
+                    (Some("text"), Some(t)) => text.push_str(if has_images { t.trim() } else { t }),
                     (Some("text"), None) => {
                         return Err(ApiError::field(
                             param,
                             format!("`{param}.content` text parts need a string `text`"),
                         ))
                     }
+                    (Some("image_url"), _) => {
+                        let at = format!("{param}.content[{j}].image_url");
+                        let Some(images) = images.as_deref_mut() else {
+                            return Err(ApiError::field(&at, "this model takes no images (it has no vision tower)".to_string()));
+                        };
+                        let url = match p.get("image_url") {
+                            Some(Value::String(u)) => u.as_str(),
+                            Some(Value::Object(o)) => o.get("url").and_then(Value::as_str).unwrap_or(""),
+                            _ => "",
+                        };
+                        if url.is_empty() {
+                            return Err(ApiError::field(&at, format!("`{at}` needs a string `url`")));
+                        }
+                        images.add(url, &at)?;
+                        text.push_str(&images.marker);
+                    }
                     _ => {
                         return Err(ApiError::field(
                             param,
-                            format!("`{param}.content`: only text content parts are supported"),
+                            format!("`{param}.content`: only text and image_url content parts are supported"),
                         ))
                     }
                 }
@@ -213,6 +235,33 @@ fn content_text(content: Option<&Value>, param: &str) -> Result<String, ApiError
             Ok(text)
         }
         Some(_) => Err(ApiError::field(param, format!("`{param}.content` must be a string or an array of parts"))),
+    }
+}
+
+/// The images of a request's messages, in order, and the marker text each stands for.
+pub struct MessageImages {
+    pub marker: String,
+    pub bytes: Vec<Vec<u8>>,
+    pub max: usize,
+}
+
+impl MessageImages {
+    /// For a model with a vision tower and a tokenizer that names its begin-of-image token.
+    pub fn for_model(state: &AppState) -> Option<MessageImages> {
+        let spec = state.engine.vision()?;
+        let marker = spec.begin_token_id.and_then(|id| state.engine.tokenizer()?.id_to_token(id))?;
+        Some(MessageImages { marker, bytes: Vec::new(), max: spec.max_images })
+    }
+
+    /// Adds an image from a `data:` URL or local path (a remote URL is a 400).
+    pub fn add(&mut self, url: &str, at: &str) -> Result<(), ApiError> {
+        if self.bytes.len() >= self.max {
+            return Err(ApiError::field(at, format!("at most {} images per request", self.max)));
+        }
+        let bytes = weft::vision::source::image_from_url(url)
+            .map_err(|e| ApiError::field(at, format!("`{at}`: {}", e.to_string().trim_start_matches("invalid request: "))))?;
+        self.bytes.push(bytes);
+        Ok(())
     }
 }
 
@@ -269,14 +318,27 @@ async fn chat_inner(state: &Arc<AppState>, req: axum::extract::Request, arrived:
     params::single_choice(&body)?;
     let (stream, include_usage) = stream_flags(&body)?;
     let logprobs = chat_logprobs(&body)?;
-    let messages = chat_messages(state, &body)?;
+    let mut images = MessageImages::for_model(state);
+    let messages = chat_messages(state, &body, images.as_mut())?;
+    let images = images.map(|i| i.bytes).unwrap_or_default();
     let tools = request_tools(&body)?;
+    if !images.is_empty() && tools.is_some() {
+        return Err(ApiError::field("tools", "`tools` together with images is not supported yet".to_string()));
+    }
     state.check_prompt_bytes(messages.iter().map(|m| m.content.len()).sum())?;
     // Field checks before tokenizing: a bad request costs no tokenizer time.
     let request = engine_request(state, &body, Vec::new(), logprobs)?;
     let constraint = params::constraint_field(&body);
     let generation = state
         .blocking(move |state| {
+            if !images.is_empty() {
+                // The engine renders the conversation and expands each image marker as the
+                // model's processor does (weft::engine::attach_images).
+                weft::tools::check_history(&messages).map_err(|e| ApiError::field(&e.param, e.message))?;
+                return state
+                    .start(Request { input: Input::Messages(messages), images, ..request }, arrived)
+                    .map_err(|e| params::constraint_error(e, constraint));
+            }
             let (prompt, tools) = state.tokenize_chat(&messages, tools)?;
             state
                 .start(Request { input: Input::Tokens(prompt), tools, ..request }, arrived)
@@ -665,7 +727,8 @@ impl StreamEncoder for CompletionEncoder {
 
 // ---------------------------------------------------------------- /v1/models
 
-/// The served model: its short id, and where it was loaded from (`path`, a Weft extension).
+/// The served model: its short id, where it was loaded from (`path`) and what inputs it takes
+/// (`capabilities.vision`: image content parts), both Weft extensions.
 fn model_json(state: &AppState) -> Value {
     json!({
         "id": state.model_id,
@@ -673,6 +736,7 @@ fn model_json(state: &AppState) -> Value {
         "created": state.created,
         "owned_by": "weft",
         "path": state.model.path,
+        "capabilities": {"vision": state.engine.vision().is_some()},
     })
 }
 
