@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""Gemma 4 audio goldens from the multimodal oracle.
+
+Oracle (a second venv, because mlx-vlm needs a newer MLX than Weft pins):
+    mlx 0.32.4 (mlx-cpu 0.32.4), mlx-vlm 0.7.10, mlx-audio 0.6.2, numpy 2.4.6, scipy 1.17.1,
+    transformers 5.24.0
+
+Usage (from the repo root):
+    /work/vlm-venv/bin/python goldens/make_audio_goldens.py
+
+Writes (deterministic, a few seconds):
+    goldens/models/gemma4-audio/config.json           gemma4 config: tiny `audio_config`, the
+                                                       text hidden size, the audio token ids
+    goldens/models/gemma4-audio/model.safetensors     `audio_tower.*` + `embed_audio.*` in the
+                                                       mlx-vlm layout (after its `sanitize`), float32
+    goldens/audio/tones-16k-mono.wav                  1.2 s of tones + noise, 16 kHz mono PCM16
+    goldens/audio/tones-44k-stereo.wav                0.75 s, 44.1 kHz stereo PCM16 (downmix + resample)
+    goldens/audio/golden.safetensors                  per clip: the decoded 16 kHz waveform, mel
+                                                       features + mask, tower output, embedder output
+    goldens/audio.json                                versions, shapes, soft-token counts
+
+Everything is computed with mlx-vlm's own code: `mlx_vlm.utils.load_audio` (mlx-audio's reader
+and its Kaiser polyphase resampler), `Gemma4AudioFeatureExtractor`, `AudioEncoder`,
+`MultimodalEmbedder`, and `Gemma4Processor._compute_audio_num_tokens`.
+"""
+
+import json
+import math
+import types
+import wave
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
+
+import mlx_vlm
+from mlx_vlm.models.gemma4.audio import AudioEncoder
+from mlx_vlm.models.gemma4.audio_feature_extractor import Gemma4AudioFeatureExtractor
+from mlx_vlm.models.gemma4.config import AudioConfig
+from mlx_vlm.models.gemma4.gemma4 import MultimodalEmbedder
+from mlx_vlm.models.gemma4.processing_gemma4 import Gemma4Processor
+from mlx_vlm.utils import load_audio
+
+HERE = Path(__file__).resolve().parent
+MODEL_DIR = HERE / "models" / "gemma4-audio"
+AUDIO_DIR = HERE / "audio"
+
+TEXT_HIDDEN = 64
+AUDIO_CONFIG = dict(
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    hidden_act="silu",
+    subsampling_conv_channels=[8, 4],
+    conv_kernel_size=5,
+    residual_weight=0.5,
+    attention_chunk_size=12,
+    attention_context_left=13,
+    attention_context_right=0,
+    attention_logit_cap=50.0,
+    attention_invalid_logits_value=-1e9,
+    use_clipped_linears=True,
+    rms_norm_eps=1e-6,
+    gradient_clipping=10000000000.0,
+    output_proj_dims=48,
+)
+# Gemma 4's token ids (mlx-vlm ModelConfig defaults, as in the real checkpoints).
+TOKEN_IDS = dict(audio_token_id=258881, boa_token_id=256000, eoa_token_id=258883)
+
+
+def write_wav(path, samples, rate):
+    """samples: float array [n] or [n, channels] in [-1, 1] -> PCM16 WAV."""
+    samples = np.asarray(samples)
+    if samples.ndim == 1:
+        samples = samples[:, None]
+    pcm = np.clip(np.round(samples * 32767.0), -32768, 32767).astype("<i2")
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(samples.shape[1])
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(pcm.tobytes())
+
+
+def clip(rate, seconds, stereo, rng):
+    t = np.arange(int(round(rate * seconds))) / rate
+    tone = 0.3 * np.sin(2 * np.pi * 440.0 * t) + 0.2 * np.sin(2 * np.pi * 1234.5 * t)
+    chirp = 0.15 * np.sin(2 * np.pi * (200.0 * t + 1500.0 * t * t))
+    env = np.minimum(1.0, t / 0.05)  # a soft start
+    left = env * (tone + chirp) + 0.03 * rng.standard_normal(t.shape)
+    if not stereo:
+        return left
+    right = env * (0.25 * np.sin(2 * np.pi * 3000.0 * t)) + 0.03 * rng.standard_normal(t.shape)
+    return np.stack([left, right], axis=1)
+
+
+def randomize(module, rng, clip_bounds):
+    """Seeded random weights in place of mlx-vlm's init (which leaves norms at one, per_dim_scale
+    and the depthwise conv at zero, and the clip bounds at +-inf, so nothing would be exercised).
+    Clip bounds are finite and tight enough that some activations really are clamped."""
+    params = dict(tree_flatten(module.parameters()))
+    out = {}
+    for k, v in sorted(params.items()):
+        leaf = k.split(".")[-1]
+        if leaf in ("input_min", "output_min"):
+            out[k] = mx.array(-clip_bounds * float(rng.uniform(0.8, 1.2)), dtype=mx.float32)
+        elif leaf in ("input_max", "output_max"):
+            out[k] = mx.array(clip_bounds * float(rng.uniform(0.8, 1.2)), dtype=mx.float32)
+        elif "norm" in k and leaf == "weight" and v.ndim == 1:
+            out[k] = mx.array(rng.uniform(0.5, 1.5, v.shape).astype(np.float32))
+        elif leaf == "per_dim_scale":
+            out[k] = mx.array(rng.uniform(-0.5, 0.5, v.shape).astype(np.float32))
+        else:
+            fan_in = int(np.prod(v.shape[1:])) if v.ndim > 1 else int(v.shape[0])
+            scale = 1.0 / math.sqrt(max(fan_in, 1))
+            out[k] = mx.array((rng.standard_normal(v.shape) * scale).astype(np.float32))
+    module.update(tree_unflatten(list(out.items())))
+    return out
+
+
+def main():
+    rng = np.random.default_rng(20261201)
+    MODEL_DIR.mkdir(parents=True, exist_ok=True)
+    AUDIO_DIR.mkdir(parents=True, exist_ok=True)
+
+    cfg = AudioConfig.from_dict(AUDIO_CONFIG)
+    tower = AudioEncoder(cfg)
+    embedder = MultimodalEmbedder(cfg.output_proj_dims, TEXT_HIDDEN, eps=cfg.rms_norm_eps)
+    tower_params = randomize(tower, rng, clip_bounds=2.5)
+    embed_params = randomize(embedder, rng, clip_bounds=2.5)
+    weights = {f"audio_tower.{k}": v for k, v in tower_params.items()}
+    weights.update({f"embed_audio.{k}": v for k, v in embed_params.items()})
+    mx.save_safetensors(str(MODEL_DIR / "model.safetensors"), weights, metadata={"format": "mlx"})
+    config = {
+        "model_type": "gemma4",
+        "audio_config": {"model_type": "gemma4_audio", **AUDIO_CONFIG},
+        "text_config": {"model_type": "gemma4_text", "hidden_size": TEXT_HIDDEN},
+        "audio_ms_per_token": 40,
+        "audio_soft_tokens_per_image": 750,
+        **TOKEN_IDS,
+    }
+    (MODEL_DIR / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+    clips = {
+        "tones-16k-mono": (16000, 1.2, False),
+        "tones-44k-stereo": (44100, 0.75, True),
+    }
+    extractor = Gemma4AudioFeatureExtractor()
+    counter = types.SimpleNamespace(audio_ms_per_token=40, audio_seq_length=750)
+    golden = {}
+    meta = {
+        "mlx_version": mx.__version__,
+        "mlx_vlm_version": mlx_vlm.__version__,
+        "numpy_version": np.__version__,
+        "model": "models/gemma4-audio",
+        "clips": {},
+    }
+    for name, (rate, seconds, stereo) in clips.items():
+        path = AUDIO_DIR / f"{name}.wav"
+        write_wav(path, clip(rate, seconds, stereo, rng), rate)
+        wav = load_audio(str(path), sr=16000)
+        feats = extractor([wav], return_attention_mask=True)
+        mel = np.asarray(feats["input_features"][0], dtype=np.float32)
+        mel_mask = np.asarray(feats["input_features_mask"][0]).astype(bool)
+        enc, enc_mask = tower(mx.array(mel)[None], mx.array(~mel_mask)[None])
+        emb = embedder(enc)
+        mx.eval(enc, emb, enc_mask)
+        n = Gemma4Processor._compute_audio_num_tokens(counter, wav, 16000)
+        golden[f"{name}.waveform"] = mx.array(wav.astype(np.float32))
+        golden[f"{name}.mel"] = mx.array(mel)
+        golden[f"{name}.mel_mask"] = mx.array(mel_mask.astype(np.uint8))
+        golden[f"{name}.tower"] = enc[0]
+        golden[f"{name}.tower_mask"] = enc_mask[0].astype(mx.uint8)
+        golden[f"{name}.embeddings"] = emb[0]
+        meta["clips"][name] = {
+            "file": f"audio/{name}.wav",
+            "source_rate": rate,
+            "source_channels": 2 if stereo else 1,
+            "samples_16k": int(wav.shape[0]),
+            "mel_frames": int(mel.shape[0]),
+            "tower_frames": int(enc.shape[1]),
+            "soft_tokens": int(n),
+        }
+    mx.save_safetensors(str(AUDIO_DIR / "golden.safetensors"), golden, metadata={"format": "mlx"})
+    (HERE / "audio.json").write_text(json.dumps(meta, indent=2) + "\n")
+    print(json.dumps(meta, indent=2))
+
+
+if __name__ == "__main__":
+    main()
