@@ -15,6 +15,8 @@ Writes (deterministic, a few seconds):
                                                        mlx-vlm layout (after its `sanitize`), float32
     goldens/audio/tones-16k-mono.wav                  1.2 s of tones + noise, 16 kHz mono PCM16
     goldens/audio/tones-44k-stereo.wav                0.75 s, 44.1 kHz stereo PCM16 (downmix + resample)
+    goldens/audio/short-16k-mono.wav                  8321 samples: one soft token more than the
+                                                       tower has rows (mlx-vlm wraps to row 0)
     goldens/audio/golden.safetensors                  per clip: the decoded 16 kHz waveform, mel
                                                        features + mask, tower output, embedder output
     goldens/audio.json                                versions, shapes, soft-token counts
@@ -39,7 +41,7 @@ import mlx_vlm
 from mlx_vlm.models.gemma4.audio import AudioEncoder
 from mlx_vlm.models.gemma4.audio_feature_extractor import Gemma4AudioFeatureExtractor
 from mlx_vlm.models.gemma4.config import AudioConfig
-from mlx_vlm.models.gemma4.gemma4 import MultimodalEmbedder
+from mlx_vlm.models.gemma4.gemma4 import MultimodalEmbedder, masked_scatter
 from mlx_vlm.models.gemma4.processing_gemma4 import Gemma4Processor
 from mlx_vlm.utils import load_audio
 
@@ -84,7 +86,8 @@ def write_wav(path, samples, rate):
 
 
 def clip(rate, seconds, stereo, rng):
-    t = np.arange(int(round(rate * seconds))) / rate
+    n = seconds if isinstance(seconds, int) else int(round(rate * seconds))  # int = samples
+    t = np.arange(n) / rate
     tone = 0.3 * np.sin(2 * np.pi * 440.0 * t) + 0.2 * np.sin(2 * np.pi * 1234.5 * t)
     chirp = 0.15 * np.sin(2 * np.pi * (200.0 * t + 1500.0 * t * t))
     env = np.minimum(1.0, t / 0.05)  # a soft start
@@ -145,6 +148,7 @@ def main():
     clips = {
         "tones-16k-mono": (16000, 1.2, False),
         "tones-44k-stereo": (44100, 0.75, True),
+        "short-16k-mono": (16000, 8321, False),
     }
     extractor = Gemma4AudioFeatureExtractor()
     counter = types.SimpleNamespace(audio_ms_per_token=40, audio_seq_length=750)
@@ -173,6 +177,14 @@ def main():
         golden[f"{name}.tower"] = enc[0]
         golden[f"{name}.tower_mask"] = enc_mask[0].astype(mx.uint8)
         golden[f"{name}.embeddings"] = emb[0]
+        # The splice: `boa + audio x n + eoa` between two text tokens, scattered by mlx-vlm's own
+        # masked_scatter into stand-in text embeddings (1.0 everywhere) -> [n + 4, text hidden].
+        ids = [2, TOKEN_IDS["boa_token_id"]] + [TOKEN_IDS["audio_token_id"]] * n
+        ids += [TOKEN_IDS["eoa_token_id"], 106]
+        ids = mx.array(ids)[None]
+        text = mx.ones((1, ids.shape[1], TEXT_HIDDEN), dtype=mx.float32)
+        mask = mx.broadcast_to((ids == TOKEN_IDS["audio_token_id"])[..., None], text.shape)
+        golden[f"{name}.spliced"] = masked_scatter(text, mask, emb)[0]
         meta["clips"][name] = {
             "file": f"audio/{name}.wav",
             "source_rate": rate,
