@@ -1,0 +1,199 @@
+//! Gemma 4 audio against mlx-vlm 0.7.10 (goldens/make_audio_goldens.py, goldens/audio.json):
+//! decoding + downmix + resampling, the USM log-mel frontend, the soft-token rule and splice,
+//! and the tiny random-weight Conformer tower + embedder (`goldens/models/gemma4-audio`).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::Array;
+use weft::audio::{self, AudioTokens, MelConfig, MelFrontend};
+use weft::models::gemma4_audio::Gemma4AudioTower;
+
+fn goldens() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../goldens")
+}
+
+fn meta() -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(goldens().join("audio.json")).unwrap()).unwrap()
+}
+
+fn golden_tensors() -> HashMap<String, Array> {
+    Array::load_safetensors(goldens().join("audio/golden.safetensors")).unwrap()
+}
+
+fn to_f32(a: &Array) -> Vec<f32> {
+    a.as_dtype(mlx_rs::Dtype::Float32).unwrap().as_slice::<f32>().to_vec()
+}
+
+fn clip_bytes(name: &str) -> Vec<u8> {
+    std::fs::read(goldens().join(format!("audio/{name}.wav"))).unwrap()
+}
+
+const CLIPS: [&str; 3] = ["tones-16k-mono", "tones-44k-stereo", "short-16k-mono"];
+
+/// Largest |a - b| and where.
+fn max_abs_diff(a: &[f32], b: &[f32]) -> (f32, usize) {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).enumerate().fold((0f32, 0), |(m, at), (i, (x, y))| {
+        let d = (x - y).abs();
+        if d > m { (d, i) } else { (m, at) }
+    })
+}
+
+#[test]
+fn decoded_16k_waveforms_match_the_reference() {
+    let g = golden_tensors();
+    for name in CLIPS {
+        let got = audio::load_clip(&clip_bytes(name), Some("wav")).unwrap();
+        let want = to_f32(&g[&format!("{name}.waveform")]);
+        assert_eq!(got.len(), want.len(), "{name}: length");
+        let (d, at) = max_abs_diff(&got, &want);
+        if name.contains("44k") {
+            // Downmix + Kaiser polyphase resampler, float64 inside both; summation order only.
+            eprintln!("{name}: resampled waveform max |diff| {d:e}");
+            assert!(d < 2e-7, "{name}: resampled waveform differs by {d} at {at}");
+        } else {
+            // 16 kHz PCM16: no resampling, exactly s / 32768.
+            assert_eq!(d, 0.0, "{name}: waveform differs by {d} at {at}");
+        }
+    }
+}
+
+#[test]
+fn log_mel_features_match_the_reference_extractor() {
+    let g = golden_tensors();
+    let frontend = MelFrontend::new(MelConfig::default()).unwrap();
+    for name in CLIPS {
+        // From the reference's own waveform, so this isolates the frontend.
+        let wav = to_f32(&g[&format!("{name}.waveform")]);
+        let f = frontend.features(&wav).unwrap();
+        let want = &g[&format!("{name}.mel")];
+        assert_eq!([f.frames as i32, f.bins as i32], [want.dim(0), want.dim(1)], "{name}: shape");
+        let want_mask: Vec<bool> = g[&format!("{name}.mel_mask")].as_slice::<u8>().iter().map(|&m| m != 0).collect();
+        assert_eq!(f.valid, want_mask, "{name}: frame mask");
+        let (d, at) = max_abs_diff(&f.data, &to_f32(want));
+        eprintln!("{name}: log-mel max |diff| {d:e}");
+        // numpy's float32 FFT vs this float64 FFT, then log: measured max 8.6e-6 on these clips.
+        assert!(d < 5e-5, "{name}: log-mel differs by {d} at frame {} bin {}", at / f.bins, at % f.bins);
+    }
+}
+
+#[test]
+fn soft_token_counts_match_the_processor() {
+    let m = meta();
+    let t = AudioTokens::from_config(
+        &serde_json::from_str(&std::fs::read_to_string(goldens().join("models/gemma4-audio/config.json")).unwrap()).unwrap(),
+    );
+    assert_eq!(t, AudioTokens::default());
+    for name in CLIPS {
+        let c = &m["clips"][name];
+        let n = t.soft_token_count(c["samples_16k"].as_u64().unwrap() as usize, audio::SAMPLE_RATE);
+        assert_eq!(n as u64, c["soft_tokens"].as_u64().unwrap(), "{name}");
+    }
+}
+
+#[test]
+fn bad_audio_is_a_clear_error() {
+    let err = |bytes: &[u8]| audio::load_clip(bytes, None).unwrap_err().to_string();
+    assert!(err(b"").contains("empty"), "{}", err(b""));
+    let e = err(b"this is not audio at all, just some text bytes..........");
+    assert!(e.contains("unsupported or unreadable format"), "{e}");
+    // A truncated WAV header.
+    let wav = clip_bytes("tones-16k-mono");
+    let e = err(&wav[..20]);
+    assert!(e.starts_with("invalid request: audio:"), "{e}");
+    // 31 s of 8 kHz silence: over the limit.
+    let long = pcm16_wav(&vec![0i16; 8000 * 31], 8000, 1);
+    let e = err(&long);
+    assert!(e.contains("30 s"), "{e}");
+    // Too short for one frame.
+    let e = MelFrontend::new(MelConfig::default()).unwrap().features(&[0.1; 100]).unwrap_err().to_string();
+    assert!(e.contains("too short"), "{e}");
+}
+
+fn tower() -> Gemma4AudioTower {
+    Gemma4AudioTower::load(&goldens().join("models/gemma4-audio")).unwrap()
+}
+
+#[test]
+fn tower_and_embedder_match_mlx_vlm_on_the_reference_features() {
+    let g = golden_tensors();
+    let tower = tower();
+    for name in CLIPS {
+        // The reference's mel features in, so this isolates the tower.
+        let mel = &g[&format!("{name}.mel")];
+        let mask: Vec<bool> = g[&format!("{name}.mel_mask")].as_slice::<u8>().iter().map(|&m| m == 0).collect();
+        let enc = tower.encode(&mel.expand_dims(0).unwrap(), &[mask]).unwrap();
+        let want_tower = &g[&format!("{name}.tower")];
+        assert_eq!(enc.tower.shape()[1..], *want_tower.shape(), "{name}: tower shape");
+        let want_invalid: Vec<bool> = g[&format!("{name}.tower_mask")].as_slice::<u8>().iter().map(|&m| m != 0).collect();
+        assert_eq!(enc.invalid[0], want_invalid, "{name}: tower mask");
+        let (dt, _) = max_abs_diff(&to_f32(&enc.tower.index(0)), &to_f32(want_tower));
+        let (de, _) = max_abs_diff(&to_f32(&enc.embeddings.index(0)), &to_f32(&g[&format!("{name}.embeddings")]));
+        eprintln!("{name}: tower max |diff| {dt:e}, embeddings {de:e}");
+        // Same ops as mlx-vlm in float32: bit-equal, although Weft runs MLX 0.32.2 and the
+        // oracle 0.32.4.
+        assert!(dt == 0.0 && de == 0.0, "{name}: tower {dt}, embeddings {de}");
+    }
+}
+
+#[test]
+fn audio_bytes_to_spliced_soft_tokens_end_to_end() {
+    let g = golden_tensors();
+    let m = meta();
+    let tower = tower();
+    let t = AudioTokens::default();
+    let frontend = MelFrontend::new(MelConfig::default()).unwrap();
+    for name in CLIPS {
+        // Bytes -> 16 kHz -> mel -> tower -> embedder, all in Weft.
+        let wav = audio::load_clip(&clip_bytes(name), None).unwrap();
+        let soft = tower.encode_clip(&frontend.features(&wav).unwrap()).unwrap();
+        let n = t.soft_token_count(wav.len(), audio::SAMPLE_RATE);
+        assert_eq!(n as u64, m["clips"][name]["soft_tokens"].as_u64().unwrap());
+        // The golden's prompt: [2, <|audio|>, 106] expanded, over stand-in embeddings of 1.0.
+        let ids = audio::expand_audio_placeholders(&[2, t.audio_token_id, 106], &[n], &t).unwrap();
+        assert_eq!(ids.len(), n + 4);
+        let text = Array::ones::<f32>(&[ids.len() as i32, tower.text_hidden_size]).unwrap();
+        let spliced = audio::splice_soft_tokens(&text, &ids, &soft, &t).unwrap();
+        let want = &g[&format!("{name}.spliced")];
+        assert_eq!(spliced.shape(), want.shape(), "{name}");
+        let (d, at) = max_abs_diff(&to_f32(&spliced), &to_f32(want));
+        eprintln!("{name}: bytes -> spliced max |diff| {d:e}");
+        // Only the frontend's float64 FFT differs from the reference: measured 2e-6.
+        assert!(d < 1e-5, "{name}: spliced sequence differs by {d} at row {}", at / tower.text_hidden_size as usize);
+    }
+}
+
+#[test]
+fn tower_rejects_features_of_the_wrong_shape() {
+    let tower = tower();
+    let bad = Array::zeros::<f32>(&[1, 10, 64]).unwrap();
+    assert!(tower.encode(&bad, &[vec![false; 10]]).is_err());
+    let ok_shape = Array::zeros::<f32>(&[1, 10, 128]).unwrap();
+    assert!(tower.encode(&ok_shape, &[vec![false; 9]]).is_err());
+    let e = Gemma4AudioTower::load(&goldens().join("models/gemma3-text")).err().unwrap().to_string();
+    assert!(e.contains("audio_config"), "{e}");
+}
+
+/// A PCM16 WAV file (for inputs the goldens do not need to carry).
+fn pcm16_wav(samples: &[i16], rate: u32, channels: u16) -> Vec<u8> {
+    let data_len = (samples.len() * 2) as u32;
+    let mut v = Vec::with_capacity(44 + data_len as usize);
+    v.extend_from_slice(b"RIFF");
+    v.extend_from_slice(&(36 + data_len).to_le_bytes());
+    v.extend_from_slice(b"WAVEfmt ");
+    v.extend_from_slice(&16u32.to_le_bytes());
+    v.extend_from_slice(&1u16.to_le_bytes());
+    v.extend_from_slice(&channels.to_le_bytes());
+    v.extend_from_slice(&rate.to_le_bytes());
+    v.extend_from_slice(&(rate * channels as u32 * 2).to_le_bytes());
+    v.extend_from_slice(&(channels * 2).to_le_bytes());
+    v.extend_from_slice(&16u16.to_le_bytes());
+    v.extend_from_slice(b"data");
+    v.extend_from_slice(&data_len.to_le_bytes());
+    for s in samples {
+        v.extend_from_slice(&s.to_le_bytes());
+    }
+    v
+}
