@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 use weft::audio::{self, AudioTokens, MelConfig, MelFrontend};
-use weft::models::gemma4_audio::Gemma4AudioTower;
+use weft::models::gemma4_audio::{Gemma4Audio, Gemma4AudioTower};
 
 fn goldens() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../goldens")
@@ -155,7 +155,7 @@ fn audio_bytes_to_spliced_soft_tokens_end_to_end() {
         let ids = audio::expand_audio_placeholders(&[2, t.audio_token_id, 106], &[n], &t).unwrap();
         assert_eq!(ids.len(), n + 4);
         let text = Array::ones::<f32>(&[ids.len() as i32, tower.text_hidden_size]).unwrap();
-        let spliced = audio::splice_soft_tokens(&text, &ids, &soft, &t).unwrap();
+        let spliced = audio::splice_soft_tokens(&text, &ids, &[soft], &t).unwrap();
         let want = &g[&format!("{name}.spliced")];
         assert_eq!(spliced.shape(), want.shape(), "{name}");
         let (d, at) = max_abs_diff(&to_f32(&spliced), &to_f32(want));
@@ -163,6 +163,32 @@ fn audio_bytes_to_spliced_soft_tokens_end_to_end() {
         // Only the frontend's float64 FFT differs from the reference: measured 2e-6.
         assert!(d < 1e-5, "{name}: spliced sequence differs by {d} at row {}", at / tower.text_hidden_size as usize);
     }
+}
+
+#[test]
+fn the_pipeline_prepares_expands_and_splices_two_clips() {
+    let g = golden_tensors();
+    let audio = Gemma4Audio::load(&goldens().join("models/gemma4-audio")).unwrap();
+    let t = audio.tokens;
+    let names = ["tones-44k-stereo", "short-16k-mono"];
+    let clips: Vec<_> = names.iter().map(|n| audio.prepare_clip(&clip_bytes(n), Some("wav")).unwrap()).collect();
+    assert_eq!(clips[0].soft_tokens, 19);
+    assert!((clips[0].seconds - 0.75).abs() < 1e-9);
+    let ids = audio.expand_prompt(&[2, t.audio_token_id, 5, t.audio_token_id, 106], &clips).unwrap();
+    assert_eq!(ids.len(), 3 + (1 + 19 + 1) + (1 + 14 + 1));
+    let embeds = Array::ones::<f32>(&[ids.len() as i32, audio.tower.text_hidden_size]).unwrap();
+    let out = to_f32(&audio.splice(&embeds, &ids, &clips).unwrap());
+    // Each span equals that clip's single-clip golden splice (minus its framing tokens).
+    let d = audio.tower.text_hidden_size as usize;
+    let first = to_f32(&g["tones-44k-stereo.spliced"]);
+    let second = to_f32(&g["short-16k-mono.spliced"]);
+    let (a, _) = max_abs_diff(&out[2 * d..(2 + 19) * d], &first[2 * d..(2 + 19) * d]);
+    let s0 = 2 + 19 + 3; // 2, boa, 19 audio, eoa, 5, boa
+    let (b, _) = max_abs_diff(&out[s0 * d..(s0 + 14) * d], &second[2 * d..(2 + 14) * d]);
+    assert!(a < 1e-5 && b < 1e-5, "{a} {b}");
+    assert!(out[..2 * d].iter().all(|&v| v == 1.0), "text positions untouched");
+    // Placeholders and clips must agree.
+    assert!(audio.expand_prompt(&[2, t.audio_token_id, 106], &clips).is_err());
 }
 
 #[test]

@@ -80,32 +80,63 @@ pub fn expand_audio_placeholders(ids: &[u32], counts: &[usize], t: &AudioTokens)
     Ok(out)
 }
 
-/// Puts `soft` (`[rows, hidden]`: one clip's embedder output) into `embeds` (`[len, hidden]`,
-/// the prompt's token embeddings) at the positions where `ids` holds `audio_token_id`, in
-/// order, wrapping to row 0 past the last row as the reference does.
-pub fn splice_soft_tokens(embeds: &Array, ids: &[u32], soft: &Array, t: &AudioTokens) -> Result<Array> {
-    let (len, rows) = (embeds.dim(0) as usize, soft.dim(0) as usize);
-    if ids.len() != len || embeds.ndim() != 2 || soft.ndim() != 2 || soft.dim(1) != embeds.dim(1) {
-        return Err(Error::InvalidRequest(format!(
-            "audio splice: {} ids for embeddings {:?} and soft tokens {:?}",
-            ids.len(),
-            embeds.shape(),
-            soft.shape()
-        )));
+/// Puts the clips' soft tokens (`clips[k]`: `[rows, hidden]`, clip k's embedder output) into
+/// `embeds` (`[len, hidden]`, the prompt's token embeddings): the k-th run of consecutive
+/// `audio_token_id`s in `ids` takes clip k's rows in order, wrapping to row 0 past the last row
+/// as the reference does for one clip. (For several clips of different lengths in one prompt
+/// mlx-vlm's flat `masked_scatter` over the batch-padded tower output shifts later clips onto
+/// earlier clips' padding rows; Weft gives each clip its own rows.)
+pub fn splice_soft_tokens(embeds: &Array, ids: &[u32], clips: &[Array], t: &AudioTokens) -> Result<Array> {
+    let len = embeds.dim(0) as usize;
+    if ids.len() != len || embeds.ndim() != 2 {
+        return Err(Error::InvalidRequest(format!("audio splice: {} ids for embeddings {:?}", ids.len(), embeds.shape())));
     }
-    if rows == 0 {
-        return Err(Error::InvalidRequest("audio splice: the tower produced no rows".into()));
+    for c in clips {
+        if c.ndim() != 2 || c.dim(1) != embeds.dim(1) || c.dim(0) == 0 {
+            return Err(Error::InvalidRequest(format!(
+                "audio splice: soft tokens {:?} for embeddings {:?}",
+                c.shape(),
+                embeds.shape()
+            )));
+        }
     }
-    let mut next = 0usize;
+    // Row `index[p]` of the concatenated clips goes to position p.
+    let mut offsets = Vec::with_capacity(clips.len());
+    let mut total = 0i32;
+    for c in clips {
+        offsets.push(total);
+        total += c.dim(0);
+    }
+    let (mut clip, mut next, mut in_run) = (0usize, 0i32, false);
     let mut index = Vec::with_capacity(len);
     let mut is_audio = Vec::with_capacity(len);
     for &id in ids {
         let audio = id == t.audio_token_id;
-        index.push(if audio { (next % rows) as i32 } else { 0 });
-        next += audio as usize;
+        if audio && !in_run {
+            if clip == clips.len() {
+                return Err(Error::InvalidRequest(format!("audio splice: more audio spans than the {} clip(s)", clips.len())));
+            }
+            next = 0;
+            clip += 1;
+        }
+        in_run = audio;
+        if audio {
+            let c = clip - 1;
+            index.push(offsets[c] + next % clips[c].dim(0));
+            next += 1;
+        } else {
+            index.push(0);
+        }
         is_audio.push(audio);
     }
-    let gathered = take_axis(soft, &Array::from_slice(&index, &[len as i32]), 0)?;
+    if clip != clips.len() {
+        return Err(Error::InvalidRequest(format!("audio splice: {clip} audio span(s) for {} clip(s)", clips.len())));
+    }
+    if clips.is_empty() {
+        return Ok(embeds.clone());
+    }
+    let rows = mlx_rs::ops::concatenate(clips, 0)?;
+    let gathered = take_axis(&rows, &Array::from_slice(&index, &[len as i32]), 0)?;
     let mask = Array::from_slice(&is_audio, &[len as i32, 1]);
     Ok(select(&mask, &gathered.as_dtype(embeds.dtype())?, embeds)?)
 }
@@ -130,5 +161,17 @@ mod tests {
         assert_eq!(expand_audio_placeholders(&[1, 9, 2, 9], &[2, 1], &t).unwrap(), vec![1, 7, 9, 9, 8, 2, 7, 9, 8]);
         assert!(expand_audio_placeholders(&[1, 9, 2], &[2, 1], &t).is_err());
         assert!(expand_audio_placeholders(&[1, 2], &[3], &t).is_err());
+    }
+
+    #[test]
+    fn each_audio_span_takes_its_own_clip_rows_wrapping_past_the_end() {
+        let t = AudioTokens { audio_token_id: 9, boa_token_id: 7, eoa_token_id: 8, ms_per_token: 40, max_soft_tokens: 750 };
+        let ids = [1, 7, 9, 9, 9, 8, 7, 9, 8];
+        let embeds = Array::zeros::<f32>(&[ids.len() as i32, 1]).unwrap();
+        let a = Array::from_slice(&[10f32, 11.0], &[2, 1]);
+        let b = Array::from_slice(&[20f32], &[1, 1]);
+        let out = splice_soft_tokens(&embeds, &ids, &[a.clone(), b], &t).unwrap();
+        assert_eq!(out.as_slice::<f32>(), &[0.0, 0.0, 10.0, 11.0, 10.0, 0.0, 0.0, 20.0, 0.0]);
+        assert!(splice_soft_tokens(&embeds, &ids, &[a], &t).is_err());
     }
 }

@@ -587,3 +587,80 @@ impl Gemma4AudioTower {
         Ok(enc.embeddings.index(0))
     }
 }
+
+/// One clip ready to splice: its soft tokens and how many prompt positions they fill.
+pub struct AudioClip {
+    /// `[rows, text_hidden]`, the embedder's output.
+    pub soft: Array,
+    /// `n = min(ceil(ms / 40), 750)`: the `<|audio|>` positions between `boa` and `eoa`.
+    pub soft_tokens: usize,
+    pub seconds: f64,
+}
+
+/// Everything audio input needs for one Gemma 4 checkpoint: the frontend (with the
+/// checkpoint's extractor settings), the tower and the token rule. The seam for the engine:
+/// `expand_prompt` gives the prompt ids, `splice` puts the clips into its token embeddings
+/// (before the text model runs on embeddings; the per-layer inputs of audio positions use id 0,
+/// as in mlx-vlm's `get_input_embeddings`).
+pub struct Gemma4Audio {
+    pub tower: Gemma4AudioTower,
+    pub frontend: crate::audio::MelFrontend,
+    pub tokens: crate::audio::AudioTokens,
+}
+
+impl Gemma4Audio {
+    /// From a Gemma 4 directory: `config.json`, the tensors, and the feature extractor's fields
+    /// from `preprocessor_config.json` or `processor_config.json` when present.
+    pub fn load(dir: &Path) -> Result<Self> {
+        let tower = Gemma4AudioTower::load(dir)?;
+        let cfg_path = dir.join("config.json");
+        let text = std::fs::read_to_string(&cfg_path).map_err(|e| Error::io(&cfg_path, e))?;
+        let cfg: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| Error::ModelLoad(format!("{}: {e}", cfg_path.display())))?;
+        let mut mel = crate::audio::MelConfig::default();
+        for name in ["preprocessor_config.json", "processor_config.json"] {
+            let p = dir.join(name);
+            if let Ok(text) = std::fs::read_to_string(&p) {
+                let v: serde_json::Value =
+                    serde_json::from_str(&text).map_err(|e| Error::ModelLoad(format!("{}: {e}", p.display())))?;
+                mel = crate::audio::MelConfig::from_json(&v)?;
+                break;
+            }
+        }
+        if mel.feature_size != INPUT_FEAT_SIZE as usize || mel.sampling_rate != crate::audio::SAMPLE_RATE {
+            return Err(Error::Unsupported(format!(
+                "audio feature extractor: {} bins at {} Hz (the tower takes {INPUT_FEAT_SIZE} at {})",
+                mel.feature_size,
+                mel.sampling_rate,
+                crate::audio::SAMPLE_RATE
+            )));
+        }
+        Ok(Gemma4Audio { tower, frontend: crate::audio::MelFrontend::new(mel)?, tokens: crate::audio::AudioTokens::from_config(&cfg) })
+    }
+
+    /// Audio bytes (WAV / MP3 / FLAC / Ogg Vorbis, at most 30 s) -> soft tokens.
+    pub fn prepare_clip(&self, bytes: &[u8], format_hint: Option<&str>) -> Result<AudioClip> {
+        let wav = crate::audio::load_clip(bytes, format_hint)?;
+        let mel = self.frontend.features(&wav)?;
+        let soft = self.tower.encode_clip(&mel)?;
+        soft.eval()?;
+        Ok(AudioClip {
+            soft,
+            soft_tokens: self.tokens.soft_token_count(wav.len(), crate::audio::SAMPLE_RATE),
+            seconds: wav.len() as f64 / crate::audio::SAMPLE_RATE as f64,
+        })
+    }
+
+    /// The chat template's ids with each `<|audio|>` expanded to `boa + audio x n + eoa`.
+    pub fn expand_prompt(&self, ids: &[u32], clips: &[AudioClip]) -> Result<Vec<u32>> {
+        let counts: Vec<usize> = clips.iter().map(|c| c.soft_tokens).collect();
+        crate::audio::expand_audio_placeholders(ids, &counts, &self.tokens)
+    }
+
+    /// `embeds` (`[len, hidden]`, the expanded prompt's token embeddings, already scaled as the
+    /// text model scales them) with the clips' soft tokens at the audio positions.
+    pub fn splice(&self, embeds: &Array, expanded_ids: &[u32], clips: &[AudioClip]) -> Result<Array> {
+        let soft: Vec<Array> = clips.iter().map(|c| c.soft.clone()).collect();
+        crate::audio::splice_soft_tokens(embeds, expanded_ids, &soft, &self.tokens)
+    }
+}
