@@ -20,6 +20,10 @@ Writes (deterministic, a few seconds):
     goldens/audio/golden.safetensors                  per clip: the decoded 16 kHz waveform, mel
                                                        features + mask, tower output, embedder output
     goldens/audio.json                                versions, shapes, soft-token counts
+    goldens/audio_lm.json                             text + audio end to end: the tiny Gemma 4
+                                                       text model (models/gemma4_text) with this
+                                                       audio tower in one mlx-vlm `Model`; greedy
+                                                       tokens of an audio prompt (generate_step)
 
 Everything is computed with mlx-vlm's own code: `mlx_vlm.utils.load_audio` (mlx-audio's reader
 and its Kaiser polyphase resampler), `Gemma4AudioFeatureExtractor`, `AudioEncoder`,
@@ -197,6 +201,93 @@ def main():
     mx.save_safetensors(str(AUDIO_DIR / "golden.safetensors"), golden, metadata={"format": "mlx"})
     (HERE / "audio.json").write_text(json.dumps(meta, indent=2) + "\n")
     print(json.dumps(meta, indent=2))
+    lm = audio_lm_golden(weights)
+    (HERE / "audio_lm.json").write_text(json.dumps(lm, indent=1) + "\n")
+    print("audio_lm tokens", lm["tokens"])
+
+
+# The end-to-end golden's token ids: inside the tiny text model's 256-token vocabulary.
+LM_TOKEN_IDS = dict(audio_token_id=250, boa_token_id=251, eoa_token_id=252)
+
+
+def audio_lm_golden(audio_weights):
+    """mlx-vlm's gemma4 `Model` over models/gemma4_text (text, verified against mlx-lm by
+    gemma4_text.json) and models/gemma4-audio; no new weights are written."""
+    from mlx_vlm.generate.ar import generate_step
+    from mlx_vlm.models.gemma4.config import ModelConfig, TextConfig, VisionConfig
+    from mlx_vlm.models.gemma4.gemma4 import Model
+
+    text_dir = HERE / "models" / "gemma4_text"
+    text_cfg = json.loads((text_dir / "config.json").read_text())
+    cfg = ModelConfig.from_dict({
+        "model_type": "gemma4",
+        "text_config": text_cfg,
+        # Unused (no images) but always built by mlx-vlm: kept tiny.
+        "vision_config": dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                              num_attention_heads=2, num_key_value_heads=2, head_dim=8,
+                              global_head_dim=8),
+        "audio_config": AUDIO_CONFIG,
+        "vocab_size": text_cfg["vocab_size"],
+        "hidden_size": text_cfg["hidden_size"],
+        "eos_token_id": None,
+        **LM_TOKEN_IDS,
+    })
+    cfg.text_config = TextConfig.from_dict(text_cfg)
+    cfg.vision_config = VisionConfig.from_dict(cfg.vision_config)
+    cfg.audio_config = AudioConfig.from_dict(AUDIO_CONFIG)
+    model = Model(cfg)
+    text_w = mx.load(str(text_dir / "model.safetensors"))
+    weights = {f"language_model.{k}": v for k, v in text_w.items()}
+    weights.update(audio_weights)
+    weights = model.language_model.sanitize(weights) if hasattr(model.language_model, "sanitize") else weights
+    model.load_weights(list(weights.items()), strict=False)
+    model.eval()
+    mx.eval(model.parameters())
+    # The text path must be mlx-lm's: first logits of gemma4_text.json's first prompt.
+    g = json.loads((HERE / "gemma4_text.json").read_text())["single"][0]
+    cache = model.language_model.make_cache()
+    out = model(mx.array([g["prompt_ids"]]), cache=cache)
+    logits = (out.logits if hasattr(out, "logits") else out)[0, -1]
+    text_diff = float(mx.abs(logits - mx.array(g["first_logits"])).max())
+    assert text_diff == 0.0, f"mlx-vlm's gemma4 text differs from mlx-lm's golden by {text_diff}"
+
+    wav = load_audio(str(AUDIO_DIR / "tones-44k-stereo.wav"), sr=16000)
+    feats = Gemma4AudioFeatureExtractor()([wav], return_attention_mask=True)
+    counter = types.SimpleNamespace(audio_ms_per_token=40, audio_seq_length=750)
+    n = Gemma4Processor._compute_audio_num_tokens(counter, wav, 16000)
+    template_ids = [2, 10, LM_TOKEN_IDS["audio_token_id"], 11, 12]
+    ids = [2, 10, LM_TOKEN_IDS["boa_token_id"]] + [LM_TOKEN_IDS["audio_token_id"]] * n
+    ids += [LM_TOKEN_IDS["eoa_token_id"], 11, 12]
+    features = mx.array(np.stack(feats["input_features"]))
+    mask = mx.array(np.stack(feats["input_features_mask"]))
+    tokens, first_logprobs = [], None
+    for tok, logprobs in generate_step(
+            mx.array([ids]), model, None, None, max_tokens=16, temperature=0.0,
+            input_features=features, input_features_mask=mask):
+        tokens.append(int(tok.item() if hasattr(tok, "item") else tok))
+        if first_logprobs is None:
+            first_logprobs = np.asarray(logprobs.astype(mx.float32)).reshape(-1).tolist()
+    return {
+        "mlx_version": mx.__version__,
+        "mlx_vlm_version": mlx_vlm.__version__,
+        "note": "mlx-vlm gemma4 Model = models/gemma4_text (language_model.*) + "
+                "models/gemma4-audio (audio_tower.*, embed_audio.*), audio token ids below "
+                "(inside the 256-token vocabulary). prompt_template_ids has one <|audio|> "
+                "placeholder; prompt_ids is the processor's expansion for clip "
+                "audio/tones-44k-stereo.wav (n soft tokens). tokens = generate_step(prompt_ids, "
+                "temperature=0, input_features, input_features_mask), EOS ignored; "
+                "first_logprobs = the logprobs that produced tokens[0]. The text path was "
+                "checked equal to gemma4_text.json's first logits (mlx-lm) before this ran.",
+        "text_model": "models/gemma4_text",
+        "audio_model": "models/gemma4-audio",
+        "clip": "audio/tones-44k-stereo.wav",
+        **LM_TOKEN_IDS,
+        "soft_tokens": int(n),
+        "prompt_template_ids": template_ids,
+        "prompt_ids": ids,
+        "tokens": tokens,
+        "first_logprobs": first_logprobs,
+    }
 
 
 if __name__ == "__main__":

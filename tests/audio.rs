@@ -191,6 +191,23 @@ fn the_pipeline_prepares_expands_and_splices_two_clips() {
     assert!(audio.expand_prompt(&[2, t.audio_token_id, 106], &clips).is_err());
 }
 
+/// goldens/audio_lm.json: mlx-vlm's gemma4 `Model` (models/gemma4_text + this tower) on an
+/// audio prompt. The text model on spliced embeddings needs the embeddings seam; until it is
+/// wired, this pins the prompt Weft builds (and that the clip gives the processor's count).
+#[test]
+fn audio_prompt_ids_match_the_end_to_end_golden() {
+    let lm: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(goldens().join("audio_lm.json")).unwrap()).unwrap();
+    let mut audio = Gemma4Audio::load(&goldens().join(lm["audio_model"].as_str().unwrap())).unwrap();
+    let id = |k: &str| lm[k].as_u64().unwrap() as u32;
+    audio.tokens = AudioTokens { audio_token_id: id("audio_token_id"), boa_token_id: id("boa_token_id"), eoa_token_id: id("eoa_token_id"), ..audio.tokens };
+    let clip = audio.prepare_clip(&std::fs::read(goldens().join(lm["clip"].as_str().unwrap())).unwrap(), None).unwrap();
+    assert_eq!(clip.soft_tokens as u64, lm["soft_tokens"].as_u64().unwrap());
+    let ids: Vec<u32> = serde_json::from_value(lm["prompt_template_ids"].clone()).unwrap();
+    let want: Vec<u32> = serde_json::from_value(lm["prompt_ids"].clone()).unwrap();
+    assert_eq!(audio.expand_prompt(&ids, &[clip]).unwrap(), want);
+}
+
 #[test]
 fn tower_rejects_features_of_the_wrong_shape() {
     let tower = tower();
