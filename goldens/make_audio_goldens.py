@@ -17,6 +17,7 @@ Writes (deterministic, a few seconds):
     goldens/audio/tones-44k-stereo.wav                0.75 s, 44.1 kHz stereo PCM16 (downmix + resample)
     goldens/audio/short-16k-mono.wav                  8321 samples: one soft token more than the
                                                        tower has rows (mlx-vlm wraps to row 0)
+    goldens/audio/short-16k-mono.flac                 the same samples as FLAC (verbatim frames)
     goldens/audio/golden.safetensors                  per clip: the decoded 16 kHz waveform, mel
                                                        features + mask, tower output, embedder output
     goldens/audio.json                                versions, shapes, soft-token counts
@@ -87,6 +88,36 @@ def write_wav(path, samples, rate):
         w.setsampwidth(2)
         w.setframerate(rate)
         w.writeframes(pcm.tobytes())
+
+
+def _crc(data, poly, bits):
+    """MSB-first CRC with init 0 (FLAC's CRC-8 poly 0x07 and CRC-16 poly 0x8005)."""
+    crc, top, mask = 0, 1 << (bits - 1), (1 << bits) - 1
+    for byte in data:
+        crc ^= byte << (bits - 8)
+        for _ in range(8):
+            crc = ((crc << 1) ^ poly) & mask if crc & top else (crc << 1) & mask
+    return crc
+
+
+def write_flac_verbatim(path, pcm16, rate, block=4096):
+    """A mono 16-bit FLAC file with VERBATIM subframes (no encoder is installed here; the
+    format is simple enough uncompressed): STREAMINFO, then fixed-size frames."""
+    pcm16 = np.asarray(pcm16, dtype=">i2")
+    n = len(pcm16)
+    info = block.to_bytes(2, "big") * 2  # min/max block size
+    info += (0).to_bytes(6, "big")  # min/max frame size unknown
+    packed = rate << 44 | 0 << 41 | 15 << 36 | n  # rate, channels-1, bps-1, total samples
+    info += packed.to_bytes(8, "big") + bytes(16)  # + MD5 unknown
+    out = bytearray(b"fLaC" + bytes([0x80, 0, 0, 34]) + info)
+    for f, start in enumerate(range(0, n, block)):
+        chunk = pcm16[start:start + block]
+        assert f < 128  # one-byte UTF-8 frame number
+        hdr = bytes([0xFF, 0xF8, 0x70, 0x08, f]) + (len(chunk) - 1).to_bytes(2, "big")
+        hdr += bytes([_crc(hdr, 0x07, 8)])
+        frame = hdr + bytes([0x02]) + chunk.tobytes()  # subframe: VERBATIM, no wasted bits
+        out += frame + _crc(frame, 0x8005, 16).to_bytes(2, "big")
+    Path(path).write_bytes(bytes(out))
 
 
 def clip(rate, seconds, stereo, rng):
@@ -166,7 +197,14 @@ def main():
     }
     for name, (rate, seconds, stereo) in clips.items():
         path = AUDIO_DIR / f"{name}.wav"
-        write_wav(path, clip(rate, seconds, stereo, rng), rate)
+        samples = clip(rate, seconds, stereo, rng)
+        write_wav(path, samples, rate)
+        if name == "short-16k-mono":
+            # The same PCM as FLAC: its golden is the WAV's (checked equal here).
+            pcm = np.clip(np.round(samples * 32767.0), -32768, 32767).astype(np.int16)
+            write_flac_verbatim(AUDIO_DIR / f"{name}.flac", pcm, rate)
+            from_flac = load_audio(str(AUDIO_DIR / f"{name}.flac"), sr=16000)
+            assert np.array_equal(from_flac, load_audio(str(path), sr=16000)), "FLAC != WAV"
         wav = load_audio(str(path), sr=16000)
         feats = extractor([wav], return_attention_mask=True)
         mel = np.asarray(feats["input_features"][0], dtype=np.float32)

@@ -61,6 +61,16 @@ fn decoded_16k_waveforms_match_the_reference() {
 }
 
 #[test]
+fn flac_decodes_to_the_same_samples_as_wav() {
+    // goldens/audio/short-16k-mono.flac holds the WAV's PCM (the script checks the reference
+    // decodes both alike).
+    let flac = std::fs::read(goldens().join("audio/short-16k-mono.flac")).unwrap();
+    let got = audio::load_clip(&flac, None).unwrap();
+    let want = to_f32(&golden_tensors()["short-16k-mono.waveform"]);
+    assert_eq!(got, want);
+}
+
+#[test]
 fn log_mel_features_match_the_reference_extractor() {
     let g = golden_tensors();
     let frontend = MelFrontend::new(MelConfig::default()).unwrap();
@@ -189,6 +199,11 @@ fn the_pipeline_prepares_expands_and_splices_two_clips() {
     assert!(out[..2 * d].iter().all(|&v| v == 1.0), "text positions untouched");
     // Placeholders and clips must agree.
     assert!(audio.expand_prompt(&[2, t.audio_token_id, 106], &clips).is_err());
+    // The contiguous span a seam splices equals the wrapped rows (14 tokens over 13 rows).
+    let span = to_f32(&clips[1].span_embeddings().unwrap());
+    assert_eq!(span.len(), 14 * d);
+    assert_eq!(&span[..], &out[s0 * d..(s0 + 14) * d]);
+    assert_eq!(&span[13 * d..], &span[..d], "token 14 takes row 0");
 }
 
 /// goldens/audio_lm.json: mlx-vlm's gemma4 `Model` (models/gemma4_text + this tower) on an

@@ -597,6 +597,17 @@ pub struct AudioClip {
     pub seconds: f64,
 }
 
+impl AudioClip {
+    /// `[soft_tokens, text_hidden]`: what the clip's `soft_tokens` positions receive, in order
+    /// (row i is the tower's row `i % rows`, the reference's wrap-around), for a seam that
+    /// splices one contiguous span per clip.
+    pub fn span_embeddings(&self) -> Result<Array> {
+        let rows = self.soft.dim(0);
+        let idx: Vec<i32> = (0..self.soft_tokens as i32).map(|i| i % rows).collect();
+        Ok(take_axis(&self.soft, Array::from_slice(&idx, &[idx.len() as i32]), 0)?)
+    }
+}
+
 /// Everything audio input needs for one Gemma 4 checkpoint: the frontend (with the
 /// checkpoint's extractor settings), the tower and the token rule. The seam for the engine:
 /// `expand_prompt` gives the prompt ids, `splice` puts the clips into its token embeddings
