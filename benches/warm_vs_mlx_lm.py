@@ -37,6 +37,7 @@ import time
 import mlx.core as mx
 import mlx_lm
 from mlx_lm.generate import BatchGenerator
+from mlx_lm.sample_utils import make_sampler
 from mlx_lm.utils import load_model
 
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -117,10 +118,11 @@ def random_prompts(seed, count, length, vocab):
     return out
 
 
-def mlx_lm_once(model, prompts, gen, prefill_step_size):
+def mlx_lm_once(model, prompts, gen, prefill_step_size, temp=0.0, top_p=1.0):
     batch = len(prompts)
+    sampler = make_sampler(temp=temp, top_p=top_p) if temp > 0 else None
     g = BatchGenerator(model, max_tokens=gen, stop_tokens=[], completion_batch_size=batch,
-                       prefill_batch_size=batch, prefill_step_size=prefill_step_size)
+                       prefill_batch_size=batch, prefill_step_size=prefill_step_size, sampler=sampler)
     start = time.perf_counter()
     uids = g.insert(prompts, [gen] * batch)
     first = {}
@@ -142,26 +144,36 @@ def mlx_lm_once(model, prompts, gen, prefill_step_size):
     }
 
 
-def mlx_lm_bench(model_dir, batches, prompt_len, gen, runs, seed, prefill_step_size):
+def mlx_lm_bench(model_dir, batches, prompt_len, gen, runs, seed, prefill_step_size, temp=0.0, top_p=1.0):
     model, config = load_model(pathlib.Path(model_dir))
     mx.eval(model.parameters())
     vocab = config["vocab_size"]
     results = []
     for b in batches:
         prompts = random_prompts(seed, b, prompt_len, vocab)
-        mlx_lm_once(model, prompts, 4, prefill_step_size)  # warm-up
-        samples = [mlx_lm_once(model, prompts, gen, prefill_step_size) for _ in range(runs)]
+        mlx_lm_once(model, prompts, 4, prefill_step_size, temp, top_p)  # warm-up
+        samples = [mlx_lm_once(model, prompts, gen, prefill_step_size, temp, top_p) for _ in range(runs)]
         results.append({"batch": b, **{k: statistics.median(s[k] for s in samples) for k in samples[0]},
                         "samples": samples})
     return results
 
 
-def weft_bench(weft, model, batches, prompt_len, gen, runs, seed, prefill_step_size):
+def weft_bench(weft, model, batches, prompt_len, gen, runs, seed, prefill_step_size, temp=0.0, top_p=1.0):
     cmd = [weft, "bench", "--model", str(model), "--batch", ",".join(map(str, batches)),
            "--prompt-len", str(prompt_len), "--gen", str(gen), "--runs", str(runs),
            "--seed", str(seed), "--prefill-step-size", str(prefill_step_size), "--json"]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    rows = json.loads(out)["results"]
+    if temp > 0:
+        # Every row sampled, as mlx-lm's shared sampler does; `--sampled` counts rows of a batch.
+        rows = []
+        for b in batches:
+            one = cmd[:]
+            one[one.index("--batch") + 1] = str(b)
+            one += ["--sampled", str(b), "--temp", str(temp), "--top-p", str(top_p)]
+            rows += json.loads(subprocess.run(one, check=True, capture_output=True, text=True).stdout)["results"]
+        cmd = cmd + ["--sampled", "B", "--temp", str(temp), "--top-p", str(top_p)]
+    else:
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        rows = json.loads(out)["results"]
     for r in rows:
         r["ttft_p50_ms"] = r.get("ttft_p50_ms", r["ttft_ms"])
     return rows, cmd
@@ -186,6 +198,9 @@ def main():
                          "of the per-round medians (use 3 on a busy machine)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--prefill-step-size", type=int, default=2048)
+    ap.add_argument("--temp", type=float, default=0.0,
+                    help="sample every row at this temperature (0 = greedy); Weft needs `weft bench --sampled`")
+    ap.add_argument("--top-p", type=float, default=1.0, help="nucleus threshold of sampled rows")
     ap.add_argument("--out", default="warm_vs_mlx_lm.json", help="JSON output file")
     a = ap.parse_args()
     if a.make_model:
@@ -202,8 +217,9 @@ def main():
     rounds = []
     for i in range(max(a.rounds, 1)):
         run_weft = lambda: weft_bench(a.weft, a.weft_model or model_dir, batches, a.prompt_len, a.gen, a.runs,
-                                      a.seed, a.prefill_step_size)
-        run_mlx = lambda: mlx_lm_bench(model_dir, batches, a.prompt_len, a.gen, a.runs, a.seed, a.prefill_step_size)
+                                      a.seed, a.prefill_step_size, a.temp, a.top_p)
+        run_mlx = lambda: mlx_lm_bench(model_dir, batches, a.prompt_len, a.gen, a.runs, a.seed, a.prefill_step_size,
+                                       a.temp, a.top_p)
         if i % 2 == 0:
             (ours, cmd), theirs = run_weft(), run_mlx()
         else:
@@ -218,7 +234,7 @@ def main():
         rows.append({"batch": b, "weft": w, "mlx_lm": m, "ratio": ratio})
     doc = {"model": str(model_dir), "weft_model": str(a.weft_model or model_dir), "make_model": a.make_model,
            "prompt_len": a.prompt_len, "gen": a.gen, "runs": a.runs, "seed": a.seed,
-           "prefill_step_size": a.prefill_step_size, "weft_command": cmd, "argv": sys.argv,
+           "prefill_step_size": a.prefill_step_size, "temp": a.temp, "top_p": a.top_p, "weft_command": cmd, "argv": sys.argv,
            "mlx_version": mx.__version__, "mlx_lm_version": mlx_lm.__version__,
            "machine": platform.platform(), "cpus": os.cpu_count(), "started": started,
            "loadavg_start": load_start, "loadavg_end": os.getloadavg(), "rows": rows, "rounds": rounds}
