@@ -236,6 +236,18 @@ def main():
             "tower_frames": int(enc.shape[1]),
             "soft_tokens": int(n),
         }
+    # The real checkpoints keep the tower in bfloat16: the same weights cast to bfloat16 (as a
+    # bf16 checkpoint would hold them), float32 features in, as mlx-vlm runs it.
+    tower16 = AudioEncoder(cfg)
+    tower16.load_weights([(k, v.astype(mx.bfloat16)) for k, v in tower_params.items()])
+    embed16 = MultimodalEmbedder(cfg.output_proj_dims, TEXT_HIDDEN, eps=cfg.rms_norm_eps)
+    embed16.load_weights([(k, v.astype(mx.bfloat16)) for k, v in embed_params.items()])
+    name = "tones-16k-mono"
+    mel = golden[f"{name}.mel"][None]
+    enc16, _ = tower16(mel, (golden[f"{name}.mel_mask"] == 0)[None])
+    emb16 = embed16(enc16)
+    golden[f"bf16.{name}.tower"] = enc16[0]
+    golden[f"bf16.{name}.embeddings"] = emb16[0]
     mx.save_safetensors(str(AUDIO_DIR / "golden.safetensors"), golden, metadata={"format": "mlx"})
     (HERE / "audio.json").write_text(json.dumps(meta, indent=2) + "\n")
     print(json.dumps(meta, indent=2))

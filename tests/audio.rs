@@ -149,6 +149,30 @@ fn tower_and_embedder_match_mlx_vlm_on_the_reference_features() {
 }
 
 #[test]
+fn bfloat16_tower_matches_mlx_vlm() {
+    // The released checkpoints keep the tower in bfloat16; the golden casts these weights.
+    let dir = goldens().join("models/gemma4-audio");
+    let tensors: HashMap<String, Array> = Array::load_safetensors(dir.join("model.safetensors"))
+        .unwrap()
+        .into_iter()
+        .map(|(k, v)| (k, v.as_dtype(mlx_rs::Dtype::Bfloat16).unwrap()))
+        .collect();
+    let cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let audio_cfg = serde_json::from_value(cfg["audio_config"].clone()).unwrap();
+    let mut w = weft::nn::Weights::new(tensors, None);
+    let tower = Gemma4AudioTower::from_weights(&mut w, audio_cfg, 64).unwrap();
+    w.finish().unwrap();
+    let g = golden_tensors();
+    let name = "tones-16k-mono";
+    let mask: Vec<bool> = g[&format!("{name}.mel_mask")].as_slice::<u8>().iter().map(|&m| m == 0).collect();
+    let enc = tower.encode(&g[&format!("{name}.mel")].expand_dims(0).unwrap(), &[mask]).unwrap();
+    let (dt, _) = max_abs_diff(&to_f32(&enc.tower.index(0)), &to_f32(&g[&format!("bf16.{name}.tower")]));
+    let (de, _) = max_abs_diff(&to_f32(&enc.embeddings.index(0)), &to_f32(&g[&format!("bf16.{name}.embeddings")]));
+    eprintln!("bf16 {name}: tower max |diff| {dt:e}, embeddings {de:e}");
+    assert!(dt == 0.0 && de == 0.0, "bf16 tower {dt}, embeddings {de}");
+}
+
+#[test]
 fn audio_bytes_to_spliced_soft_tokens_end_to_end() {
     let g = golden_tensors();
     let m = meta();

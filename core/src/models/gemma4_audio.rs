@@ -82,9 +82,10 @@ fn silu(x: &Array) -> Result<Array> {
     Ok(x.multiply(sigmoid(x)?)?)
 }
 
-/// `mx.clip(x, -g, g)`: the tower's "gradient clipping" of activations.
+/// `mx.clip(x, -g, g)`: the tower's "gradient clipping" of activations (bounds in x's dtype,
+/// as Python scalars are).
 fn clip_g(x: &Array, g: f32) -> Result<Array> {
-    Ok(clip(x, (-g, g))?)
+    Ok(clip(x, (&scalar(-g, x)?, &scalar(g, x)?))?)
 }
 
 /// Linear with the input and output clamped to checkpoint ranges (mlx-vlm `ClippableLinear`);
@@ -316,7 +317,8 @@ impl ChunkedAttention {
         let q_scale = ((self.head_dim as f64).powf(-0.5) / std::f64::consts::LN_2) as f32;
         let k_scale = ((1.0 + std::f64::consts::E).ln() / std::f64::consts::LN_2) as f32;
         let per_dim = logaddexp(&self.per_dim_scale, Array::from_int(0))?; // nn.softplus
-        let q = q.multiply(Array::from_f32(q_scale).multiply(&per_dim)?)?;
+        // `q_scale * softplus(per_dim_scale)` in the weight's dtype (a weak Python scalar).
+        let q = q.multiply(scalar(q_scale, &per_dim)?.multiply(&per_dim)?)?;
         let k = k.multiply(Array::from_f32(k_scale))?;
 
         let q_blocks = self.to_blocks(&q)?;
