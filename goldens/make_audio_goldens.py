@@ -236,6 +236,23 @@ def main():
             "tower_frames": int(enc.shape[1]),
             "soft_tokens": int(n),
         }
+    # A batch of two clips as mlx-vlm's extractor pads them (to the longer one): the shorter
+    # clip's features are its own frames then masked zero frames (checked), so only the tower
+    # outputs are stored; the test builds the batch from the single-clip mels.
+    pair = ["tones-16k-mono", "short-16k-mono"]
+    feats = extractor([np.asarray(golden[f"{n}.waveform"]) for n in pair], return_attention_mask=True)
+    bmel = mx.array(np.stack(feats["input_features"]))
+    bmask = mx.array(np.stack(feats["input_features_mask"]))
+    for i, n in enumerate(pair):
+        frames = golden[f"{n}.mel"].shape[0]
+        assert mx.array_equal(bmel[i, :frames], golden[f"{n}.mel"]).item()
+        assert not bmel[i, frames:].any().item() and not bmask[i, frames:].any().item()
+    benc, bmask_out = tower(bmel, ~bmask)
+    golden["batch.tower"] = benc
+    golden["batch.tower_mask"] = bmask_out.astype(mx.uint8)
+    golden["batch.embeddings"] = embedder(benc)
+    meta["batch"] = {"clips": pair, "note": "batch.* in golden.safetensors: the two clips "
+                     "through the tower as one padded batch (the extractor's padding)"}
     # The real checkpoints keep the tower in bfloat16: the same weights cast to bfloat16 (as a
     # bf16 checkpoint would hold them), float32 features in, as mlx-vlm runs it.
     tower16 = AudioEncoder(cfg)

@@ -149,6 +149,36 @@ fn tower_and_embedder_match_mlx_vlm_on_the_reference_features() {
 }
 
 #[test]
+fn a_padded_batch_of_two_clips_matches_mlx_vlm_and_each_single_clip() {
+    let g = golden_tensors();
+    let tower = tower();
+    let pair = ["tones-16k-mono", "short-16k-mono"];
+    let frames = g[&format!("{}.mel", pair[0])].dim(0) as usize;
+    // The extractor's batch: the shorter clip's frames, then masked zero frames.
+    let (mut data, mut invalid) = (Vec::new(), Vec::new());
+    for name in pair {
+        let mel = to_f32(&g[&format!("{name}.mel")]);
+        let mask: Vec<bool> = g[&format!("{name}.mel_mask")].as_slice::<u8>().iter().map(|&m| m == 0).collect();
+        let own = mask.len();
+        data.extend_from_slice(&mel);
+        data.extend(std::iter::repeat_n(0f32, (frames - own) * 128));
+        invalid.push(mask.into_iter().chain(std::iter::repeat_n(true, frames - own)).collect::<Vec<_>>());
+    }
+    let features = Array::from_slice(&data, &[2, frames as i32, 128]);
+    let enc = tower.encode(&features, &invalid).unwrap();
+    let want_mask: Vec<bool> = g["batch.tower_mask"].as_slice::<u8>().iter().map(|&m| m != 0).collect();
+    assert_eq!(enc.invalid.concat(), want_mask);
+    assert_eq!(to_f32(&enc.tower), to_f32(&g["batch.tower"]), "batched tower");
+    assert_eq!(to_f32(&enc.embeddings), to_f32(&g["batch.embeddings"]), "batched embeddings");
+    // Each row's valid frames equal that clip run alone.
+    for (b, name) in pair.iter().enumerate() {
+        let single = to_f32(&g[&format!("{name}.embeddings")]);
+        let row = to_f32(&enc.embeddings.index(b as i32));
+        assert_eq!(&row[..single.len()], &single[..], "{name}");
+    }
+}
+
+#[test]
 fn bfloat16_tower_matches_mlx_vlm() {
     // The released checkpoints keep the tower in bfloat16; the golden casts these weights.
     let dir = goldens().join("models/gemma4-audio");
