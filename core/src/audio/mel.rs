@@ -136,8 +136,10 @@ pub struct MelFrontend {
     hop_length: usize,
     fft_length: usize,
     window: Vec<f32>,
-    /// `(fft_length / 2 + 1) x feature_size`, row-major.
-    filters: Vec<f64>,
+    /// Per mel bin: the first FFT bin its triangle covers and its weights from there (the
+    /// filter bank is `(fft_length / 2 + 1) x feature_size` but each column is mostly zero).
+    filters: Vec<(usize, Vec<f64>)>,
+    twiddles: Vec<(f64, f64)>,
 }
 
 /// numpy's `linspace(start, stop, num)`: `i * step + start`, the last point exactly `stop`.
@@ -156,8 +158,9 @@ fn mel_to_hz(m: f64) -> f64 {
     700.0 * (10f64.powf(m / 2595.0) - 1.0)
 }
 
-/// In-place iterative radix-2 complex FFT (`re.len()` a power of two).
-fn fft(re: &mut [f64], im: &mut [f64]) {
+/// In-place iterative radix-2 complex FFT (`re.len()` a power of two); `twiddles[k]` =
+/// `(cos, sin)(-2 pi k / n)` for `k < n / 2`.
+fn fft(re: &mut [f64], im: &mut [f64], twiddles: &[(f64, f64)]) {
     let n = re.len();
     let mut j = 0;
     for i in 1..n {
@@ -174,10 +177,10 @@ fn fft(re: &mut [f64], im: &mut [f64]) {
     }
     let mut len = 2;
     while len <= n {
-        let ang = -2.0 * std::f64::consts::PI / len as f64;
+        let stride = n / len;
         for start in (0..n).step_by(len) {
             for k in 0..len / 2 {
-                let (s, c) = (ang * k as f64).sin_cos();
+                let (c, s) = twiddles[k * stride];
                 let (a, b) = (start + k, start + k + len / 2);
                 let tr = re[b] * c - im[b] * s;
                 let ti = re[b] * s + im[b] * c;
@@ -189,6 +192,15 @@ fn fft(re: &mut [f64], im: &mut [f64]) {
         }
         len <<= 1;
     }
+}
+
+fn twiddles(n: usize) -> Vec<(f64, f64)> {
+    (0..n / 2)
+        .map(|k| {
+            let (s, c) = (-2.0 * std::f64::consts::PI * k as f64 / n as f64).sin_cos();
+            (c, s)
+        })
+        .collect()
 }
 
 impl MelFrontend {
@@ -213,15 +225,23 @@ impl MelFrontend {
         let fft_freqs = linspace(0.0, (cfg.sampling_rate / 2) as f64, n_freq);
         let mel_freqs = linspace(hz_to_mel(cfg.min_frequency), hz_to_mel(cfg.max_frequency), cfg.feature_size + 2);
         let filter_freqs: Vec<f64> = mel_freqs.iter().map(|&m| mel_to_hz(m)).collect();
-        let mut filters = vec![0f64; n_freq * cfg.feature_size];
-        for (f, &freq) in fft_freqs.iter().enumerate() {
-            for m in 0..cfg.feature_size {
-                let down = -(filter_freqs[m] - freq) / (filter_freqs[m + 1] - filter_freqs[m]);
-                let up = (filter_freqs[m + 2] - freq) / (filter_freqs[m + 2] - filter_freqs[m + 1]);
-                filters[f * cfg.feature_size + m] = 0f64.max(down.min(up));
-            }
-        }
-        Ok(MelFrontend { cfg, frame_length, hop_length, fft_length, window, filters })
+        let filters = (0..cfg.feature_size)
+            .map(|m| {
+                let column: Vec<f64> = fft_freqs
+                    .iter()
+                    .map(|&freq| {
+                        let down = -(filter_freqs[m] - freq) / (filter_freqs[m + 1] - filter_freqs[m]);
+                        let up = (filter_freqs[m + 2] - freq) / (filter_freqs[m + 2] - filter_freqs[m + 1]);
+                        0f64.max(down.min(up))
+                    })
+                    .collect();
+                let first = column.iter().position(|&v| v != 0.0).unwrap_or(0);
+                let last = column.iter().rposition(|&v| v != 0.0).map_or(0, |l| l + 1);
+                (first, column[first..last.max(first)].to_vec())
+            })
+            .collect();
+        let twiddles = twiddles(fft_length);
+        Ok(MelFrontend { cfg, frame_length, hop_length, fft_length, window, filters, twiddles })
     }
 
     pub fn config(&self) -> &MelConfig {
@@ -277,7 +297,7 @@ impl MelFrontend {
                 };
                 re[n] = (x * self.window[n]) as f64;
             }
-            fft(&mut re, &mut im);
+            fft(&mut re, &mut im, &self.twiddles);
             for (k, m) in mag.iter_mut().enumerate() {
                 *m = (re[k] * re[k] + im[k] * im[k]).sqrt();
             }
@@ -289,10 +309,8 @@ impl MelFrontend {
             }
             let row = &mut data[t * bins..(t + 1) * bins];
             for (m, out) in row.iter_mut().enumerate() {
-                let mut acc = 0f64;
-                for (k, &mk) in mag.iter().enumerate() {
-                    acc += mk * self.filters[k * bins + m];
-                }
+                let (first, weights) = &self.filters[m];
+                let acc: f64 = weights.iter().zip(&mag[*first..]).map(|(w, v)| w * v).sum();
                 let mut v = (acc + c.mel_floor).ln();
                 if let Some(mean) = &c.per_bin_mean {
                     v -= mean[m];
@@ -316,7 +334,7 @@ mod tests {
         let n = 16;
         let x: Vec<f64> = (0..n).map(|i| ((i * 7 % 5) as f64) - 1.5).collect();
         let (mut re, mut im) = (x.clone(), vec![0.0; n]);
-        fft(&mut re, &mut im);
+        fft(&mut re, &mut im, &twiddles(n));
         for k in 0..n {
             let (mut r, mut i) = (0.0, 0.0);
             for (t, &v) in x.iter().enumerate() {
