@@ -277,6 +277,66 @@ fn audio_prompt_ids_match_the_end_to_end_golden() {
     assert_eq!(audio.expand_prompt(&ids, &[clip]).unwrap(), want);
 }
 
+/// Greedy decoding of `ids` with one clip's soft tokens as mlx-vlm's `generate_step` runs it:
+/// the prompt but its last position in one forward (soft tokens spliced), the last position
+/// alone, then one token at a time. Returns the tokens and the first step's logprobs.
+fn greedy_with_audio(model: &dyn weft::models::LanguageModel, ids: &[u32], col: usize, soft: &Array, steps: usize) -> (Vec<u32>, Vec<f32>) {
+    use weft::language_model::{PromptMedia, SoftTokens};
+    let as_i32 = |v: &[u32]| Array::from_slice(&v.iter().map(|&t| t as i32).collect::<Vec<_>>(), &[1, v.len() as i32]);
+    let mut caches = model.make_caches();
+    let media = PromptMedia { rows: vec![true], soft: vec![SoftTokens { row: 0, col, embeddings: soft.clone() }] };
+    let (head, last) = ids.split_at(ids.len() - 1);
+    model.forward_with_media(&as_i32(head), &media, &mut caches).unwrap().eval().unwrap();
+    let mut logits = model.forward(&as_i32(last), &mut caches).unwrap();
+    let (mut tokens, mut first) = (Vec::new(), Vec::new());
+    for step in 0..steps {
+        let row = logits.index((0, -1));
+        let lse = mlx_rs::ops::logsumexp_axis(&row, -1, true).unwrap();
+        let logprobs = row.subtract(&lse).unwrap();
+        let next = mlx_rs::ops::indexing::argmax_axis(&logprobs, -1, None).unwrap().item_cast::<u32>();
+        if step == 0 {
+            first = to_f32(&logprobs);
+        }
+        tokens.push(next);
+        logits = model.forward(&as_i32(&[next]), &mut caches).unwrap();
+    }
+    (tokens, first)
+}
+
+/// End to end against goldens/audio_lm.json (mlx-vlm's gemma4 Model: models/gemma4_text +
+/// this tower, `generate_step` on an audio prompt) through the embeddings seam's
+/// `forward_with_media`: the reference's soft tokens give bit-equal first logprobs; the
+/// clip run through Weft's own decode + frontend + tower gives the same greedy tokens.
+#[test]
+fn greedy_tokens_of_an_audio_prompt_match_mlx_vlm() {
+    let lm: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(goldens().join("audio_lm.json")).unwrap()).unwrap();
+    let loaded = weft::loading::load(&goldens().join(lm["text_model"].as_str().unwrap())).unwrap();
+    let ids: Vec<u32> = serde_json::from_value(lm["prompt_ids"].clone()).unwrap();
+    let want: Vec<u32> = serde_json::from_value(lm["tokens"].clone()).unwrap();
+    let want_first: Vec<f32> = serde_json::from_value(lm["first_logprobs"].clone()).unwrap();
+    let audio_id = lm["audio_token_id"].as_u64().unwrap() as u32;
+    let col = ids.iter().position(|&t| t == audio_id).unwrap();
+    let n = lm["soft_tokens"].as_u64().unwrap() as i32;
+
+    // The reference's own embedder output (19 rows for 19 tokens).
+    let reference = golden_tensors()["tones-44k-stereo.embeddings"].index(..n);
+    let (tokens, first) = greedy_with_audio(loaded.model.as_ref(), &ids, col, &reference, want.len());
+    assert_eq!(tokens, want, "tokens from the reference's soft tokens");
+    let (d, _) = max_abs_diff(&first, &want_first);
+    assert_eq!(d, 0.0, "first logprobs differ by {d}");
+
+    // All in Weft: bytes -> soft tokens -> the same tokens.
+    let mut audio = Gemma4Audio::load(&goldens().join(lm["audio_model"].as_str().unwrap())).unwrap();
+    audio.tokens.audio_token_id = audio_id;
+    let clip = audio.prepare_clip(&std::fs::read(goldens().join(lm["clip"].as_str().unwrap())).unwrap(), None).unwrap();
+    let (tokens, first) = greedy_with_audio(loaded.model.as_ref(), &ids, col, &clip.span_embeddings().unwrap(), want.len());
+    assert_eq!(tokens, want, "tokens from Weft's own audio pipeline");
+    let (d, _) = max_abs_diff(&first, &want_first);
+    assert!(d < 1e-4, "first logprobs differ by {d}");
+    eprintln!("audio prompt: Weft pipeline first logprobs max |diff| {d:e}");
+}
+
 #[test]
 fn tower_rejects_features_of_the_wrong_shape() {
     let tower = tower();

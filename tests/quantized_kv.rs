@@ -82,6 +82,7 @@ fn greedy(prompt: Vec<u32>, max_tokens: usize, capture: usize) -> Request {
         logprobs: None,
         tools: None,
         constraint: None,
+        images: Vec::new(),
     }
 }
 

@@ -143,6 +143,7 @@ fn run_once(engine: &mut Collector, args: &BenchArgs, batch: usize, gen: usize, 
             logprobs: None,
             tools: None,
             constraint: (i < args.constrained).then(|| bench_constraint(&args.constraint)),
+            images: Vec::new(),
         })?;
     }
     let mut peak_kv = 0u64;

@@ -157,6 +157,7 @@ fn run_rows(args: GenerateArgs, loaded: weft::loading::LoadedModel, opts: Genera
             logprobs: None,
             tools: None,
             constraint: None,
+            images: Vec::new(),
         })?;
     }
     engine.run_to_completion();

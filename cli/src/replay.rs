@@ -102,6 +102,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
                 logprobs: None,
                 tools: None,
                 constraint: None,
+                images: Vec::new(),
             };
             engine.submit(req).map_err(|e| Error::InvalidRequest(format!("row {:?}: {e}", ins.id)))?;
             ids.push(ins.id.clone());

@@ -69,6 +69,7 @@ pub const REQUEST_FIELDS: &[&str] = &[
     "prompt",
     "messages",
     "prompt_ids",
+    "images",
     "max_tokens",
     "temperature",
     "top_p",
@@ -332,7 +333,39 @@ pub fn parse_request(v: &Value, spelling: Spelling) -> Result<Request> {
         )));
     }
     req.constraint = parse_constraint_fields(&f)?;
+    req.images = parse_images(&f)?;
     Ok(req)
+}
+
+/// `images`: encoded image files in prompt order, each a string (a `data:` URL or a local
+/// file path; remote URLs are refused) or `{ "base64": "..." }`.
+fn parse_images(f: &Fields) -> Result<Vec<Vec<u8>>> {
+    let Some(v) = f.get("images") else { return Ok(Vec::new()) };
+    let items = v.as_array().ok_or_else(|| f.err("images", "an array of images", v))?;
+    let max = crate::vision::source::MAX_IMAGES;
+    if items.len() > max {
+        return Err(invalid(format!("{}: {} images, at most {max} per request", f.name("images"), items.len())));
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let at = format!("{}[{i}]", f.name("images"));
+            let bytes = match item {
+                Value::String(s) => crate::vision::source::image_from_url(s),
+                Value::Object(m) if m.len() == 1 && m.get("base64").is_some_and(Value::is_string) => {
+                    crate::vision::source::base64_bytes(m["base64"].as_str().unwrap())
+                }
+                other => {
+                    return Err(invalid(format!(
+                        "{at} must be a data: URL or file path string, or {{ \"base64\": string }}, got {}",
+                        show(other)
+                    )))
+                }
+            };
+            bytes.map_err(|e| invalid(format!("{at}: {}", e.to_string().trim_start_matches("invalid request: "))))
+        })
+        .collect()
 }
 
 /// Constraint fields of a request object by the contract's rules, other keys ignored: for
@@ -920,5 +953,22 @@ mod tests {
         has(&opt_err(json!({"maxBatch": 0}), Camel), "maxBatch must be an integer in [1, 4096], got 0");
         has(&opt_err(json!({"modle": "m"}), Camel), "unknown field \"modle\" (did you mean model?)");
         has(&opt_err(json!({"memoryLimitBytes": 0}), Camel), "memoryLimitBytes must be an integer >= 1, got 0");
+    }
+
+    #[test]
+    fn images_are_bytes_paths_or_data_urls() {
+        let r = req(json!({"prompt_ids": [1], "images": [{"base64": "iVBORw=="}, "data:image/png;base64,iVBORw=="]}));
+        assert_eq!(r.images, vec![vec![0x89, 0x50, 0x4e, 0x47]; 2]);
+        assert!(req(json!({"prompt": "a", "images": null})).images.is_empty());
+        for (v, needle) in [
+            (json!({"prompt": "a", "images": "x.png"}), "images must be an array of images"),
+            (json!({"prompt": "a", "images": [3]}), "images[0] must be a data: URL or file path string"),
+            (json!({"prompt": "a", "images": ["https://x/y.png"]}), "images[0]: image: remote URLs are not fetched"),
+            (json!({"prompt": "a", "images": [{"base64": "%%"}]}), "images[0]: image: invalid base64"),
+        ] {
+            has(&req_err(v, Spelling::Snake), needle);
+        }
+        let many: Vec<Value> = (0..17).map(|_| json!({"base64": "iVBORw=="})).collect();
+        has(&req_err(json!({"prompt": "a", "images": many}), Spelling::Snake), "at most 16 per request");
     }
 }

@@ -5,7 +5,26 @@
 use mlx_rs::{Array, Dtype};
 
 use crate::cache::KvCache;
-use crate::Result;
+use crate::vision::VisionTower;
+use crate::{Error, Result};
+
+/// Soft tokens for one forward (the embeddings seam): row `row` of the `[B, L]` input takes
+/// `embeddings` (`[n, hidden]`, as the model's tower returns them) over its token embeddings
+/// at columns `col..col + n`.
+pub struct SoftTokens {
+    pub row: usize,
+    pub col: usize,
+    pub embeddings: Array,
+}
+
+/// The media of one forward over `[B, L]` token ids.
+pub struct PromptMedia {
+    /// Per row: whether that row's prompt carries media at all (a model may embed the row's
+    /// other tokens differently then: Gemma 3 embeds pad ids as zeros, as mlx-vlm does).
+    pub rows: Vec<bool>,
+    /// Soft tokens within this forward's columns.
+    pub soft: Vec<SoftTokens>,
+}
 
 /// Shape facts the engine needs without knowing the architecture (KV sizing, validation).
 #[derive(Debug, Clone)]
@@ -81,6 +100,15 @@ pub trait LanguageModel: Send {
     /// (dynamic NTK RoPE); such rows prefill one by one.
     fn batched_prefill(&self) -> bool {
         true
+    }
+    /// The vision tower, for a model that takes images.
+    fn vision(&self) -> Option<&dyn VisionTower> {
+        None
+    }
+    /// Like [`LanguageModel::forward`], with `media`'s soft tokens spliced over the token
+    /// embeddings (a causal forward like any other: the caches extend by `L`).
+    fn forward_with_media(&self, _tokens: &Array, _media: &PromptMedia, _caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
+        Err(Error::InvalidRequest(format!("this model ({}) takes no images or audio", self.info().model_type)))
     }
 }
 

@@ -25,6 +25,7 @@ pub mod sampling;
 pub mod stop;
 pub mod tokenizer;
 pub mod tools;
+pub mod vision;
 
 pub use error::{Error, ErrorCode, Result};
 

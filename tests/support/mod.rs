@@ -110,6 +110,7 @@ pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
         logprobs: None,
         tools: None,
         constraint: None,
+        images: Vec::new(),
     }
 }
 

@@ -21,6 +21,7 @@ use mlx_rs::{Array, Dtype};
 use super::batch::{InFlight, Removed, RunningBatch};
 use super::constrained::{self, PendingMasks};
 use super::faults::Faults;
+use super::media::{self, RowMedia};
 use super::prompt_cache::PromptCache;
 use super::row::{Parked, Prefilling, Row};
 use super::{RequestId, Submission};
@@ -151,10 +152,21 @@ impl Executor {
     }
 
     /// Starts a request: reuses a cached prefix if there is one, then queues its prefill.
-    pub fn admit(&mut self, sub: Submission, projected_kv_bytes: u64) {
+    pub fn admit(&mut self, mut sub: Submission, projected_kv_bytes: u64) {
+        let images = std::mem::take(&mut sub.images);
         let mut row = Row::new(sub, self.tokenizer.as_ref(), projected_kv_bytes);
+        if !images.is_empty() {
+            // The tower runs here, once per request, before the row's first chunk.
+            match RowMedia::encode(self.model.as_ref(), &images) {
+                Ok(media) => row.media = media,
+                Err(e) => return self.fail_row(row, format!("encoding the images failed: {e}")),
+            }
+            if let Some(spec) = self.model.vision().map(|v| v.spec()) {
+                row.cache_key = Some(media::cache_key(&row.prompt, &images, spec.tokens_per_image, spec.zeroed_token_id));
+            }
+        }
         let reuse = if self.prompt_cache.enabled() {
-            self.prompt_cache.lookup(&row.prompt, row.prompt.len() - 1)
+            self.prompt_cache.lookup(row.cache_prompt(), row.prompt.len() - 1)
         } else {
             None
         };
@@ -248,7 +260,12 @@ impl Executor {
                 }
                 let end = (p.done + budget).min(target);
                 let chunk = &p.row.prompt[p.done..end];
-                if let Err(e) = prefill_with(self.model.as_ref(), &mut p.caches, chunk, end - p.done, self.kv.as_ref()) {
+                let done = if p.row.media.is_empty() {
+                    prefill_with(self.model.as_ref(), &mut p.caches, chunk, end - p.done, self.kv.as_ref())
+                } else {
+                    self.prefill_media_chunk(&mut p, end)
+                };
+                if let Err(e) = done {
                     self.fail_row(p.row, format!("prefill failed: {e}"));
                     continue;
                 }
@@ -264,6 +281,17 @@ impl Executor {
             ready.push(p);
         }
         self.joining_batch(ready.into_iter().map(|p| (p.row, p.caches)).collect())
+    }
+
+    /// One solo prefill chunk of a row with images: positions `p.done..end`, soft tokens spliced.
+    fn prefill_media_chunk(&self, p: &mut Prefilling, end: usize) -> Result<()> {
+        let ids: Vec<i32> = p.row.prompt[p.done..end].iter().map(|&t| t as i32).collect();
+        let tokens = Array::from_slice(&ids, &[1, ids.len() as i32]);
+        let m = media::forward_media(&[&p.row.media], &[(p.done, end)]).expect("a row with media");
+        self.model.forward_with_media(&tokens, &m, &mut p.caches)?;
+        maybe_quantize(&mut p.caches, self.kv.as_ref())?;
+        let state: Vec<Array> = p.caches.iter().flat_map(|c| c.state()).collect();
+        Ok(eval(&state)?)
     }
 
     /// Batched prefill (mlx-lm `PromptProcessingBatch.prompt`): every waiting row (at most
@@ -284,6 +312,7 @@ impl Executor {
         let mut rows = Vec::with_capacity(todo.len());
         let mut row_caches = Vec::with_capacity(todo.len());
         let mut chunks = Vec::with_capacity(todo.len());
+        let ranges: Vec<(usize, usize)> = todo.iter().zip(&ends).map(|(p, &end)| (p.done, end)).collect();
         for (p, &end) in todo.into_iter().zip(&ends) {
             chunks.push(p.row.prompt[p.done..end].to_vec());
             rows.push(p.row);
@@ -311,7 +340,11 @@ impl Executor {
             }
             let tokens = Array::from_slice(&ids, &[chunks.len() as i32, width as i32]);
             caches.iter_mut().try_for_each(|c| c.prepare_right_padding(&right_padding))?;
-            self.model.forward(&tokens, &mut caches)?;
+            let row_media: Vec<&RowMedia> = rows.iter().map(|r| &r.media).collect();
+            match media::forward_media(&row_media, &ranges) {
+                None => self.model.forward(&tokens, &mut caches)?,
+                Some(m) => self.model.forward_with_media(&tokens, &m, &mut caches)?,
+            };
             self.prefill_forwards += 1;
             self.prefill_tokens += chunks.iter().map(|c| c.len() as u64).sum::<u64>();
             caches.iter_mut().try_for_each(|c| c.finalize_padding())?;
@@ -399,8 +432,16 @@ impl Executor {
         let result = (|| -> Result<Vec<(u32, Array, Array)>> {
             let last: Vec<u32> = joining.rows.iter().map(|r| *r.prompt.last().unwrap()).collect();
             let input = Array::from_slice(&last, &[last.len() as i32, 1]);
+            // Rows with images embed their last prompt token by the same rules as the rest.
+            let with_media = joining.rows.iter().any(|r| !r.media.is_empty());
+            let rows: Vec<bool> = joining.rows.iter().map(|r| !r.media.is_empty()).collect();
             let caches = joining.caches_mut()?;
-            let logits = last_position(&self.model.forward(&input, caches)?)?;
+            let logits = if with_media {
+                let m = crate::language_model::PromptMedia { rows, soft: Vec::new() };
+                last_position(&self.model.forward_with_media(&input, &m, caches)?)?
+            } else {
+                last_position(&self.model.forward(&input, caches)?)?
+            };
             maybe_quantize(caches, self.kv.as_ref())?;
             let per_row: Vec<(Array, Array)> = joining
                 .rows

@@ -14,6 +14,7 @@ mod core;
 mod events;
 mod executor;
 mod faults;
+mod media;
 mod memory;
 mod prompt_cache;
 mod row;
@@ -22,6 +23,7 @@ mod scheduler;
 pub use self::core::EngineCore;
 pub use events::EventSink;
 pub use faults::Faults;
+pub use media::PreparedImage;
 pub use memory::MemoryPolicy;
 pub use prompt_cache::PromptCache;
 pub use scheduler::Scheduler;
@@ -77,6 +79,11 @@ pub struct Request {
     /// What the output must match (JSON schema, regex, grammar, choice); `None` = free text.
     /// Checked at submit: a bad schema or grammar is refused there, naming the field.
     pub constraint: Option<Constraint>,
+    /// Encoded images (PNG / JPEG / WebP files), in prompt order, for a model with a vision
+    /// tower. Token-id prompts hold the model's image placeholder run for each
+    /// ([`crate::vision::ImageSpec`]); text prompts and messages hold its begin-of-image
+    /// marker, expanded here as the reference processor does.
+    pub images: Vec<Vec<u8>>,
 }
 
 impl Request {
@@ -91,6 +98,7 @@ impl Request {
             logprobs: None,
             tools: None,
             constraint: None,
+            images: Vec::new(),
         }
     }
 }
@@ -318,6 +326,8 @@ pub struct Submission {
     pub flow: Option<RowFlow>,
     /// The request's constraint, compiled for this model (from `request.constraint`).
     pub constraint: Option<RowConstraint>,
+    /// The request's images, preprocessed ([`attach_images`]).
+    pub images: Vec<PreparedImage>,
 }
 
 enum Command {
@@ -358,6 +368,8 @@ pub struct Engine {
     tokenizer: Option<Tokenizer>,
     info: ModelInfo,
     eos_token_ids: Vec<u32>,
+    /// The model's image contract, when it has a vision tower.
+    vision: Option<crate::vision::ImageSpec>,
     config: EngineConfig,
     next_id: AtomicU64,
 }
@@ -381,6 +393,7 @@ impl Engine {
         let tokenizer = model.tokenizer.clone();
         let info = model.model.info().clone();
         let eos_token_ids = model.eos_token_ids.clone();
+        let vision = model.model.vision().map(|v| v.spec().clone());
         let core_config = config.clone();
         let (shared_stats, shared_health) = (Arc::clone(&stats), Arc::clone(&health));
         let driver = std::thread::Builder::new()
@@ -395,6 +408,7 @@ impl Engine {
             tokenizer,
             info,
             eos_token_ids,
+            vision,
             config,
             next_id: AtomicU64::new(1),
         })
@@ -406,6 +420,11 @@ impl Engine {
 
     pub fn model_info(&self) -> &ModelInfo {
         &self.info
+    }
+
+    /// The model's image contract (`None`: a text-only model).
+    pub fn vision(&self) -> Option<&crate::vision::ImageSpec> {
+        self.vision.as_ref()
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -434,6 +453,7 @@ impl Engine {
         self.health.check()?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut sub = prepare(id, request, sink, self.tokenizer.as_ref(), &self.info, &self.eos_token_ids, &self.config)?;
+        attach_images(&mut sub, self.vision.as_ref(), self.tokenizer.as_ref(), &self.info)?;
         if let Some(flow) = &flow {
             *flow.inner.wake.lock() = Some(self.tx.clone());
         }
@@ -559,7 +579,89 @@ pub fn prepare(
         None => None,
     };
     let stop_token_ids = if request.ignore_eos { Vec::new() } else { eos_token_ids.to_vec() };
-    Ok(Submission { id, prompt, request, stop_token_ids, sink: EventSink::new(sink), flow: None, constraint })
+    Ok(Submission { id, prompt, request, stop_token_ids, sink: EventSink::new(sink), flow: None, constraint, images: Vec::new() })
+}
+
+/// Checks a prepared request's images against the model and preprocesses them (on the
+/// caller's thread): one placeholder run per image, at most `max_images`, decodable files.
+pub fn attach_images(
+    sub: &mut Submission,
+    vision: Option<&crate::vision::ImageSpec>,
+    tokenizer: Option<&Tokenizer>,
+    info: &ModelInfo,
+) -> Result<()> {
+    if sub.request.images.is_empty() {
+        return Ok(());
+    }
+    let spec = vision.ok_or_else(|| {
+        Error::InvalidRequest("images: this model has no vision tower (it takes text only)".into())
+    })?;
+    let n = sub.request.images.len();
+    if n > spec.max_images {
+        return Err(Error::InvalidRequest(format!("images: {n} images, at most {} per request", spec.max_images)));
+    }
+    if let Some(prompt) = expanded_text_prompt(&sub.request, spec, tokenizer)? {
+        crate::generate::validate_prompt_ids(info, &prompt)?;
+        sub.prompt = prompt;
+    }
+    let starts = crate::vision::image_spans(&sub.prompt, spec, n)?;
+    let p = &spec.processor;
+    sub.images = sub
+        .request
+        .images
+        .iter()
+        .zip(starts)
+        .enumerate()
+        .map(|(i, (bytes, start))| {
+            let pixels = p.process(bytes).map_err(|e| Error::InvalidRequest(format!("images[{i}]: {e}")))?;
+            let hash = crate::vision::pixels_hash(&pixels);
+            Ok(PreparedImage { start, pixels, height: p.height, width: p.width, hash })
+        })
+        .collect::<Result<_>>()?;
+    Ok(())
+}
+
+/// A text prompt or conversation with images, re-tokenized the way the reference processor
+/// does it: each begin-of-image marker in the rendered text becomes
+/// `"\n\n" + marker + image token x tokens_per_image + end marker + "\n\n"` before encoding
+/// (mlx-vlm / transformers Gemma3Processor). `None` for token-id prompts (they carry their
+/// placeholder runs already).
+fn expanded_text_prompt(
+    request: &Request,
+    spec: &crate::vision::ImageSpec,
+    tokenizer: Option<&Tokenizer>,
+) -> Result<Option<Vec<u32>>> {
+    let (text, add_special) = match &request.input {
+        Input::Tokens(_) => return Ok(None),
+        Input::Prompt(text) => (text.clone(), true),
+        Input::Messages(messages) => {
+            if request.tools.is_some() {
+                return Err(Error::InvalidRequest("images together with tools are not supported yet".into()));
+            }
+            let tok = tokenizer.ok_or_else(|| Error::InvalidRequest("images in messages need a tokenizer".into()))?;
+            let template = tok
+                .chat_template()
+                .ok_or_else(|| Error::Tokenizer("this model has no chat template; pass a raw prompt".into()))?;
+            (template.render(messages, true)?, false)
+        }
+    };
+    let tok = tokenizer.ok_or_else(|| Error::InvalidRequest("a text prompt with images needs a tokenizer".into()))?;
+    let name = |id: Option<u32>, what: &str| {
+        id.and_then(|i| tok.id_to_token(i))
+            .ok_or_else(|| Error::Unsupported(format!("images: the tokenizer has no {what} token")))
+    };
+    let begin = name(spec.begin_token_id, "begin-of-image")?;
+    let end = name(spec.end_token_id, "end-of-image")?;
+    let image = name(Some(spec.image_token_id), "image")?;
+    let full = format!("\n\n{begin}{}{end}\n\n", image.repeat(spec.tokens_per_image));
+    let markers = text.matches(begin.as_str()).count();
+    if markers != request.images.len() {
+        return Err(Error::InvalidRequest(format!(
+            "images: the prompt has {markers} image marker(s) ({begin}) but {} image(s) were given",
+            request.images.len()
+        )));
+    }
+    Ok(Some(tok.encode(&text.replace(begin.as_str(), &full), add_special)?))
 }
 
 /// The driver thread: runs the core until shutdown. A panic inside a step fails the rows in

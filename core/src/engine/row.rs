@@ -4,6 +4,7 @@
 
 use mlx_rs::{Array, Dtype};
 
+use super::media::RowMedia;
 use super::{Event, EventSink, RequestId, RowFlow, StopCause, Submission, TokenLogprobs, Usage};
 use crate::cache::KvCache;
 use crate::constrain::RowConstraint;
@@ -71,6 +72,10 @@ pub(super) struct Row {
     /// The request's compiled constraint (`None`: free text). Taken out of the row while its
     /// next mask is computed ([`super::constrained`]).
     pub(super) constraint: Option<RowConstraint>,
+    /// Soft tokens of the prompt's images (empty: a text row).
+    pub(super) media: RowMedia,
+    /// The prompt as the prompt cache names it, when it has images ([`super::media::cache_key`]).
+    pub(super) cache_key: Option<Vec<u32>>,
 }
 
 impl Row {
@@ -170,14 +175,19 @@ impl Row {
 
     /// The tokens whose KV a cache of `len` positions holds for this row.
     pub(super) fn cached_sequence(&self, len: usize) -> Vec<u32> {
-        self.prompt.iter().chain(&self.generated).take(len).copied().collect()
+        self.cache_prompt().iter().chain(&self.generated).take(len).copied().collect()
+    }
+
+    /// The prompt as prompt-cache keys name it.
+    pub(super) fn cache_prompt(&self) -> &[u32] {
+        self.cache_key.as_deref().unwrap_or(&self.prompt)
     }
 }
 
 impl Row {
     /// The row of an admitted request.
     pub(super) fn new(sub: Submission, tokenizer: Option<&Tokenizer>, projected_kv_bytes: u64) -> Row {
-        let Submission { id, prompt, request, stop_token_ids, sink, flow, constraint } = sub;
+        let Submission { id, prompt, request, stop_token_ids, sink, flow, constraint, images: _ } = sub;
         let tool_parser = request.tools.as_ref().and_then(|t| t.parser());
         let tool_call_limit = request.tools.as_ref().and_then(|t| t.call_limit());
         let mut sampler = Sampler::new(request.sampling.clone());
@@ -204,6 +214,8 @@ impl Row {
             tool_call_limit,
             constraint,
             prompt,
+            media: RowMedia::default(),
+            cache_key: None,
         }
     }
 

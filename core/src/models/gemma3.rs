@@ -9,13 +9,18 @@
 //! - attention scale `query_pre_attn_scalar^-0.5`, embeddings scaled by `sqrt(hidden)` rounded
 //!   to bfloat16 (as mlx-lm does), GeGLU MLP with tanh-approximated GELU, tied embeddings
 //!   unless the checkpoint has `lm_head.weight`;
+//! - a `gemma3` checkpoint with a vision tower (mlx-vlm layout) loads it
+//!   ([`super::gemma3_vision`]); prompts with images then splice its soft tokens over the
+//!   image placeholders, embed pad ids as zeros, and attend causally (mlx-vlm generate_step);
 //! - `final_logit_softcapping` (`tanh(x / c) * c`) when configured. mlx-lm 0.32.2 ignores this
 //!   option; released Gemma 3 configs leave it null, so parity is unaffected.
 
+use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
 use serde_json::Value;
 
-use super::{ConfigReader, LanguageModel, ModelInfo, SlidingWindowLayers};
+use super::gemma3_vision::{self, Gemma3Vision};
+use super::{ConfigReader, LanguageModel, ModelInfo, PromptMedia, SlidingWindowLayers};
 use crate::cache::{KvCache, KvCacheSingle, RotatingKvCache};
 use crate::nn::{Attention, AttentionOptions, Embedding, Linear, Mlp, MlpActivation, RmsNorm, Rope, RopeContext, Weights};
 use crate::{Error, Result};
@@ -39,6 +44,9 @@ pub struct Gemma3 {
     window: i32,
     embed_scale: f32,
     final_softcap: Option<f32>,
+    vision: Option<Gemma3Vision>,
+    /// mlx-vlm zeroes this id's embeddings in prompts with images.
+    pad_token_id: u32,
 }
 
 /// The text part of a `gemma3` config: `text_config` with mlx-lm's defaults for vocab size
@@ -66,6 +74,9 @@ pub fn load(cfg: &ConfigReader, mut w: Weights, dtype: Dtype) -> Result<Gemma3> 
     let multimodal = cfg.req_str("model_type")? == "gemma3";
     let text = if multimodal { text_config(cfg)? } else { Value::Null };
     let tcfg = if multimodal { ConfigReader::new(&text) } else { ConfigReader::new(cfg.raw()) };
+    let top = cfg;
+    let with_vision = multimodal && gemma3_vision::present(cfg, &w);
+    let vision_weights = with_vision.then(|| w.split_prefixes(&["vision_tower.", "multi_modal_projector."]));
     if multimodal {
         // mlx-lm gemma3.sanitize: keep the language model, drop the vision parts.
         w.remove_prefix("vision_tower.");
@@ -181,7 +192,17 @@ pub fn load(cfg: &ConfigReader, mut w: Weights, dtype: Dtype) -> Result<Gemma3> 
     };
     // mlx-lm: h *= mx.array(hidden ** 0.5, bfloat16).astype(h.dtype)
     let embed_scale = (hidden as f64).sqrt() as f32;
-    Ok(Gemma3 { embed_tokens, layers, norm, lm_head, info, window, embed_scale, final_softcap })
+    let vision = match vision_weights {
+        Some(mut vw) => {
+            let mm_tokens = cfg.opt_i32("mm_tokens_per_image")?.unwrap_or(256);
+            let v = gemma3_vision::load(top, &mut vw, hidden, mm_tokens, dtype)?;
+            vw.finish()?;
+            Some(v)
+        }
+        None => None,
+    };
+    let pad_token_id = top.get("pad_token_id").and_then(|v| v.as_u64()).unwrap_or(0) as u32;
+    Ok(Gemma3 { embed_tokens, layers, norm, lm_head, info, window, embed_scale, final_softcap, vision, pad_token_id })
 }
 
 /// mlx-lm `clip_residual`: float16 sums are formed in float32 and clipped to float16's range.
@@ -194,12 +215,61 @@ fn residual(x: &Array, y: &Array) -> Result<Array> {
     Ok(mlx_rs::ops::clip(&sum, (&bound.negative()?, &bound))?.as_dtype(Dtype::Float16)?)
 }
 
-impl LanguageModel for Gemma3 {
-    fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
+impl Gemma3 {
+    /// mlx-vlm `prepare_inputs_for_multimodal`: rows with media embed pad ids as zeros; soft
+    /// tokens replace their columns (before the embedding scale, as there).
+    fn media_embeddings(&self, tokens: &Array, media: &PromptMedia) -> Result<Array> {
+        let h = self.embed_tokens.forward(tokens)?;
+        let (b, l, d) = (h.dim(0), h.dim(1), h.dim(2));
+        if media.rows.len() != b as usize {
+            return Err(Error::InvalidRequest(format!("media for {} rows, input has {b}", media.rows.len())));
+        }
+        let flags: Vec<bool> = media.rows.clone();
+        let rows_with = Array::from_slice(&flags, &[b, 1, 1]);
+        let pad = tokens.eq(&Array::from_int(self.pad_token_id as i32).as_dtype(tokens.dtype())?)?.expand_dims(-1)?;
+        let zero_pad = rows_with.logical_and(&pad)?;
+        let h = mlx_rs::ops::select(&zero_pad, &Array::from_f32(0.0).as_dtype(h.dtype())?, &h)?;
+        if media.soft.is_empty() {
+            return Ok(h);
+        }
+        let mut rows = Vec::with_capacity(b as usize);
+        for r in 0..b as usize {
+            let mut spans: Vec<_> = media.soft.iter().filter(|s| s.row == r).collect();
+            if spans.is_empty() {
+                rows.push(h.index(r as i32));
+                continue;
+            }
+            spans.sort_by_key(|s| s.col);
+            let row = h.index(r as i32);
+            let mut parts = Vec::new();
+            let mut at = 0i32;
+            for s in spans {
+                let (col, n) = (s.col as i32, s.embeddings.dim(0));
+                if col < at || col + n > l || s.embeddings.ndim() != 2 || s.embeddings.dim(1) != d {
+                    return Err(Error::InvalidRequest(format!(
+                        "soft tokens {:?} at column {col} do not fit row {r} of {l} x {d}",
+                        s.embeddings.shape()
+                    )));
+                }
+                if col > at {
+                    parts.push(row.index(at..col));
+                }
+                parts.push(s.embeddings.as_dtype(h.dtype())?);
+                at = col + n;
+            }
+            if at < l {
+                parts.push(row.index(at..l));
+            }
+            rows.push(mlx_rs::ops::concatenate(&parts, 0)?);
+        }
+        Ok(mlx_rs::ops::stack(&rows, 0)?)
+    }
+
+    /// The text model over token embeddings (not yet scaled).
+    fn forward_embeddings(&self, h: Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
         if caches.len() != self.layers.len() {
             return Err(Error::InvalidRequest(format!("{} caches for {} layers", caches.len(), self.layers.len())));
         }
-        let h = self.embed_tokens.forward(tokens)?;
         let scale = Array::from_f32(self.embed_scale).as_dtype(Dtype::Bfloat16)?.as_dtype(h.dtype())?;
         let mut h = h.multiply(&scale)?;
         let n = h.dim(1);
@@ -233,6 +303,23 @@ impl LanguageModel for Gemma3 {
                 Ok(mlx_rs::ops::tanh(&logits.divide(&c)?)?.multiply(&c)?)
             }
         }
+    }
+}
+
+impl LanguageModel for Gemma3 {
+    fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
+        self.forward_embeddings(self.embed_tokens.forward(tokens)?, caches)
+    }
+
+    fn vision(&self) -> Option<&dyn crate::vision::VisionTower> {
+        self.vision.as_ref().map(|v| v as &dyn crate::vision::VisionTower)
+    }
+
+    fn forward_with_media(&self, tokens: &Array, media: &PromptMedia, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
+        if self.vision.is_none() {
+            return Err(Error::InvalidRequest("this gemma3 checkpoint has no vision tower: it takes no images".into()));
+        }
+        self.forward_embeddings(self.media_embeddings(tokens, media)?, caches)
     }
 
     fn make_caches(&self) -> Vec<Box<dyn KvCache>> {

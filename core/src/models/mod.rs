@@ -3,6 +3,7 @@
 mod config;
 pub mod gemma2;
 pub mod gemma3;
+pub mod gemma3_vision;
 pub mod gemma4_audio;
 pub mod gemma4_text;
 pub mod granite;
@@ -18,7 +19,7 @@ pub mod qwen3_moe;
 pub mod smollm3;
 
 pub use config::ConfigReader;
-pub use crate::language_model::{LanguageModel, ModelInfo, SlidingWindowLayers};
+pub use crate::language_model::{LanguageModel, ModelInfo, PromptMedia, SlidingWindowLayers, SoftTokens};
 
 use mlx_rs::Dtype;
 

@@ -120,6 +120,15 @@ impl Weights {
         self.tensors.retain(|k, _| !k.starts_with(prefix));
     }
 
+    /// Moves every tensor under one of `prefixes` into a set of its own (a checkpoint's tower
+    /// loaded apart from its text model), with the same quantization config.
+    pub fn split_prefixes(&mut self, prefixes: &[&str]) -> Weights {
+        let names: Vec<String> =
+            self.tensors.keys().filter(|k| prefixes.iter().any(|p| k.starts_with(p))).cloned().collect();
+        let tensors = names.into_iter().map(|n| (n.clone(), self.tensors.remove(&n).unwrap())).collect();
+        Weights { tensors, quant: self.quant.clone(), ignorable: Vec::new() }
+    }
+
     pub fn remove(&mut self, name: &str) -> Option<Array> {
         self.tensors.remove(name)
     }

@@ -1,0 +1,88 @@
+//! Images in: preprocessing ([`preprocess`]), the SigLIP tower ([`siglip`]), and the
+//! [`VisionTower`] a multimodal model exposes through
+//! [`crate::language_model::LanguageModel::vision`]. A tower turns pixel values into soft
+//! tokens already in the text model's input-embedding space; the engine splices them over the
+//! image placeholder tokens of the prompt (see [`crate::language_model::PromptMedia`]).
+
+pub mod preprocess;
+pub mod siglip;
+pub mod source;
+
+use mlx_rs::Array;
+
+pub use preprocess::{ImageProcessor, Resample, Rgb8};
+
+use crate::Result;
+
+/// What a prompt with images must look like for this model, and how images are prepared.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImageSpec {
+    pub processor: ImageProcessor,
+    /// Placeholder id repeated `tokens_per_image` times per image in the prompt ids.
+    pub image_token_id: u32,
+    pub tokens_per_image: usize,
+    /// Tokens that open / close an image span (Gemma 3 `<start_of_image>` / `<end_of_image>`).
+    pub begin_token_id: Option<u32>,
+    pub end_token_id: Option<u32>,
+    /// A token the model embeds as zeros in prompts with images (Gemma 3's pad id, per
+    /// mlx-vlm), so such prompts' KV differs from a text prompt's at that token.
+    pub zeroed_token_id: Option<u32>,
+    /// Most images one request may carry.
+    pub max_images: usize,
+}
+
+/// A model's vision tower (with its projector).
+pub trait VisionTower: Send {
+    fn spec(&self) -> &ImageSpec;
+    /// `pixels`: `[N, height, width, 3]` f32 (channels last) → `[N, tokens_per_image, hidden]`
+    /// soft tokens, in the form the text model splices them (before its embedding scale).
+    fn encode(&self, pixels: &Array) -> Result<Array>;
+}
+
+/// A content hash of preprocessed pixels (FNV-1a over the f32 bits, 64-bit): prompt-cache keys
+/// put it in place of an image's placeholder ids, so two images never share cached KV.
+pub fn pixels_hash(pixels: &[f32]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for v in pixels {
+        for b in v.to_bits().to_le_bytes() {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// Positions of each image's placeholder run in `prompt`: `tokens_per_image` consecutive
+/// `image_token_id`s per image, in order. Errors name what does not match.
+pub fn image_spans(prompt: &[u32], spec: &ImageSpec, images: usize) -> Result<Vec<usize>> {
+    let mut starts = Vec::new();
+    let mut i = 0;
+    while i < prompt.len() {
+        if prompt[i] != spec.image_token_id {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < prompt.len() && prompt[i] == spec.image_token_id {
+            i += 1;
+        }
+        let run = i - start;
+        if run % spec.tokens_per_image != 0 {
+            return Err(crate::Error::InvalidRequest(format!(
+                "images: a run of {run} image tokens at position {start} (each image takes exactly {})",
+                spec.tokens_per_image
+            )));
+        }
+        starts.extend((0..run / spec.tokens_per_image).map(|k| start + k * spec.tokens_per_image));
+    }
+    if starts.len() != images {
+        return Err(crate::Error::InvalidRequest(format!(
+            "images: the prompt has placeholders for {} image(s) but {images} were given",
+            starts.len()
+        )));
+    }
+    if starts.last().is_some_and(|&s| s + spec.tokens_per_image >= prompt.len()) {
+        return Err(crate::Error::InvalidRequest("images: the prompt must not end with an image".into()));
+    }
+    Ok(starts)
+}

@@ -1,0 +1,227 @@
+//! Image preprocessing as transformers' PIL image processors do it (the `use_fast=False`
+//! processors mlx-vlm loads): decode, convert to RGB (alpha composited onto white, as
+//! `convert_to_rgb` does), resize with Pillow's resampling (reimplemented here: the `image`
+//! crate's filters give other pixels), `x / 255` in f64 then f32, `(x - mean) / std` in f32.
+//! PNG and WebP (lossless) decode to the same pixels as Pillow; JPEG decoders may differ from
+//! Pillow's libjpeg-turbo by a few levels, so JPEG pixel values are close, not bit-equal.
+
+use crate::{Error, Result};
+
+/// Resampling filters (Pillow's `Image.Resampling`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resample {
+    Bilinear,
+    Bicubic,
+}
+
+impl Resample {
+    /// PIL's integer codes (2 bilinear, 3 bicubic), as processor configs store them.
+    pub fn from_pil(code: i64) -> Result<Resample> {
+        match code {
+            2 => Ok(Resample::Bilinear),
+            3 => Ok(Resample::Bicubic),
+            other => Err(Error::Unsupported(format!("image resample filter {other} (only 2 bilinear, 3 bicubic)"))),
+        }
+    }
+
+    fn support(self) -> f64 {
+        match self {
+            Resample::Bilinear => 1.0,
+            Resample::Bicubic => 2.0,
+        }
+    }
+
+    fn weight(self, x: f64) -> f64 {
+        let x = x.abs();
+        match self {
+            Resample::Bilinear => (1.0 - x).max(0.0),
+            Resample::Bicubic => {
+                let a = -0.5;
+                if x < 1.0 {
+                    ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0
+                } else if x < 2.0 {
+                    (((x - 5.0) * x + 8.0) * x - 4.0) * a
+                } else {
+                    0.0
+                }
+            }
+        }
+    }
+}
+
+/// How a model's processor turns an image into pixel values.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImageProcessor {
+    pub height: usize,
+    pub width: usize,
+    pub resample: Resample,
+    pub rescale_factor: f64,
+    pub mean: [f32; 3],
+    pub std: [f32; 3],
+}
+
+/// An 8-bit RGB image, row-major `[height, width, 3]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rgb8 {
+    pub width: usize,
+    pub height: usize,
+    pub data: Vec<u8>,
+}
+
+/// Largest decoded image accepted (pixels), so a small file cannot expand into gigabytes.
+pub const MAX_PIXELS: u64 = 64 << 20;
+
+/// Decodes PNG / JPEG / WebP bytes to RGB (transparency composited onto white).
+pub fn decode(bytes: &[u8]) -> Result<Rgb8> {
+    let format = image::guess_format(bytes)
+        .map_err(|_| Error::InvalidRequest("image: not a PNG, JPEG or WebP file".into()))?;
+    if !matches!(format, image::ImageFormat::Png | image::ImageFormat::Jpeg | image::ImageFormat::WebP) {
+        return Err(Error::InvalidRequest(format!("image: unsupported format {format:?} (PNG, JPEG or WebP)")));
+    }
+    let mut reader = image::ImageReader::with_format(std::io::Cursor::new(bytes), format);
+    let mut limits = image::Limits::default();
+    limits.max_alloc = Some(MAX_PIXELS * 8);
+    reader.limits(limits);
+    let img = reader.decode().map_err(|e| Error::InvalidRequest(format!("image: cannot decode: {e}")))?;
+    let (w, h) = (img.width() as u64, img.height() as u64);
+    if w == 0 || h == 0 || w * h > MAX_PIXELS {
+        return Err(Error::InvalidRequest(format!("image: {w}x{h} pixels (at most {MAX_PIXELS} in all)")));
+    }
+    let data = if img.color().has_alpha() {
+        let rgba = img.to_rgba8();
+        rgba.pixels().flat_map(|p| composite_on_white(p.0)).collect()
+    } else {
+        img.to_rgb8().into_raw()
+    };
+    Ok(Rgb8 { width: w as usize, height: h as usize, data })
+}
+
+/// Pillow's `alpha_composite` of a pixel over opaque white, then `convert("RGB")`
+/// (AlphaComposite.c integer path, 7 extra bits of precision, divisions by 255 rounded).
+fn composite_on_white([r, g, b, a]: [u8; 4]) -> [u8; 3] {
+    if a == 0 {
+        return [255, 255, 255];
+    }
+    const BITS: u32 = 7;
+    let a = a as u32;
+    let blend = 255 * (255 - a);
+    let outa255 = a * 255 + blend;
+    let coef1 = a * 255 * 255 * (1 << BITS) / outa255;
+    let coef2 = 255 * (1 << BITS) - coef1;
+    let div255 = |v: u32| ((v >> 8) + v) >> 8;
+    let mix = |c: u8| (div255(c as u32 * coef1 + 255 * coef2 + (0x80 << BITS)) >> BITS) as u8;
+    [mix(r), mix(g), mix(b)]
+}
+
+/// Pillow's fixed-point coefficients for one axis (Resample.c `precompute_coeffs` +
+/// `normalize_coeffs_8bpc`): per output pixel, the first input index and its weights.
+fn coefficients(in_size: usize, out_size: usize, filter: Resample) -> Vec<(usize, Vec<i32>)> {
+    const PRECISION_BITS: u32 = 32 - 8 - 2;
+    let scale = in_size as f64 / out_size as f64;
+    let filterscale = scale.max(1.0);
+    let support = filter.support() * filterscale;
+    (0..out_size)
+        .map(|xx| {
+            let center = (xx as f64 + 0.5) * scale;
+            let ss = 1.0 / filterscale;
+            let xmin = ((center - support + 0.5) as i64).max(0) as usize;
+            let xmax = ((center + support + 0.5) as i64).min(in_size as i64) as usize;
+            let w: Vec<f64> = (xmin..xmax).map(|x| filter.weight((x as f64 - center + 0.5) * ss)).collect();
+            let total: f64 = w.iter().sum();
+            let fixed = w
+                .iter()
+                .map(|&k| {
+                    let k = if total != 0.0 { k / total } else { k };
+                    let v = k * (1u64 << PRECISION_BITS) as f64;
+                    (if k < 0.0 { (v - 0.5).trunc() } else { (v + 0.5).trunc() }) as i32
+                })
+                .collect();
+            (xmin, fixed)
+        })
+        .collect()
+}
+
+fn clip8(v: i64) -> u8 {
+    (v >> (32 - 8 - 2)).clamp(0, 255) as u8
+}
+
+/// Pillow's `Image.resize` for 8-bit RGB: horizontal pass then vertical, each rounding to u8.
+pub fn resize(img: &Rgb8, width: usize, height: usize, filter: Resample) -> Rgb8 {
+    let mut cur = img.clone();
+    if width != cur.width {
+        let coeffs = coefficients(cur.width, width, filter);
+        let mut out = vec![0u8; width * cur.height * 3];
+        for y in 0..cur.height {
+            for (x, (start, k)) in coeffs.iter().enumerate() {
+                for c in 0..3 {
+                    let mut acc: i64 = 1 << (32 - 8 - 2 - 1);
+                    for (i, &w) in k.iter().enumerate() {
+                        acc += cur.data[(y * cur.width + start + i) * 3 + c] as i64 * w as i64;
+                    }
+                    out[(y * width + x) * 3 + c] = clip8(acc);
+                }
+            }
+        }
+        cur = Rgb8 { width, height: cur.height, data: out };
+    }
+    if height != cur.height {
+        let coeffs = coefficients(cur.height, height, filter);
+        let mut out = vec![0u8; cur.width * height * 3];
+        for (y, (start, k)) in coeffs.iter().enumerate() {
+            for x in 0..cur.width {
+                for c in 0..3 {
+                    let mut acc: i64 = 1 << (32 - 8 - 2 - 1);
+                    for (i, &w) in k.iter().enumerate() {
+                        acc += cur.data[((start + i) * cur.width + x) * 3 + c] as i64 * w as i64;
+                    }
+                    out[(y * cur.width + x) * 3 + c] = clip8(acc);
+                }
+            }
+        }
+        cur = Rgb8 { width: cur.width, height, data: out };
+    }
+    cur
+}
+
+impl ImageProcessor {
+    /// Pixel values `[height, width, 3]` (channels last, what the towers take), f32.
+    pub fn pixels(&self, img: &Rgb8) -> Vec<f32> {
+        let img = resize(img, self.width, self.height, self.resample);
+        img.data
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| {
+                let c = i % 3;
+                let x = (v as f64 * self.rescale_factor) as f32;
+                (x - self.mean[c]) / self.std[c]
+            })
+            .collect()
+    }
+
+    /// Decodes and preprocesses an encoded image.
+    pub fn process(&self, bytes: &[u8]) -> Result<Vec<f32>> {
+        Ok(self.pixels(&decode(bytes)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resize_to_the_same_size_is_identity_and_constant_stays_constant() {
+        let img = Rgb8 { width: 3, height: 2, data: (0..18).map(|v| v as u8 * 10).collect() };
+        assert_eq!(resize(&img, 3, 2, Resample::Bilinear), img);
+        let flat = Rgb8 { width: 7, height: 5, data: vec![77; 7 * 5 * 3] };
+        for f in [Resample::Bilinear, Resample::Bicubic] {
+            assert!(resize(&flat, 3, 9, f).data.iter().all(|&v| v == 77));
+        }
+    }
+
+    #[test]
+    fn alpha_composites_onto_white() {
+        assert_eq!(composite_on_white([10, 20, 30, 255]), [10, 20, 30]);
+        assert_eq!(composite_on_white([10, 20, 30, 0]), [255, 255, 255]);
+        assert_eq!(composite_on_white([0, 0, 0, 128]), [127, 127, 127]);
+    }
+}

@@ -1,0 +1,202 @@
+//! Gemma 3 vision against mlx-vlm 0.7.10 on mlx 0.32.4 (goldens/gemma3_vision.json and
+//! goldens/vision/gemma3.safetensors, made by goldens/make_vision_goldens.py): pixel values
+//! of the reference processor, tower + projector features, first-step logits and greedy
+//! tokens of image prompts through the engine, alone and batched with text rows (image rows
+//! joining a running batch), prompt-cache keys per image, and the errors of bad image input.
+
+mod support;
+
+use std::collections::HashMap;
+
+use mlx_rs::Array;
+use serde_json::Value;
+use support::*;
+use weft::engine::{Engine, EngineConfig, Request};
+use weft::loading::{self, LoadedModel};
+use weft::vision::preprocess;
+
+const MODEL: &str = "gemma3-vision";
+
+fn load() -> LoadedModel {
+    loading::load(&tiny_model_dir(MODEL)).unwrap()
+}
+
+fn tensors() -> HashMap<String, Array> {
+    Array::load_safetensors(goldens_dir().join("vision").join("gemma3.safetensors")).unwrap()
+}
+
+fn values(a: &Array) -> Vec<f32> {
+    let a = a.as_dtype(mlx_rs::Dtype::Float32).unwrap();
+    a.eval().unwrap();
+    a.as_slice::<f32>().to_vec()
+}
+
+fn image_bytes(name: &str) -> Vec<u8> {
+    std::fs::read(goldens_dir().join("vision").join(format!("{name}.png"))).unwrap()
+}
+
+fn case<'a>(g: &'a Value, name: &str) -> &'a Value {
+    g["cases"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap_or_else(|| panic!("no case {name}"))
+}
+
+fn request(c: &Value, max_tokens: usize) -> Request {
+    let mut r = greedy(ids(&c["prompt_ids"]), max_tokens);
+    r.images = c["images"].as_array().unwrap().iter().map(|i| image_bytes(i.as_str().unwrap())).collect();
+    r
+}
+
+/// Channels-last pixels from the golden's `[3, H, W]`.
+fn hwc(chw: &[f32], h: usize, w: usize) -> Vec<f32> {
+    let mut out = vec![0.0; chw.len()];
+    for c in 0..3 {
+        for y in 0..h {
+            for x in 0..w {
+                out[(y * w + x) * 3 + c] = chw[(c * h + y) * w + x];
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn pixel_values_equal_the_reference_processor() {
+    let loaded = load();
+    let spec = loaded.model.vision().expect("a vision tower").spec().clone();
+    assert_eq!((spec.processor.height, spec.processor.width, spec.tokens_per_image), (32, 32, 4));
+    let t = tensors();
+    // a: 61x45 RGB downscaled; b: 24x20 upscaled; c: RGBA composited onto white.
+    for name in ["a", "b", "c"] {
+        let got = spec.processor.process(&image_bytes(name)).unwrap();
+        let want = hwc(&values(&t[&format!("pixels/{name}")]), 32, 32);
+        assert_eq!(bit_diffs(&got, &want), 0, "image {name}: pixel values differ from Gemma3ImageProcessor");
+    }
+    // The resize is Pillow's antialiased one (support widened by the scale), not a plain
+    // 2-tap bilinear (which gives 50 / 125 here); values from PIL 13.0.0.
+    let img = preprocess::Rgb8 { width: 4, height: 1, data: vec![0, 0, 0, 100, 100, 100, 200, 200, 200, 50, 50, 50] };
+    assert_eq!(preprocess::resize(&img, 2, 1, preprocess::Resample::Bilinear).data, vec![71, 71, 71, 121, 121, 121]);
+}
+
+#[test]
+fn tower_features_equal_mlx_vlm() {
+    let loaded = load();
+    let tower = loaded.model.vision().unwrap();
+    let t = tensors();
+    for name in ["a", "b", "c"] {
+        let px = Array::from_slice(&hwc(&values(&t[&format!("pixels/{name}")]), 32, 32), &[1, 32, 32, 3]);
+        let got = values(&tower.encode(&px).unwrap());
+        // The soft tokens are the features / sqrt(hidden_size 64) = / 8 (exact in f32).
+        let want: Vec<f32> = values(&t[&format!("features/{name}")]).iter().map(|v| v / 8.0).collect();
+        assert_eq!(got.len(), 4 * 64);
+        assert_eq!(bit_diffs(&got, &want), 0, "image {name}: tower features differ");
+    }
+}
+
+#[test]
+fn image_prompts_alone_match_mlx_vlm_tokens_and_first_logits() {
+    let g = golden("gemma3_vision");
+    let t = tensors();
+    for step in [2048usize, 5] {
+        let engine = Engine::start(load(), EngineConfig { prefill_step_size: step, ..Default::default() }).unwrap();
+        for c in g["cases"].as_array().unwrap() {
+            if c["prefill_step_size"].as_u64().unwrap() as usize != step && step != 2048 {
+                continue;
+            }
+            let name = c["name"].as_str().unwrap();
+            let mut r = request(c, 20);
+            r.capture_first_logits = 512;
+            let out = collect(&engine.submit_channel(r).unwrap().1);
+            assert_eq!(out.error, None, "{name}");
+            assert_eq!(out.tokens, ids(&c["tokens"]), "{name} (prefill step {step})");
+            if let Some(want) = t.get(&format!("first_logits/{name}")) {
+                let d = bit_diffs(&out.first_logits, &values(want));
+                assert_eq!(d, 0, "{name}: first-step logits differ in {d} of 512");
+            }
+        }
+    }
+}
+
+#[test]
+fn image_and_text_rows_batch_together_and_join_a_running_batch() {
+    let g = golden("gemma3_vision");
+    let names = ["image_a", "text", "image_b", "two_images", "image_c"];
+    for step in [2048usize, 5] {
+        // All at once: they prefill together in right-padded chunks.
+        let engine = Engine::start(load(), EngineConfig { prefill_step_size: step, ..Default::default() }).unwrap();
+        let rxs: Vec<_> = names.iter().map(|n| engine.submit_channel(request(case(&g, n), 20)).unwrap().1).collect();
+        for (n, rx) in names.iter().zip(&rxs) {
+            let out = collect(rx);
+            assert_eq!(out.finals, 1);
+            assert_eq!(out.tokens, ids(&case(&g, n)["tokens"]), "{n} batched (prefill step {step})");
+        }
+        // Image rows joining while a text row decodes (and the reverse).
+        let text = engine.submit_channel(request(case(&g, "text"), 20)).unwrap().1;
+        let first = text.recv().unwrap();
+        let image = engine.submit_channel(request(case(&g, "image_a"), 20)).unwrap().1;
+        let late_text = engine.submit_channel(request(case(&g, "text"), 12)).unwrap().1;
+        assert_eq!(collect_after(&[first], &text).tokens, ids(&case(&g, "text")["tokens"]));
+        assert_eq!(collect(&image).tokens, ids(&case(&g, "image_a")["tokens"]), "joining image row");
+        assert_eq!(collect(&late_text).tokens, ids(&case(&g, "text")["tokens"])[..12]);
+    }
+}
+
+#[test]
+fn two_images_never_share_a_prompt_cache_entry() {
+    // A one-token request leaves KV for exactly its prompt; the prompt plus that token then
+    // finds it as an exact prefix by token ids (rings past the window of 8 are only reused
+    // whole). With another image at the same ids it must not.
+    let g = golden("gemma3_vision");
+    let cached = Engine::start(load(), EngineConfig { prompt_cache_bytes: 64 << 20, ..Default::default() }).unwrap();
+    let cold = Engine::start(load(), EngineConfig::default()).unwrap();
+    let (a, b) = (case(&g, "image_a"), case(&g, "image_b"));
+    assert_eq!(a["prompt_ids"], b["prompt_ids"], "same ids, different images");
+    let prompt = ids(&a["prompt_ids"]);
+    let image_at = prompt.iter().position(|&t| t == 511).unwrap();
+    let want = ids(&a["tokens"]);
+    let run = |engine: &Engine, r: Request| collect(&engine.submit_channel(r).unwrap().1);
+    assert_eq!(run(&cached, request(a, 1)).tokens, want[..1]);
+    let continued = |c: &Value| {
+        let mut r = request(c, 8);
+        r.input = weft::engine::Input::Tokens([prompt.clone(), want[..1].to_vec()].concat());
+        r
+    };
+    let other = run(&cached, continued(b));
+    assert!(other.usage.cached_tokens <= image_at, "image b reused {} tokens of image a's KV", other.usage.cached_tokens);
+    assert_eq!(other.tokens, run(&cold, continued(b)).tokens, "image b's continuation as computed cold");
+    let same = run(&cached, continued(a));
+    assert_eq!(same.usage.cached_tokens, prompt.len(), "the same image at the same place is reused");
+    assert_eq!(same.tokens, want[1..9]);
+    // The same ids as a text prompt (placeholder ids, no image) reuse nothing past the image.
+    let text = run(&cached, greedy([prompt.clone(), want[..1].to_vec()].concat(), 4));
+    assert!(text.usage.cached_tokens <= image_at);
+}
+
+#[test]
+fn bad_image_input_is_a_clear_error() {
+    let g = golden("gemma3_vision");
+    let c = case(&g, "image_a");
+    let err = |engine: &Engine, r: Request| engine.submit_channel(r).err().expect("refused").to_string();
+    // A text-only model given an image (the gemma3 text checkpoint and the multimodal form
+    // whose vision tower was stripped).
+    for dir in ["gemma3-text", "gemma3-wrapped"] {
+        let engine = Engine::start(loading::load(&tiny_model_dir(dir)).unwrap(), EngineConfig::default()).unwrap();
+        assert!(engine.vision().is_none());
+        let e = err(&engine, request(c, 4));
+        assert!(e.contains("no vision tower"), "{dir}: {e}");
+    }
+    let engine = Engine::start(load(), EngineConfig::default()).unwrap();
+    let mut r = request(c, 4);
+    r.images.push(image_bytes("b"));
+    assert!(err(&engine, r).contains("placeholders for 1 image(s) but 2 were given"));
+    let mut r = request(c, 4);
+    r.images = vec![b"GIF89a not an image".to_vec()];
+    assert!(err(&engine, r).contains("images[0]"));
+    let mut r = request(c, 4);
+    r.images = vec![image_bytes("a")[..200].to_vec()];
+    assert!(err(&engine, r).contains("cannot decode"));
+    let mut r = request(c, 4);
+    r.images = vec![image_bytes("a"); 9];
+    r.input = weft::engine::Input::Tokens([vec![2], vec![511; 36], vec![5]].concat());
+    assert!(err(&engine, r).contains("at most 8"));
+    // The engine still serves after refusals.
+    assert_eq!(collect(&engine.submit_channel(request(c, 20)).unwrap().1).tokens, ids(&c["tokens"]));
+}
