@@ -7,6 +7,7 @@
 //! [`tokenizer`]; the default model is fetched by [`model_store`]. [`contract`] is the one
 //! schema and validation of requests and engine options that every face parses with.
 
+pub mod audio;
 pub mod cache;
 pub mod constrain;
 pub mod contract;

@@ -435,8 +435,13 @@ impl Gemma4Text {
     }
 }
 
-impl LanguageModel for Gemma4Text {
-    fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
+impl Gemma4Text {
+    fn forward_media(
+        &self,
+        tokens: &Array,
+        media: Option<&crate::language_model::PromptMedia>,
+        caches: &mut [Box<dyn KvCache>],
+    ) -> Result<Array> {
         if caches.len() != self.cache_layers {
             return Err(Error::InvalidRequest(format!(
                 "{} caches for {} cache-owning layers",
@@ -445,7 +450,11 @@ impl LanguageModel for Gemma4Text {
             )));
         }
         let h = times(&self.embed_tokens.forward(tokens)?, self.embed_scale)?;
-        let per_layer = self.per_layer_inputs(tokens, &h)?;
+        let (h, layer_ids) = match media {
+            Some(m) => splice_media(&h, tokens, m)?,
+            None => (h, tokens.clone()),
+        };
+        let per_layer = self.per_layer_inputs(&layer_ids, &h)?;
         let n = h.dim(1);
         // One mask per layer kind, from the first cache of that kind (as mlx-lm's _make_masks).
         let mask_of = |sliding: bool| -> Result<Option<AttentionMask>> {
@@ -484,6 +493,57 @@ impl LanguageModel for Gemma4Text {
                 Ok(mlx_rs::ops::tanh(&logits.divide(&c)?)?.multiply(&c)?)
             }
         }
+    }
+}
+
+/// mlx-vlm gemma4 `get_input_embeddings`: soft tokens (audio) replace the scaled token
+/// embeddings at their columns, and those positions take id 0 for the per-layer inputs.
+/// Returns the embeddings and the ids the per-layer table reads.
+fn splice_media(h: &Array, tokens: &Array, media: &crate::language_model::PromptMedia) -> Result<(Array, Array)> {
+    let (b, l, d) = (h.dim(0) as usize, h.dim(1) as usize, h.dim(2));
+    let (mut soft_at, mut index, mut parts, mut offset) = (vec![false; b * l], vec![0i32; b * l], Vec::new(), 0i32);
+    for s in &media.soft {
+        let n = s.embeddings.dim(0) as usize;
+        if s.row >= b || s.col + n > l || s.embeddings.ndim() != 2 || s.embeddings.dim(1) != d {
+            return Err(Error::InvalidRequest(format!(
+                "soft tokens {:?} at row {} column {} do not fit {b} x {l} x {d}",
+                s.embeddings.shape(),
+                s.row,
+                s.col
+            )));
+        }
+        for j in 0..n {
+            soft_at[s.row * l + s.col + j] = true;
+            index[s.row * l + s.col + j] = offset + j as i32;
+        }
+        parts.push(s.embeddings.as_dtype(h.dtype())?);
+        offset += n as i32;
+    }
+    if parts.is_empty() {
+        return Ok((h.clone(), tokens.clone()));
+    }
+    let rows = mlx_rs::ops::concatenate(&parts, 0)?;
+    let gathered = rows.take_axis(Array::from_slice(&index, &[(b * l) as i32]), 0)?.reshape(&[b as i32, l as i32, d])?;
+    let at = Array::from_slice(&soft_at, &[b as i32, l as i32]);
+    let h = mlx_rs::ops::select(&at.reshape(&[b as i32, l as i32, 1])?, &gathered, h)?;
+    let ids = mlx_rs::ops::select(&at, &Array::from_int(0).as_dtype(tokens.dtype())?, tokens)?;
+    Ok((h, ids))
+}
+
+impl LanguageModel for Gemma4Text {
+    fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
+        self.forward_media(tokens, None, caches)
+    }
+
+    /// Audio soft tokens spliced over the token embeddings (causal attention throughout, as
+    /// mlx-vlm runs audio; its bidirectional image spans are not implemented here).
+    fn forward_with_media(
+        &self,
+        tokens: &Array,
+        media: &crate::language_model::PromptMedia,
+        caches: &mut [Box<dyn KvCache>],
+    ) -> Result<Array> {
+        self.forward_media(tokens, Some(media), caches)
     }
 
     fn make_caches(&self) -> Vec<Box<dyn KvCache>> {

@@ -4,6 +4,7 @@ mod config;
 pub mod gemma2;
 pub mod gemma3;
 pub mod gemma3_vision;
+pub mod gemma4_audio;
 pub mod gemma4_text;
 pub mod granite;
 pub mod llama;

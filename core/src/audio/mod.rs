@@ -1,0 +1,40 @@
+//! Audio input for Gemma 4: bytes -> 16 kHz mono -> USM log-mel features -> (the tower in
+//! `models::gemma4_audio`) -> soft tokens spliced into the prompt as `boa + audio x n + eoa`.
+//!
+//! Every step follows mlx-vlm 0.7.10 (the oracle, goldens/make_audio_goldens.py): its
+//! `load_audio` (decode, `mean` downmix, mlx-audio's Kaiser polyphase resampler), its
+//! `Gemma4AudioFeatureExtractor` and its processor's soft-token rule.
+
+mod decode;
+mod mel;
+mod resample;
+mod splice;
+
+pub use decode::{decode_mono, MonoAudio};
+pub use mel::{MelConfig, MelFeatures, MelFrontend};
+pub use resample::resample;
+pub use splice::{expand_audio_placeholders, splice_soft_tokens, AudioTokens};
+
+use crate::{Error, Result};
+
+/// The rate the frontend and the tower work at.
+pub const SAMPLE_RATE: u32 = 16_000;
+/// Longest clip accepted (the extractor's `max_length` of 480 000 samples; 750 soft tokens).
+pub const MAX_SECONDS: f64 = 30.0;
+
+/// Decodes `bytes` (WAV / MP3 / FLAC / Ogg Vorbis), downmixes to mono and resamples to 16 kHz,
+/// as the reference's `load_audio(file, sr=16000)`. Clips over [`MAX_SECONDS`], empty clips and
+/// unsupported formats are `InvalidRequest` errors that say so.
+pub fn load_clip(bytes: &[u8], format_hint: Option<&str>) -> Result<Vec<f32>> {
+    // Decoding stops a little past the limit; the exact check is on the 16 kHz length.
+    let mono = decode_mono(bytes, format_hint, MAX_SECONDS + 1.0)?;
+    let samples = resample(&mono.samples, mono.sample_rate, SAMPLE_RATE);
+    let max = (MAX_SECONDS * SAMPLE_RATE as f64) as usize;
+    if samples.len() > max {
+        return Err(Error::InvalidRequest(format!(
+            "audio: the clip is {:.2} s long; at most {MAX_SECONDS} s is accepted",
+            samples.len() as f64 / SAMPLE_RATE as f64
+        )));
+    }
+    Ok(samples)
+}
