@@ -137,3 +137,41 @@ impl Group {
         Ok(r as i32)
     }
 }
+
+/// The group a model load on this thread distributes over (tensor-parallel sharding or a
+/// pipeline stage, one slot each), and whether a loader took it.
+pub(crate) type LoadPlan = std::cell::RefCell<Option<(Group, bool)>>;
+
+/// Runs `load` with `plan` holding `group`, restoring the slot afterwards (also on error or
+/// panic). A load no loader took the group for is refused with `untaken()`'s message, rather
+/// than leaving the model whole.
+pub(crate) fn load_with_plan<R>(
+    plan: &'static std::thread::LocalKey<LoadPlan>,
+    group: &Group,
+    load: impl FnOnce() -> Result<R>,
+    untaken: impl FnOnce() -> String,
+) -> Result<R> {
+    struct Restore(&'static std::thread::LocalKey<LoadPlan>, Option<(Group, bool)>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let previous = self.1.take();
+            self.0.with(|p| *p.borrow_mut() = previous);
+        }
+    }
+    let _restore = Restore(plan, plan.with(|p| p.borrow_mut().replace((group.clone(), false))));
+    let out = load()?;
+    if !plan.with(|p| p.borrow().as_ref().is_some_and(|(_, taken)| *taken)) {
+        return Err(Error::Unsupported(untaken()));
+    }
+    Ok(out)
+}
+
+/// The group in `plan`, if a load is distributing over one; marks it taken.
+pub(crate) fn take_plan(plan: &'static std::thread::LocalKey<LoadPlan>) -> Option<Group> {
+    plan.with(|p| {
+        p.borrow_mut().as_mut().map(|(g, taken)| {
+            *taken = true;
+            g.clone()
+        })
+    })
+}

@@ -18,7 +18,7 @@ use crate::distributed::Group;
 use crate::{Error, Result};
 
 thread_local! {
-    static PLAN: RefCell<Option<(Group, bool)>> = const { RefCell::new(None) };
+    static PLAN: crate::distributed::LoadPlan = const { RefCell::new(None) };
 }
 
 /// The `model_type`s mlx-lm pipelines over the dense stack ([`super::DenseDecoder`]).
@@ -27,31 +27,14 @@ pub const PIPELINED_TYPES: [&str; 1] = ["qwen2"];
 /// Runs `load` (a model load) with this rank holding only its stage's layers over `group`.
 /// Errors if the architecture has no pipeline split, rather than loading it whole.
 pub fn with_pipeline<R>(group: &Group, load: impl FnOnce() -> Result<R>) -> Result<R> {
-    struct Restore(Option<(Group, bool)>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            PLAN.with(|p| *p.borrow_mut() = self.0.take());
-        }
-    }
-    let _restore = Restore(PLAN.with(|p| p.borrow_mut().replace((group.clone(), false))));
-    let out = load()?;
-    if !PLAN.with(|p| p.borrow().as_ref().is_some_and(|(_, taken)| *taken)) {
-        return Err(Error::Unsupported(format!(
-            "pipeline parallel: this architecture has no pipeline split (supported: {})",
-            PIPELINED_TYPES.join(", ")
-        )));
-    }
-    Ok(out)
+    crate::distributed::load_with_plan(&PLAN, group, load, || {
+        format!("pipeline parallel: this architecture has no pipeline split (supported: {})", PIPELINED_TYPES.join(", "))
+    })
 }
 
 /// The group the model being loaded on this thread is pipelined over, if any; marks it taken.
 pub(crate) fn take_group() -> Option<Group> {
-    PLAN.with(|p| {
-        p.borrow_mut().as_mut().map(|(g, taken)| {
-            *taken = true;
-            g.clone()
-        })
-    })
+    crate::distributed::take_plan(&PLAN)
 }
 
 /// mlx-lm `PipelineMixin.pipeline` with the even split: the layers `rank` runs.

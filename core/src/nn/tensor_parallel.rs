@@ -20,38 +20,21 @@ use crate::{Error, Result};
 
 thread_local! {
     /// The group models loaded now on this thread shard over, and whether a loader took it.
-    static PLAN: RefCell<Option<(Group, bool)>> = const { RefCell::new(None) };
+    static PLAN: crate::distributed::LoadPlan = const { RefCell::new(None) };
 }
 
 /// Runs `load` (a model load, e.g. `loading::load`) with every layer sharded over `group`
 /// (this rank's slices only). Errors if the model's architecture has no tensor-parallel
 /// sharding, rather than silently loading it whole.
 pub fn with_tensor_parallel<R>(group: &Group, load: impl FnOnce() -> Result<R>) -> Result<R> {
-    struct Restore(Option<(Group, bool)>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            PLAN.with(|p| *p.borrow_mut() = self.0.take());
-        }
-    }
-    let _restore = Restore(PLAN.with(|p| p.borrow_mut().replace((group.clone(), false))));
-    let out = load()?;
-    if !PLAN.with(|p| p.borrow().as_ref().is_some_and(|(_, taken)| *taken)) {
-        return Err(Error::Unsupported(format!(
-            "tensor parallel: this architecture has no sharding (supported: {})",
-            SHARDED_TYPES.join(", ")
-        )));
-    }
-    Ok(out)
+    crate::distributed::load_with_plan(&PLAN, group, load, || {
+        format!("tensor parallel: this architecture has no sharding (supported: {})", SHARDED_TYPES.join(", "))
+    })
 }
 
 /// The group the model being loaded on this thread shards over, if any; marks it taken.
 pub(crate) fn take_group() -> Option<Group> {
-    PLAN.with(|p| {
-        p.borrow_mut().as_mut().map(|(g, taken)| {
-            *taken = true;
-            g.clone()
-        })
-    })
+    crate::distributed::take_plan(&PLAN)
 }
 
 /// The `model_type`s whose mlx-lm `shard()` is the scheme above, over [`super::DenseDecoder`].
