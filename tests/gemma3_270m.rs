@@ -19,6 +19,14 @@ use weft::loading::{self, GgufWeights};
 use weft::sampling::SamplingParams;
 use weft::tokenizer::Tokenizer;
 
+/// The tests that load the model run one at a time: the memory gate reads MLX's process-wide
+/// active memory, which a model loading in a parallel test would inflate.
+static ONE_MODEL_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_model_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_MODEL_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 #[test]
 fn tokenizer_matches_transformers_gguf_conversion() {
     let Some(path) = gemma3_270m() else { return };
@@ -34,6 +42,7 @@ fn tokenizer_matches_transformers_gguf_conversion() {
 
 #[test]
 fn single_and_batched_generation_match_mlx_lm() {
+    let _one = one_model_at_a_time();
     let Some(path) = gemma3_270m() else { return };
     let g = golden("gemma3-270m");
     let loaded = loading::load_with(&path, GgufWeights::Dequantize).unwrap();
@@ -90,6 +99,7 @@ fn single_and_batched_generation_match_mlx_lm() {
 /// trajectories are the goldens, and the weights take 323 MB against 1072 MB.
 #[test]
 fn native_quantized_weights_stay_close_to_the_exact_mode() {
+    let _one = one_model_at_a_time();
     let Some(path) = gemma3_270m() else { return };
     let g = golden("gemma3-270m");
     let active = || mlx_rs::memory::active_memory().unwrap() as f64;
@@ -130,6 +140,7 @@ fn native_quantized_weights_stay_close_to_the_exact_mode() {
 /// error against gguf-py's expansion (`gguf_dequant`, bit-exact with it), over every element.
 #[test]
 fn q6_k_tensors_round_to_8_bits_with_a_small_error() {
+    let _one = one_model_at_a_time();
     use weft::gguf::GgmlType;
     use weft::loading::{gguf_affine, gguf_dequant};
     let Some(path) = gemma3_270m() else { return };

@@ -67,7 +67,7 @@ test('a named call: finishReason tool_calls, deltas assemble to the result, no t
 })
 
 test('required between two tools, and the call back in the history', async () => {
-  const s = await stream({ messages, maxTokens: 40, tools: [weather, clock], toolChoice: 'required' })
+  const s = await stream({ messages, maxTokens: 40, tools: [weather, clock], toolChoice: 'required', parallelToolCalls: false })
   assert.equal(s.summary.finishReason, 'tool_calls')
   assert.ok(s.calls.length >= 1)
   assert.deepEqual(s.calls, s.summary.toolCalls)

@@ -178,7 +178,7 @@ int main(int argc, char **argv) {
   check(r.text_len == 0 && !r.deltas_on_plain_token, "named: no text leaked, tool_deltas NULL when empty", NULL);
 
   /* "required" between two tools. */
-  check(run(engine, "{" ASK ", \"max_tokens\": 40, \"tools\": [" WEATHER ", " CLOCK "], \"tool_choice\": \"required\"}", &r) == 0,
+  check(run(engine, "{" ASK ", \"max_tokens\": 40, \"tools\": [" WEATHER ", " CLOCK "], \"tool_choice\": \"required\", \"parallel_tool_calls\": false}", &r) == 0,
         "required tool_choice accepted", weft_last_error());
   check(r.done == 1 && r.finish == WEFT_FINISH_TOOL_CALLS && r.n_final >= 1, "required: DONE with calls", NULL);
   check((strcmp(r.final[0].name, "get_weather") == 0 &&

@@ -15,7 +15,7 @@ final class ToolTests: XCTestCase {
     func testRequiredCallStreamsDeltasThatAssembleToTheCompletion() async throws {
         let path = repoRoot.appendingPathComponent("goldens/gguf/llama-q4_1.gguf").path
         let engine = try Engine(options: .init(model: path))
-        let options = GenerateOptions(maxTokens: 40, tools: [weather], toolChoice: .required)
+        let options = GenerateOptions(maxTokens: 40, tools: [weather], toolChoice: .required, parallelToolCalls: false)
         let generation = engine.generate(messages: [.user("What is the weather in Oslo?")], options: options)
         var text = ""
         var assembled: [(id: String, name: String, arguments: String)] = []
