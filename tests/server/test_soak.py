@@ -104,6 +104,11 @@ class Soak(unittest.TestCase):
             wait_idle()
             time.sleep(SETTLE_S)
             rss.append(rss_mb())
+            st, _, stats = request("GET", "/stats")
+            self.assertEqual(st, 200)
+            # An idle engine has given MLX's buffer cache back (rows cancelled after the
+            # last step included).
+            self.assertEqual(stats["mlx_cache_bytes"], 0, stats)
             counts = {k: results.count(k) for k in ("finished", "aborted")}
             self.assertEqual(counts["finished"] + counts["aborted"], CLIENTS)
             self.assertGreaterEqual(counts["aborted"], 0.3 * CLIENTS)

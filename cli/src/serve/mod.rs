@@ -208,6 +208,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if args.max_tokens == 0 {
         return Err(Error::InvalidRequest("--max-tokens must be at least 1".into()));
     }
+    // A server idles between bursts: what it freed must be able to leave its RSS.
+    weft::engine::use_single_heap_arena();
     let path = resolve_model_path(args.model.model.as_deref())?;
     let level = args.log_level.to_ascii_uppercase();
     let info = level == "DEBUG" || level == "INFO";

@@ -358,9 +358,29 @@ impl Drop for RowGuard {
                 eprintln!("weft serve: request {} cancelled (client gone)", self.id);
             }
         }
-        s.in_flight.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.id);
+        let now_idle = {
+            let mut in_flight = s.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+            in_flight.remove(&self.id);
+            in_flight.is_empty()
+        };
         s.metrics.in_flight.fetch_sub(1, Ordering::Relaxed);
+        if now_idle {
+            release_heap_when_settled(Arc::clone(s));
+        }
     }
+}
+
+/// The engine returns its memory when it goes idle, but connection buffers are freed after
+/// that, on the HTTP threads: once no request has run for a second, return the heap's free
+/// pages too (so an idle server's RSS comes back to what it holds).
+fn release_heap_when_settled(state: Arc<AppState>) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+    runtime.spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        if state.in_flight_count() == 0 {
+            let _ = tokio::task::spawn_blocking(weft::engine::release_free_heap).await;
+        }
+    });
 }
 
 /// One request's events, in order: tokens, then exactly one `Done` or `Error`.

@@ -13,8 +13,10 @@ pub struct EngineCore {
     executor: Executor,
     /// Faults still to fire (tests of the final-event guarantee).
     faults: Faults,
-    /// The decode step after which MLX's buffer cache was last returned.
+    /// The decode step after which MLX's buffer cache was last returned (periodic release).
     released_at_step: u64,
+    /// The work done when the engine last went idle (see [`EngineCore::work_mark`]).
+    idle_mark: Option<(u64, u64, u64)>,
 }
 
 impl EngineCore {
@@ -23,7 +25,7 @@ impl EngineCore {
         let executor = Executor::new(model.model, model.tokenizer, config.prefill_step_size, config.prompt_cache_bytes)
             .with_kv_quantization(config.kv_quantization())
             .with_faults(faults);
-        EngineCore { scheduler: Scheduler::new(config), executor, faults, released_at_step: 0 }
+        EngineCore { scheduler: Scheduler::new(config), executor, faults, released_at_step: 0, idle_mark: None }
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -109,11 +111,21 @@ impl EngineCore {
     }
 
     /// The driver is about to wait for work: give MLX's buffer cache and free heap back.
+    /// Releases only when work ran since the last idle release: a decode step, a prefill
+    /// or a row leaving (a row cancelled after the last step frees its KV into the cache
+    /// too), not on every wake of a parked row.
     pub fn on_idle(&mut self) {
-        if self.released_at_step != self.executor.decode_steps || self.executor.decode_steps == 0 {
+        let mark = self.work_mark();
+        if self.idle_mark != Some(mark) {
             release_cached_memory();
             self.released_at_step = self.executor.decode_steps;
+            self.idle_mark = Some(mark);
         }
+    }
+
+    /// (decode steps, prefill forwards, rows finished): grows with every piece of work.
+    fn work_mark(&self) -> (u64, u64, u64) {
+        (self.executor.decode_steps, self.executor.prefill_forwards, self.executor.finished)
     }
 
     /// Housekeeping between iterations: the periodic cache release, and the injected

@@ -58,6 +58,28 @@ impl MemoryPolicy {
 /// returns to what it holds.
 pub(crate) fn release_cached_memory() {
     let _ = mlx_rs::memory::clear_cache();
+    release_free_heap();
+}
+
+/// Makes the C heap returnable, for a long-running process (`weft serve`): glibc gives each
+/// busy thread an arena of its own, and an arena's top chunk goes back to the system neither
+/// by `malloc_trim` (it trims only the main arena's top) nor on free once glibc has raised
+/// its trim threshold after a large free (to tens of MB): an idle server kept 20-30 MB of
+/// freed buffers resident after some storms and not others. One arena (the main one) makes
+/// every free page trimmable; the soak (tests/server/test_soak.py) measured no slowdown with
+/// the server's handful of threads. A no-op elsewhere.
+pub fn use_single_heap_arena() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets an allocator tuning parameter.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
+}
+
+/// Returns the C heap's free pages to the system (glibc's `malloc_trim`; a no-op elsewhere).
+/// A host whose own threads free memory after the engine went idle (an HTTP server's
+/// connection buffers) calls this once it is idle too.
+pub fn release_free_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only returns free heap pages to the kernel.
     unsafe {

@@ -24,7 +24,7 @@ pub use self::core::EngineCore;
 pub use events::EventSink;
 pub use faults::Faults;
 pub use media::PreparedImage;
-pub use memory::MemoryPolicy;
+pub use memory::{release_free_heap, use_single_heap_arena, MemoryPolicy};
 pub use prompt_cache::PromptCache;
 pub use scheduler::Scheduler;
 
@@ -828,6 +828,7 @@ fn serve(core: &mut Option<EngineCore>, rx: &Receiver<Command>, stats: &Mutex<En
         // Block only when there is nothing to compute (parked rows wait for a Wake).
         let first = if core.is_idle() && !shutting_down {
             core.on_idle();
+            *stats.lock() = core.stats(); // what an idle engine holds, after the release
             match rx.recv() {
                 Ok(c) => Some(c),
                 Err(_) => break,
