@@ -99,6 +99,8 @@ pub struct Gemma4Text {
     final_softcap: Option<f32>,
     /// Layers that own a cache, in order (the first `num_hidden_layers - num_kv_shared_layers`).
     cache_layers: usize,
+    /// The audio tower of a `gemma4` checkpoint that ships one (`audio_config` + tensors).
+    audio: Option<super::gemma4_audio::Gemma4Audio>,
 }
 
 /// `key` as an integer >= 0, or mlx-lm's default when absent; null reads as 0 (mlx-lm tests
@@ -156,6 +158,7 @@ pub fn load(cfg: &ConfigReader, mut w: Weights, dtype: Dtype) -> Result<Gemma4Te
     let wrapped = cfg.req_str("model_type")? == "gemma4";
     let text = if wrapped { text_config(cfg)? } else { Value::Null };
     let tcfg = if wrapped { ConfigReader::new(&text) } else { ConfigReader::new(cfg.raw()) };
+    let audio = if wrapped { super::gemma4_audio::Gemma4Audio::from_checkpoint(cfg.raw(), &mut w)? } else { None };
     if wrapped {
         text_weights(&mut w);
     }
@@ -364,7 +367,7 @@ pub fn load(cfg: &ConfigReader, mut w: Weights, dtype: Dtype) -> Result<Gemma4Te
             .then_some(SlidingWindowLayers { layers: sliding_caches, window: window as usize }),
     };
     let embed_scale = (hidden as f64).sqrt() as f32;
-    Ok(Gemma4Text { embed_tokens, per_layer_inputs, layers, norm, lm_head, info, window, embed_scale, final_softcap, cache_layers })
+    Ok(Gemma4Text { embed_tokens, per_layer_inputs, layers, norm, lm_head, info, window, embed_scale, final_softcap, cache_layers, audio })
 }
 
 /// `x * s` with the Python float `s` in `x`'s dtype.
@@ -544,6 +547,10 @@ impl LanguageModel for Gemma4Text {
         caches: &mut [Box<dyn KvCache>],
     ) -> Result<Array> {
         self.forward_media(tokens, Some(media), caches)
+    }
+
+    fn audio(&self) -> Option<&dyn crate::audio::AudioTower> {
+        self.audio.as_ref().map(|a| a as &dyn crate::audio::AudioTower)
     }
 
     fn make_caches(&self) -> Vec<Box<dyn KvCache>> {
