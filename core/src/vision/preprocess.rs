@@ -304,6 +304,21 @@ mod tests {
     }
 
     #[test]
+    fn patch_budget_sizes_match_mlx_vlm() {
+        // mlx-vlm get_aspect_ratio_preserving_size(h, w, 16, 280 * 9, 3), incl. the
+        // zero-side fallbacks (values from mlx-vlm 0.7.10).
+        for ((h, w), want) in [
+            ((45, 61), (672, 912)),
+            ((10, 1000), (48, 8016)),
+            ((2, 1000), (48, 13440)),
+            ((1000, 2), (13440, 48)),
+            ((1, 1), (768, 768)),
+        ] {
+            assert_eq!(patch_budget_size(h, w, 16, 280 * 9, 3).unwrap(), want, "{h}x{w}");
+        }
+    }
+
+    #[test]
     fn alpha_composites_onto_white() {
         assert_eq!(composite_on_white([10, 20, 30, 255]), [10, 20, 30]);
         assert_eq!(composite_on_white([10, 20, 30, 0]), [255, 255, 255]);
