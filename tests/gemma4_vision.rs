@@ -163,3 +163,33 @@ fn a_text_prompt_expands_each_image_token_by_its_image_size() {
     assert!(e.contains("image 0 takes exactly 16 image tokens"), "{e}");
     assert_eq!(collect(&engine.submit_channel(request(want, 20)).unwrap().1).tokens, ids(&want["tokens"]));
 }
+
+#[test]
+fn prompt_cache_keys_tell_images_apart_and_text_only_gemma4_refuses_images() {
+    let g = golden("gemma4_vision");
+    let (a, b) = (case(&g, "image_a"), case(&g, "image_b"));
+    assert_eq!(a["prompt_ids"], b["prompt_ids"], "same ids (12 soft tokens each), different images");
+    let prompt = ids(&a["prompt_ids"]);
+    let image_at = prompt.iter().position(|&t| t == 250).unwrap();
+    let want = ids(&a["tokens"]);
+    let cached = Engine::start(load(), EngineConfig { prompt_cache_bytes: 64 << 20, ..Default::default() }).unwrap();
+    let run = |r: Request| collect(&cached.submit_channel(r).unwrap().1);
+    assert_eq!(run(request(a, 1)).tokens, want[..1]);
+    let continued = |c: &Value| {
+        let mut r = request(c, 6);
+        r.input = Input::Tokens([prompt.clone(), want[..1].to_vec()].concat());
+        r
+    };
+    let other = run(continued(b));
+    assert!(other.usage.cached_tokens <= image_at, "image b reused {} tokens of image a's KV", other.usage.cached_tokens);
+    let cold = Engine::start(load(), EngineConfig::default()).unwrap();
+    assert_eq!(other.tokens, collect(&cold.submit_channel(continued(b)).unwrap().1).tokens, "image b's continuation as computed cold");
+    let same = run(continued(a));
+    assert_eq!(same.usage.cached_tokens, prompt.len(), "the same image at the same place is reused");
+    assert_eq!(same.tokens, want[1..7]);
+    // The text-only Gemma 4 model (no vision tower) refuses images clearly.
+    let text_only = Engine::start(loading::load(&tiny_model_dir("gemma4_text")).unwrap(), EngineConfig::default()).unwrap();
+    assert!(text_only.vision().is_none());
+    let e = text_only.submit_channel(request(a, 4)).err().expect("refused").to_string();
+    assert!(e.contains("no vision tower"), "{e}");
+}
