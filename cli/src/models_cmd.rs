@@ -337,3 +337,20 @@ fn print_table(store: &ModelStore, entries: &[Entry]) {
         println!("{}: {}", e.name, e.error.as_deref().unwrap_or_default());
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn has_tensor_reads_the_index_or_the_single_file_header() {
+        let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("../goldens/models");
+        let vision = "vision_tower.patch_embedder.input_proj.weight";
+        assert!(has_tensor(&models.join("gemma4-vision"), vision));
+        assert!(!has_tensor(&models.join("gemma4-vision"), "vision_tower.nothing"));
+        // gemma4_text has an index and no tower.
+        assert!(has_tensor(&models.join("gemma4_text"), "model.embed_tokens.weight"));
+        assert!(!has_tensor(&models.join("gemma4_text"), vision));
+        assert!(!has_tensor(&models.join("no-such-model"), vision));
+    }
+}
