@@ -2,7 +2,8 @@
 //!
 //! - The primitive against `mlx quantized_matmul` on random shapes: M = 1 and M > 1 (prefill
 //!   tiles plus a remainder), every bit width / group size / activation dtype, strided x, and
-//!   inner dimensions that need the narrower-vector tails (576 = 4.5 AVX-512 blocks at 4 bits).
+//!   inner dimensions that need the narrower-vector tails (576 = 4.5 AVX-512 blocks at 4 bits);
+//!   5-bit codes (MLX's bit stream, fields across word boundaries) on the same shapes.
 //! - Whole models: the next-token distribution of fast mode against exact mode (KL divergence)
 //!   on the tiny quantized models and the default model, and greedy agreement over the goldens'
 //!   trajectories (printed; the KL bound is the gate).
@@ -84,7 +85,7 @@ fn kernel_matches_mlx_quantized_matmul_on_random_shapes() {
 
 fn check_all_shapes() {
     let mut seed = 10;
-    for &bits in &[4, 8] {
+    for &bits in &[4, 5, 8] {
         for &group_size in &[32, 64] {
             for &dtype in &[Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
                 // M = 1 (decode); M = 7 (4 + 2 + 1-row tiles); 2 x 3 rows; M = 15 (8 + 4 + 2 + 1).

@@ -33,7 +33,8 @@ namespace mx = mlx::core;
 namespace weft_qmm {
 
 void permute_x(const float* x, float* xp, int M, int K, int bits, int width) {
-  const int epu = 32 / bits;
+  const int epu = bits == 5 ? 4 : 32 / bits;
+  if (bits == 5) width = std::min(width, 8);
   for (int m = 0; m < M; m++) {
     const float* src = x + size_t(m) * K;
     float* dst = xp + size_t(m) * K;
@@ -176,8 +177,9 @@ const Kernel& select_kernel(int K, int bits) {
   static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                            __builtin_cpu_supports("f16c");
   const int cap = isa_cap.load(std::memory_order_relaxed);
-  // The 16-lane kernel only when a 16-lane block fits K at least once.
-  if (avx512 && cap == 0 && K >= 16 * (32 / bits)) return avx512::kernel;
+  // The 16-lane kernel only when a 16-lane block fits K at least once (5-bit weights are read
+  // 8 lanes at a time by every x86 kernel; the AVX-512 build runs them with its registers).
+  if (avx512 && cap == 0 && K >= 16 * (bits == 5 ? 4 : 32 / bits)) return avx512::kernel;
   if (avx2 && cap <= 1) return avx2::kernel;
 #else
   (void)K;
@@ -325,13 +327,13 @@ bool is_float(mx::Dtype d) { return d == mx::float32 || d == mx::float16 || d ==
 bool supported(const mx::array& x, const mx::array& w, const mx::array& s, const mx::array& b,
                int group_size, int bits, const mx::Stream& stream) {
   if (stream.device.type != mx::Device::DeviceType::cpu) return false;
-  if (!(bits == 4 || bits == 8) || !(group_size == 32 || group_size == 64)) return false;
+  if (!(bits == 4 || bits == 5 || bits == 8) || !(group_size == 32 || group_size == 64)) return false;
   if (x.ndim() < 1 || w.ndim() != 2 || s.ndim() != 2 || b.ndim() != 2) return false;
   if (!is_float(x.dtype()) || w.dtype() != mx::uint32) return false;
   if (!is_float(s.dtype()) || s.dtype() != b.dtype()) return false;
   const int K = x.shape().back();
   const int N = w.shape(0);
-  if (K <= 0 || N <= 0 || int64_t(w.shape(1)) * (32 / bits) != K || K % group_size != 0)
+  if (K <= 0 || N <= 0 || int64_t(w.shape(1)) * 32 != int64_t(K) * bits || K % group_size != 0)
     return false;
   if (s.shape(0) != N || s.shape(1) != K / group_size || b.shape() != s.shape()) return false;
   return true;

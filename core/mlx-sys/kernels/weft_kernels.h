@@ -11,7 +11,7 @@ extern "C" {
 #endif
 
 /* `x @ w^T` for affine-quantized `w` ([N, K*bits/32] uint32, scales/biases [N, K/group_size]),
- * as mlx's quantized_matmul(transpose=true). On a CPU stream with 4/8 bits, group 32/64 and
+ * as mlx's quantized_matmul(transpose=true). On a CPU stream with 4/5/8 bits, group 32/64 and
  * float32/float16/bfloat16 inputs it builds Weft's primitive; otherwise it returns MLX's op.
  * On failure returns nonzero; weft_kernels_last_error() has the message (this thread). */
 int weft_quantized_matmul(mlx_array* res, const mlx_array x, const mlx_array w,
