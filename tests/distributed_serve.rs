@@ -1,0 +1,182 @@
+//! `weft serve --hostfile` across 2 ranks on localhost (MLX's `ring` backend, CPU): rank 0
+//! starts rank 1 itself, serves HTTP and leads; a streamed greedy chat must equal the
+//! single-process server's, and killing the follower mid-stream must end the stream with an
+//! error and turn /health 503 within the rank timeout. Every wait is bounded.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use support::*;
+
+struct Server {
+    child: Child,
+    addr: String,
+    /// Rank 0's stderr lines (the follower's pid is announced there).
+    stderr: mpsc::Receiver<String>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(extra: &[&str]) -> Server {
+    let model = goldens_dir().join("gguf").join("llama-q4_1.gguf");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["serve", "--model"])
+        .arg(&model)
+        .args(["--host", "127.0.0.1", "--port", "0", "--log-level", "INFO"])
+        .args(extra)
+        .env_remove("MLX_RANK")
+        .env_remove("MLX_HOSTFILE")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start weft serve");
+    let (out_tx, out_rx) = mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(|l| l.ok()) {
+            let _ = out_tx.send(line);
+        }
+    });
+    let (err_tx, err_rx) = mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
+            eprintln!("[serve] {line}");
+            let _ = err_tx.send(line);
+        }
+    });
+    let line = match out_rx.recv_timeout(Duration::from_secs(180)) {
+        Ok(line) => line,
+        Err(e) => {
+            let _ = child.kill();
+            panic!("weft serve did not report its address: {e:?} (status {:?})", child.try_wait());
+        }
+    };
+    let url = line.strip_prefix("listening on ").unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+    Server { addr: url.trim_start_matches("http://").to_string(), child, stderr: err_rx }
+}
+
+/// A raw HTTP/1.1 request; returns (status, body) once the server closes (bounded).
+fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let out = String::from_utf8_lossy(&out).to_string();
+    let status = out.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (status, out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
+}
+
+fn chat(max_tokens: usize, ignore_eos: bool) -> String {
+    serde_json::json!({
+        "messages": [{"role": "user", "content": "Tell me a story about a tiny model"}],
+        "max_tokens": max_tokens, "temperature": 0, "stream": true, "ignore_eos": ignore_eos,
+    })
+    .to_string()
+}
+
+/// The streamed content deltas, in order, and whether an error event came.
+fn deltas(body: &str) -> (Vec<String>, bool) {
+    let mut out = Vec::new();
+    let mut error = false;
+    for line in body.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        if line == "[DONE]" {
+            continue;
+        }
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        if v.get("error").is_some() {
+            error = true;
+        }
+        if let Some(c) = v["choices"][0]["delta"]["content"].as_str() {
+            out.push(c.to_string());
+        }
+    }
+    (out, error)
+}
+
+fn free_port_pair() -> u16 {
+    loop {
+        let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let p = a.local_addr().unwrap().port();
+        if p < 65000 && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
+            return p;
+        }
+    }
+}
+
+#[test]
+fn serve_across_2_ranks_streams_single_process_tokens_and_fails_cleanly_when_a_rank_dies() {
+    let single = start(&[]);
+    let (status, body) = http(&single.addr, "POST", "/v1/chat/completions", &chat(24, false));
+    assert_eq!(status, 200, "{body}");
+    let (want, error) = deltas(&body);
+    assert!(!error && !want.is_empty(), "{body}");
+    drop(single);
+
+    let dir = tempfile::tempdir().unwrap();
+    let hostfile = dir.path().join("hosts.json");
+    let host = serde_json::json!({"ssh": "localhost", "ips": ["127.0.0.1"]});
+    std::fs::write(&hostfile, serde_json::json!([host, host]).to_string()).unwrap();
+    let port = free_port_pair().to_string();
+    let timeout_s = 5.0;
+    let ranks = start(&["--hostfile", hostfile.to_str().unwrap(), "--starting-port", &port, "--rank-timeout", "5"]);
+    let (status, body) = http(&ranks.addr, "POST", "/v1/chat/completions", &chat(24, false));
+    assert_eq!(status, 200, "{body}");
+    let (got, error) = deltas(&body);
+    assert!(!error, "{body}");
+    assert_eq!(got, want, "2-rank serve vs single-process serve: streamed deltas");
+    assert_eq!(http(&ranks.addr, "GET", "/health", "").0, 200);
+
+    // The follower's pid, from rank 0's log.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let pid = loop {
+        let line = ranks.stderr.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("rank 1's pid in the log");
+        if let Some(rest) = line.strip_prefix("weft serve: rank 1 started (pid ") {
+            break rest.trim_end_matches(')').to_string();
+        }
+    };
+    // A long stream in flight; the follower is stopped (so the stream cannot finish) and then
+    // killed.
+    let addr = ranks.addr.clone();
+    // (No context bound on this model: 100k tokens take minutes, far past the kill.)
+    let stream = std::thread::spawn(move || http(&addr, "POST", "/v1/chat/completions", &chat(100_000, true)));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+    std::thread::sleep(Duration::from_millis(200));
+    let killed = Instant::now();
+    assert!(Command::new("kill").args(["-KILL", &pid]).status().unwrap().success());
+    let (status, body) = stream.join().unwrap();
+    let (streamed, error) = deltas(&body);
+    assert_eq!(status, 200, "{body}");
+    assert!(error && streamed.len() > 1, "the in-flight stream must end with an error event: {body}");
+    let (health, why) = loop {
+        let (h, b) = http(&ranks.addr, "GET", "/health", "");
+        if h == 503 || killed.elapsed() > Duration::from_secs_f64(timeout_s + 5.0) {
+            break (h, b);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(health, 503, "/health after the follower died: {why}");
+    assert!(killed.elapsed() < Duration::from_secs_f64(timeout_s + 5.0));
+    assert!(why.contains("rank"), "{why}");
+    // New requests are refused, not hung.
+    let (status, body) = http(&ranks.addr, "POST", "/v1/chat/completions", &chat(4, false));
+    assert!(status >= 500, "{status} {body}");
+}
