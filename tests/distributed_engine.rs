@@ -4,7 +4,9 @@
 //! schedule of the llama-fp32 goldens, chunked prefill, max_batch 2 so rows queue, plus a
 //! seeded sampled row and a row cancelled mid-decode); rank 1 follows its plans. Both ranks'
 //! rows must equal each other, the single-process engine's run of the same schedule, and
-//! (greedy rows) mlx-lm's tokens. Every wait is bounded; the ranks are killed on failure.
+//! (greedy rows) mlx-lm's tokens. The same schedule runs pipelined over qwen2's layers too
+//! (the split changes no arithmetic, so it equals the single-process engine exactly). Every
+//! wait is bounded; the ranks are killed on failure.
 
 mod support;
 
@@ -18,13 +20,17 @@ use serde_json::{json, Value};
 use support::*;
 use weft::distributed::Group;
 use weft::engine::{follow, prepare, EngineConfig, EngineCore, Event, LockstepCore, LockstepOptions, Step, Submission};
+use weft::nn::pipeline::with_pipeline;
 use weft::nn::tensor_parallel::with_tensor_parallel;
 use weft::sampling::SamplingParams;
 
 const RANK_ENV: &str = "WEFT_TEST_DISTRIBUTED_ENGINE_RANK";
 const RESULT_PREFIX: &str = "WEFT_RANK_RESULT ";
 const RANKS_DEADLINE: Duration = Duration::from_secs(240);
+/// The schedule's source (mlx-lm's BatchGenerator run of this model).
 const MODEL: &str = "llama-fp32";
+/// (model, how it is split across the ranks).
+const RUNS: [(&str, &str); 2] = [(MODEL, "tp"), ("qwen2", "pipeline")];
 /// The long row is cancelled once it has this many tokens.
 const CANCEL_AFTER_TOKENS: usize = 3;
 
@@ -158,51 +164,71 @@ fn outcomes_json(outs: &Outcomes) -> Value {
 fn engine_rank_entry() {
     assert!(std::env::var_os(RANK_ENV).is_some(), "run as a rank by the other test of this file, not by hand");
     let group = Group::init_from_env().expect("join the group");
-    let loaded = with_tensor_parallel(&group, || weft::loading::load(&tiny_model_dir(MODEL))).unwrap();
-    let info = loaded.model.info().clone();
-    let opts = LockstepOptions { rank_timeout: Duration::from_secs(60), startup_timeout: Duration::from_secs(120) };
-    let outs = if group.rank() == 0 {
-        let mut ls = LockstepCore::new(EngineCore::new(loaded, config()), group.clone());
-        ls.step(Step::Idle).expect("the first exchange");
-        let outs = run_schedule(&mut ls, &info);
-        ls.step(Step::Shutdown).expect("shut the group down");
-        outs
-    } else {
-        let outs: Outcomes = Arc::default();
-        let sinks = {
-            let outs = Arc::clone(&outs);
-            Box::new(move |id| recorder(&outs, id)) as weft::engine::FollowerSinks
+    for (model, mode) in RUNS {
+        let dir = tiny_model_dir(model);
+        let loaded = match mode {
+            "tp" => with_tensor_parallel(&group, || weft::loading::load(&dir)),
+            _ => with_pipeline(&group, || weft::loading::load(&dir)),
+        }
+        .unwrap();
+        let info = loaded.model.info().clone();
+        let opts = LockstepOptions { rank_timeout: Duration::from_secs(60), startup_timeout: Duration::from_secs(120) };
+        let outs = if group.rank() == 0 {
+            let mut ls = LockstepCore::new(EngineCore::new(loaded, config()), group.clone());
+            ls.step(Step::Idle).expect("the first exchange");
+            let outs = run_schedule(&mut ls, &info);
+            ls.step(Step::Shutdown).expect("shut the group down");
+            outs
+        } else {
+            let outs: Outcomes = Arc::default();
+            let sinks = {
+                let outs = Arc::clone(&outs);
+                Box::new(move |id| recorder(&outs, id)) as weft::engine::FollowerSinks
+            };
+            follow(loaded, config(), group.clone(), opts, Some(sinks)).expect("follow rank 0");
+            outs
         };
-        follow(loaded, config(), group.clone(), opts, Some(sinks)).expect("follow rank 0");
-        outs
-    };
-    println!("{RESULT_PREFIX}{}", json!({"rank": group.rank(), "rows": outcomes_json(&outs)}));
+        println!("{RESULT_PREFIX}{}", json!({"rank": group.rank(), "model": model, "mode": mode, "rows": outcomes_json(&outs)}));
+    }
+}
+
+/// The single-process engine's rows for the schedule on `model`.
+fn single_process(model: &str) -> Value {
+    let loaded = weft::loading::load(&tiny_model_dir(model)).unwrap();
+    let info = loaded.model.info().clone();
+    let mut single = EngineCore::new(loaded, config());
+    outcomes_json(&run_schedule(&mut single, &info))
 }
 
 #[test]
 fn engine_across_2_ranks_equals_the_single_process_engine() {
-    let loaded = weft::loading::load(&tiny_model_dir(MODEL)).unwrap();
-    let info = loaded.model.info().clone();
-    let mut single = EngineCore::new(loaded, config());
-    let want = outcomes_json(&run_schedule(&mut single, &info));
-    let rows = want.as_array().unwrap();
+    let want: Vec<Value> = RUNS.iter().map(|(model, _)| single_process(model)).collect();
+    let rows = want[0].as_array().unwrap();
     assert_eq!(rows.len(), schedule().len());
     // The greedy rows of mlx-lm's schedule: the single-process engine equals mlx-lm.
     let g = golden(MODEL);
     for (r, w) in g["schedule_chunked"]["rows"].as_array().unwrap().iter().zip(rows) {
         assert_eq!(ids(&w["tokens"]), ids(&r["tokens"]), "single-process row {} vs mlx-lm", w["id"]);
     }
-    let cancelled = &rows[rows.len() - 1];
-    assert_eq!(cancelled["finish"], "Some(Cancelled)", "the long row is cancelled mid-decode");
-    let n = ids(&cancelled["tokens"]).len();
-    assert!(n > 0 && n < 40, "cancelled after {n} tokens");
+    for w in &want {
+        let rows = w.as_array().unwrap();
+        let cancelled = &rows[rows.len() - 1];
+        assert_eq!(cancelled["finish"], "Some(Cancelled)", "the long row is cancelled mid-decode");
+        let n = ids(&cancelled["tokens"]).len();
+        assert!(n > 0 && n < 40, "cancelled after {n} tokens");
+    }
 
     let outputs = run_ranks(2);
     for (rank, out) in outputs.iter().enumerate() {
-        let line = out.lines().find_map(|l| l.find(RESULT_PREFIX).map(|i| &l[i + RESULT_PREFIX.len()..]));
-        let got: Value = serde_json::from_str(line.unwrap_or_else(|| panic!("rank {rank} printed no result:\n{out}"))).unwrap();
-        assert_eq!(got["rank"], rank);
-        assert_eq!(got["rows"], want, "rank {rank}'s rows vs the single-process engine's");
+        let lines: Vec<Value> = out
+            .lines()
+            .filter_map(|l| l.find(RESULT_PREFIX).map(|i| serde_json::from_str(&l[i + RESULT_PREFIX.len()..]).unwrap()))
+            .collect();
+        assert_eq!(lines.len(), RUNS.len(), "rank {rank}: one result per run:\n{out}");
+        for ((got, (model, mode)), want) in lines.iter().zip(RUNS).zip(&want) {
+            assert_eq!((got["rank"].as_u64(), got["model"].as_str(), got["mode"].as_str()), (Some(rank as u64), Some(model), Some(mode)));
+            assert_eq!(&got["rows"], want, "{model} {mode}: rank {rank}'s rows vs the single-process engine's");
+        }
     }
 }
 
