@@ -211,6 +211,21 @@ fn serve_across_2_ranks_streams_single_process_tokens_and_fails_cleanly_when_a_r
     assert!(!error, "{body}");
     assert_eq!(got, want, "2-rank serve vs single-process serve: streamed deltas");
     assert_eq!(http(&ranks.addr, "GET", "/health", "").0, 200);
+    // What the ranks cannot reproduce yet is refused at submit, naming it.
+    let tools = serde_json::json!({
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}],
+    });
+    let (status, body) = http(&ranks.addr, "POST", "/v1/chat/completions", &tools.to_string());
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("tools across ranks"), "{body}");
+    let json_mode = serde_json::json!({
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "response_format": {"type": "json_object"},
+    });
+    let (status, body) = http(&ranks.addr, "POST", "/v1/chat/completions", &json_mode.to_string());
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("constrained output across ranks"), "{body}");
+    assert_eq!(http(&ranks.addr, "GET", "/health", "").0, 200, "refused requests leave the group healthy");
 
     // A long stream in flight; the follower is stopped (so the stream cannot finish) and then
     // killed.
@@ -268,4 +283,37 @@ fn serve_across_2_ranks_fails_requests_when_a_rank_stops_answering() {
         signal(&pid, "KILL");
     }
     assert!(!alive, "rank 1 outlived rank 0");
+}
+
+/// Bad hostfiles are a message and exit code 1 before any rank starts.
+#[test]
+fn serve_refuses_bad_hostfiles() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = goldens_dir().join("gguf").join("llama-q4_1.gguf");
+    let cases = [
+        ("missing.json", None, "missing.json"),
+        ("one.json", Some(r#"[{"ssh": "localhost", "ips": ["127.0.0.1"]}]"#), "at least 2"),
+        ("noips.json", Some(r#"{"hosts": [{"ssh": "localhost", "ips": ["127.0.0.1"]}, {"ssh": "localhost"}]}"#), "no \"ips\""),
+        ("garbage.json", Some("not json"), "not JSON"),
+    ];
+    for (name, text, want) in cases {
+        let path = dir.path().join(name);
+        if let Some(t) = text {
+            std::fs::write(&path, t).unwrap();
+        }
+        let out = Command::new(env!("CARGO_BIN_EXE_weft"))
+            .args(["serve", "--model"])
+            .arg(&model)
+            .args(["--port", "0", "--hostfile"])
+            .arg(&path)
+            .env_remove("MLX_RANK")
+            .env_remove("MLX_HOSTFILE")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{name}: {stderr}");
+        assert!(stderr.contains("--hostfile") && stderr.contains(want), "{name}: {stderr}");
+        assert!(out.stdout.is_empty(), "{name}: nothing listens");
+    }
 }

@@ -45,7 +45,7 @@ fn bad(file: &Path, why: impl std::fmt::Display) -> Error {
 }
 
 fn parse(file: &Path) -> Result<(Vec<Host>, String, Vec<String>)> {
-    let text = std::fs::read_to_string(file).map_err(|e| Error::io(file, e))?;
+    let text = std::fs::read_to_string(file).map_err(|e| bad(file, format!("cannot read it: {e}")))?;
     let data: Value = serde_json::from_str(&text).map_err(|e| bad(file, format!("not JSON: {e}")))?;
     let (hosts, backend, envs) = match &data {
         Value::Array(_) => (&data, "", Vec::new()),

@@ -137,7 +137,8 @@ impl LockstepCore {
     }
 
     /// Leader: queues `sub` for the next plan. A request the ranks cannot reproduce (tools,
-    /// constrained output, images) gets an `Error` event at once and never reaches them.
+    /// constrained output, images; `Engine::submit` refuses them already) gets an `Error`
+    /// event at once and never reaches them.
     pub fn enqueue(&mut self, mut sub: Submission) {
         match wire(&mut sub) {
             Ok(w) => self.pending.push((Op::Admit(w), Some(sub))),
@@ -286,19 +287,27 @@ fn settings(core: &EngineCore) -> String {
     )
 }
 
-/// The part of `sub` the followers need; a sampled request without a seed gets one, so every
-/// rank draws the same tokens.
-fn wire(sub: &mut Submission) -> Result<WireRequest> {
-    let r = &sub.request;
-    let refuse = |what: &str| Err(Error::Unsupported(format!("{what} across ranks (distributed serving) is not supported yet")));
+/// What the ranks cannot reproduce yet: refused at submit (`InvalidRequest`, naming it).
+pub(super) fn check_request(r: &Request) -> Result<()> {
+    let refuse = |what: &str| Err(Error::InvalidRequest(format!("{what} across ranks (distributed serving) is not supported yet")));
     if r.tools.is_some() {
         return refuse("tools");
     }
-    if r.constraint.is_some() || sub.constraint.is_some() {
+    if r.constraint.is_some() {
         return refuse("constrained output");
     }
-    if !r.images.is_empty() || !sub.images.is_empty() {
+    if !r.images.is_empty() {
         return refuse("image input");
+    }
+    Ok(())
+}
+
+/// The part of `sub` the followers need; a sampled request without a seed gets one, so every
+/// rank draws the same tokens.
+fn wire(sub: &mut Submission) -> Result<WireRequest> {
+    check_request(&sub.request)?;
+    if sub.constraint.is_some() || !sub.images.is_empty() {
+        return Err(Error::InvalidRequest("constrained output or images across ranks are not supported yet".into()));
     }
     if sub.request.sampling.temperature > 0.0 && sub.request.sampling.seed.is_none() {
         sub.request.sampling.seed = Some(rand::random());
@@ -414,7 +423,7 @@ impl Engine {
             return Err(Error::InvalidRequest("only rank 0 runs the engine; the other ranks run engine::follow".into()));
         }
         let (ready_tx, ready_rx) = mpsc::channel();
-        let engine = Engine::start_with(model, config, move |core, rx, stats, health| {
+        let engine = Engine::start_with(model, config, true, move |core, rx, stats, health| {
             lead(LockstepCore::new(core, group), rx, stats, health, opts, ready_tx)
         })?;
         loop {

@@ -382,11 +382,16 @@ struct Front {
     vision: Option<crate::vision::ImageSpec>,
     config: EngineConfig,
     next_id: AtomicU64,
+    /// Steps run across ranks: refuse at submit what the ranks cannot reproduce.
+    lockstep: bool,
 }
 
 impl Front {
     fn check(&self, request: Request) -> Result<CheckedRequest> {
         self.health.check()?;
+        if self.lockstep {
+            lockstep::check_request(&request)?;
+        }
         check_request(request, self.tokenizer.as_ref(), &self.info, &self.config)
     }
 
@@ -431,7 +436,7 @@ impl Submitter {
 
 impl Engine {
     pub fn start(model: LoadedModel, config: EngineConfig) -> Result<Engine> {
-        Engine::start_with(model, config, drive)
+        Engine::start_with(model, config, false, drive)
     }
 
     /// [`Engine::start`] with `driver` as the driver thread's body (one rank process or a
@@ -439,6 +444,7 @@ impl Engine {
     fn start_with(
         model: LoadedModel,
         mut config: EngineConfig,
+        lockstep: bool,
         driver: impl FnOnce(EngineCore, Receiver<Command>, Arc<Mutex<EngineStats>>, Arc<Health>) + Send + 'static,
     ) -> Result<Engine> {
         config.validate_for(model.model.info())?;
@@ -465,7 +471,7 @@ impl Engine {
             .name("weft-engine".into())
             .spawn(move || driver(EngineCore::new(model, core_config), rx, shared_stats, shared_health))
             .map_err(|e| Error::Mlx(format!("cannot start the engine thread: {e}")))?;
-        let front = Front { tx, health, tokenizer, info, eos_token_ids, vision, config, next_id: AtomicU64::new(1) };
+        let front = Front { tx, health, tokenizer, info, eos_token_ids, vision, config, next_id: AtomicU64::new(1), lockstep };
         Ok(Engine { front: Arc::new(front), stats, driver: Some(driver) })
     }
 
