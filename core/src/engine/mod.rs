@@ -14,6 +14,7 @@ mod core;
 mod events;
 mod executor;
 mod faults;
+mod lockstep;
 mod media;
 mod memory;
 mod prompt_cache;
@@ -23,6 +24,7 @@ mod scheduler;
 pub use self::core::EngineCore;
 pub use events::EventSink;
 pub use faults::Faults;
+pub use lockstep::{follow, FollowerSinks, LockstepCore, LockstepOptions, Step};
 pub use media::PreparedImage;
 pub use memory::{release_free_heap, use_single_heap_arena, MemoryPolicy};
 pub use prompt_cache::PromptCache;
@@ -343,6 +345,9 @@ enum Command {
 #[derive(Default)]
 struct Health {
     failure: Mutex<Option<String>>,
+    /// The driver is stuck where it cannot be interrupted (a collective of a rank group that
+    /// stopped answering): shutting down leaves it instead of joining it.
+    abandoned: AtomicBool,
 }
 
 impl Health {
@@ -377,11 +382,16 @@ struct Front {
     vision: Option<crate::vision::ImageSpec>,
     config: EngineConfig,
     next_id: AtomicU64,
+    /// Steps run across ranks: refuse at submit what the ranks cannot reproduce.
+    lockstep: bool,
 }
 
 impl Front {
     fn check(&self, request: Request) -> Result<CheckedRequest> {
         self.health.check()?;
+        if self.lockstep {
+            lockstep::check_request(&request)?;
+        }
         check_request(request, self.tokenizer.as_ref(), &self.info, &self.config)
     }
 
@@ -425,7 +435,18 @@ impl Submitter {
 }
 
 impl Engine {
-    pub fn start(model: LoadedModel, mut config: EngineConfig) -> Result<Engine> {
+    pub fn start(model: LoadedModel, config: EngineConfig) -> Result<Engine> {
+        Engine::start_with(model, config, false, drive)
+    }
+
+    /// [`Engine::start`] with `driver` as the driver thread's body (one rank process or a
+    /// group of them: [`lockstep`]).
+    fn start_with(
+        model: LoadedModel,
+        mut config: EngineConfig,
+        lockstep: bool,
+        driver: impl FnOnce(EngineCore, Receiver<Command>, Arc<Mutex<EngineStats>>, Arc<Health>) + Send + 'static,
+    ) -> Result<Engine> {
         config.validate_for(model.model.info())?;
         if let (Some(_), Some(why)) = (config.kv_quantization(), model.model.kv_quantization_unsupported()) {
             return Err(Error::Unsupported(why));
@@ -448,9 +469,9 @@ impl Engine {
         let (shared_stats, shared_health) = (Arc::clone(&stats), Arc::clone(&health));
         let driver = std::thread::Builder::new()
             .name("weft-engine".into())
-            .spawn(move || drive(EngineCore::new(model, core_config), rx, shared_stats, shared_health))
+            .spawn(move || driver(EngineCore::new(model, core_config), rx, shared_stats, shared_health))
             .map_err(|e| Error::Mlx(format!("cannot start the engine thread: {e}")))?;
-        let front = Front { tx, health, tokenizer, info, eos_token_ids, vision, config, next_id: AtomicU64::new(1) };
+        let front = Front { tx, health, tokenizer, info, eos_token_ids, vision, config, next_id: AtomicU64::new(1), lockstep };
         Ok(Engine { front: Arc::new(front), stats, driver: Some(driver) })
     }
 
@@ -531,7 +552,9 @@ impl Engine {
     fn stop(&mut self) {
         let _ = self.front.tx.send(Command::Shutdown);
         if let Some(driver) = self.driver.take() {
-            let _ = driver.join();
+            if !self.front.health.abandoned.load(Ordering::SeqCst) {
+                let _ = driver.join();
+            }
         }
     }
 }
