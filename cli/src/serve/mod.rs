@@ -18,6 +18,7 @@ mod limits;
 mod metrics;
 mod openai;
 mod params;
+mod ranks;
 mod security;
 mod state;
 
@@ -135,6 +136,25 @@ pub struct ServeArgs {
     /// Seconds running requests get to finish after SIGINT/SIGTERM before they are cancelled.
     #[arg(long, default_value_t = 10.0)]
     pub shutdown_timeout: f64,
+    /// Serve across ranks: an `mlx.launch` hostfile (JSON hosts with `ips`, optional `backend`
+    /// and `envs`). Rank 0 starts the local follower ranks, serves HTTP and leads; the
+    /// others load their shard and follow (docs/distributed.md).
+    #[arg(long)]
+    pub hostfile: Option<PathBuf>,
+    /// This process's rank in the --hostfile group (default: $MLX_RANK, else 0, which also
+    /// starts the other local ranks).
+    #[arg(long, requires = "hostfile")]
+    pub rank: Option<usize>,
+    /// Seconds a step across ranks may take before the group counts as failed (in-flight
+    /// requests end with an error, /health turns 503).
+    #[arg(long, default_value_t = 60.0, requires = "hostfile")]
+    pub rank_timeout: f64,
+    /// First port of the ring backend (rank i listens on starting_port + i, as mlx.launch).
+    #[arg(long, default_value_t = 32323, requires = "hostfile")]
+    pub starting_port: u16,
+    /// Split the model's layers across ranks (pipeline parallel) instead of sharding them.
+    #[arg(long, requires = "hostfile")]
+    pub pipeline: bool,
     /// Accepted for mlx_lm.server compatibility; Weft never runs model code from the model.
     #[arg(long, hide = true)]
     pub trust_remote_code: bool,
@@ -216,7 +236,14 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if info {
         eprintln!("weft serve: loading {} (MLX device: {})", path.display(), weft::default_device());
     }
-    let model = weft::loading::load(&path)?;
+    let ranks = match &args.hostfile {
+        Some(file) => Some(ranks::join(file, args.rank, args.starting_port, args.rank_timeout, args.pipeline)?),
+        None => None,
+    };
+    let model = match &ranks {
+        Some(r) => r.load(&path)?,
+        None => weft::loading::load(&path)?,
+    };
     let config = EngineConfig {
         max_batch: args.decode_concurrency,
         prompt_concurrency: args.prompt_concurrency,
@@ -229,7 +256,16 @@ pub fn run(args: ServeArgs) -> Result<()> {
         memory: args.memory.policy(),
         faults: None,
     };
-    let engine = Engine::start(model, config)?;
+    let engine = match &ranks {
+        Some(r) if r.group.rank() > 0 => {
+            if info {
+                eprintln!("weft serve: rank {} of {} following rank 0", r.group.rank(), r.group.size());
+            }
+            return weft::engine::follow(model, config, r.group.clone(), r.opts, None);
+        }
+        Some(r) => Engine::start_distributed(model, config, r.group.clone(), r.opts)?,
+        None => Engine::start(model, config)?,
+    };
     let chat_template = args.chat_template.as_deref().map(|t| load_chat_template(t, &engine)).transpose()?;
     let (model_id, aliases) = model_names(args.model.model.as_deref(), &path, args.served_model_name.as_deref());
     let served = ServedModel {

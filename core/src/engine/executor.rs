@@ -185,7 +185,7 @@ impl Executor {
                 Err(e) => return self.fail_row(row, format!("encoding the images failed: {e}")),
             }
             if let Some(spec) = self.model.vision().map(|v| v.spec()) {
-                row.cache_key = Some(media::cache_key(&row.prompt, &images, spec.tokens_per_image, spec.zeroed_token_id));
+                row.cache_key = Some(media::cache_key(&row.prompt, &images, spec.zeroed_token_id));
             }
         }
         if !clips.is_empty() {
@@ -201,6 +201,8 @@ impl Executor {
         } else {
             None
         };
+        // Reused KV that ends inside a bidirectional image span would have seen only part of it.
+        let reuse = reuse.filter(|(_, n)| !self.whole_spans() || row.media.whole_spans_end(*n) == *n);
         let (caches, done) = match reuse {
             Some((caches, n)) => (caches, n),
             None => (self.model.make_caches(), 0),
@@ -262,6 +264,11 @@ impl Executor {
         }
     }
 
+    /// Whether the model attends bidirectionally within image spans (chunks keep them whole).
+    fn whole_spans(&self) -> bool {
+        self.model.vision().is_some_and(|v| v.spec().bidirectional)
+    }
+
     /// Prefills one chunk of the waiting prompts, so decoding rows stall at most one chunk;
     /// rows whose prompt (minus its last token) is then in take their first step together and
     /// join the batch.
@@ -289,7 +296,10 @@ impl Executor {
                     self.prefilling.push_front(p);
                     break;
                 }
-                let end = (p.done + budget).min(target);
+                let mut end = (p.done + budget).min(target);
+                if self.whole_spans() {
+                    end = p.row.media.whole_spans_end(end);
+                }
                 let chunk = &p.row.prompt[p.done..end];
                 let done = if p.row.media.is_empty() {
                     prefill_with(self.model.as_ref(), &mut p.caches, chunk, end - p.done, self.kv.as_ref())
@@ -300,7 +310,7 @@ impl Executor {
                     self.fail_row(p.row, format!("prefill failed: {e}"));
                     continue;
                 }
-                budget -= end - p.done;
+                budget = budget.saturating_sub(end - p.done);
                 self.prefill_forwards += 1;
                 self.prefill_tokens += (end - p.done) as u64;
                 p.done = end;
@@ -339,7 +349,18 @@ impl Executor {
             return joining;
         }
         let step = self.prefill_step_size;
-        let ends: Vec<usize> = todo.iter().map(|p| (p.done + step).min(p.row.prompt.len() - 1)).collect();
+        let whole = self.whole_spans();
+        let ends: Vec<usize> = todo
+            .iter()
+            .map(|p| {
+                let end = (p.done + step).min(p.row.prompt.len() - 1);
+                if whole {
+                    p.row.media.whole_spans_end(end)
+                } else {
+                    end
+                }
+            })
+            .collect();
         let mut rows = Vec::with_capacity(todo.len());
         let mut row_caches = Vec::with_capacity(todo.len());
         let mut chunks = Vec::with_capacity(todo.len());

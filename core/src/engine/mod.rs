@@ -14,6 +14,7 @@ mod core;
 mod events;
 mod executor;
 mod faults;
+mod lockstep;
 mod media;
 mod memory;
 mod prompt_cache;
@@ -23,6 +24,7 @@ mod scheduler;
 pub use self::core::EngineCore;
 pub use events::EventSink;
 pub use faults::Faults;
+pub use lockstep::{follow, FollowerSinks, LockstepCore, LockstepOptions, Step};
 pub use media::{PreparedAudio, PreparedImage};
 pub use memory::{release_free_heap, use_single_heap_arena, MemoryPolicy};
 pub use prompt_cache::PromptCache;
@@ -351,6 +353,9 @@ enum Command {
 #[derive(Default)]
 struct Health {
     failure: Mutex<Option<String>>,
+    /// The driver is stuck where it cannot be interrupted (a collective of a rank group that
+    /// stopped answering): shutting down leaves it instead of joining it.
+    abandoned: AtomicBool,
 }
 
 impl Health {
@@ -387,11 +392,16 @@ struct Front {
     audio: Option<crate::audio::AudioSpec>,
     config: EngineConfig,
     next_id: AtomicU64,
+    /// Steps run across ranks: refuse at submit what the ranks cannot reproduce.
+    lockstep: bool,
 }
 
 impl Front {
     fn check(&self, request: Request) -> Result<CheckedRequest> {
         self.health.check()?;
+        if self.lockstep {
+            lockstep::check_request(&request)?;
+        }
         check_request(request, self.tokenizer.as_ref(), &self.info, &self.config)
     }
 
@@ -436,7 +446,18 @@ impl Submitter {
 }
 
 impl Engine {
-    pub fn start(model: LoadedModel, mut config: EngineConfig) -> Result<Engine> {
+    pub fn start(model: LoadedModel, config: EngineConfig) -> Result<Engine> {
+        Engine::start_with(model, config, false, drive)
+    }
+
+    /// [`Engine::start`] with `driver` as the driver thread's body (one rank process or a
+    /// group of them: [`lockstep`]).
+    fn start_with(
+        model: LoadedModel,
+        mut config: EngineConfig,
+        lockstep: bool,
+        driver: impl FnOnce(EngineCore, Receiver<Command>, Arc<Mutex<EngineStats>>, Arc<Health>) + Send + 'static,
+    ) -> Result<Engine> {
         config.validate_for(model.model.info())?;
         if let (Some(_), Some(why)) = (config.kv_quantization(), model.model.kv_quantization_unsupported()) {
             return Err(Error::Unsupported(why));
@@ -460,9 +481,9 @@ impl Engine {
         let (shared_stats, shared_health) = (Arc::clone(&stats), Arc::clone(&health));
         let driver = std::thread::Builder::new()
             .name("weft-engine".into())
-            .spawn(move || drive(EngineCore::new(model, core_config), rx, shared_stats, shared_health))
+            .spawn(move || driver(EngineCore::new(model, core_config), rx, shared_stats, shared_health))
             .map_err(|e| Error::Mlx(format!("cannot start the engine thread: {e}")))?;
-        let front = Front { tx, health, tokenizer, info, eos_token_ids, vision, audio, config, next_id: AtomicU64::new(1) };
+        let front = Front { tx, health, tokenizer, info, eos_token_ids, vision, audio, config, next_id: AtomicU64::new(1), lockstep };
         Ok(Engine { front: Arc::new(front), stats, driver: Some(driver) })
     }
 
@@ -548,7 +569,9 @@ impl Engine {
     fn stop(&mut self) {
         let _ = self.front.tx.send(Command::Shutdown);
         if let Some(driver) = self.driver.take() {
-            let _ = driver.join();
+            if !self.front.health.abandoned.load(Ordering::SeqCst) {
+                let _ = driver.join();
+            }
         }
     }
 }
@@ -735,24 +758,31 @@ pub fn attach_images(
     if n > spec.max_images {
         return Err(Error::InvalidRequest(format!("images: {n} images, at most {} per request", spec.max_images)));
     }
-    if let Some(prompt) = expanded_text_prompt(&sub.request, spec, tokenizer)? {
-        crate::generate::validate_prompt_ids(info, &prompt)?;
-        sub.prompt = prompt;
-    }
-    let starts = crate::vision::image_spans(&sub.prompt, spec, n)?;
+    // Preprocess first: with per-image soft-token counts (Gemma 4) the prompt's expansion
+    // depends on each image's size.
     let p = &spec.processor;
-    sub.images = sub
+    let pixels: Vec<crate::vision::Pixels> = sub
         .request
         .images
         .iter()
-        .zip(starts)
         .enumerate()
-        .map(|(i, (bytes, start))| {
-            let pixels = p.process(bytes).map_err(|e| Error::InvalidRequest(format!("images[{i}]: {e}")))?;
-            let hash = crate::vision::pixels_hash(&pixels);
-            Ok(PreparedImage { start, pixels, height: p.height, width: p.width, hash })
-        })
+        .map(|(i, bytes)| p.process_sized(bytes).map_err(|e| Error::InvalidRequest(format!("images[{i}]: {e}"))))
         .collect::<Result<_>>()?;
+    let counts: Vec<usize> = pixels.iter().map(|px| spec.tokens_for(px.height, px.width)).collect();
+    if let Some(prompt) = expanded_text_prompt(&sub.request, spec, &counts, tokenizer)? {
+        crate::generate::validate_prompt_ids(info, &prompt)?;
+        sub.prompt = prompt;
+    }
+    let starts = crate::vision::image_spans(&sub.prompt, spec, &counts)?;
+    sub.images = pixels
+        .into_iter()
+        .zip(starts)
+        .zip(counts)
+        .map(|((px, start), tokens)| {
+            let hash = crate::vision::pixels_hash(&px.data);
+            PreparedImage { start, pixels: px.data, height: px.height, width: px.width, tokens, hash }
+        })
+        .collect();
     Ok(())
 }
 
@@ -817,13 +847,15 @@ pub fn attach_audio(
 }
 
 /// A text prompt or conversation with images, re-tokenized the way the reference processor
-/// does it: each begin-of-image marker in the rendered text becomes
-/// `"\n\n" + marker + image token x tokens_per_image + end marker + "\n\n"` before encoding
-/// (mlx-vlm / transformers Gemma3Processor). `None` for token-id prompts (they carry their
-/// placeholder runs already).
+/// does it: each marker in the rendered text is expanded by the spec's [`ImageMarker`] rule,
+/// image `i` with `counts[i]` image tokens (mlx-vlm / transformers Gemma3Processor, mlx-vlm
+/// Gemma4Processor). `None` for token-id prompts (they carry their placeholder runs already).
+///
+/// [`ImageMarker`]: crate::vision::ImageMarker
 fn expanded_text_prompt(
     request: &Request,
     spec: &crate::vision::ImageSpec,
+    counts: &[usize],
     tokenizer: Option<&Tokenizer>,
 ) -> Result<Option<Vec<u32>>> {
     let (text, add_special) = match &request.input {
@@ -848,15 +880,23 @@ fn expanded_text_prompt(
     let begin = name(spec.begin_token_id, "begin-of-image")?;
     let end = name(spec.end_token_id, "end-of-image")?;
     let image = name(Some(spec.image_token_id), "image")?;
-    let full = format!("\n\n{begin}{}{end}\n\n", image.repeat(spec.tokens_per_image));
-    let markers = text.matches(begin.as_str()).count();
+    let (marker, blank) = match spec.marker {
+        crate::vision::ImageMarker::BeginOfImage => (&begin, "\n\n"),
+        crate::vision::ImageMarker::ImageToken => (&image, ""),
+    };
+    let pieces: Vec<&str> = text.split(marker.as_str()).collect();
+    let markers = pieces.len() - 1;
     if markers != request.images.len() {
         return Err(Error::InvalidRequest(format!(
-            "images: the prompt has {markers} image marker(s) ({begin}) but {} image(s) were given",
+            "images: the prompt has {markers} image marker(s) ({marker}) but {} image(s) were given",
             request.images.len()
         )));
     }
-    Ok(Some(tok.encode(&text.replace(begin.as_str(), &full), add_special)?))
+    let mut expanded = pieces[0].to_string();
+    for (piece, n) in pieces[1..].iter().zip(counts) {
+        expanded.push_str(&format!("{blank}{begin}{}{end}{blank}{piece}", image.repeat(*n)));
+    }
+    Ok(Some(tok.encode(&expanded, add_special)?))
 }
 
 /// Turns a request into token ids and checks it against the model and the engine's limits

@@ -1,0 +1,660 @@
+//! The engine across ranks (tensor or pipeline parallel, docs/distributed.md): every rank holds
+//! an [`EngineCore`] over its shard and all of them run the same iterations in lockstep.
+//!
+//! Rank 0 (the leader) takes requests; before each iteration it broadcasts a *step plan*: the
+//! requests admitted since the last one (prompt ids, sampling parameters with a concrete seed,
+//! stop strings, limits), the cancellations, and the step kind (iterate, idle heartbeat,
+//! shutdown). Every rank applies the plan to its core in the same order and iterates, so the
+//! scheduler makes the same admissions, prefill chunks, joins and evictions everywhere, which
+//! the sharded `all_sum`s need. The engine is deterministic given those inputs: logits are
+//! identical on every rank after the last `all_sum` (the head is replicated), greedy argmax and
+//! the seeded Gumbel-max draws pick the same tokens, so stop ids, stop strings and `max_tokens`
+//! end the same rows. That is why ranks sample themselves instead of receiving rank 0's
+//! tokens: it needs no change to the pipelined executor and no extra exchange per step.
+//!
+//! Each exchange also carries every rank's state digest (steps, tokens, finished rows, row
+//! counts), so a rank that diverged is a clear error on all ranks instead of garbage or a hang.
+//! Only rank 0's sinks see events; a consumer that goes away is cancelled through the next
+//! plan (not by the executor mid-step), and flow-control pauses are not used across ranks.
+//!
+//! Failure: a rank that exits closes its sockets and MLX's ring backend fails the collective,
+//! which fails every outstanding request. A rank that stops answering blocks the collective,
+//! which MLX cannot interrupt: a watchdog fails every outstanding request after
+//! [`LockstepOptions::rank_timeout`], marks the engine failed and abandons the driver thread.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use mlx_rs::Array;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use super::{events, Command, Engine, EngineConfig, EngineCore, EngineStats, Event, EventSink, Health, Input, Request};
+use super::{RequestId, Sink, Submission};
+use crate::distributed::Group;
+use crate::loading::LoadedModel;
+use crate::sampling::SamplingParams;
+use crate::{Error, Result};
+
+/// Timeouts of a rank group.
+#[derive(Debug, Clone, Copy)]
+pub struct LockstepOptions {
+    /// Longest one step (plan exchange + iteration) may take before the group counts as
+    /// failed; a follower gives up when no plan came for this long. Longer than the slowest
+    /// prefill chunk.
+    pub rank_timeout: Duration,
+    /// Longest the first exchange may take (every rank loading its shard).
+    pub startup_timeout: Duration,
+}
+
+impl Default for LockstepOptions {
+    fn default() -> Self {
+        LockstepOptions { rank_timeout: Duration::from_secs(60), startup_timeout: Duration::from_secs(600) }
+    }
+}
+
+impl LockstepOptions {
+    /// How often an idle leader proves the group alive (a step plan with nothing to do).
+    fn heartbeat(&self) -> Duration {
+        (self.rank_timeout / 4).clamp(Duration::from_millis(20), Duration::from_secs(1))
+    }
+}
+
+/// What a request needs on a follower: the rank 0 prompt ids and everything that decides its
+/// tokens and its end.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct WireRequest {
+    id: RequestId,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    sampling: SamplingParams,
+    stop: Vec<String>,
+    ignore_eos: bool,
+    stop_token_ids: Vec<u32>,
+    capture_first_logits: usize,
+    logprobs: Option<usize>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+enum Op {
+    Admit(WireRequest),
+    Cancel(RequestId),
+}
+
+/// What every rank does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Step {
+    /// Apply the plan, then one [`EngineCore::iterate`].
+    Iterate,
+    /// Apply the plan only (an idle heartbeat, or the first exchange).
+    Idle,
+    /// Cancel everything and stop.
+    Shutdown,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Plan {
+    ops: Vec<Op>,
+    step: Step,
+    /// The leader's engine settings, in the first plan: followers must run the same.
+    settings: Option<String>,
+}
+
+/// Values per rank in the exchange's header (the rank's state digest).
+const DIGEST: usize = 4;
+type Digest = [i32; DIGEST];
+
+/// An [`EngineCore`] in a rank group: the leader records what its caller does and broadcasts
+/// it as the next step plan; a follower applies the plans it receives.
+pub struct LockstepCore {
+    core: EngineCore,
+    group: Group,
+    /// Exchanges done (the plan number both sides expect).
+    seq: u64,
+    /// Leader: what the next plan carries, in the order the caller did it.
+    pending: Vec<(Op, Option<Submission>)>,
+}
+
+impl LockstepCore {
+    pub fn new(core: EngineCore, group: Group) -> Self {
+        LockstepCore { core, group, seq: 0, pending: Vec::new() }
+    }
+
+    pub fn core(&self) -> &EngineCore {
+        &self.core
+    }
+
+    /// Nothing to compute and nothing waiting for the next plan.
+    pub fn is_idle(&self) -> bool {
+        self.pending.is_empty() && self.core.is_idle()
+    }
+
+    pub fn group(&self) -> &Group {
+        &self.group
+    }
+
+    /// Leader: queues `sub` for the next plan. A request the ranks cannot reproduce (tools,
+    /// constrained output, images; `Engine::submit` refuses them already) gets an `Error`
+    /// event at once and never reaches them.
+    pub fn enqueue(&mut self, mut sub: Submission) {
+        match wire(&mut sub) {
+            Ok(w) => self.pending.push((Op::Admit(w), Some(sub))),
+            Err(e) => sub.sink.close(Event::Error { message: e.to_string() }),
+        }
+    }
+
+    /// Leader: cancels `id` with the next plan.
+    pub fn cancel(&mut self, id: RequestId) {
+        self.pending.push((Op::Cancel(id), None));
+    }
+
+    /// Leader: broadcasts the pending plan with `step`, then runs it here.
+    pub fn step(&mut self, step: Step) -> Result<()> {
+        if self.group.rank() != 0 {
+            return Err(Error::InvalidRequest("only rank 0 leads a rank group".into()));
+        }
+        let pending = std::mem::take(&mut self.pending);
+        let (ops, subs): (Vec<Op>, Vec<Option<Submission>>) = pending.into_iter().unzip();
+        let settings = (self.seq == 0).then(|| settings(&self.core));
+        let plan = Plan { ops, step, settings };
+        let bytes = serde_json::to_vec(&plan).map_err(|e| Error::Mlx(format!("encoding the step plan: {e}")))?;
+        self.exchange(Some(&bytes))?;
+        for (op, sub) in plan.ops.into_iter().zip(subs) {
+            match (op, sub) {
+                (Op::Admit(_), Some(sub)) => self.core.enqueue(sub),
+                (Op::Cancel(id), _) => self.core.cancel(id),
+                (Op::Admit(_), None) => unreachable!("an admission holds its submission"),
+            }
+        }
+        self.run(step);
+        Ok(())
+    }
+
+    /// Follower: receives the next plan, applies it (new rows' events go to `sinks`) and runs
+    /// its step. Returns the step kind.
+    pub fn follow_step(&mut self, sinks: &mut FollowerSinks) -> Result<Step> {
+        let bytes = self.exchange(None)?;
+        let plan: Plan =
+            serde_json::from_slice(&bytes).map_err(|e| Error::EngineFailed(format!("a step plan from rank 0 is unreadable: {e}")))?;
+        if let Some(theirs) = &plan.settings {
+            let ours = settings(&self.core);
+            if *theirs != ours {
+                return Err(Error::InvalidRequest(format!(
+                    "rank {} runs other engine settings or another model than rank 0 (rank 0: {theirs}; here: {ours})",
+                    self.group.rank()
+                )));
+            }
+        }
+        for op in plan.ops {
+            match op {
+                Op::Admit(w) => {
+                    let sink = sinks(w.id);
+                    self.core.enqueue(submission(w, sink));
+                }
+                Op::Cancel(id) => self.core.cancel(id),
+            }
+        }
+        self.run(plan.step);
+        Ok(plan.step)
+    }
+
+    fn run(&mut self, step: Step) {
+        match step {
+            Step::Iterate => {
+                self.core.iterate();
+                self.core.after_step();
+            }
+            Step::Idle => self.core.on_idle(),
+            Step::Shutdown => self.core.cancel_all(),
+        }
+    }
+
+    /// One exchange: a header `all_sum` (rank 0's plan number and payload length, every
+    /// rank's state digest in its own slot, zeros elsewhere), then the payload as a `uint8`
+    /// `all_sum` with zeros on the followers (MLX has no broadcast; a sum with one non-zero
+    /// contribution is one). Returns the payload.
+    fn exchange(&mut self, payload: Option<&[u8]>) -> Result<Vec<u8>> {
+        let (rank, size) = (self.group.rank(), self.group.size());
+        let mine = digest(&self.core);
+        let mut header = vec![0i32; 2 + size * DIGEST];
+        if let Some(p) = payload {
+            header[0] = self.seq as i32;
+            header[1] = i32::try_from(p.len()).map_err(|_| Error::Mlx("a step plan over 2 GiB".into()))?;
+        }
+        header[2 + rank * DIGEST..2 + (rank + 1) * DIGEST].copy_from_slice(&mine);
+        let h = self.group.all_sum(&Array::from_slice(&header, &[header.len() as i32]))?;
+        h.eval()?;
+        let h: Vec<i32> = h.as_slice::<i32>().to_vec();
+        if h[0] != self.seq as i32 {
+            return Err(Error::EngineFailed(format!(
+                "rank {rank} expected step plan {} but rank 0 sent plan {}",
+                self.seq as i32, h[0]
+            )));
+        }
+        for r in 1..size {
+            let theirs = &h[2 + r * DIGEST..2 + (r + 1) * DIGEST];
+            let lead = &h[2..2 + DIGEST];
+            if theirs != lead {
+                return Err(Error::EngineFailed(format!(
+                    "rank {r}'s engine state diverged from rank 0's before step plan {} (decode steps, tokens, \
+                     finished, rows: {theirs:?} vs {lead:?})",
+                    self.seq
+                )));
+            }
+        }
+        let n = h[1].max(0) as usize;
+        let bytes = match payload {
+            Some(p) => p.to_vec(),
+            None => vec![0u8; n],
+        };
+        let p = self.group.all_sum(&Array::from_slice(&bytes, &[n as i32]))?;
+        p.eval()?;
+        self.seq += 1;
+        Ok(p.as_slice::<u8>().to_vec())
+    }
+}
+
+/// The state every rank must share after the same plans (wrapping at 2^31 alike everywhere).
+fn digest(core: &EngineCore) -> Digest {
+    let s = core.stats();
+    let rows = s.active_rows + (s.prefilling_rows << 10) + (s.queued_rows << 20);
+    [s.decode_steps as i32, s.tokens_generated as i32, s.requests_finished as i32, rows as i32]
+}
+
+/// The settings that decide scheduling and the model's shape: equal on every rank or the
+/// ranks would diverge.
+fn settings(core: &EngineCore) -> String {
+    let c = core.config();
+    let i = core.model_info();
+    format!(
+        "max_batch {} prompt_concurrency {} prefill_step_size {} kv_budget {:?} prompt_cache {} kv_bits {:?} \
+         kv_group {} quantized_kv_start {}; model vocab {} layers {} kv_heads {} head_dim {}",
+        c.max_batch,
+        c.prompt_concurrency,
+        c.prefill_step_size,
+        c.kv_budget_bytes,
+        c.prompt_cache_bytes,
+        c.kv_bits,
+        c.kv_group_size,
+        c.quantized_kv_start,
+        i.vocab_size,
+        i.num_layers,
+        i.kv_heads,
+        i.head_dim
+    )
+}
+
+/// What the ranks cannot reproduce yet: refused at submit (`InvalidRequest`, naming it).
+pub(super) fn check_request(r: &Request) -> Result<()> {
+    let refuse = |what: &str| Err(Error::InvalidRequest(format!("{what} across ranks (distributed serving) is not supported yet")));
+    if r.tools.is_some() {
+        return refuse("tools");
+    }
+    if r.constraint.is_some() {
+        return refuse("constrained output");
+    }
+    if !r.images.is_empty() {
+        return refuse("image input");
+    }
+    if !r.audio.is_empty() {
+        return refuse("audio input");
+    }
+    Ok(())
+}
+
+/// The part of `sub` the followers need; a sampled request without a seed gets one, so every
+/// rank draws the same tokens.
+fn wire(sub: &mut Submission) -> Result<WireRequest> {
+    check_request(&sub.request)?;
+    if sub.constraint.is_some() || !sub.images.is_empty() || !sub.audio.is_empty() {
+        return Err(Error::InvalidRequest("constrained output, images or audio across ranks are not supported yet".into()));
+    }
+    if sub.request.sampling.temperature > 0.0 && sub.request.sampling.seed.is_none() {
+        sub.request.sampling.seed = Some(rand::random());
+    }
+    let r = &sub.request;
+    Ok(WireRequest {
+        id: sub.id,
+        prompt: sub.prompt.clone(),
+        max_tokens: r.max_tokens,
+        sampling: r.sampling.clone(),
+        stop: r.stop.clone(),
+        ignore_eos: r.ignore_eos,
+        stop_token_ids: sub.stop_token_ids.clone(),
+        capture_first_logits: r.capture_first_logits,
+        logprobs: r.logprobs,
+    })
+}
+
+fn submission(w: WireRequest, sink: Sink) -> Submission {
+    let mut request = Request::new(Input::Tokens(w.prompt.clone()));
+    request.max_tokens = w.max_tokens;
+    request.sampling = w.sampling;
+    request.stop = w.stop;
+    request.ignore_eos = w.ignore_eos;
+    request.capture_first_logits = w.capture_first_logits;
+    request.logprobs = w.logprobs;
+    Submission {
+        id: w.id,
+        prompt: w.prompt,
+        request,
+        stop_token_ids: w.stop_token_ids,
+        sink: EventSink::new(sink),
+        flow: None,
+        constraint: None,
+        images: Vec::new(),
+        audio: Vec::new(),
+    }
+}
+
+/// Where a follower's rows send their events (by request id); a server's followers drop them.
+pub type FollowerSinks = Box<dyn FnMut(RequestId) -> Sink + Send>;
+
+/// A follower rank (rank > 0): builds its core over `model` (its shard), applies rank 0's step
+/// plans until rank 0 shuts the group down (`Ok`) or fails: rank 0 gone (MLX's error), no plan
+/// within `rank_timeout` (the first within `startup_timeout`), a diverged state or other
+/// settings than rank 0's. `config` must equal rank 0's.
+pub fn follow(model: LoadedModel, config: EngineConfig, group: Group, opts: LockstepOptions, sinks: Option<FollowerSinks>) -> Result<()> {
+    if group.rank() == 0 {
+        return Err(Error::InvalidRequest("rank 0 leads (Engine::start_distributed); follow is for the other ranks".into()));
+    }
+    let config = prepared_config(&model, config)?;
+    let mut sinks = sinks.unwrap_or_else(|| Box::new(|_| Box::new(|_: &Event| true)));
+    // When the last plan was applied, and how many were.
+    let progress = Arc::new(Mutex::new((Instant::now(), 0u64)));
+    let (done_tx, done_rx) = mpsc::channel();
+    let seen = Arc::clone(&progress);
+    std::thread::Builder::new()
+        .name("weft-follower".into())
+        .spawn(move || {
+            let mut ls = LockstepCore::new(EngineCore::new(model, config), group);
+            let result = loop {
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ls.follow_step(&mut sinks))) {
+                    Ok(Ok(Step::Shutdown)) => break Ok(()),
+                    Ok(Ok(_)) => {
+                        let mut p = seen.lock();
+                        *p = (Instant::now(), p.1 + 1);
+                    }
+                    Ok(Err(e)) => break Err(e),
+                    Err(p) => break Err(Error::EngineFailed(format!("internal error: {}", events::panic_message(p.as_ref())))),
+                }
+            };
+            if result.is_err() {
+                std::mem::forget(ls); // its MLX state may be mid-collective
+            }
+            let _ = done_tx.send(result);
+        })
+        .map_err(|e| Error::Mlx(format!("cannot start the follower thread: {e}")))?;
+    loop {
+        match done_rx.recv_timeout(Duration::from_millis(50)) {
+            Ok(result) => return result,
+            Err(RecvTimeoutError::Disconnected) => return Err(Error::EngineFailed("the follower thread ended".into())),
+            Err(RecvTimeoutError::Timeout) => {}
+        }
+        let (since, plans) = *progress.lock();
+        let limit = if plans == 0 { opts.startup_timeout } else { opts.rank_timeout };
+        if since.elapsed() > limit {
+            return Err(Error::EngineFailed(format!(
+                "rank 0 sent no step plan for {:.1} s (it died or hangs)",
+                since.elapsed().as_secs_f64()
+            )));
+        }
+    }
+}
+
+/// [`Engine::start`]'s checks and setup of `config`, for a core built here.
+fn prepared_config(model: &LoadedModel, mut config: EngineConfig) -> Result<EngineConfig> {
+    config.validate_for(model.model.info())?;
+    if let (Some(_), Some(why)) = (config.kv_quantization(), model.model.kv_quantization_unsupported()) {
+        return Err(Error::Unsupported(why));
+    }
+    if config.faults.is_none() {
+        config.faults = super::Faults::from_env()?;
+    }
+    config.memory.apply()?;
+    Ok(config)
+}
+
+impl Engine {
+    /// Starts the engine on rank 0 of `group` (every other rank runs [`follow`] with the same
+    /// config): the faces submit here as to any engine; steps run in lockstep on every rank.
+    /// Returns once every rank answered the first exchange (within `startup_timeout`).
+    pub fn start_distributed(model: LoadedModel, config: EngineConfig, group: Group, opts: LockstepOptions) -> Result<Engine> {
+        if group.rank() != 0 {
+            return Err(Error::InvalidRequest("only rank 0 runs the engine; the other ranks run engine::follow".into()));
+        }
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let engine = Engine::start_with(model, config, true, move |core, rx, stats, health| {
+            lead(LockstepCore::new(core, group), rx, stats, health, opts, ready_tx)
+        })?;
+        loop {
+            match ready_rx.recv_timeout(Duration::from_millis(50)) {
+                Ok(Ok(())) => return Ok(engine),
+                Ok(Err(why)) => return Err(Error::EngineFailed(why)),
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(engine.health().err().unwrap_or(Error::EngineFailed("the rank group did not start".into())))
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    if let Err(e) = engine.health() {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What the leader's driver shares with its watchdog.
+struct Shared {
+    health: Arc<Health>,
+    stats: Arc<Mutex<EngineStats>>,
+    /// Rank 0's sinks of every request not finished yet (the watchdog fails them).
+    outstanding: Mutex<HashMap<RequestId, Arc<Mutex<EventSink>>>>,
+    /// Requests whose consumer went away: cancelled with the next plan.
+    gone: Mutex<Vec<RequestId>>,
+    rx: Mutex<Receiver<Command>>,
+    /// When the step in progress started, and how long it may take.
+    armed: Mutex<Option<(Instant, Duration)>>,
+    fired: Mutex<Option<String>>,
+    done: AtomicBool,
+}
+
+impl Shared {
+    fn arm(&self, limit: Duration) {
+        *self.armed.lock() = Some((Instant::now(), limit));
+    }
+
+    fn disarm(&self) {
+        *self.armed.lock() = None;
+    }
+
+    /// Fails every outstanding request and marks the engine failed.
+    fn fail(&self, why: &str) {
+        self.health.mark_dead(why.to_string());
+        let sinks: Vec<_> = self.outstanding.lock().drain().map(|(_, s)| s).collect();
+        for s in sinks {
+            s.lock().close(Event::Error { message: why.to_string() });
+        }
+        self.fail_queued(why);
+        self.stats.lock().active_rows = 0;
+    }
+
+    /// Submissions still in the channel (sent before the handle saw the failure).
+    fn fail_queued(&self, why: &str) {
+        for cmd in self.rx.lock().try_iter() {
+            if let Command::Submit(mut sub) = cmd {
+                sub.sink.close(Event::Error { message: why.to_string() });
+            }
+        }
+    }
+
+    /// Gives rank 0's sink of `sub` to the outstanding set; the row gets a sink that forwards
+    /// to it, never cancels mid-step (a consumer gone is cancelled through the next plan, so
+    /// every rank evicts it at the same step) and stays quiet once the watchdog failed it.
+    fn track(self: &Arc<Self>, sub: &mut Submission) {
+        let id = sub.id;
+        let slot = Arc::new(Mutex::new(std::mem::replace(&mut sub.sink, EventSink::new(Box::new(|_: &Event| true)))));
+        self.outstanding.lock().insert(id, Arc::clone(&slot));
+        let shared: Weak<Shared> = Arc::downgrade(self);
+        let mut told = false;
+        let forward = move |ev: &Event| {
+            let gone = {
+                let mut sink = slot.lock();
+                if ev.is_final() {
+                    sink.close(ev.clone());
+                    false
+                } else {
+                    !sink.is_closed() && !sink.token(ev)
+                }
+            };
+            if let Some(shared) = shared.upgrade() {
+                if ev.is_final() {
+                    shared.outstanding.lock().remove(&id);
+                } else if gone && !told {
+                    told = true;
+                    shared.gone.lock().push(id);
+                }
+            }
+            true
+        };
+        let mut placeholder = std::mem::replace(&mut sub.sink, EventSink::new(Box::new(forward)));
+        placeholder.discard();
+    }
+}
+
+/// The leader's driver thread: the single-process driver's loop with every iteration sent to
+/// the group first, an idle heartbeat, and a watchdog over each step.
+fn lead(
+    mut ls: LockstepCore,
+    rx: Receiver<Command>,
+    stats: Arc<Mutex<EngineStats>>,
+    health: Arc<Health>,
+    opts: LockstepOptions,
+    ready: mpsc::Sender<std::result::Result<(), String>>,
+) {
+    let size = ls.group().size();
+    let shared = Arc::new(Shared {
+        health,
+        stats,
+        outstanding: Mutex::new(HashMap::new()),
+        gone: Mutex::new(Vec::new()),
+        rx: Mutex::new(rx),
+        armed: Mutex::new(None),
+        fired: Mutex::new(None),
+        done: AtomicBool::new(false),
+    });
+    let dog = Arc::clone(&shared);
+    let _ = std::thread::Builder::new().name("weft-rank-watchdog".into()).spawn(move || watch(dog, size));
+
+    // The first exchange: every rank has loaded its shard and runs the same settings.
+    shared.arm(opts.startup_timeout);
+    let first = run_step(&mut ls, Step::Idle);
+    shared.disarm();
+    if shared.fired.lock().is_some() {
+        return std::mem::forget(ls);
+    }
+    if let Err(why) = first {
+        let why = format!("the rank group did not start: {why}");
+        let _ = ready.send(Err(why.clone()));
+        shared.fail(&why);
+        shared.done.store(true, Ordering::SeqCst);
+        return std::mem::forget(ls);
+    }
+    let _ = ready.send(Ok(()));
+
+    let heartbeat = opts.heartbeat();
+    let mut shutting_down = false;
+    loop {
+        let idle = ls.core().is_idle() && shared.gone.lock().is_empty() && !shutting_down;
+        let mut commands = Vec::new();
+        {
+            let rx = shared.rx.lock();
+            if idle {
+                match rx.recv_timeout(heartbeat) {
+                    Ok(c) => commands.push(c),
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => shutting_down = true,
+                }
+            }
+            commands.extend(rx.try_iter());
+        }
+        let had_commands = !commands.is_empty();
+        for cmd in commands {
+            match cmd {
+                Command::Submit(mut sub) if !shutting_down => {
+                    sub.flow = None; // a paused row would leave the batch on rank 0 only
+                    shared.track(&mut sub);
+                    ls.enqueue(sub);
+                }
+                Command::Submit(mut sub) => sub.sink.close(Event::Error { message: "the engine is shutting down".into() }),
+                Command::Cancel(id) => ls.cancel(id),
+                Command::Wake => {}
+                Command::Shutdown => shutting_down = true,
+            }
+        }
+        for id in std::mem::take(&mut *shared.gone.lock()) {
+            ls.cancel(id);
+        }
+        let step = match (shutting_down, idle && !had_commands) {
+            (true, _) => Step::Shutdown,
+            (false, true) => Step::Idle,
+            (false, false) => Step::Iterate,
+        };
+        shared.arm(opts.rank_timeout);
+        let result = run_step(&mut ls, step);
+        shared.disarm();
+        if shared.fired.lock().is_some() {
+            return std::mem::forget(ls); // the watchdog failed everything meanwhile
+        }
+        if let Err(why) = result {
+            shared.fail(&format!("the rank group failed: {why}"));
+            shared.done.store(true, Ordering::SeqCst);
+            return std::mem::forget(ls);
+        }
+        *shared.stats.lock() = ls.core().stats();
+        if step == Step::Shutdown {
+            break;
+        }
+    }
+    shared.done.store(true, Ordering::SeqCst);
+}
+
+/// One leader step; a panic inside it is a failure of the group (the ranks may now differ).
+fn run_step(ls: &mut LockstepCore, step: Step) -> std::result::Result<(), String> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ls.step(step))) {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(p) => Err(format!("internal error: {}", events::panic_message(p.as_ref()))),
+    }
+}
+
+/// The leader's watchdog: a step past its deadline fails every outstanding request, marks the
+/// engine failed and abandons the driver thread (blocked in a collective MLX cannot cancel);
+/// afterwards it keeps failing submissions that raced the failure.
+fn watch(shared: Arc<Shared>, size: usize) {
+    loop {
+        std::thread::sleep(Duration::from_millis(20));
+        if shared.done.load(Ordering::SeqCst) {
+            return;
+        }
+        let fired = shared.fired.lock().clone();
+        match fired {
+            Some(why) => shared.fail_queued(&why),
+            None => {
+                let late = shared.armed.lock().filter(|(since, limit)| since.elapsed() > *limit);
+                if let Some((_, limit)) = late {
+                    let why = format!(
+                        "a rank of the group of {size} stopped answering: no step finished within {:.1} s",
+                        limit.as_secs_f64()
+                    );
+                    *shared.fired.lock() = Some(why.clone());
+                    shared.health.abandoned.store(true, Ordering::SeqCst);
+                    shared.fail(&why);
+                }
+            }
+        }
+    }
+}
