@@ -25,6 +25,14 @@ Writes (deterministic, a few seconds):
                                                        text model (models/gemma4_text) with this
                                                        audio tower in one mlx-vlm `Model`; greedy
                                                        tokens of an audio prompt (generate_step)
+    goldens/models/gemma4-audio-lm/                   that `Model` as one checkpoint Weft loads
+                                                       (language_model.* + audio_tower.* +
+                                                       embed_audio.*, word-level tokenizer with
+                                                       <|audio|>, pass-through chat template)
+    goldens/audio_engine.json                         greedy tokens (generate_step) of each clip's
+                                                       audio prompt and of a text prompt on it
+
+`--engine` writes only the last two (from the committed weights).
 
 Everything is computed with mlx-vlm's own code: `mlx_vlm.utils.load_audio` (mlx-audio's reader
 and its Kaiser polyphase resampler), `Gemma4AudioFeatureExtractor`, `AudioEncoder`,
@@ -357,5 +365,107 @@ def audio_lm_golden(audio_weights):
     }
 
 
+LM_DIR = HERE / "models" / "gemma4-audio-lm"
+LM_TOKENS = {"<|audio|>": 250, "<|audio>": 251, "<audio|>": 252}
+
+
+def build_lm(audio_weights):
+    """mlx-vlm's gemma4 `Model` over models/gemma4_text + models/gemma4-audio."""
+    from mlx_vlm.models.gemma4.config import ModelConfig, TextConfig, VisionConfig
+    from mlx_vlm.models.gemma4.gemma4 import Model
+
+    text_dir = HERE / "models" / "gemma4_text"
+    text_cfg = json.loads((text_dir / "config.json").read_text())
+    cfg = ModelConfig.from_dict({
+        "model_type": "gemma4", "text_config": text_cfg,
+        "vision_config": dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                              num_attention_heads=2, num_key_value_heads=2, head_dim=8,
+                              global_head_dim=8),
+        "audio_config": AUDIO_CONFIG, "vocab_size": text_cfg["vocab_size"],
+        "hidden_size": text_cfg["hidden_size"], "eos_token_id": None, **LM_TOKEN_IDS,
+    })
+    cfg.text_config = TextConfig.from_dict(text_cfg)
+    cfg.vision_config = VisionConfig.from_dict(cfg.vision_config)
+    cfg.audio_config = AudioConfig.from_dict(AUDIO_CONFIG)
+    model = Model(cfg)
+    text_w = mx.load(str(text_dir / "model.safetensors"))
+    weights = {f"language_model.{k}": v for k, v in text_w.items()}
+    weights.update(audio_weights)
+    model.load_weights(list(weights.items()), strict=False)
+    model.eval()
+    mx.eval(model.parameters())
+    return model, text_cfg, weights
+
+
+def audio_engine_golden():
+    """The combined checkpoint and greedy trajectories the engine tests replay (single
+    sequences: mlx-vlm does not batch audio rows; batched rows are gated by equality with these)."""
+    from mlx_vlm.generate.ar import generate_step
+
+    audio_weights = mx.load(str(MODEL_DIR / "model.safetensors"))
+    model, text_cfg, weights = build_lm(audio_weights)
+    LM_DIR.mkdir(parents=True, exist_ok=True)
+    config = {"model_type": "gemma4", "text_config": text_cfg, "audio_config": AUDIO_CONFIG,
+              "vocab_size": text_cfg["vocab_size"], "audio_ms_per_token": 40,
+              "audio_soft_tokens_per_image": 750, "eos_token_id": 1, **LM_TOKEN_IDS}
+    (LM_DIR / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    mx.save_safetensors(str(LM_DIR / "model.safetensors"), weights, metadata={"format": "mlx"})
+    vocab = {f"t{i}": i for i in range(text_cfg["vocab_size"]) if i not in LM_TOKENS.values()}
+    vocab.update(LM_TOKENS)
+    tok = {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": True} for c, i in LM_TOKENS.items()],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Split", "pattern": {"String": " "}, "behavior": "Removed", "invert": False},
+        "post_processor": None, "decoder": None,
+        "model": {"type": "WordLevel", "vocab": dict(sorted(vocab.items(), key=lambda kv: kv[1])), "unk_token": "t0"},
+    }
+    (LM_DIR / "tokenizer.json").write_text(json.dumps(tok) + "\n")
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    (LM_DIR / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}) + "\n")
+    from tokenizers import Tokenizer
+
+    t = Tokenizer.from_file(str(LM_DIR / "tokenizer.json"))
+    text_prompt = "t2 t10 <|audio|> t11 t12"
+    template_ids = [2, 10, LM_TOKEN_IDS["audio_token_id"], 11, 12]
+    assert t.encode(text_prompt).ids == template_ids, t.encode(text_prompt).ids
+
+    counter = types.SimpleNamespace(audio_ms_per_token=40, audio_seq_length=750)
+    cases = []
+    for name in ["tones-44k-stereo", "tones-16k-mono", "short-16k-mono", None]:
+        kwargs, ids = {}, [2, 10, 11, 12, 13]
+        if name is not None:
+            wav = load_audio(str(AUDIO_DIR / f"{name}.wav"), sr=16000)
+            feats = Gemma4AudioFeatureExtractor()([wav], return_attention_mask=True)
+            n = Gemma4Processor._compute_audio_num_tokens(counter, wav, 16000)
+            ids = [2, 10, LM_TOKEN_IDS["boa_token_id"]] + [LM_TOKEN_IDS["audio_token_id"]] * n
+            ids += [LM_TOKEN_IDS["eoa_token_id"], 11, 12]
+            kwargs = dict(input_features=mx.array(np.stack(feats["input_features"])),
+                          input_features_mask=mx.array(np.stack(feats["input_features_mask"])))
+        tokens = []
+        for tok_, _ in generate_step(mx.array([ids]), model, None, None, max_tokens=16,
+                                     temperature=0.0, **kwargs):
+            tokens.append(int(tok_.item() if hasattr(tok_, "item") else tok_))
+        cases.append({"name": name or "text", "clip": name and f"audio/{name}.wav",
+                      "prompt_template_ids": template_ids if name else ids, "prompt_ids": ids,
+                      "tokens": tokens})
+    lm = json.loads((HERE / "audio_lm.json").read_text())
+    assert cases[0]["tokens"] == lm["tokens"], "the combined checkpoint reproduces audio_lm.json"
+    out = {"mlx_version": mx.__version__, "mlx_vlm_version": mlx_vlm.__version__,
+           "model": "models/gemma4-audio-lm", "text_prompt": text_prompt, **LM_TOKEN_IDS,
+           "note": "tokens = mlx-vlm generate_step(prompt_ids, temperature=0, input_features, "
+                   "input_features_mask) on the gemma4 Model of models/gemma4-audio-lm, 16 "
+                   "steps, EOS ignored; prompt_template_ids is what a caller sends (one "
+                   "<|audio|> per clip); text_prompt tokenizes to prompt_template_ids.",
+           "cases": cases}
+    (HERE / "audio_engine.json").write_text(json.dumps(out, indent=1) + "\n")
+    print("audio_engine", [(c["name"], c["tokens"]) for c in cases])
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    if "--engine" not in sys.argv:
+        main()
+    audio_engine_golden()

@@ -1,6 +1,10 @@
 //! Gemma 4 audio against mlx-vlm 0.7.10 (goldens/make_audio_goldens.py, goldens/audio.json):
 //! decoding + downmix + resampling, the USM log-mel frontend, the soft-token rule and splice,
-//! and the tiny random-weight Conformer tower + embedder (`goldens/models/gemma4-audio`).
+//! and the tiny random-weight Conformer tower + embedder (`goldens/models/gemma4-audio`); audio
+//! requests through the engine on `goldens/models/gemma4-audio-lm` (goldens/audio_engine.json),
+//! alone, chunked, batched with text rows, prompt-cache keys per clip, and bad-input errors.
+
+mod support;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -368,4 +372,136 @@ fn pcm16_wav(samples: &[i16], rate: u32, channels: u16) -> Vec<u8> {
         v.extend_from_slice(&s.to_le_bytes());
     }
     v
+}
+
+// ---- audio requests through the engine (goldens/audio_engine.json) ----
+
+fn engine_golden() -> serde_json::Value {
+    support::golden("audio_engine")
+}
+
+fn engine_case<'a>(g: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    g["cases"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap_or_else(|| panic!("no case {name}"))
+}
+
+fn lm() -> weft::loading::LoadedModel {
+    weft::loading::load(&goldens().join(engine_golden()["model"].as_str().unwrap())).unwrap()
+}
+
+/// The caller's form: one audio token per clip (the engine expands it).
+fn audio_request(c: &serde_json::Value, max_tokens: usize) -> weft::engine::Request {
+    let mut r = support::greedy(support::ids(&c["prompt_template_ids"]), max_tokens);
+    if let Some(clip) = c["clip"].as_str() {
+        r.audio = vec![std::fs::read(goldens().join(clip)).unwrap()];
+    }
+    r
+}
+
+const ENGINE_CASES: [&str; 4] = ["tones-44k-stereo", "tones-16k-mono", "short-16k-mono", "text"];
+
+#[test]
+fn audio_prompts_through_the_engine_match_mlx_vlm() {
+    use weft::engine::{Engine, EngineConfig};
+    let g = engine_golden();
+    // Step 5 cuts the soft-token spans across prefill chunks.
+    for step in [2048usize, 5] {
+        let engine = Engine::start(lm(), EngineConfig { prefill_step_size: step, ..Default::default() }).unwrap();
+        assert_eq!(engine.audio().map(|a| a.tokens.audio_token_id), Some(250));
+        for name in ENGINE_CASES {
+            let c = engine_case(&g, name);
+            let out = support::collect(&engine.submit_channel(audio_request(c, 16)).unwrap().1);
+            assert_eq!(out.error, None, "{name}");
+            assert_eq!(out.usage.prompt_tokens, c["prompt_ids"].as_array().unwrap().len(), "{name}: expanded prompt");
+            assert_eq!(out.tokens, support::ids(&c["tokens"]), "{name} (prefill step {step})");
+        }
+    }
+    // A text prompt with the audio token, tokenized then expanded as the processor does.
+    let engine = Engine::start(lm(), EngineConfig::default()).unwrap();
+    let c = engine_case(&g, "tones-44k-stereo");
+    let mut r = audio_request(c, 16);
+    r.input = weft::engine::Input::Prompt(g["text_prompt"].as_str().unwrap().into());
+    assert_eq!(support::collect(&engine.submit_channel(r).unwrap().1).tokens, support::ids(&c["tokens"]));
+}
+
+#[test]
+fn audio_and_text_rows_batch_together_and_join_a_running_batch() {
+    use weft::engine::{Engine, EngineConfig};
+    let g = engine_golden();
+    let want = |n: &str| support::ids(&engine_case(&g, n)["tokens"]);
+    for step in [2048usize, 7] {
+        let engine = Engine::start(lm(), EngineConfig { prefill_step_size: step, ..Default::default() }).unwrap();
+        let rxs: Vec<_> = ENGINE_CASES.iter().map(|n| engine.submit_channel(audio_request(engine_case(&g, n), 16)).unwrap().1).collect();
+        for (n, rx) in ENGINE_CASES.iter().zip(&rxs) {
+            let out = support::collect(rx);
+            assert_eq!(out.finals, 1);
+            assert_eq!(out.tokens, want(n), "{n} batched (prefill step {step})");
+        }
+        // An audio row joining while a text row decodes; a text row joining the audio row;
+        // the first leaves before the others finish.
+        let text = engine.submit_channel(audio_request(engine_case(&g, "text"), 6)).unwrap().1;
+        let first = text.recv().unwrap();
+        let audio = engine.submit_channel(audio_request(engine_case(&g, "tones-16k-mono"), 16)).unwrap().1;
+        let late = engine.submit_channel(audio_request(engine_case(&g, "short-16k-mono"), 16)).unwrap().1;
+        assert_eq!(support::collect_after(&[first], &text).tokens, want("text")[..6]);
+        assert_eq!(support::collect(&audio).tokens, want("tones-16k-mono"), "joining audio row");
+        assert_eq!(support::collect(&late).tokens, want("short-16k-mono"), "second joining audio row");
+    }
+}
+
+#[test]
+fn two_clips_never_share_a_prompt_cache_entry() {
+    use weft::engine::{Engine, EngineConfig, Input};
+    let g = engine_golden();
+    let cached = Engine::start(lm(), EngineConfig { prompt_cache_bytes: 64 << 20, ..Default::default() }).unwrap();
+    let (a, b) = (engine_case(&g, "tones-44k-stereo"), engine_case(&g, "tones-16k-mono"));
+    let run = |r: weft::engine::Request| support::collect(&cached.submit_channel(r).unwrap().1);
+    let want_a = support::ids(&a["tokens"]);
+    assert_eq!(run(audio_request(a, 1)).tokens, want_a[..1]);
+    // The same template ids with another clip (of another length) and with this clip again.
+    let continued = |c: &serde_json::Value, clip: &serde_json::Value| {
+        let mut r = audio_request(clip, 8);
+        r.input = Input::Tokens([support::ids(&c["prompt_template_ids"]), want_a[..1].to_vec()].concat());
+        r
+    };
+    let same = run(continued(a, a));
+    assert_eq!(same.usage.cached_tokens, a["prompt_ids"].as_array().unwrap().len(), "the same clip is reused");
+    assert_eq!(same.tokens, want_a[1..9]);
+    // short-16k-mono: 14 soft tokens like no other; feed it where tones-44k-stereo (19) was.
+    let other = run(continued(a, b));
+    assert!(other.usage.cached_tokens <= 3, "another clip reused {} tokens of the first clip's KV", other.usage.cached_tokens);
+    let cold = Engine::start(lm(), EngineConfig::default()).unwrap();
+    assert_eq!(other.tokens, support::collect(&cold.submit_channel(continued(a, b)).unwrap().1).tokens);
+}
+
+#[test]
+fn bad_audio_requests_are_clear_errors() {
+    use weft::engine::{Engine, EngineConfig};
+    let g = engine_golden();
+    let c = engine_case(&g, "tones-44k-stereo");
+    let err = |engine: &Engine, r: weft::engine::Request| engine.submit_channel(r).err().expect("refused").to_string();
+    // A model without an audio tower.
+    let text_only = Engine::start(weft::loading::load(&goldens().join("models/gemma4_text")).unwrap(), EngineConfig::default()).unwrap();
+    assert!(text_only.audio().is_none());
+    let e = err(&text_only, audio_request(c, 4));
+    assert!(e.contains("no audio tower"), "{e}");
+    let engine = Engine::start(lm(), EngineConfig::default()).unwrap();
+    let mut r = audio_request(c, 4);
+    r.audio.push(r.audio[0].clone());
+    let e = err(&engine, r);
+    assert!(e.contains("1 audio token(s)") && e.contains("2 clip(s)"), "{e}");
+    let mut r = audio_request(c, 4);
+    r.audio = vec![b"GIF89a: not audio at all, whatever the caller says it is".to_vec()];
+    let e = err(&engine, r);
+    assert!(e.starts_with("invalid request: audio[0]:") && e.contains("unsupported or unreadable format"), "{e}");
+    let mut r = audio_request(c, 4);
+    r.audio = vec![pcm16_wav(&vec![0i16; 8000 * 31], 8000, 1)];
+    let e = err(&engine, r);
+    assert!(e.contains("audio[0]") && e.contains("30 s"), "{e}");
+    let mut r = audio_request(c, 4);
+    r.audio = vec![r.audio[0].clone(); 9];
+    r.input = weft::engine::Input::Tokens([vec![2], vec![250; 9], vec![11]].concat());
+    let e = err(&engine, r);
+    assert!(e.contains("at most 8"), "{e}");
+    // The engine still serves after refusals.
+    assert_eq!(support::collect(&engine.submit_channel(audio_request(c, 16)).unwrap().1).tokens, support::ids(&c["tokens"]));
 }

@@ -505,3 +505,28 @@ fn tool_calls_through_the_c_abi() {
         assert_pass(&out, &format!("tools_test.c on {}", model.display()));
     }
 }
+
+/// Audio in the request contract through the C ABI (ffi/tests/c/media_test.c) on the tiny Gemma
+/// 4 audio model: a clip as a path and as a data: URL give mlx-vlm's tokens
+/// (goldens/audio_engine.json), bad audio is WEFT_ERR_INVALID_ARGUMENT.
+#[test]
+fn audio_through_the_c_abi() {
+    use base64::Engine as _;
+    let exe = build(&repo_root().join("ffi/tests/c/media_test.c"), Lang::C, Link::Dynamic);
+    let g: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(repo_root().join("goldens/audio_engine.json")).unwrap()).unwrap();
+    let case = |name: &str| g["cases"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap().clone();
+    let tokens = |c: &serde_json::Value| c["tokens"].as_array().unwrap().iter().map(|t| t.to_string()).collect::<Vec<_>>().join(",");
+    let (a, b) = (case("tones-44k-stereo"), case("short-16k-mono"));
+    let clip = |c: &serde_json::Value| repo_root().join("goldens").join(c["clip"].as_str().unwrap());
+    let data_url = format!("data:audio/wav;base64,{}", base64::engine::general_purpose::STANDARD.encode(std::fs::read(clip(&b)).unwrap()));
+    let out = runs_from_rpath(Command::new(&exe))
+        .arg(repo_root().join("goldens").join(g["model"].as_str().unwrap()))
+        .arg(clip(&a))
+        .arg(tokens(&a))
+        .arg(data_url)
+        .arg(tokens(&b))
+        .output()
+        .expect("running the C media test");
+    assert_pass(&out, "media_test.c");
+}

@@ -185,7 +185,7 @@ fn models_lists_known_and_installed_models_with_what_their_files_say() {
 
     let m = by_name("tiny-llama-4bit");
     assert_eq!((m["architecture"].as_str(), m["quantization"].as_str()), (Some("llama"), Some("4-bit g64")));
-    assert_eq!(m["capabilities"], serde_json::json!({"chat_template": false, "tools": false, "vision": false}));
+    assert_eq!(m["capabilities"], serde_json::json!({"chat_template": false, "tools": false, "vision": false, "audio": false}));
     assert!(m["size_bytes"].as_u64().unwrap() > 100_000);
     assert_eq!(m["known"].as_bool(), Some(false));
     let f = by_name("tiny.gguf");
@@ -193,7 +193,7 @@ fn models_lists_known_and_installed_models_with_what_their_files_say() {
     assert_eq!(f["size_bytes"].as_u64(), Some(std::fs::metadata(root.join("tiny.gguf")).unwrap().len()));
     let vc = by_name("vision-chat");
     assert_eq!(vc["quantization"].as_str(), Some("bfloat16"));
-    assert_eq!(vc["capabilities"], serde_json::json!({"chat_template": true, "tools": true, "vision": true}));
+    assert_eq!(vc["capabilities"], serde_json::json!({"chat_template": true, "tools": true, "vision": true, "audio": false}));
 
     // The alias prints the table.
     let out = run(&["ls"]);

@@ -83,6 +83,7 @@ fn greedy(prompt: Vec<u32>, max_tokens: usize, capture: usize) -> Request {
         tools: None,
         constraint: None,
         images: Vec::new(),
+        audio: Vec::new(),
     }
 }
 

@@ -827,6 +827,24 @@ fn image_parts_through_the_chat_endpoint() {
     assert!(text.contains("takes no images"), "{text}");
 }
 
+/// Gemma 4 audio (goldens/models/gemma4-audio-lm) through the official Python clients
+/// (tests/server/test_audio.py): input_audio / audio_url parts give mlx-vlm's tokens, bad audio
+/// is a 400, Anthropic audio points to the OpenAI endpoint; a model without an audio tower
+/// refuses audio parts.
+#[test]
+fn audio_parts_through_the_official_clients() {
+    let server = Server::start(&goldens_dir().join("models").join("gemma4-audio-lm"), &["--served-model-name", "tiny-audio"]);
+    let env = [("WEFT_MODEL_ID", "tiny-audio".to_string()), ("WEFT_GOLDENS", goldens_dir().display().to_string())];
+    finish("audio (test_audio.py)", run_python("test_audio.py", &server, &env));
+    let text_only = Server::start(&tiny_model(), &[]);
+    let body = serde_json::json!({"max_tokens": 2, "messages": [{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}]}]});
+    let (status, _, raw) = exchange(&text_only.addr, "POST", "/v1/chat/completions", &[("Content-Type", "application/json")], body.to_string().as_bytes());
+    let text = String::from_utf8_lossy(&raw);
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("takes no audio") && text.contains("messages[0].content[0].input_audio"), "{text}");
+}
+
 /// Gemma 4 vision (goldens/models/gemma4-vision): an OpenAI image_url part stands for
 /// `<|image|>`, expanded by the image's size (12 soft tokens for a.png), and an Anthropic
 /// image block the same; both give mlx-vlm's greedy tokens.

@@ -247,6 +247,18 @@ export interface GenerateOptions {
   /** `false` ends generation after the first complete call (default `true`). */
   parallelToolCalls?: boolean
   /**
+   * Images for a model with a vision tower (`modelInfo.vision`), in prompt order: a file's
+   * bytes (`Uint8Array` / `Buffer`), a local file path or a `data:` URL. The prompt holds the
+   * model's image marker once per image (docs/node.md).
+   */
+  images?: Array<Uint8Array | string>
+  /**
+   * Audio clips (WAV / MP3 / FLAC / Ogg, at most 30 s each) for a model with an audio tower
+   * (`modelInfo.audio`), in prompt order, as `images`. The prompt holds the model's audio
+   * token once per clip.
+   */
+  audio?: Array<Uint8Array | string>
+  /**
    * Aborting it cancels the request in the engine; the stream then ends normally with
    * `finishReason: "cancelled"` (nothing is thrown).
    */
@@ -300,6 +312,10 @@ export interface ModelInfo {
   contextLength?: number
   /** Whether the model has a tokenizer (else only `promptIds` work). */
   hasTokenizer: boolean
+  /** The model takes images (`images`): it has a vision tower Weft runs. */
+  vision: boolean
+  /** The model takes audio (`audio`): it has an audio tower Weft runs. */
+  audio: boolean
 }
 
 /** One of the most likely tokens at a step. */

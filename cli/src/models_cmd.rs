@@ -28,6 +28,8 @@ struct Capabilities {
     tools: bool,
     /// The checkpoint carries a vision tower Weft runs (Gemma 3's, sized by `vision_config`).
     vision: bool,
+    /// The checkpoint carries an audio tower Weft runs (Gemma 4's, from a non-null `audio_config`).
+    audio: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -197,8 +199,9 @@ fn inspect_gguf(path: &Path) -> std::result::Result<Inspected, String> {
         capabilities: Capabilities {
             chat_template: template.is_some(),
             tools: template.is_some_and(|t| t.contains("tools")),
-            // Vision in GGUF lives in a separate projector file, never in the text model.
+            // Vision and audio in GGUF live in a separate projector file, never in the text model.
             vision: false,
+            audio: false,
         },
     })
 }
@@ -265,6 +268,9 @@ fn inspect_dir(dir: &Path) -> std::result::Result<Inspected, String> {
             vision: (config["model_type"] == "gemma3"
                 && config.get("vision_config").is_some_and(|v| v.get("hidden_size").is_some()))
                 || (config["model_type"] == "gemma4" && has_tensor(dir, "vision_tower.patch_embedder.input_proj.weight")),
+            // Audio input Weft serves: a gemma4 checkpoint with an audio_config (the larger
+            // Gemma 4 checkpoints set it to null: no tower).
+            audio: config["model_type"] == "gemma4" && config.get("audio_config").is_some_and(Value::is_object),
         },
     })
 }
@@ -294,7 +300,7 @@ fn human_size(bytes: u64) -> String {
 
 fn print_table(store: &ModelStore, entries: &[Entry]) {
     let yes = |b: bool| if b { "yes" } else { "no" };
-    let rows: Vec<[String; 8]> = entries
+    let rows: Vec<[String; 9]> = entries
         .iter()
         .map(|e| {
             let caps = e.capabilities.as_ref();
@@ -314,17 +320,18 @@ fn print_table(store: &ModelStore, entries: &[Entry]) {
                 cap(|c| c.chat_template),
                 cap(|c| c.tools),
                 cap(|c| c.vision),
+                cap(|c| c.audio),
             ]
         })
         .collect();
-    let header = ["NAME", "STATUS", "SIZE", "ARCH", "QUANT", "CHAT", "TOOLS", "VISION"].map(String::from);
+    let header = ["NAME", "STATUS", "SIZE", "ARCH", "QUANT", "CHAT", "TOOLS", "VISION", "AUDIO"].map(String::from);
     let mut widths = header.clone().map(|h| h.len());
     for r in &rows {
         for (w, c) in widths.iter_mut().zip(r) {
             *w = (*w).max(c.chars().count());
         }
     }
-    let line = |r: &[String; 8]| {
+    let line = |r: &[String; 9]| {
         let cells: Vec<String> = r.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
         println!("{}", cells.join("  ").trim_end());
     };

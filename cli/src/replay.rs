@@ -103,6 +103,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
                 tools: None,
                 constraint: None,
                 images: Vec::new(),
+                audio: Vec::new(),
             };
             engine.submit(req).map_err(|e| Error::InvalidRequest(format!("row {:?}: {e}", ins.id)))?;
             ids.push(ins.id.clone());

@@ -70,6 +70,7 @@ pub const REQUEST_FIELDS: &[&str] = &[
     "messages",
     "prompt_ids",
     "images",
+    "audio",
     "max_tokens",
     "temperature",
     "top_p",
@@ -303,27 +304,45 @@ pub fn parse_request(v: &Value, spelling: Spelling) -> Result<Request> {
     req.tools = tools;
     req.constraint = parse_constraint_fields(&f)?;
     req.images = parse_images(&f)?;
+    req.audio = parse_audio(&f)?;
     Ok(req)
 }
 
 /// `images`: encoded image files in prompt order, each a string (a `data:` URL or a local
 /// file path; remote URLs are refused) or `{ "base64": "..." }`.
 fn parse_images(f: &Fields) -> Result<Vec<Vec<u8>>> {
-    let Some(v) = f.get("images") else { return Ok(Vec::new()) };
-    let items = v.as_array().ok_or_else(|| f.err("images", "an array of images", v))?;
-    let max = crate::vision::source::MAX_IMAGES;
+    use crate::vision::source::{base64_bytes, image_from_url, MAX_IMAGES};
+    parse_media(f, "images", "images", MAX_IMAGES, image_from_url, base64_bytes)
+}
+
+/// `audio`: encoded audio clips (WAV / MP3 / FLAC / Ogg) in prompt order, spelled as `images`.
+fn parse_audio(f: &Fields) -> Result<Vec<Vec<u8>>> {
+    use crate::vision::source::{audio_base64, audio_from_url, MAX_CLIPS};
+    parse_media(f, "audio", "audio clips", MAX_CLIPS, audio_from_url, audio_base64)
+}
+
+fn parse_media(
+    f: &Fields,
+    key: &str,
+    what: &str,
+    max: usize,
+    from_url: fn(&str) -> Result<Vec<u8>>,
+    from_base64: fn(&str) -> Result<Vec<u8>>,
+) -> Result<Vec<Vec<u8>>> {
+    let Some(v) = f.get(key) else { return Ok(Vec::new()) };
+    let items = v.as_array().ok_or_else(|| f.err(key, &format!("an array of {what}"), v))?;
     if items.len() > max {
-        return Err(invalid(format!("{}: {} images, at most {max} per request", f.name("images"), items.len())));
+        return Err(invalid(format!("{}: {} {what}, at most {max} per request", f.name(key), items.len())));
     }
     items
         .iter()
         .enumerate()
         .map(|(i, item)| {
-            let at = format!("{}[{i}]", f.name("images"));
+            let at = format!("{}[{i}]", f.name(key));
             let bytes = match item {
-                Value::String(s) => crate::vision::source::image_from_url(s),
+                Value::String(s) => from_url(s),
                 Value::Object(m) if m.len() == 1 && m.get("base64").is_some_and(Value::is_string) => {
-                    crate::vision::source::base64_bytes(m["base64"].as_str().unwrap())
+                    from_base64(m["base64"].as_str().unwrap())
                 }
                 other => {
                     return Err(invalid(format!(
@@ -1127,5 +1146,22 @@ mod tests {
         }
         let many: Vec<Value> = (0..17).map(|_| json!({"base64": "iVBORw=="})).collect();
         has(&req_err(json!({"prompt": "a", "images": many}), Spelling::Snake), "at most 16 per request");
+    }
+
+    #[test]
+    fn audio_clips_are_bytes_paths_or_data_urls() {
+        let r = req(json!({"prompt_ids": [1], "audio": [{"base64": "UklGRg=="}, "data:audio/wav;base64,UklGRg=="]}));
+        assert_eq!(r.audio, vec![b"RIFF".to_vec(); 2]);
+        assert!(req(json!({"prompt": "a", "audio": null})).audio.is_empty());
+        for (body, needle) in [
+            (json!({"prompt": "a", "audio": "x.wav"}), "audio must be an array of audio clips"),
+            (json!({"prompt": "a", "audio": [3]}), "audio[0] must be a data: URL or file path string"),
+            (json!({"prompt": "a", "audio": ["https://x/y.wav"]}), "audio[0]: audio: remote URLs are not fetched"),
+            (json!({"prompt": "a", "audio": [{"base64": "%%"}]}), "audio[0]: audio: invalid base64"),
+        ] {
+            has(&req_err(body, Spelling::Snake), needle);
+        }
+        let many: Vec<Value> = (0..9).map(|_| json!({"base64": "UklGRg=="})).collect();
+        has(&req_err(json!({"prompt": "a", "audio": many}), Spelling::Snake), "at most 8 per request");
     }
 }

@@ -105,6 +105,10 @@ pub trait LanguageModel: Send {
     fn vision(&self) -> Option<&dyn VisionTower> {
         None
     }
+    /// The audio tower, for a model that takes audio.
+    fn audio(&self) -> Option<&dyn crate::audio::AudioTower> {
+        None
+    }
     /// Like [`LanguageModel::forward`], with `media`'s soft tokens spliced over the token
     /// embeddings (a causal forward like any other: the caches extend by `L`).
     fn forward_with_media(&self, _tokens: &Array, _media: &PromptMedia, _caches: &mut [Box<dyn KvCache>]) -> Result<Array> {

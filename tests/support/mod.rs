@@ -111,6 +111,7 @@ pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
         tools: None,
         constraint: None,
         images: Vec::new(),
+        audio: Vec::new(),
     }
 }
 

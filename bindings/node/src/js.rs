@@ -252,3 +252,27 @@ impl ToNapiValue for Raw {
         Ok(val.0)
     }
 }
+
+/// The bytes of a `Uint8Array` (a `Buffer` is one), `None` for any other value; other typed
+/// arrays are an argument error (their element bytes would depend on the platform).
+pub fn typed_bytes(env: sys::napi_env, v: sys::napi_value, path: &str) -> Res<Option<Vec<u8>>> {
+    let mut is_typed = false;
+    check(unsafe { sys::napi_is_typedarray(env, v, &mut is_typed) }, "is typed array")?;
+    if !is_typed {
+        return Ok(None);
+    }
+    let (mut kind, mut len, mut data, mut offset) = (0, 0usize, std::ptr::null_mut(), 0usize);
+    let mut buffer = std::ptr::null_mut();
+    check(
+        unsafe { sys::napi_get_typedarray_info(env, v, &mut kind, &mut len, &mut data, &mut buffer, &mut offset) },
+        "typed array info",
+    )?;
+    if kind != sys::TypedarrayType::uint8_array {
+        return Err(Fail::arg(format!("{path} must be a Uint8Array / Buffer (or a string), got another typed array")));
+    }
+    if len == 0 {
+        return Ok(Some(Vec::new()));
+    }
+    // SAFETY: napi reports `len` bytes at `data`, alive while `v` is (this call's scope).
+    Ok(Some(unsafe { std::slice::from_raw_parts(data as *const u8, len) }.to_vec()))
+}

@@ -159,6 +159,16 @@ pub struct GenerateOptions {
     pub tool_choice: Option<bool>,
     /// `false` ends generation after the first complete call (default `true`).
     pub parallel_tool_calls: Option<bool>,
+    /// Images for a model with a vision tower (`modelInfo.vision`), in prompt order: a file's
+    /// bytes (`Uint8Array` / `Buffer`), a local file path or a `data:` URL. The prompt holds the
+    /// model's image marker once per image (docs/node.md).
+    #[napi(ts_type = "Array<Uint8Array | string>")]
+    pub images: Option<bool>,
+    /// Audio clips (WAV / MP3 / FLAC / Ogg, at most 30 s each) for a model with an audio tower
+    /// (`modelInfo.audio`), in prompt order, as `images`. The prompt holds the model's audio
+    /// token once per clip.
+    #[napi(ts_type = "Array<Uint8Array | string>")]
+    pub audio: Option<bool>,
     /// Aborting it cancels the request in the engine; the stream then ends normally with
     /// `finishReason: "cancelled"` (nothing is thrown).
     #[napi(ts_type = "AbortSignal")]
@@ -304,6 +314,10 @@ pub struct ModelInfo {
     pub context_length: Option<u32>,
     /// Whether the model has a tokenizer (else only `promptIds` work).
     pub has_tokenizer: bool,
+    /// The model takes images (`images`): it has a vision tower Weft runs.
+    pub vision: bool,
+    /// The model takes audio (`audio`): it has an audio tower Weft runs.
+    pub audio: bool,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -450,6 +464,8 @@ fn load_engine(params: options::LoadParams) -> Res<(weft::engine::Engine, ModelI
         num_layers: i.num_layers as u32,
         context_length: i.max_position_embeddings.map(|n| n.min(u32::MAX as usize) as u32),
         has_tokenizer: engine.tokenizer().is_some(),
+        vision: engine.vision().is_some(),
+        audio: engine.audio().is_some(),
     };
     Ok((engine, info))
 }

@@ -5,7 +5,8 @@
 //!
 //! `undefined` and `null` mean "not given". Unknown keys are rejected with a suggestion, so a
 //! typo such as `max_tokens` fails loudly instead of being ignored. Only `signal` (an
-//! AbortSignal, not JSON) is Node's own.
+//! AbortSignal, not JSON) is Node's own. A `Uint8Array` / `Buffer` (an image or audio file's
+//! bytes) becomes the contract's `{ "base64": ... }`.
 
 use napi::{sys, ValueType};
 use serde_json::{Map, Number, Value};
@@ -31,6 +32,11 @@ fn to_json(env: sys::napi_env, v: sys::napi_value, path: &str, depth: usize, ski
         ValueType::Boolean => Value::Bool(js::as_bool(env, v)?),
         ValueType::String => Value::String(js::as_string(env, v)?),
         ValueType::Number => number(js::as_f64(env, v)?),
+        ValueType::Object if js::typed_bytes(env, v, path)?.is_some() => {
+            use base64::Engine as _;
+            let bytes = js::typed_bytes(env, v, path)?.unwrap_or_default();
+            serde_json::json!({"base64": base64::engine::general_purpose::STANDARD.encode(bytes)})
+        }
         ValueType::Object if js::is_array(env, v)? => {
             let n = js::array_len(env, v)?;
             let mut items = Vec::with_capacity(n as usize);

@@ -150,6 +150,15 @@ fn turn_messages(
                 let result = if is_error { format!("Error: {result}") } else { result };
                 out.push(ChatMessage { tool_call_id: Some(id.into()), ..ChatMessage::new("tool", result) });
             }
+            (_, Some(kind @ ("audio" | "input_audio" | "audio_url"))) => {
+                return Err(ApiError::field(
+                    &at,
+                    format!(
+                        "`{at}`: {kind} blocks are not accepted on /v1/messages (the Anthropic API has no audio input); \
+                         send audio to /v1/chat/completions as an OpenAI `input_audio` part"
+                    ),
+                ));
+            }
             ("user", Some("image")) => {
                 let Some(images) = images.as_deref_mut() else {
                     return Err(ApiError::field(&at, "this model takes no images (it has no vision tower)".to_string()));

@@ -87,7 +87,12 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, req: axum::ext
 
 /// OpenAI `messages`: roles and text content (a string, or an array of text parts joined as
 /// mlx_lm.server joins them). `developer` is the newer name for `system`.
-fn chat_messages(state: &AppState, body: &Object, mut images: Option<&mut MessageImages>) -> Result<Vec<ChatMessage>, ApiError> {
+fn chat_messages(
+    state: &AppState,
+    body: &Object,
+    mut images: Option<&mut MessageImages>,
+    mut audio: Option<&mut MessageAudio>,
+) -> Result<Vec<ChatMessage>, ApiError> {
     let list = match get(body, "messages") {
         Some(Value::Array(a)) if !a.is_empty() => a,
         Some(Value::Array(_)) => return Err(ApiError::field("messages", "`messages` must not be empty")),
@@ -114,7 +119,7 @@ fn chat_messages(state: &AppState, body: &Object, mut images: Option<&mut Messag
                     ))
                 }
             };
-            let content = content_text(get(m, "content"), &param, images.as_deref_mut())?;
+            let content = content_text(get(m, "content"), &param, images.as_deref_mut(), audio.as_deref_mut())?;
             let mut message = ChatMessage::new(role, content);
             if role == "assistant" {
                 message.tool_calls = assistant_tool_calls(get(m, "tool_calls"), &param)?;
@@ -189,15 +194,24 @@ fn chat_finish_str(r: FinishReason, calls: usize) -> &'static str {
 
 /// Text content, or text parts joined; `image_url` parts (when `images` collects them: a model
 /// with a vision tower) become the model's begin-of-image marker in the text and their bytes
-/// go to `images`. A message with images trims each text part, as Gemma 3's template does for
-/// a list of parts.
-fn content_text(content: Option<&Value>, param: &str, images: Option<&mut MessageImages>) -> Result<String, ApiError> {
+/// go to `images`; `input_audio` / `audio_url` parts (when `audio` collects them) become the
+/// model's audio token and their bytes go to `audio`. A message with media trims each text
+/// part, as Gemma's templates do for a list of parts.
+fn content_text(
+    content: Option<&Value>,
+    param: &str,
+    images: Option<&mut MessageImages>,
+    audio: Option<&mut MessageAudio>,
+) -> Result<String, ApiError> {
     match content {
         None => Ok(String::new()),
         Some(Value::String(s)) => Ok(s.clone()),
         Some(Value::Array(parts)) => {
-            let has_images = parts.iter().any(|p| p.get("type").and_then(Value::as_str) == Some("image_url"));
+            let has_images = parts
+                .iter()
+                .any(|p| matches!(p.get("type").and_then(Value::as_str), Some("image_url" | "input_audio" | "audio_url")));
             let mut images = images;
+            let mut audio = audio;
             let mut text = String::new();
             for (j, p) in parts.iter().enumerate() {
                 match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
@@ -224,10 +238,18 @@ fn content_text(content: Option<&Value>, param: &str, images: Option<&mut Messag
                         images.add(url, &at)?;
                         text.push_str(&images.marker);
                     }
+                    (Some(kind @ ("input_audio" | "audio_url")), _) => {
+                        let at = format!("{param}.content[{j}].{kind}");
+                        let Some(audio) = audio.as_deref_mut() else {
+                            return Err(ApiError::field(&at, "this model takes no audio (it has no audio tower)".to_string()));
+                        };
+                        audio.add_part(kind, p.get(kind), &at)?;
+                        text.push_str(&audio.marker);
+                    }
                     _ => {
                         return Err(ApiError::field(
                             param,
-                            format!("`{param}.content`: only text and image_url content parts are supported"),
+                            format!("`{param}.content`: only text, image_url, input_audio and audio_url content parts are supported"),
                         ))
                     }
                 }
@@ -260,6 +282,58 @@ impl MessageImages {
         }
         let bytes = weft::vision::source::image_from_url(url)
             .map_err(|e| ApiError::field(at, format!("`{at}`: {}", e.to_string().trim_start_matches("invalid request: "))))?;
+        self.bytes.push(bytes);
+        Ok(())
+    }
+}
+
+/// The audio clips of a request's messages, in order, and the audio token text each stands for.
+pub struct MessageAudio {
+    pub marker: String,
+    pub bytes: Vec<Vec<u8>>,
+    pub max: usize,
+}
+
+/// Formats `input_audio.format` may name (what the decoder reads).
+const AUDIO_FORMATS: [&str; 5] = ["wav", "mp3", "flac", "ogg", "oga"];
+
+impl MessageAudio {
+    /// For a model with an audio tower and a tokenizer that names its audio token.
+    pub fn for_model(state: &AppState) -> Option<MessageAudio> {
+        let spec = state.engine.audio()?;
+        let marker = state.engine.tokenizer()?.id_to_token(spec.tokens.audio_token_id)?;
+        Some(MessageAudio { marker, bytes: Vec::new(), max: spec.max_clips })
+    }
+
+    /// Adds a clip from an OpenAI `input_audio` part (`{data: base64, format}`) or an
+    /// `audio_url` part (`{url}` or a string: a `data:` URL or a local path; remote URLs a 400).
+    fn add_part(&mut self, kind: &str, v: Option<&Value>, at: &str) -> Result<(), ApiError> {
+        if self.bytes.len() >= self.max {
+            return Err(ApiError::field(at, format!("at most {} audio clips per request", self.max)));
+        }
+        let bad = |e: weft::Error| ApiError::field(at, format!("`{at}`: {}", e.to_string().trim_start_matches("invalid request: ")));
+        let bytes = if kind == "input_audio" {
+            let o = v.and_then(Value::as_object).ok_or_else(|| ApiError::field(at, format!("`{at}` must be an object {{data, format}}")))?;
+            let data = o.get("data").and_then(Value::as_str).ok_or_else(|| ApiError::field(at, format!("`{at}.data` must be a base64 string")))?;
+            match o.get("format") {
+                None | Some(Value::Null) => {}
+                Some(Value::String(f)) if AUDIO_FORMATS.contains(&f.to_ascii_lowercase().as_str()) => {}
+                Some(f) => {
+                    return Err(ApiError::field(at, format!("`{at}.format` {f} is not supported (supported: wav, mp3, flac, ogg)")))
+                }
+            }
+            weft::vision::source::audio_base64(data).map_err(bad)?
+        } else {
+            let url = match v {
+                Some(Value::String(u)) => u.as_str(),
+                Some(Value::Object(o)) => o.get("url").and_then(Value::as_str).unwrap_or(""),
+                _ => "",
+            };
+            if url.is_empty() {
+                return Err(ApiError::field(at, format!("`{at}` needs a string `url`")));
+            }
+            weft::vision::source::audio_from_url(url).map_err(bad)?
+        };
         self.bytes.push(bytes);
         Ok(())
     }
@@ -319,8 +393,10 @@ async fn chat_inner(state: &Arc<AppState>, req: axum::extract::Request, arrived:
     let (stream, include_usage) = stream_flags(&body)?;
     let logprobs = chat_logprobs(&body)?;
     let mut images = MessageImages::for_model(state);
-    let messages = chat_messages(state, &body, images.as_mut())?;
+    let mut audio = MessageAudio::for_model(state);
+    let messages = chat_messages(state, &body, images.as_mut(), audio.as_mut())?;
     let images = images.map(|i| i.bytes).unwrap_or_default();
+    let audio = audio.map(|a| a.bytes).unwrap_or_default();
     let tools = request_tools(&body)?;
     if !images.is_empty() && tools.is_some() {
         return Err(ApiError::field("tools", "`tools` together with images is not supported yet".to_string()));
@@ -336,12 +412,13 @@ async fn chat_inner(state: &Arc<AppState>, req: axum::extract::Request, arrived:
                 // model's processor does (weft::engine::attach_images).
                 weft::tools::check_history(&messages).map_err(|e| ApiError::field(&e.param, e.message))?;
                 return state
-                    .start(Request { input: Input::Messages(messages), images, ..request }, arrived)
+                    .start(Request { input: Input::Messages(messages), images, audio, ..request }, arrived)
                     .map_err(|e| params::constraint_error(e, constraint));
             }
+            // Audio tokens in the rendered prompt are expanded by weft::engine::attach_audio.
             let (prompt, tools) = state.tokenize_chat(&messages, tools)?;
             state
-                .start(Request { input: Input::Tokens(prompt), tools, ..request }, arrived)
+                .start(Request { input: Input::Tokens(prompt), tools, audio, ..request }, arrived)
                 .map_err(|e| params::constraint_error(e, constraint))
         })
         .await?;
@@ -728,7 +805,8 @@ impl StreamEncoder for CompletionEncoder {
 // ---------------------------------------------------------------- /v1/models
 
 /// The served model: its short id, where it was loaded from (`path`) and what inputs it takes
-/// (`capabilities.vision`: image content parts), both Weft extensions.
+/// (`capabilities.vision`: image content parts; `capabilities.audio`: input_audio / audio_url
+/// parts), both Weft extensions.
 fn model_json(state: &AppState) -> Value {
     json!({
         "id": state.model_id,
@@ -736,7 +814,7 @@ fn model_json(state: &AppState) -> Value {
         "created": state.created,
         "owned_by": "weft",
         "path": state.model.path,
-        "capabilities": {"vision": state.engine.vision().is_some()},
+        "capabilities": {"vision": state.engine.vision().is_some(), "audio": state.engine.audio().is_some()},
     })
 }
 

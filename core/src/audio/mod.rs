@@ -38,3 +38,35 @@ pub fn load_clip(bytes: &[u8], format_hint: Option<&str>) -> Result<Vec<f32>> {
     }
     Ok(samples)
 }
+
+/// Most clips one request may carry.
+pub const MAX_CLIPS: usize = 8;
+
+/// What a request with audio needs from the model, off the engine thread: the frontend (the
+/// checkpoint's extractor settings), the token rule and the clip limit.
+#[derive(Clone)]
+pub struct AudioSpec {
+    pub frontend: std::sync::Arc<MelFrontend>,
+    pub tokens: AudioTokens,
+    pub max_clips: usize,
+}
+
+impl std::fmt::Debug for AudioSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AudioSpec").field("tokens", &self.tokens).field("max_clips", &self.max_clips).finish()
+    }
+}
+
+/// A model's audio tower (with its embedder), as the engine runs it at admission.
+pub trait AudioTower: Send {
+    fn spec(&self) -> &AudioSpec;
+    /// One clip's log-mel features -> `[soft_tokens, hidden]`: the rows its audio positions
+    /// take, in order (the reference's wrap-around included), ready to splice.
+    fn encode(&self, mel: &MelFeatures, soft_tokens: usize) -> Result<mlx_rs::Array>;
+}
+
+/// A content hash of 16 kHz samples (FNV-1a over the f32 bits): prompt-cache keys put it in
+/// place of a clip's audio positions, so two clips never share cached KV.
+pub fn samples_hash(samples: &[f32]) -> u64 {
+    crate::vision::pixels_hash(samples)
+}

@@ -169,12 +169,14 @@ impl Executor {
     /// Starts a request: reuses a cached prefix if there is one, then queues its prefill.
     pub fn admit(&mut self, mut sub: Submission, projected_kv_bytes: u64) {
         let images = std::mem::take(&mut sub.images);
-        // Images reach rows only through `attach_images`; a caller of `prepare` alone
-        // (EngineCore users) must not have them dropped silently.
-        let unprepared = images.is_empty() && !sub.request.images.is_empty();
+        let clips = std::mem::take(&mut sub.audio);
+        // Media reach rows only through `attach_images` / `attach_audio`; a caller of `prepare`
+        // alone (EngineCore users) must not have them dropped silently.
+        let unprepared = (images.is_empty() && !sub.request.images.is_empty())
+            || (clips.is_empty() && !sub.request.audio.is_empty());
         let mut row = Row::new(sub, self.tokenizer.as_ref(), projected_kv_bytes);
         if unprepared {
-            return self.fail_row(row, "images: the request's images were not prepared (engine::attach_images)".into());
+            return self.fail_row(row, "media: the request's images or audio were not prepared (engine::attach_images / attach_audio)".into());
         }
         if !images.is_empty() {
             // The tower runs here, once per request, before the row's first chunk.
@@ -185,6 +187,14 @@ impl Executor {
             if let Some(spec) = self.model.vision().map(|v| v.spec()) {
                 row.cache_key = Some(media::cache_key(&row.prompt, &images, spec.zeroed_token_id));
             }
+        }
+        if !clips.is_empty() {
+            match std::mem::take(&mut row.media).encode_audio(self.model.as_ref(), &clips) {
+                Ok(media) => row.media = media,
+                Err(e) => return self.fail_row(row, format!("encoding the audio failed: {e}")),
+            }
+            let key = row.cache_key.take().unwrap_or_else(|| row.prompt.clone());
+            row.cache_key = Some(media::audio_cache_key(key, &clips));
         }
         let reuse = if self.prompt_cache.enabled() {
             self.prompt_cache.lookup(row.cache_prompt(), row.prompt.len() - 1)

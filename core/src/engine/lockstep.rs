@@ -299,6 +299,9 @@ pub(super) fn check_request(r: &Request) -> Result<()> {
     if !r.images.is_empty() {
         return refuse("image input");
     }
+    if !r.audio.is_empty() {
+        return refuse("audio input");
+    }
     Ok(())
 }
 
@@ -306,8 +309,8 @@ pub(super) fn check_request(r: &Request) -> Result<()> {
 /// rank draws the same tokens.
 fn wire(sub: &mut Submission) -> Result<WireRequest> {
     check_request(&sub.request)?;
-    if sub.constraint.is_some() || !sub.images.is_empty() {
-        return Err(Error::InvalidRequest("constrained output or images across ranks are not supported yet".into()));
+    if sub.constraint.is_some() || !sub.images.is_empty() || !sub.audio.is_empty() {
+        return Err(Error::InvalidRequest("constrained output, images or audio across ranks are not supported yet".into()));
     }
     if sub.request.sampling.temperature > 0.0 && sub.request.sampling.seed.is_none() {
         sub.request.sampling.seed = Some(rand::random());
@@ -343,6 +346,7 @@ fn submission(w: WireRequest, sink: Sink) -> Submission {
         flow: None,
         constraint: None,
         images: Vec::new(),
+        audio: Vec::new(),
     }
 }
 

@@ -1,6 +1,7 @@
-//! Images in engine rows: their soft tokens (from the model's tower, at admission), the slices
-//! of them each prefill chunk splices, and the prompt-cache key that names each image by a
-//! hash of its pixels, so cached KV is reused only for the same images at the same places.
+//! Images and audio clips in engine rows: their soft tokens (from the model's tower, at
+//! admission), the slices of them each prefill chunk splices, and the prompt-cache key that
+//! names each image or clip by a hash of its pixels or samples, so cached KV is reused only for
+//! the same media at the same places.
 
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
@@ -19,6 +20,19 @@ pub struct PreparedImage {
     pub width: usize,
     /// Its soft tokens (placeholder positions from `start`).
     pub tokens: usize,
+    pub hash: u64,
+}
+
+/// One audio clip of a request: decoded, resampled and turned into log-mel features on the
+/// caller's thread; the tower runs at admission.
+#[derive(Debug, Clone)]
+pub struct PreparedAudio {
+    /// First audio position in the prompt (just after its begin-of-audio token).
+    pub start: usize,
+    pub mel: crate::audio::MelFeatures,
+    /// Audio positions the clip fills (`min(ceil(ms / 40), 750)` for Gemma 4).
+    pub soft_tokens: usize,
+    /// Hash of the 16 kHz samples.
     pub hash: u64,
 }
 
@@ -54,6 +68,22 @@ impl RowMedia {
             images.iter().map(|im| Ok((im.start, run(std::slice::from_ref(im))?.index(0)))).collect::<Result<_>>()?
         };
         Ok(RowMedia { spans })
+    }
+
+    /// Runs the model's audio tower over a request's clips, one clip at a time (each its own
+    /// length, so no padding enters a clip's frames).
+    pub(super) fn encode_audio(mut self, model: &dyn LanguageModel, clips: &[PreparedAudio]) -> Result<RowMedia> {
+        if clips.is_empty() {
+            return Ok(self);
+        }
+        let tower = model.audio().ok_or_else(|| Error::InvalidRequest("this model takes no audio".into()))?;
+        for c in clips {
+            let soft = tower.encode(&c.mel, c.soft_tokens)?;
+            soft.eval()?;
+            self.spans.push((c.start, soft));
+        }
+        self.spans.sort_by_key(|(s, _)| *s);
+        Ok(self)
     }
 
     /// `end` moved past any image span it would cut (spans attended bidirectionally must sit
@@ -103,15 +133,29 @@ pub(super) fn forward_media(rows: &[&RowMedia], ranges: &[(usize, usize)]) -> Op
 /// from its image's pixel hash and offset, and pad ids (embedded as zeros in such prompts)
 /// a marker, all with the top bit set so no token id equals them.
 pub(super) fn cache_key(prompt: &[u32], images: &[PreparedImage], pad: Option<u32>) -> Vec<u32> {
-    let mut key: Vec<u32> = prompt
+    let spans: Vec<(usize, usize, u64)> = images.iter().map(|im| (im.start, im.tokens, im.hash)).collect();
+    let key: Vec<u32> = prompt
         .iter()
         .map(|&t| if Some(t) == pad { u32::MAX } else { t })
         .collect();
-    for im in images {
-        for j in 0..im.tokens {
-            let h = im.hash.wrapping_add((j as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    keyed(key, &spans)
+}
+
+/// The prompt-cache key of a prompt with audio clips: as [`cache_key`], each clip's audio
+/// positions named by its samples' hash (`key` may already carry images' names).
+pub(super) fn audio_cache_key(key: Vec<u32>, clips: &[PreparedAudio]) -> Vec<u32> {
+    let spans: Vec<(usize, usize, u64)> = clips.iter().map(|c| (c.start, c.soft_tokens, c.hash)).collect();
+    keyed(key, &spans)
+}
+
+/// `key` with positions `start..start + len` of each span replaced by values derived from the
+/// span's hash and offset.
+fn keyed(mut key: Vec<u32>, spans: &[(usize, usize, u64)]) -> Vec<u32> {
+    for &(start, len, hash) in spans {
+        for j in 0..len {
+            let h = hash.wrapping_add((j as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
             let h = (h ^ (h >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            key[im.start + j] = 0x8000_0000 | ((h >> 33) as u32 & 0x7fff_fffe);
+            key[start + j] = 0x8000_0000 | ((h >> 33) as u32 & 0x7fff_fffe);
         }
     }
     key

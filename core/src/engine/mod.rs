@@ -25,7 +25,7 @@ pub use self::core::EngineCore;
 pub use events::EventSink;
 pub use faults::Faults;
 pub use lockstep::{follow, FollowerSinks, LockstepCore, LockstepOptions, Step};
-pub use media::PreparedImage;
+pub use media::{PreparedAudio, PreparedImage};
 pub use memory::{release_free_heap, use_single_heap_arena, MemoryPolicy};
 pub use prompt_cache::PromptCache;
 pub use scheduler::Scheduler;
@@ -86,6 +86,11 @@ pub struct Request {
     /// ([`crate::vision::ImageSpec`]); text prompts and messages hold its begin-of-image
     /// marker, expanded here as the reference processor does.
     pub images: Vec<Vec<u8>>,
+    /// Encoded audio clips (WAV / MP3 / FLAC / Ogg Vorbis files, at most 30 s each), in prompt
+    /// order, for a model with an audio tower. The prompt (token ids, text or the rendered
+    /// conversation) holds the model's audio token once per clip, where the chat template puts
+    /// it; [`attach_audio`] expands each to `boa + audio x n + eoa` as the reference processor does.
+    pub audio: Vec<Vec<u8>>,
 }
 
 impl Request {
@@ -101,6 +106,7 @@ impl Request {
             tools: None,
             constraint: None,
             images: Vec::new(),
+            audio: Vec::new(),
         }
     }
 }
@@ -330,6 +336,8 @@ pub struct Submission {
     pub constraint: Option<RowConstraint>,
     /// The request's images, preprocessed ([`attach_images`]).
     pub images: Vec<PreparedImage>,
+    /// The request's audio clips, as log-mel features ([`attach_audio`]).
+    pub audio: Vec<PreparedAudio>,
 }
 
 enum Command {
@@ -380,6 +388,8 @@ struct Front {
     eos_token_ids: Vec<u32>,
     /// The model's image contract, when it has a vision tower.
     vision: Option<crate::vision::ImageSpec>,
+    /// The model's audio contract, when it has an audio tower.
+    audio: Option<crate::audio::AudioSpec>,
     config: EngineConfig,
     next_id: AtomicU64,
     /// Steps run across ranks: refuse at submit what the ranks cannot reproduce.
@@ -400,6 +410,7 @@ impl Front {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut sub = finish_prepare(id, checked, sink, self.tokenizer.as_ref(), &self.info, &self.eos_token_ids, &self.config)?;
         attach_images(&mut sub, self.vision.as_ref(), self.tokenizer.as_ref(), &self.info)?;
+        attach_audio(&mut sub, self.audio.as_ref(), &self.info, &self.config)?;
         if let Some(flow) = &flow {
             *flow.inner.wake.lock() = Some(self.tx.clone());
         }
@@ -465,13 +476,14 @@ impl Engine {
         let info = model.model.info().clone();
         let eos_token_ids = model.eos_token_ids.clone();
         let vision = model.model.vision().map(|v| v.spec().clone());
+        let audio = model.model.audio().map(|a| a.spec().clone());
         let core_config = config.clone();
         let (shared_stats, shared_health) = (Arc::clone(&stats), Arc::clone(&health));
         let driver = std::thread::Builder::new()
             .name("weft-engine".into())
             .spawn(move || driver(EngineCore::new(model, core_config), rx, shared_stats, shared_health))
             .map_err(|e| Error::Mlx(format!("cannot start the engine thread: {e}")))?;
-        let front = Front { tx, health, tokenizer, info, eos_token_ids, vision, config, next_id: AtomicU64::new(1), lockstep };
+        let front = Front { tx, health, tokenizer, info, eos_token_ids, vision, audio, config, next_id: AtomicU64::new(1), lockstep };
         Ok(Engine { front: Arc::new(front), stats, driver: Some(driver) })
     }
 
@@ -486,6 +498,11 @@ impl Engine {
     /// The model's image contract (`None`: a text-only model).
     pub fn vision(&self) -> Option<&crate::vision::ImageSpec> {
         self.front.vision.as_ref()
+    }
+
+    /// The model's audio contract (`None`: a model without an audio tower).
+    pub fn audio(&self) -> Option<&crate::audio::AudioSpec> {
+        self.front.audio.as_ref()
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -720,7 +737,7 @@ pub fn finish_prepare(
         }
     }
     let stop_token_ids = if request.ignore_eos { Vec::new() } else { eos_token_ids.to_vec() };
-    Ok(Submission { id, prompt, request, stop_token_ids, sink: EventSink::new(sink), flow: None, constraint, images: Vec::new() })
+    Ok(Submission { id, prompt, request, stop_token_ids, sink: EventSink::new(sink), flow: None, constraint, images: Vec::new(), audio: Vec::new() })
 }
 
 /// Checks a prepared request's images against the model and preprocesses them (on the
@@ -766,6 +783,66 @@ pub fn attach_images(
             PreparedImage { start, pixels: px.data, height: px.height, width: px.width, tokens, hash }
         })
         .collect();
+    Ok(())
+}
+
+/// Checks a prepared request's audio clips against the model and prepares them (on the
+/// caller's thread): decode, downmix, resample to 16 kHz (at most 30 s), log-mel features; then
+/// expands the prompt's audio tokens (one per clip) to `boa + audio x n + eoa` and checks the
+/// longer prompt. The tower runs when the engine admits the row.
+pub fn attach_audio(
+    sub: &mut Submission,
+    audio: Option<&crate::audio::AudioSpec>,
+    info: &ModelInfo,
+    config: &EngineConfig,
+) -> Result<()> {
+    if sub.request.audio.is_empty() {
+        return Ok(());
+    }
+    let spec = audio.ok_or_else(|| {
+        Error::InvalidRequest("audio: this model has no audio tower (it takes no audio)".into())
+    })?;
+    let n = sub.request.audio.len();
+    if n > spec.max_clips {
+        return Err(Error::InvalidRequest(format!("audio: {n} clips, at most {} per request", spec.max_clips)));
+    }
+    if !sub.request.images.is_empty() {
+        return Err(Error::InvalidRequest("audio together with images in one request is not supported yet".into()));
+    }
+    let t = &spec.tokens;
+    let placeholders = sub.prompt.iter().filter(|&&id| id == t.audio_token_id).count();
+    if placeholders != n {
+        return Err(Error::InvalidRequest(format!(
+            "audio: the prompt has {placeholders} audio token(s) (id {}) but {n} clip(s) were given; \
+             put the audio token once where each clip goes",
+            t.audio_token_id
+        )));
+    }
+    let mut clips = Vec::with_capacity(n);
+    for (i, bytes) in sub.request.audio.iter().enumerate() {
+        let at = |e: Error| {
+            let e = e.to_string();
+            let why = e.trim_start_matches("invalid request: ").trim_start_matches("audio: ");
+            Error::InvalidRequest(format!("audio[{i}]: {why}"))
+        };
+        let samples = crate::audio::load_clip(bytes, None).map_err(at)?;
+        let mel = spec.frontend.features(&samples).map_err(at)?;
+        let soft_tokens = t.soft_token_count(samples.len(), crate::audio::SAMPLE_RATE);
+        clips.push(PreparedAudio { start: 0, mel, soft_tokens, hash: crate::audio::samples_hash(&samples) });
+    }
+    let counts: Vec<usize> = clips.iter().map(|c| c.soft_tokens).collect();
+    let prompt = crate::audio::expand_audio_placeholders(&sub.prompt, &counts, t)?;
+    check_prompt(&sub.request, &prompt, info, config)?;
+    // Clip k's span starts after its begin-of-audio token: its placeholder's position plus
+    // what the earlier expansions added (each placeholder became n + 2 tokens).
+    let mut grown = 0;
+    let at = sub.prompt.iter().enumerate().filter(|(_, &id)| id == t.audio_token_id).map(|(p, _)| p);
+    for (clip, p) in clips.iter_mut().zip(at) {
+        clip.start = p + grown + 1;
+        grown += clip.soft_tokens + 1;
+    }
+    sub.prompt = prompt;
+    sub.audio = clips;
     Ok(())
 }
 

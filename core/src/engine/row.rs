@@ -187,7 +187,7 @@ impl Row {
 impl Row {
     /// The row of an admitted request.
     pub(super) fn new(sub: Submission, tokenizer: Option<&Tokenizer>, projected_kv_bytes: u64) -> Row {
-        let Submission { id, prompt, request, stop_token_ids, sink, flow, constraint, images: _ } = sub;
+        let Submission { id, prompt, request, stop_token_ids, sink, flow, constraint, images: _, audio: _ } = sub;
         let tool_parser = request.tools.as_ref().and_then(|t| t.parser());
         let tool_call_limit = request.tools.as_ref().and_then(|t| t.call_limit());
         let mut sampler = Sampler::new(request.sampling.clone());

@@ -617,8 +617,10 @@ impl AudioClip {
 /// as in mlx-vlm's `get_input_embeddings`).
 pub struct Gemma4Audio {
     pub tower: Gemma4AudioTower,
-    pub frontend: crate::audio::MelFrontend,
+    pub frontend: std::sync::Arc<crate::audio::MelFrontend>,
     pub tokens: crate::audio::AudioTokens,
+    /// What the engine's admission reads (frontend, tokens as loaded, clip limit).
+    spec: crate::audio::AudioSpec,
 }
 
 impl Gemma4Audio {
@@ -640,6 +642,33 @@ impl Gemma4Audio {
                 break;
             }
         }
+        Self::assemble(tower, mel, &cfg)
+    }
+
+    /// From a loaded Gemma 4 checkpoint's `config.json` and its `audio_tower.*` /
+    /// `embed_audio.*` tensors (the model loader's path; the extractor keeps mlx-vlm's defaults).
+    /// `None` when the config has no `audio_config` or the tensors are absent (a stripped tower).
+    pub fn from_checkpoint(cfg: &serde_json::Value, w: &mut Weights) -> Result<Option<Self>> {
+        let Some(audio) = cfg.get("audio_config").filter(|v| !v.is_null()) else { return Ok(None) };
+        w.rename_prefix("model.audio_tower.", "audio_tower.");
+        w.rename_prefix("model.embed_audio.", "embed_audio.");
+        let mut tw = w.split_prefixes(&["audio_tower.", "embed_audio."]);
+        if !tw.contains("audio_tower.subsample_conv_projection.layer0.conv.weight") {
+            return Ok(None);
+        }
+        let config: AudioConfig =
+            serde_json::from_value(audio.clone()).map_err(|e| Error::ModelLoad(format!("audio_config: {e}")))?;
+        let text_hidden = cfg
+            .pointer("/text_config/hidden_size")
+            .or_else(|| cfg.get("hidden_size"))
+            .and_then(|v| v.as_i64())
+            .ok_or_else(|| Error::ModelLoad("config.json: no text_config.hidden_size".into()))? as i32;
+        let tower = Gemma4AudioTower::from_weights(&mut tw, config, text_hidden)?;
+        tw.finish()?;
+        Self::assemble(tower, crate::audio::MelConfig::default(), cfg).map(Some)
+    }
+
+    fn assemble(tower: Gemma4AudioTower, mel: crate::audio::MelConfig, cfg: &serde_json::Value) -> Result<Self> {
         if mel.feature_size != INPUT_FEAT_SIZE as usize || mel.sampling_rate != crate::audio::SAMPLE_RATE {
             return Err(Error::Unsupported(format!(
                 "audio feature extractor: {} bins at {} Hz (the tower takes {INPUT_FEAT_SIZE} at {})",
@@ -648,7 +677,10 @@ impl Gemma4Audio {
                 crate::audio::SAMPLE_RATE
             )));
         }
-        Ok(Gemma4Audio { tower, frontend: crate::audio::MelFrontend::new(mel)?, tokens: crate::audio::AudioTokens::from_config(&cfg) })
+        let frontend = std::sync::Arc::new(crate::audio::MelFrontend::new(mel)?);
+        let tokens = crate::audio::AudioTokens::from_config(cfg);
+        let spec = crate::audio::AudioSpec { frontend: frontend.clone(), tokens, max_clips: crate::audio::MAX_CLIPS };
+        Ok(Gemma4Audio { tower, frontend, tokens, spec })
     }
 
     /// Audio bytes (WAV / MP3 / FLAC / Ogg Vorbis, at most 30 s) -> soft tokens.
@@ -675,5 +707,16 @@ impl Gemma4Audio {
     pub fn splice(&self, embeds: &Array, expanded_ids: &[u32], clips: &[AudioClip]) -> Result<Array> {
         let soft: Vec<Array> = clips.iter().map(|c| c.soft.clone()).collect();
         crate::audio::splice_soft_tokens(embeds, expanded_ids, &soft, &self.tokens)
+    }
+}
+
+impl crate::audio::AudioTower for Gemma4Audio {
+    fn spec(&self) -> &crate::audio::AudioSpec {
+        &self.spec
+    }
+
+    fn encode(&self, mel: &crate::audio::MelFeatures, soft_tokens: usize) -> Result<Array> {
+        let soft = self.tower.encode_clip(mel)?;
+        AudioClip { soft, soft_tokens, seconds: 0.0 }.span_embeddings()
     }
 }

@@ -101,6 +101,8 @@ pub struct Gemma4Text {
     final_softcap: Option<f32>,
     /// Layers that own a cache, in order (the first `num_hidden_layers - num_kv_shared_layers`).
     cache_layers: usize,
+    /// The audio tower of a `gemma4` checkpoint that ships one (`audio_config` + tensors).
+    audio: Option<super::gemma4_audio::Gemma4Audio>,
     /// The vision tower of a `gemma4` checkpoint that has one (mlx-vlm layout).
     vision: Option<Gemma4Vision>,
     /// The image token id when attention is bidirectional within image spans
@@ -164,6 +166,7 @@ pub fn load(cfg: &ConfigReader, mut w: Weights, dtype: Dtype) -> Result<Gemma4Te
     let wrapped = cfg.req_str("model_type")? == "gemma4";
     let text = if wrapped { text_config(cfg)? } else { Value::Null };
     let tcfg = if wrapped { ConfigReader::new(&text) } else { ConfigReader::new(cfg.raw()) };
+    let audio = if wrapped { super::gemma4_audio::Gemma4Audio::from_checkpoint(cfg.raw(), &mut w)? } else { None };
     let mut vision_weights = None;
     if wrapped {
         for part in ["vision_tower.", "embed_vision."] {
@@ -401,6 +404,7 @@ pub fn load(cfg: &ConfigReader, mut w: Weights, dtype: Dtype) -> Result<Gemma4Te
         cache_layers,
         vision,
         bidirectional_images,
+        audio,
     })
 }
 
@@ -653,6 +657,10 @@ impl LanguageModel for Gemma4Text {
         caches: &mut [Box<dyn KvCache>],
     ) -> Result<Array> {
         self.forward_media(tokens, Some(media), caches)
+    }
+
+    fn audio(&self) -> Option<&dyn crate::audio::AudioTower> {
+        self.audio.as_ref().map(|a| a as &dyn crate::audio::AudioTower)
     }
 
     fn vision(&self) -> Option<&dyn crate::vision::VisionTower> {

@@ -112,7 +112,9 @@ public final class Engine: Sendable {
             vocabSize: Int(rust.vocab_size()),
             numLayers: Int(rust.num_layers()),
             contextLength: context == 0 ? nil : Int(clamping: context),
-            hasTokenizer: rust.has_tokenizer()
+            hasTokenizer: rust.has_tokenizer(),
+            vision: rust.has_vision(),
+            audio: rust.has_audio()
         )
     }
 
@@ -263,7 +265,19 @@ extension GenerateOptions {
         case .function(let name): o["toolChoice"] = ["type": "function", "function": ["name": name]]
         }
         o["parallelToolCalls"] = parallelToolCalls
+        if !images.isEmpty { o["images"] = images.map(\.contractValue) }
+        if !audio.isEmpty { o["audio"] = audio.map(\.contractValue) }
         return o
+    }
+}
+
+extension MediaInput {
+    /// The request contract's form: `{"base64": ...}` for bytes, the path as a string.
+    var contractValue: Any {
+        switch self {
+        case .bytes(let data): return ["base64": data.base64EncodedString()]
+        case .file(let path): return path
+        }
     }
 }
 

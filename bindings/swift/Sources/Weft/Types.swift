@@ -1,3 +1,5 @@
+import Foundation
+
 /// An error from Weft: a stable `code` to branch on and a human-readable `message`.
 public struct WeftError: Error, Sendable, Equatable, CustomStringConvertible {
     public struct Code: RawRepresentable, Hashable, Sendable, CustomStringConvertible {
@@ -131,6 +133,12 @@ public enum OutputConstraint: Sendable, Equatable {
     case choice([String])
 }
 
+/// An image or audio file for a request: its bytes, or a local file path (read by the engine).
+public enum MediaInput: Sendable, Equatable {
+    case bytes(Data)
+    case file(String)
+}
+
 /// How a request is sampled and when it stops.
 public struct GenerateOptions: Sendable {
     /// Most tokens to generate.
@@ -168,6 +176,12 @@ public struct GenerateOptions: Sendable {
     public var toolChoice: ToolChoice
     /// `false` ends generation after the first complete call; `nil` = true.
     public var parallelToolCalls: Bool?
+    /// Images (PNG / JPEG / WebP) for a model with a vision tower (`ModelInfo.vision`), in
+    /// prompt order; the prompt holds the model's begin-of-image marker once per image.
+    public var images: [MediaInput]
+    /// Audio clips (WAV / MP3 / FLAC / Ogg, at most 30 s) for a model with an audio tower
+    /// (`ModelInfo.audio`), in prompt order; the prompt holds its audio token once per clip.
+    public var audio: [MediaInput]
 
     public init(
         maxTokens: Int = 256,
@@ -188,7 +202,9 @@ public struct GenerateOptions: Sendable {
         constraint: OutputConstraint? = nil,
         tools: [Tool] = [],
         toolChoice: ToolChoice = .auto,
-        parallelToolCalls: Bool? = nil
+        parallelToolCalls: Bool? = nil,
+        images: [MediaInput] = [],
+        audio: [MediaInput] = []
     ) {
         self.maxTokens = maxTokens
         self.temperature = temperature
@@ -209,6 +225,8 @@ public struct GenerateOptions: Sendable {
         self.tools = tools
         self.toolChoice = toolChoice
         self.parallelToolCalls = parallelToolCalls
+        self.images = images
+        self.audio = audio
     }
 }
 
@@ -290,6 +308,10 @@ public struct ModelInfo: Sendable, Equatable {
     public let contextLength: Int?
     /// Whether the model has a tokenizer (else only `promptIds` work).
     public let hasTokenizer: Bool
+    /// The model takes images (`GenerateOptions.images`): it has a vision tower Weft runs.
+    public let vision: Bool
+    /// The model takes audio (`GenerateOptions.audio`): it has an audio tower Weft runs.
+    public let audio: Bool
 }
 
 /// A snapshot of the engine's scheduler and counters (published after each engine step).

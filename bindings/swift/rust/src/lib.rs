@@ -42,6 +42,8 @@ mod ffi {
         fn num_layers(self: &RustEngine) -> u32;
         fn context_length(self: &RustEngine) -> u64;
         fn has_tokenizer(self: &RustEngine) -> bool;
+        fn has_vision(self: &RustEngine) -> bool;
+        fn has_audio(self: &RustEngine) -> bool;
         fn submit(self: &RustEngine, request_json: String, sink: EventSink) -> Result<RustRow, RustError>;
         fn stat(self: &RustEngine, name: String) -> u64;
         fn is_closed(self: &RustEngine) -> bool;
@@ -157,6 +159,8 @@ pub struct RustEngine {
     num_layers: u32,
     context_length: u64,
     has_tokenizer: bool,
+    has_vision: bool,
+    has_audio: bool,
 }
 
 /// A JSON document from the Swift side (which builds it; malformed text is a bug there, still
@@ -177,6 +181,7 @@ fn load_engine(options_json: String) -> Result<RustEngine, RustError> {
     let engine = weft::engine::Engine::start(loaded, config)?;
     let info = engine.model_info().clone();
     let has_tokenizer = engine.tokenizer().is_some();
+    let (has_vision, has_audio) = (engine.vision().is_some(), engine.audio().is_some());
     Ok(RustEngine {
         shared: Arc::new(Shared { engine: Mutex::new(Some(engine)) }),
         path: path.display().to_string(),
@@ -185,6 +190,8 @@ fn load_engine(options_json: String) -> Result<RustEngine, RustError> {
         num_layers: info.num_layers as u32,
         context_length: info.max_position_embeddings.unwrap_or(0) as u64,
         has_tokenizer,
+        has_vision,
+        has_audio,
     })
 }
 
@@ -212,6 +219,14 @@ impl RustEngine {
 
     fn has_tokenizer(&self) -> bool {
         self.has_tokenizer
+    }
+
+    fn has_vision(&self) -> bool {
+        self.has_vision
+    }
+
+    fn has_audio(&self) -> bool {
+        self.has_audio
     }
 
     /// `request_json`: the request, camelCase (`weft::contract::parse_request`).
