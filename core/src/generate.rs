@@ -8,7 +8,7 @@ use std::time::Instant;
 use mlx_rs::transforms::{async_eval, eval};
 use mlx_rs::Array;
 
-use crate::cache::{maybe_quantize, KvCache, KvQuantization};
+use crate::cache::{self, KvCache, KvQuantization};
 use crate::models::LanguageModel;
 use crate::nn::last_position;
 use crate::sampling::{Sampler, SamplingParams};
@@ -131,26 +131,15 @@ fn tokens_array(ids: &[u32]) -> Array {
 }
 
 /// Runs the prompt through the model except its last token, in chunks, materializing the cache.
+/// (Caches made by `cache::quantizing` quantize themselves along the way.)
 pub fn prefill(
     model: &dyn LanguageModel,
     caches: &mut [Box<dyn KvCache>],
     prompt_without_last: &[u32],
     step: usize,
 ) -> Result<()> {
-    prefill_with(model, caches, prompt_without_last, step, None)
-}
-
-/// [`prefill`], converting caches to quantized KV after each chunk as `kv` says.
-pub fn prefill_with(
-    model: &dyn LanguageModel,
-    caches: &mut [Box<dyn KvCache>],
-    prompt_without_last: &[u32],
-    step: usize,
-    kv: Option<&KvQuantization>,
-) -> Result<()> {
     for chunk in prompt_without_last.chunks(step.max(1)) {
         model.forward(&tokens_array(chunk), caches)?;
-        maybe_quantize(caches, kv)?;
         let state: Vec<Array> = caches.iter().flat_map(|c| c.state()).collect();
         eval(&state)?;
     }
@@ -182,14 +171,14 @@ pub fn generate(
         Some(ctx) => opts.max_tokens.min(ctx.saturating_sub(prompt.len())),
         None => opts.max_tokens,
     };
-    let mut caches = model.make_caches();
+    let kv = opts.kv_quantization.as_ref();
+    let mut caches = cache::quantizing(model.make_caches(), kv);
     let mut sampler = Sampler::new(opts.sampling.clone());
     sampler.observe(prompt);
     let pipelined = sampler.params().is_plain_greedy();
 
     let (head, last) = prompt.split_at(prompt.len() - 1);
-    let kv = opts.kv_quantization.as_ref();
-    prefill_with(model, &mut caches, head, opts.prefill_step_size, kv)?;
+    prefill(model, &mut caches, head, opts.prefill_step_size)?;
 
     let mut text = TextStream::new(tokenizer, StopMatcher::new(&opts.stop_strings));
     let mut out = Generation {
@@ -206,7 +195,6 @@ pub fn generate(
     let step = |input: &Array, caches: &mut [Box<dyn KvCache>], sampler: &Sampler| -> Result<(Array, Array)> {
         let logits = last_position(&model.forward(input, caches)?)?;
         let processed = sampler.process_logits(&logits)?;
-        maybe_quantize(caches, kv)?;
         let logprobs = Sampler::logprobs(&processed)?;
         Ok((logprobs, logits))
     };

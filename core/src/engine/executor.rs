@@ -33,8 +33,8 @@ use super::media::{self, RowMedia};
 use super::prompt_cache::PromptCache;
 use super::row::{Parked, Prefilling, Row};
 use super::{RequestId, Submission};
-use crate::cache::{maybe_quantize, KvCache, KvQuantization};
-use crate::generate::{as_f32_slice, prefill_with, FinishReason};
+use crate::cache::{self, KvCache, KvQuantization};
+use crate::generate::{as_f32_slice, prefill, FinishReason};
 use crate::models::LanguageModel;
 use crate::nn::last_position;
 use crate::sampling::{draw_rows, Sampler};
@@ -115,8 +115,8 @@ impl Executor {
         }
     }
 
-    /// Quantize rows' KV caches as `kv` says (mlx-lm's `maybe_quantize_kv_cache` after every
-    /// forward, applied to the solo prefill caches and the batch alike).
+    /// Rows' KV caches quantize themselves as `kv` says (`cache::quantizing`: mlx-lm's
+    /// `maybe_quantize_kv_cache` after every forward, solo prefill caches and the batch alike).
     pub fn with_kv_quantization(mut self, kv: Option<KvQuantization>) -> Self {
         // Quantized caches have no right-padded batched prefill (mlx-lm does not batch kv_bits).
         self.prefill_together &= kv.is_none();
@@ -193,7 +193,7 @@ impl Executor {
         };
         let (caches, done) = match reuse {
             Some((caches, n)) => (caches, n),
-            None => (self.model.make_caches(), 0),
+            None => (cache::quantizing(self.model.make_caches(), self.kv.as_ref()), 0),
         };
         row.cached_tokens = done;
         self.prefilling.push_back(Prefilling { row, caches, done });
@@ -282,7 +282,7 @@ impl Executor {
                 let end = (p.done + budget).min(target);
                 let chunk = &p.row.prompt[p.done..end];
                 let done = if p.row.media.is_empty() {
-                    prefill_with(self.model.as_ref(), &mut p.caches, chunk, end - p.done, self.kv.as_ref())
+                    prefill(self.model.as_ref(), &mut p.caches, chunk, end - p.done)
                 } else {
                     self.prefill_media_chunk(&mut p, end)
                 };
@@ -310,7 +310,6 @@ impl Executor {
         let tokens = Array::from_slice(&ids, &[1, ids.len() as i32]);
         let m = media::forward_media(&[&p.row.media], &[(p.done, end)]).expect("a row with media");
         self.model.forward_with_media(&tokens, &m, &mut p.caches)?;
-        maybe_quantize(&mut p.caches, self.kv.as_ref())?;
         let state: Vec<Array> = p.caches.iter().flat_map(|c| c.state()).collect();
         Ok(eval(&state)?)
     }
@@ -348,7 +347,7 @@ impl Executor {
                     if i == 0 {
                         caches.push(c);
                     } else {
-                        caches[l].extend_rows(c)?;
+                        cache::extend_rows(caches[l].as_mut(), c)?;
                     }
                 }
             }
@@ -360,7 +359,7 @@ impl Executor {
                 }
             }
             let tokens = Array::from_slice(&ids, &[chunks.len() as i32, width as i32]);
-            caches.iter_mut().try_for_each(|c| c.prepare_right_padding(&right_padding))?;
+            cache::prepare_right_padding(&mut caches, &right_padding)?;
             let row_media: Vec<&RowMedia> = rows.iter().map(|r| &r.media).collect();
             match media::forward_media(&row_media, &ranges) {
                 None => self.model.forward(&tokens, &mut caches)?,
@@ -368,7 +367,7 @@ impl Executor {
             };
             self.prefill_forwards += 1;
             self.prefill_tokens += chunks.iter().map(|c| c.len() as u64).sum::<u64>();
-            caches.iter_mut().try_for_each(|c| c.finalize_padding())?;
+            cache::finalize_padding(&mut caches)?;
             let state: Vec<Array> = caches.iter().flat_map(|c| c.state()).collect();
             eval(&state)?;
             Ok(caches)
@@ -391,7 +390,7 @@ impl Executor {
                 finished_rows.push(row);
                 continue;
             }
-            match caches.iter().map(|c| c.extract_row(b)).collect::<Result<Vec<_>>>() {
+            match cache::extract_row(&caches, b) {
                 Ok(single) => waiting.push(Prefilling { row, caches: single, done: ends[b] }),
                 Err(e) => self.fail_row(row, format!("prefill failed: {e}")),
             }
@@ -401,7 +400,7 @@ impl Executor {
             return joining;
         }
         if prefilled.len() < ends.len() {
-            if let Err(e) = caches.iter_mut().try_for_each(|c| c.filter_rows(&prefilled)) {
+            if let Err(e) = cache::filter_rows(&mut caches, &prefilled) {
                 for r in finished_rows {
                     self.fail_row(r, format!("prefill failed: {e}"));
                 }
@@ -463,7 +462,6 @@ impl Executor {
             } else {
                 last_position(&self.model.forward(&input, caches)?)?
             };
-            maybe_quantize(caches, self.kv.as_ref())?;
             let (tokens, logprobs) = choose(&mut joining.rows, &logits, None)?;
             eval(std::iter::once(&tokens).chain(logprobs.iter().flatten()))?;
             let tokens = tokens.try_as_slice::<u32>().map_err(|e| Error::Mlx(format!("reading tokens: {e}")))?.to_vec();
@@ -537,7 +535,6 @@ impl Executor {
         let inputs = self.batch.step_inputs()?;
         let caches = self.batch.caches_mut()?;
         let logits = last_position(&self.model.forward(&inputs, caches)?)?;
-        maybe_quantize(caches, self.kv.as_ref())?;
         self.decode_steps += 1;
         for r in &mut self.batch.rows {
             r.next_input = None;
