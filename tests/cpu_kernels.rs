@@ -2,7 +2,9 @@
 //!
 //! - The primitive against `mlx quantized_matmul` on random shapes: M = 1 and M > 1 (prefill
 //!   tiles plus a remainder), every bit width / group size / activation dtype, strided x, and
-//!   inner dimensions that need the narrower-vector tails (576 = 4.5 AVX-512 blocks at 4 bits).
+//!   inner dimensions that need the narrower-vector tails (576 = 4.5 AVX-512 blocks at 4 bits);
+//!   5-bit codes (MLX's bit stream, fields across word boundaries) on the same shapes.
+//! - The gather form (MoE experts) against `mlx gather_qmm`, decode and sorted-prefill shapes.
 //! - Whole models: the next-token distribution of fast mode against exact mode (KL divergence)
 //!   on the tiny quantized models and the default model, and greedy agreement over the goldens'
 //!   trajectories (printed; the KL bound is the gate).
@@ -84,7 +86,7 @@ fn kernel_matches_mlx_quantized_matmul_on_random_shapes() {
 
 fn check_all_shapes() {
     let mut seed = 10;
-    for &bits in &[4, 8] {
+    for &bits in &[4, 5, 8] {
         for &group_size in &[32, 64] {
             for &dtype in &[Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
                 // M = 1 (decode); M = 7 (4 + 2 + 1-row tiles); 2 x 3 rows; M = 15 (8 + 4 + 2 + 1).
@@ -93,6 +95,81 @@ fn check_all_shapes() {
                     seed += 2;
                 }
             }
+        }
+    }
+}
+
+/// The gather form (mixture-of-experts projections) against `mlx gather_qmm` on the same
+/// stacked experts: decode's shape (x `[B, L, 1, 1, K]` broadcast against top-k ids `[B, L, k]`)
+/// and the sorted prefill shape (x `[P, 1, K]`, ids in runs of one expert, each run one kernel
+/// call), every bit width / group size, float32 and bfloat16, within the reordering bound.
+#[test]
+fn gather_kernel_matches_mlx_gather_qmm() {
+    use mlx_rs::ops::gather_qmm;
+    let mut seed = 300;
+    for &bits in &[4, 5, 8] {
+        for &group_size in &[32, 64] {
+            for &dtype in &[Dtype::Float32, Dtype::Bfloat16] {
+                let (experts, n, k) = (5, 70, 192);
+                let w = random(&[experts, n, k], seed);
+                let (wq, scales, biases) = quantize(&w, group_size, bits).unwrap();
+                let (scales, biases) = (scales.as_dtype(dtype).unwrap(), biases.as_dtype(dtype).unwrap());
+                let decode_ids: Vec<u32> = vec![4, 1, 3, 0, 2, 4, 2, 3, 1];
+                let sorted_ids: Vec<u32> = vec![0, 0, 0, 1, 3, 3, 3, 3, 3, 4, 4];
+                let cases = [
+                    (vec![1, 3, 1, 1, k], Array::from_slice(&decode_ids, &[1, 3, 3])),
+                    (vec![11, 1, k], Array::from_slice(&sorted_ids, &[11])),
+                ];
+                for (x_shape, ids) in cases {
+                    let x = random(&x_shape, seed + 1).as_dtype(dtype).unwrap();
+                    let fast = kernels::gather_qmm(&x, &wq, &scales, &biases, &ids, group_size, bits).unwrap();
+                    let f32_ = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
+                    let reference = gather_qmm(
+                        f32_(&x), &wq, f32_(&scales), &f32_(&biases), None, &ids, true, group_size, bits, false,
+                    )
+                    .unwrap();
+                    assert_eq!(fast.shape(), reference.shape(), "x{x_shape:?}");
+                    assert_eq!(fast.dtype(), dtype);
+                    let wd = dequantize(&wq, f32_(&scales), &f32_(&biases), group_size, bits).unwrap();
+                    let mag = gather_mm_abs(&abs(f32_(&x)).unwrap(), &abs(&wd).unwrap(), &ids);
+                    let (got, want, mag) = (to_vec(&fast), to_vec(&reference), to_vec(&mag));
+                    let out_rel = if dtype == Dtype::Bfloat16 { 1.0 / 256.0 } else { 0.0 };
+                    for i in 0..got.len() {
+                        let tol = k as f32 * f32::EPSILON * mag[i] + out_rel * want[i].abs() + 1e-6;
+                        assert!(
+                            (got[i] - want[i]).abs() <= tol,
+                            "x{x_shape:?} bits={bits} group={group_size} {dtype:?}: element {i}: fast {} vs mlx {}",
+                            got[i],
+                            want[i]
+                        );
+                    }
+                }
+                seed += 2;
+            }
+        }
+    }
+}
+
+/// `|x| @ |W[e]|^T` per pair, the magnitude the reordering bound scales with.
+fn gather_mm_abs(x: &Array, w: &Array, ids: &Array) -> Array {
+    mlx_rs::ops::gather_mm(x, w.swap_axes(-1, -2).unwrap(), None, ids, false).unwrap()
+}
+
+/// An expert id past the stacked experts gives NaN rows for that pair only (never a read past
+/// the weights); the other pairs are computed as usual.
+#[test]
+fn gather_kernel_gives_nan_rows_for_an_unknown_expert() {
+    let (wq, scales, biases) = quantize(&random(&[3, 16, 64], 5), 32, 4).unwrap();
+    let x = random(&[4, 1, 64], 6);
+    let ids = Array::from_slice(&[0u32, 7, 2, 2], &[4]);
+    let y = to_vec(&kernels::gather_qmm(&x, &wq, &scales, &biases, &ids, 32, 4).unwrap());
+    let ok = Array::from_slice(&[0u32, 0, 2, 2], &[4]);
+    let want = to_vec(&kernels::gather_qmm(&x, &wq, &scales, &biases, &ok, 32, 4).unwrap());
+    for (i, (g, w)) in y.iter().zip(&want).enumerate() {
+        if i / 16 == 1 {
+            assert!(g.is_nan(), "row of the unknown expert: {g}");
+        } else {
+            assert_eq!(g.to_bits(), w.to_bits(), "element {i}");
         }
     }
 }

@@ -95,8 +95,10 @@ fn single_and_batched_generation_match_mlx_lm() {
 
 /// The default load (quantized weights, fast CPU kernels) against the exact mode: the same
 /// dequantized weight values except the Q6_K matrices rounded to 8 bits, summed in another
-/// order. Measured: first-step KL 2.1e-4 nats (6e-11 with Q6_K kept float32), the greedy
-/// trajectories are the goldens, and the weights take 323 MB against 1072 MB.
+/// order. The 81 Q5_0 matrices stay 5-bit (the fast kernel reads them as they are): the weights
+/// take the size the header predicts at 5 bits, not the 8-bit widening's. Measured: first-step
+/// KL 2.1e-4 nats (6e-11 with Q6_K kept float32), the greedy trajectories are the goldens, and
+/// the weights take 300 MB against 1072 MB.
 #[test]
 fn native_quantized_weights_stay_close_to_the_exact_mode() {
     let _one = one_model_at_a_time();
@@ -111,6 +113,12 @@ fn native_quantized_weights_stay_close_to_the_exact_mode() {
     assert!(
         native_bytes * 3.0 <= exact_bytes,
         "native weights take {native_bytes:.0} bytes, dequantized {exact_bytes:.0}: more than a third"
+    );
+    let (at_5_bits, widened) = native_weight_bytes(&GgufHeader::read(&path).unwrap());
+    assert!(
+        (native_bytes - at_5_bits).abs() < (widened - at_5_bits) / 2.0,
+        "native weights take {native_bytes:.0} bytes: the header predicts {at_5_bits:.0} with Q5_0 at 5 bits, \
+         {widened:.0} widened to 8"
     );
     let vocab = exact.model.info().vocab_size as usize;
     let mut cases: Vec<_> = g["single"].as_array().unwrap().iter().collect();
@@ -130,10 +138,40 @@ fn native_quantized_weights_stay_close_to_the_exact_mode() {
         assert_eq!(n.tokens, want, "greedy tokens of the native weights after {} prompt tokens", prompt.len());
     }
     eprintln!(
-        "gemma-3-270m native vs exact: weights {:.0} MB vs {:.0} MB, worst first-step KL {worst:.2e} nats",
+        "gemma-3-270m native vs exact: weights {:.0} MB (header: {:.0} MB at 5 bits, {:.0} MB widened) vs {:.0} MB, \
+         worst first-step KL {worst:.2e} nats",
         native_bytes / 1e6,
+        at_5_bits / 1e6,
+        widened / 1e6,
         exact_bytes / 1e6
     );
+}
+
+/// Bytes of the fast-mode weights the header predicts (MLX affine codes plus float32 scales and
+/// biases per 32 elements; other tensors float32), with 5-bit types at 5 bits and widened to 8.
+fn native_weight_bytes(header: &GgufHeader) -> (f64, f64) {
+    use weft::gguf::GgmlType;
+    let (mut at_5, mut widened) = (0.0, 0.0);
+    for t in &header.tensors {
+        let n = t.dims.iter().product::<u64>() as f64;
+        let bits = match t.ggml_type() {
+            _ if t.dims.len() != 2 => None,
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4_K => Some(4.0),
+            GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5_K => Some(5.0),
+            GgmlType::Q8_0 | GgmlType::Q6_K => Some(8.0),
+            _ => None,
+        };
+        let (b5, b8) = match bits {
+            Some(b) => {
+                let wide = if b == 5.0 { 8.0 } else { b };
+                (n * b / 8.0 + n / 32.0 * 8.0, n * wide / 8.0 + n / 32.0 * 8.0)
+            }
+            None => (4.0 * n, 4.0 * n),
+        };
+        at_5 += b5;
+        widened += b8;
+    }
+    (at_5, widened)
 }
 
 /// Fast mode rounds the file's Q6_K tensors (nine `ffn_down` matrices) to 8-bit group 32: the

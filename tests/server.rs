@@ -827,6 +827,49 @@ fn image_parts_through_the_chat_endpoint() {
     assert!(text.contains("takes no images"), "{text}");
 }
 
+/// Gemma 4 vision (goldens/models/gemma4-vision): an OpenAI image_url part stands for
+/// `<|image|>`, expanded by the image's size (12 soft tokens for a.png), and an Anthropic
+/// image block the same; both give mlx-vlm's greedy tokens.
+#[test]
+fn gemma4_image_parts_through_both_endpoints() {
+    let g = golden("gemma4_vision");
+    let case = g["cases"].as_array().unwrap().iter().find(|c| c["name"] == "image_a").unwrap();
+    let want: Vec<String> = case["tokens"].as_array().unwrap().iter().map(|t| format!("t{t}")).collect();
+    let server = Server::start(&goldens_dir().join("models").join("gemma4-vision"), &[]);
+    let (status, listed) = server.get("/v1/models", "");
+    assert_eq!(status, 200, "{listed}");
+    assert!(listed.contains("\"vision\":true"), "{listed}");
+    let b64 = base64_encode(&std::fs::read(goldens_dir().join("vision").join("a.png")).unwrap());
+    let post = |path: &str, b: serde_json::Value| {
+        let (status, _, raw) = exchange(&server.addr, "POST", path, &[("Content-Type", "application/json")], b.to_string().as_bytes());
+        let v: serde_json::Value = serde_json::from_slice(&raw).unwrap();
+        assert_eq!(status, 200, "{v}");
+        v
+    };
+    let v = post("/v1/chat/completions", serde_json::json!({
+        "max_tokens": 20, "temperature": 0, "ignore_eos": true, "logprobs": true,
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "t2 t17 t93 "},
+            {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{b64}")}},
+            {"type": "text", "text": " t44 t0 t201 t12 t77 t150 t5 t33"}]}]
+    }));
+    let got: Vec<&str> = v["choices"][0]["logprobs"]["content"].as_array().unwrap().iter().map(|e| e["token"].as_str().unwrap()).collect();
+    assert_eq!(got, want);
+    assert_eq!(v["usage"]["prompt_tokens"], case["prompt_ids"].as_array().unwrap().len(), "{v}");
+    let v = post("/v1/messages", serde_json::json!({
+        "model": "m", "max_tokens": 20, "temperature": 0,
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "t2 t17 t93 "},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64}},
+            {"type": "text", "text": " t44 t0 t201 t12 t77 t150 t5 t33"}]}]
+    }));
+    assert_eq!(v["usage"]["input_tokens"], case["prompt_ids"].as_array().unwrap().len(), "{v}");
+    // Up to the first EOS (id 1, which ends the turn here), spacing aside.
+    let until_eos: String = want.iter().take_while(|t| *t != "t1").map(String::as_str).collect();
+    assert!(until_eos.len() > 10);
+    assert_eq!(v["content"][0]["text"].as_str().unwrap().replace(' ', ""), until_eos, "{v}");
+}
+
 fn base64_encode(bytes: &[u8]) -> String {
     const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::new();

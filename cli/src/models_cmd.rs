@@ -212,6 +212,24 @@ fn predominant_type(h: &GgufHeader) -> String {
     by_type.into_iter().max_by_key(|(_, n)| *n).map_or_else(|| "unknown".into(), |(name, _)| name.to_string())
 }
 
+/// Whether the checkpoint's safetensors (its index, or the single file's header) name `tensor`.
+fn has_tensor(dir: &Path, tensor: &str) -> bool {
+    if let Some(index) = read_json(&dir.join("model.safetensors.index.json")) {
+        return index["weight_map"].get(tensor).is_some();
+    }
+    let header = || -> Option<Value> {
+        use std::io::Read;
+        let mut f = fs::File::open(dir.join("model.safetensors")).ok()?;
+        let mut len = [0u8; 8];
+        f.read_exact(&mut len).ok()?;
+        let len = u64::from_le_bytes(len).min(100 << 20) as usize;
+        let mut buf = vec![0u8; len];
+        f.read_exact(&mut buf).ok()?;
+        serde_json::from_slice(&buf).ok()
+    };
+    header().is_some_and(|h| h.get(tensor).is_some())
+}
+
 fn read_json(p: &Path) -> Option<Value> {
     serde_json::from_str(&fs::read_to_string(p).ok()?).ok()
 }
@@ -242,9 +260,11 @@ fn inspect_dir(dir: &Path) -> std::result::Result<Inspected, String> {
         capabilities: Capabilities {
             chat_template: template.is_some(),
             tools: template.as_deref().is_some_and(|t| t.contains("tools")),
-            // Image input Weft serves: a gemma3 checkpoint whose vision_config sizes a tower.
-            vision: config["model_type"] == "gemma3"
-                && config.get("vision_config").is_some_and(|v| v.get("hidden_size").is_some()),
+            // Image input Weft serves: a gemma3 checkpoint whose vision_config sizes a tower, or
+            // a gemma4 one whose weights hold a vision tower.
+            vision: (config["model_type"] == "gemma3"
+                && config.get("vision_config").is_some_and(|v| v.get("hidden_size").is_some()))
+                || (config["model_type"] == "gemma4" && has_tensor(dir, "vision_tower.patch_embedder.input_proj.weight")),
         },
     })
 }
@@ -315,5 +335,22 @@ fn print_table(store: &ModelStore, entries: &[Entry]) {
     println!("store: {}", store.root().display());
     for e in entries.iter().filter(|e| e.error.is_some()) {
         println!("{}: {}", e.name, e.error.as_deref().unwrap_or_default());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn has_tensor_reads_the_index_or_the_single_file_header() {
+        let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("../goldens/models");
+        let vision = "vision_tower.patch_embedder.input_proj.weight";
+        assert!(has_tensor(&models.join("gemma4-vision"), vision));
+        assert!(!has_tensor(&models.join("gemma4-vision"), "vision_tower.nothing"));
+        // gemma4_text has an index and no tower.
+        assert!(has_tensor(&models.join("gemma4_text"), "model.embed_tokens.weight"));
+        assert!(!has_tensor(&models.join("gemma4_text"), vision));
+        assert!(!has_tensor(&models.join("no-such-model"), vision));
     }
 }

@@ -1,8 +1,8 @@
 //! CPU kernel selection: Weft's quantized matmul (a custom MLX primitive in
 //! `core/mlx-sys/kernels`: SIMD, multi-threaded) or MLX's own kernels.
 //!
-//! - [`CpuKernels::Fast`] (the default): quantized linear layers on a CPU stream run Weft's
-//!   primitive. Its float32 sums are ordered differently from MLX's, so logits differ in the
+//! - [`CpuKernels::Fast`] (the default): quantized linear layers and mixture-of-experts
+//!   projections on a CPU stream run Weft's primitives. Its float32 sums are ordered differently from MLX's, so logits differ in the
 //!   last bits; `tests/cpu_kernels.rs` bounds the KL divergence against exact mode.
 //! - [`CpuKernels::Exact`]: MLX's kernels everywhere, bit-for-bit what mlx-lm computes (the
 //!   parity goldens run in this mode; `scripts/test` sets `WEFT_CPU_KERNELS=exact`).
@@ -123,6 +123,43 @@ pub fn quantized_matmul(
             mlx_sys::mlx_array_free(res);
             let msg = CStr::from_ptr(mlx_sys::weft_kernels_last_error()).to_string_lossy().into_owned();
             return Err(Error::Mlx(format!("quantized_matmul: {msg}")));
+        }
+        Ok(Array::from_ptr(res))
+    }
+}
+
+/// `gather_qmm(x, w, scales, biases, rhs_indices = indices, transpose = true)` for the stacked
+/// experts of a mixture-of-experts layer (`w` `[E, N, K * bits / 32]`, `indices` expert ids
+/// whose shape broadcasts against `x`'s batch dimensions), through Weft's primitive on CPU
+/// streams (MLX's op elsewhere and for shapes it doesn't cover). Whether the pairs are sorted
+/// by expert needs no flag: runs of one expert are found either way.
+pub fn gather_qmm(
+    x: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: &Array,
+    indices: &Array,
+    group_size: i32,
+    bits: i32,
+) -> Result<Array> {
+    let stream = Stream::thread_local_or_default();
+    unsafe {
+        let mut res = mlx_sys::mlx_array_new();
+        let status = mlx_sys::weft_gather_qmm(
+            &mut res,
+            x.as_ptr(),
+            w.as_ptr(),
+            scales.as_ptr(),
+            biases.as_ptr(),
+            indices.as_ptr(),
+            group_size,
+            bits,
+            stream.as_ptr(),
+        );
+        if status != 0 {
+            mlx_sys::mlx_array_free(res);
+            let msg = CStr::from_ptr(mlx_sys::weft_kernels_last_error()).to_string_lossy().into_owned();
+            return Err(Error::Mlx(format!("gather_qmm: {msg}")));
         }
         Ok(Array::from_ptr(res))
     }

@@ -249,7 +249,7 @@ impl MessageImages {
     /// For a model with a vision tower and a tokenizer that names its begin-of-image token.
     pub fn for_model(state: &AppState) -> Option<MessageImages> {
         let spec = state.engine.vision()?;
-        let marker = spec.begin_token_id.and_then(|id| state.engine.tokenizer()?.id_to_token(id))?;
+        let marker = spec.marker_token_id().and_then(|id| state.engine.tokenizer()?.id_to_token(id))?;
         Some(MessageImages { marker, bytes: Vec::new(), max: spec.max_images })
     }
 

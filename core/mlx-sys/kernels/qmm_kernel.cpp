@@ -10,7 +10,7 @@
 
 #include "qmm_kernel.h"
 
-#if defined(__F16C__)
+#if defined(__F16C__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -172,6 +172,74 @@ inline void segments(const uint32_t* wrow, const float* const* xrows, const floa
   if constexpr (L > 4) segments<L / 2, MT, BITS, GS>(wrow, xrows, sc, k1, K, res);
 }
 
+// 5-bit codes: MLX's bit stream puts a 32-element group in 20 bytes (five words), so codes
+// cross word boundaries and no shift of a whole word lines up across lanes. Instead lane l of
+// an 8-lane view takes elements 4l..4l+3 (bits 20l..20l+19): the 32-bit window at byte
+// 20l / 8, shifted right by 4 when l is odd, holds them at bits 0, 5, 10, 15. A byte shuffle
+// (pshufb / tbl) builds the windows from two 16-byte loads inside the group (bytes 0..15 and
+// 4..19: nothing past the group is read); with 4 lanes the group takes two vectors.
+constexpr int L5 = W >= 8 ? 8 : 4;
+
+inline void windows5(const uint8_t* g, typename V<L5>::u* out) {
+#if defined(__AVX2__)
+  static_assert(L5 == 8, "the AVX2 windows are one 8-lane vector");
+  __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(g));
+  __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 4));
+  __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+  // Lanes 0..3 at bytes 0, 2, 5, 7 of the low load; lanes 4..7 at bytes 10, 12, 15, 17 of the
+  // group, i.e. 6, 8, 11, 13 of the high one (the fourth byte of odd lanes is never read).
+  const __m256i idx = _mm256_setr_epi8(0, 1, 2, 3, 2, 3, 4, 5, 5, 6, 7, 8, 7, 8, 9, -128,  //
+                                       6, 7, 8, 9, 8, 9, 10, 11, 11, 12, 13, 14, 13, 14, 15, -128);
+  v = _mm256_srlv_epi32(_mm256_shuffle_epi8(v, idx), _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4));
+  __builtin_memcpy(out, &v, sizeof v);
+#else
+  static_assert(L5 == 4, "without AVX2 the windows are two 4-lane vectors");
+  typedef uint8_t u8x16 __attribute__((vector_size(16)));
+  u8x16 lo, hi;
+  __builtin_memcpy(&lo, g, 16);
+  __builtin_memcpy(&hi, g + 4, 16);
+  const u8x16 ilo = {0, 1, 2, 3, 2, 3, 4, 5, 5, 6, 7, 8, 7, 8, 9, 9};
+  const u8x16 ihi = {6, 7, 8, 9, 8, 9, 10, 11, 11, 12, 13, 14, 13, 14, 15, 15};
+  u8x16 a = __builtin_shuffle(lo, ilo), b = __builtin_shuffle(hi, ihi);
+  __builtin_memcpy(&out[0], &a, 16);
+  __builtin_memcpy(&out[1], &b, 16);
+  const typename V<4>::u shift = {0, 4, 0, 4};
+  out[0] >>= shift;
+  out[1] >>= shift;
+#endif
+}
+
+// The 5-bit form of `segments` over the whole row (K is a multiple of 32, one group a block;
+// permute_x lays x out for L5 lanes with 4 elements each).
+template <int MT, int GS>
+inline void segments5(const uint32_t* wrow, const float* const* xrows, const float* sc, int K,
+                      float* res) {
+  constexpr int L = L5;
+  constexpr int NV = 8 / L;  // vectors per 32-element group
+  typedef typename V<L>::f vf;
+  typedef typename V<L>::i vi;
+  typedef typename V<L>::u vu;
+  const uint8_t* bytes = reinterpret_cast<const uint8_t*>(wrow);
+  vf tot[MT];
+  for (int m = 0; m < MT; m++) tot[m] = vf{};
+  for (int k = 0; k < K; k += 32) {
+    vu win[NV];
+    windows5(bytes + k / 32 * 20, win);
+    vf acc[MT];
+    for (int m = 0; m < MT; m++) acc[m] = vf{};
+    for (int h = 0; h < NV; h++) {
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; j++) {
+        vf q = __builtin_convertvector((vi)((win[h] >> (5 * j)) & 31u), vf);
+        for (int m = 0; m < MT; m++) acc[m] += q * load_f<L>(xrows[m] + k + h * 4 * L + j * L);
+      }
+    }
+    const vf s = vf{} + sc[k / GS];
+    for (int m = 0; m < MT; m++) tot[m] += acc[m] * s;
+  }
+  for (int m = 0; m < MT; m++) res[m] += hsum<L>(tot[m]);
+}
+
 template <int L>
 inline float dot(const float* a, const float* b, int n) {
   typedef typename V<L>::f vf;
@@ -193,7 +261,8 @@ void tile(const Args& a, const uint32_t* wrow, const float* sc, const float* bs,
     xrows[m] = a.xp + size_t(m0 + m) * K;
     res[m] = 0.0f;
   }
-  segments<W, MT, BITS, GS>(wrow, xrows, sc, 0, K, res);
+  if constexpr (BITS == 5) segments5<MT, GS>(wrow, xrows, sc, K, res);
+  else segments<W, MT, BITS, GS>(wrow, xrows, sc, 0, K, res);
   for (int m = 0; m < MT; m++) {
     res[m] += dot<W>(bs, a.xsum + size_t(m0 + m) * G, G);
     a.y[size_t(m0 + m) * a.N + n] = res[m];
@@ -203,7 +272,7 @@ void tile(const Args& a, const uint32_t* wrow, const float* sc, const float* bs,
 template <int BITS, int GS>
 void rows_impl(const Args& a, int n0, int n1) {
   const int G = a.K / GS;
-  const int words = a.K / (32 / BITS);
+  const int words = a.K / 32 * BITS;
   const int ssize = a.sdtype == F32 ? 4 : 2;
   // Scales and biases of a block of rows as float32. Prefill converts more rows at once so
   // that the weights of the block stay in cache while every tile of x passes over them.
@@ -244,6 +313,8 @@ void rows_impl(const Args& a, int n0, int n1) {
 void rows(const Args& a, int n0, int n1) {
   if (a.bits == 4 && a.group_size == 32) rows_impl<4, 32>(a, n0, n1);
   else if (a.bits == 4 && a.group_size == 64) rows_impl<4, 64>(a, n0, n1);
+  else if (a.bits == 5 && a.group_size == 32) rows_impl<5, 32>(a, n0, n1);
+  else if (a.bits == 5 && a.group_size == 64) rows_impl<5, 64>(a, n0, n1);
   else if (a.bits == 8 && a.group_size == 32) rows_impl<8, 32>(a, n0, n1);
   else if (a.bits == 8 && a.group_size == 64) rows_impl<8, 64>(a, n0, n1);
 }

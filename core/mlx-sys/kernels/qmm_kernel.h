@@ -14,12 +14,12 @@ struct Args {
   // per-group sums of x, [M][K / group_size]: the bias term is b[n][g] * xsum[m][g].
   const float* xp;
   const float* xsum;
-  const uint32_t* w;  // [N][K * bits / 32]
+  const uint32_t* w;  // [N][K * bits / 32], MLX's packing: each row a little-endian bit stream
   const void* scales; // [N][K / group_size], dtype `sdtype`
   const void* biases; // same
   int sdtype;
   float* y;           // [M][N] float32
-  int M, N, K, bits, group_size;
+  int M, N, K, bits, group_size;  // bits 4, 5 or 8; group_size 32 or 64
 };
 
 // One instruction set's kernel: rows [n0, n1) of y for every m.
@@ -41,7 +41,9 @@ namespace avx512 { extern const Kernel kernel; }
 // x (float32, row-major [M][K]) into the layout a kernel of `width` lanes reads: within each
 // block of width * (32 / bits) elements, element lane * epu + j goes to j * width + lane, so one
 // shifted-and-masked load of `width` packed words meets `width` contiguous activations. The
-// remainder of K that does not fill a block keeps its order.
+// remainder of K that does not fill a block keeps its order. 5-bit weights (codes cross word
+// boundaries) are read as 4 codes per lane of at most 8 lanes: the same permutation with
+// 32 / bits replaced by 4 and width by min(width, 8) (blocks of 32 or 16 elements fill K).
 void permute_x(const float* x, float* xp, int M, int K, int bits, int width);
 
 }  // namespace weft_qmm

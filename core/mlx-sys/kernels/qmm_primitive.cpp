@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -33,7 +34,8 @@ namespace mx = mlx::core;
 namespace weft_qmm {
 
 void permute_x(const float* x, float* xp, int M, int K, int bits, int width) {
-  const int epu = 32 / bits;
+  const int epu = bits == 5 ? 4 : 32 / bits;
+  if (bits == 5) width = std::min(width, 8);
   for (int m = 0; m < M; m++) {
     const float* src = x + size_t(m) * K;
     float* dst = xp + size_t(m) * K;
@@ -176,8 +178,9 @@ const Kernel& select_kernel(int K, int bits) {
   static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                            __builtin_cpu_supports("f16c");
   const int cap = isa_cap.load(std::memory_order_relaxed);
-  // The 16-lane kernel only when a 16-lane block fits K at least once.
-  if (avx512 && cap == 0 && K >= 16 * (32 / bits)) return avx512::kernel;
+  // The 16-lane kernel only when a 16-lane block fits K at least once (5-bit weights are read
+  // 8 lanes at a time by every x86 kernel; the AVX-512 build runs them with its registers).
+  if (avx512 && cap == 0 && K >= 16 * (bits == 5 ? 4 : 32 / bits)) return avx512::kernel;
   if (avx2 && cap <= 1) return avx2::kernel;
 #else
   (void)K;
@@ -234,13 +237,17 @@ void run_chunk(void* ctx, int c) {
   job->kernel->rows(job->args, n0, n1);
 }
 
-void compute(const mx::array& x, const mx::array& w, const mx::array& scales,
-             const mx::array& biases, mx::array& out, int group_size, int bits) {
-  const int K = x.shape().back();
-  const int N = w.shape(0);
-  const size_t M = x.size() / size_t(K);
+// x as the kernel reads it: float32 in its lane order plus per-group sums (thread-local
+// buffers of the stream thread, valid until its next call).
+struct PreparedX {
+  const Kernel* kernel;
+  const float* xp;
+  const float* xsum;
+};
+
+PreparedX prepare_x(const mx::array& x, size_t M, int K, int group_size, int bits) {
   const int G = K / group_size;
-  thread_local std::vector<float> xf, xp, xsum, y;
+  thread_local std::vector<float> xf, xp, xsum;
   xf.resize(M * K);
   xp.resize(M * K);
   xsum.resize(M * G);
@@ -254,37 +261,106 @@ void compute(const mx::array& x, const mx::array& w, const mx::array& scales,
     }
   const Kernel& kernel = select_kernel(K, bits);
   permute_x(xf.data(), xp.data(), int(M), K, bits, kernel.width);
-  const bool f32_out = out.dtype() == mx::float32;
-  if (!f32_out) y.resize(M * size_t(N));
+  return {&kernel, xp.data(), xsum.data()};
+}
+
+// Where the kernel writes y: the output itself when it is float32, else a buffer that
+// store_output converts from.
+float* output_f32(mx::array& out, size_t n) {
+  thread_local std::vector<float> y;
+  if (out.dtype() == mx::float32) return out.data<float>();
+  y.resize(n);
+  return y.data();
+}
+
+void store_output(mx::array& out, const float* y, size_t n) {
+  if (out.dtype() == mx::float16) {
+    auto* o = out.data<mx::float16_t>();
+    for (size_t i = 0; i < n; i++) o[i] = mx::float16_t(y[i]);
+  } else if (out.dtype() == mx::bfloat16) {
+    auto* o = out.data<mx::bfloat16_t>();
+    for (size_t i = 0; i < n; i++) o[i] = mx::bfloat16_t(y[i]);
+  }
+}
+
+// Rows of y per chunk: enough chunks to balance the pool, each large enough to amortize its
+// setup.
+int chunk_rows(size_t M, int N) {
+  return M >= 4 ? 64 : std::max(16, N / (Pool::get().threads() * 8));
+}
+
+void compute(const mx::array& x, const mx::array& w, const mx::array& scales,
+             const mx::array& biases, mx::array& out, int group_size, int bits) {
+  const int K = x.shape().back();
+  const int N = w.shape(0);
+  const size_t M = x.size() / size_t(K);
+  const PreparedX px = prepare_x(x, M, K, group_size, bits);
+  float* y = output_f32(out, M * size_t(N));
   Job job;
-  job.kernel = &kernel;
-  job.args = Args{xp.data(),
-                  xsum.data(),
-                  w.data<uint32_t>(),
-                  scales.data<void>(),
-                  biases.data<void>(),
-                  dtype_code(scales.dtype()),
-                  f32_out ? out.data<float>() : y.data(),
-                  int(M),
-                  N,
-                  K,
-                  bits,
-                  group_size};
-  // Chunks: enough to balance the pool, large enough to amortize a chunk's setup.
-  const int threads = Pool::get().threads();
-  int rows = M >= 4 ? 64 : std::max(16, N / (threads * 8));
+  job.kernel = px.kernel;
+  job.args = Args{px.xp, px.xsum, w.data<uint32_t>(), scales.data<void>(), biases.data<void>(),
+                  dtype_code(scales.dtype()), y, int(M), N, K, bits, group_size};
+  const int rows = chunk_rows(M, N);
   job.rows_per_chunk = rows;
   Pool::get().run((N + rows - 1) / rows, run_chunk, &job);
-  if (!f32_out) {
-    const size_t n = M * size_t(N);
-    if (out.dtype() == mx::float16) {
-      auto* o = out.data<mx::float16_t>();
-      for (size_t i = 0; i < n; i++) o[i] = mx::float16_t(y[i]);
-    } else {
-      auto* o = out.data<mx::bfloat16_t>();
-      for (size_t i = 0; i < n; i++) o[i] = mx::bfloat16_t(y[i]);
+  store_output(out, y, M * size_t(N));
+}
+
+// gather_qmm's form (mixture-of-experts layers): P pairs of M rows of x and an expert id e_p,
+// out[p] = x[p] @ W[e_p]^T. A run of consecutive pairs with one expert (routing sorted by
+// expert, as in prefill) is one call of M * run rows, so that expert's weights are read once.
+struct GatherJob {
+  const Kernel* kernel;
+  struct Piece {
+    Args args;
+    int n0, n1;
+  };
+  std::vector<Piece> pieces;
+};
+
+void run_gather_chunk(void* ctx, int c) {
+  auto* job = static_cast<GatherJob*>(ctx);
+  const auto& piece = job->pieces[size_t(c)];
+  job->kernel->rows(piece.args, piece.n0, piece.n1);
+}
+
+void compute_gather(const mx::array& x, const mx::array& w, const mx::array& scales,
+                    const mx::array& biases, const mx::array& ids, mx::array& out, int group_size,
+                    int bits) {
+  const int K = x.shape().back();
+  const int E = w.shape(0), N = w.shape(1);
+  const size_t P = ids.size();
+  if (P == 0 || x.size() == 0) return;
+  const size_t M = x.size() / size_t(K) / P;
+  const int G = K / group_size;
+  const size_t words = size_t(K) / 32 * bits;
+  const size_t sbytes = size_t(N) * G * scales.itemsize();
+  const PreparedX px = prepare_x(x, P * M, K, group_size, bits);
+  float* y = output_f32(out, P * M * size_t(N));
+  const uint32_t* e = ids.data<uint32_t>();
+  const auto* w0 = w.data<uint32_t>();
+  const auto* s0 = static_cast<const char*>(scales.data<void>());
+  const auto* b0 = static_cast<const char*>(biases.data<void>());
+  thread_local GatherJob job;
+  job.kernel = px.kernel;
+  job.pieces.clear();
+  for (size_t p0 = 0, p1; p0 < P; p0 = p1) {
+    for (p1 = p0 + 1; p1 < P && e[p1] == e[p0];) p1++;
+    const size_t rows = (p1 - p0) * M;
+    float* yp = y + p0 * M * size_t(N);
+    if (e[p0] >= uint32_t(E)) {
+      // No such expert: NaN rows rather than a read past the weights.
+      std::fill(yp, yp + rows * size_t(N), std::numeric_limits<float>::quiet_NaN());
+      continue;
     }
+    const Args a{px.xp + p0 * M * K, px.xsum + p0 * M * G, w0 + e[p0] * size_t(N) * words,
+                 s0 + e[p0] * sbytes, b0 + e[p0] * sbytes, dtype_code(scales.dtype()), yp,
+                 int(rows), N, K, bits, group_size};
+    const int step = chunk_rows(rows, N);
+    for (int n0 = 0; n0 < N; n0 += step) job.pieces.push_back({a, n0, std::min(N, n0 + step)});
   }
+  Pool::get().run(int(job.pieces.size()), run_gather_chunk, &job);
+  store_output(out, y, P * M * size_t(N));
 }
 
 class QuantizedMatmul : public mx::Primitive {
@@ -317,23 +393,56 @@ class QuantizedMatmul : public mx::Primitive {
   int bits_;
 };
 
+class GatherQuantizedMatmul : public mx::Primitive {
+ public:
+  GatherQuantizedMatmul(mx::Stream stream, int group_size, int bits)
+      : mx::Primitive(stream), group_size_(group_size), bits_(bits) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    auto& out = outputs[0];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    encoder.dispatch([x = inputs[0], w = inputs[1], s = inputs[2], b = inputs[3], ids = inputs[4],
+                      out = mx::array::unsafe_weak_copy(out), gs = group_size_,
+                      bits = bits_]() mutable { compute_gather(x, w, s, b, ids, out, gs, bits); });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("weft GatherQuantizedMatmul runs on the CPU; GPU streams use MLX's own");
+  }
+
+  const char* name() const override { return "WeftGatherQuantizedMatmul"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const GatherQuantizedMatmul*>(&other);
+    return o && o->group_size_ == group_size_ && o->bits_ == bits_;
+  }
+
+ private:
+  int group_size_;
+  int bits_;
+};
+
 thread_local std::string last_error;
 
 bool is_float(mx::Dtype d) { return d == mx::float32 || d == mx::float16 || d == mx::bfloat16; }
 
-// Our kernel's domain; anything else goes to MLX's quantized_matmul (which also reports errors).
+// Our kernel's domain; anything else goes to MLX's op (which also reports errors). `experts`:
+// w, scales and biases carry a leading expert axis (gather form).
 bool supported(const mx::array& x, const mx::array& w, const mx::array& s, const mx::array& b,
-               int group_size, int bits, const mx::Stream& stream) {
+               int group_size, int bits, const mx::Stream& stream, bool experts = false) {
   if (stream.device.type != mx::Device::DeviceType::cpu) return false;
-  if (!(bits == 4 || bits == 8) || !(group_size == 32 || group_size == 64)) return false;
-  if (x.ndim() < 1 || w.ndim() != 2 || s.ndim() != 2 || b.ndim() != 2) return false;
+  if (!(bits == 4 || bits == 5 || bits == 8) || !(group_size == 32 || group_size == 64)) return false;
+  const size_t nd = experts ? 3 : 2;
+  if (x.ndim() < (experts ? 2u : 1u) || w.ndim() != nd || s.ndim() != nd || b.ndim() != nd) return false;
   if (!is_float(x.dtype()) || w.dtype() != mx::uint32) return false;
   if (!is_float(s.dtype()) || s.dtype() != b.dtype()) return false;
   const int K = x.shape().back();
-  const int N = w.shape(0);
-  if (K <= 0 || N <= 0 || int64_t(w.shape(1)) * (32 / bits) != K || K % group_size != 0)
+  const int N = w.shape(-2);
+  if (K <= 0 || N <= 0 || int64_t(w.shape(-1)) * 32 != int64_t(K) * bits || K % group_size != 0)
     return false;
-  if (s.shape(0) != N || s.shape(1) != K / group_size || b.shape() != s.shape()) return false;
+  if (s.shape(-2) != N || s.shape(-1) != K / group_size || b.shape() != s.shape()) return false;
+  if (experts && (s.shape(0) != w.shape(0) || w.shape(0) <= 0)) return false;
   return true;
 }
 
@@ -367,6 +476,47 @@ extern "C" int weft_quantized_matmul(mlx_array* res, const mlx_array x, const ml
     mlx_array_set_(*res, mx::array(shape, xa.dtype(), prim,
                                    {xa, contiguous_rows(wa, st), contiguous_rows(sa, st),
                                     contiguous_rows(ba, st)}));
+    return 0;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return 1;
+  }
+}
+
+extern "C" int weft_gather_qmm(mlx_array* res, const mlx_array x, const mlx_array w,
+                               const mlx_array scales, const mlx_array biases,
+                               const mlx_array indices, int group_size, int bits,
+                               const mlx_stream stream) {
+  try {
+    const auto& xa = mlx_array_get_(x);
+    const auto& wa = mlx_array_get_(w);
+    const auto& sa = mlx_array_get_(scales);
+    const auto& ba = mlx_array_get_(biases);
+    const auto& ia = mlx_array_get_(indices);
+    const auto& st = mlx_stream_get_(stream);
+    const bool int_ids = ia.dtype() == mx::uint32 || ia.dtype() == mx::int32;
+    if (!int_ids || !supported(xa, wa, sa, ba, group_size, bits, st, true)) {
+      mlx_array_set_(*res, mx::gather_qmm(xa, wa, sa, ba, std::nullopt, ia, true, group_size, bits,
+                                          "affine", false, st));
+      return 0;
+    }
+    // As gather_qmm: x's batch dimensions broadcast against the indices' shape; each position
+    // of the broadcast shape is one (M x K rows, expert) pair.
+    const int M = xa.shape(-2), K = xa.shape(-1);
+    mx::Shape batch(xa.shape().begin(), xa.shape().end() - 2);
+    batch = mx::broadcast_shapes(batch, ia.shape());
+    mx::Shape x_shape = batch;
+    x_shape.push_back(M);
+    x_shape.push_back(K);
+    auto xb = xa.shape() == x_shape ? xa : mx::broadcast_to(xa, x_shape, st);
+    auto ids = mx::contiguous(mx::astype(mx::broadcast_to(ia, batch, st), mx::uint32, st), false, st);
+    mx::Shape out_shape = batch;
+    out_shape.push_back(M);
+    out_shape.push_back(wa.shape(1));
+    auto prim = std::make_shared<GatherQuantizedMatmul>(st, group_size, bits);
+    mlx_array_set_(*res, mx::array(out_shape, xa.dtype(), prim,
+                                   {xb, contiguous_rows(wa, st), contiguous_rows(sa, st),
+                                    contiguous_rows(ba, st), ids}));
     return 0;
   } catch (const std::exception& e) {
     last_error = e.what();

@@ -11,12 +11,21 @@ extern "C" {
 #endif
 
 /* `x @ w^T` for affine-quantized `w` ([N, K*bits/32] uint32, scales/biases [N, K/group_size]),
- * as mlx's quantized_matmul(transpose=true). On a CPU stream with 4/8 bits, group 32/64 and
+ * as mlx's quantized_matmul(transpose=true). On a CPU stream with 4/5/8 bits, group 32/64 and
  * float32/float16/bfloat16 inputs it builds Weft's primitive; otherwise it returns MLX's op.
  * On failure returns nonzero; weft_kernels_last_error() has the message (this thread). */
 int weft_quantized_matmul(mlx_array* res, const mlx_array x, const mlx_array w,
                           const mlx_array scales, const mlx_array biases, int group_size,
                           int bits, const mlx_stream stream);
+
+/* mlx's gather_qmm(x, w, scales, biases, rhs_indices = indices, transpose = true) for the
+ * experts of a mixture-of-experts layer: `w` [E, N, K*bits/32], scales/biases [E, N, K/group_size],
+ * `x` [..., M, K] whose batch dimensions broadcast against `indices` (uint32/int32 expert ids);
+ * the result is [broadcast shape..., M, N]. Weft's primitive in the same domain as
+ * weft_quantized_matmul (MLX's op otherwise). An id >= E gives NaN rows, never a read past w. */
+int weft_gather_qmm(mlx_array* res, const mlx_array x, const mlx_array w, const mlx_array scales,
+                    const mlx_array biases, const mlx_array indices, int group_size, int bits,
+                    const mlx_stream stream);
 
 const char* weft_kernels_last_error(void);
 

@@ -201,7 +201,7 @@ impl<M: ModelHandle> Executor<M> {
                 Err(e) => return self.fail_row(row, format!("encoding the images failed: {e}")),
             }
             if let Some(spec) = self.model.get().vision().map(|v| v.spec()) {
-                row.cache_key = Some(media::cache_key(&row.prompt, &images, spec.tokens_per_image, spec.zeroed_token_id));
+                row.cache_key = Some(media::cache_key(&row.prompt, &images, spec.zeroed_token_id));
             }
         }
         let reuse = if self.prompt_cache.enabled() {
@@ -209,6 +209,8 @@ impl<M: ModelHandle> Executor<M> {
         } else {
             None
         };
+        // Reused KV that ends inside a bidirectional image span would have seen only part of it.
+        let reuse = reuse.filter(|(_, n)| !self.whole_spans() || row.media.whole_spans_end(*n) == *n);
         let (caches, done) = match reuse {
             Some((caches, n)) => (caches, n),
             None => (cache::quantizing(self.model.get().make_caches(), self.kv.as_ref()), 0),
@@ -270,6 +272,11 @@ impl<M: ModelHandle> Executor<M> {
         }
     }
 
+    /// Whether the model attends bidirectionally within image spans (chunks keep them whole).
+    fn whole_spans(&self) -> bool {
+        self.model.get().vision().is_some_and(|v| v.spec().bidirectional)
+    }
+
     /// Prefills one chunk of the waiting prompts, so decoding rows stall at most one chunk;
     /// rows whose prompt (minus its last token) is then in take their first step together and
     /// join the batch.
@@ -297,7 +304,10 @@ impl<M: ModelHandle> Executor<M> {
                     self.prefilling.push_front(p);
                     break;
                 }
-                let end = (p.done + budget).min(target);
+                let mut end = (p.done + budget).min(target);
+                if self.whole_spans() {
+                    end = p.row.media.whole_spans_end(end);
+                }
                 let chunk = &p.row.prompt[p.done..end];
                 let done = if p.row.media.is_empty() {
                     prefill(self.model.get(), &mut p.caches, chunk, end - p.done)
@@ -308,7 +318,7 @@ impl<M: ModelHandle> Executor<M> {
                     self.fail_row(p.row, format!("prefill failed: {e}"));
                     continue;
                 }
-                budget -= end - p.done;
+                budget = budget.saturating_sub(end - p.done);
                 self.prefill_forwards += 1;
                 self.prefill_tokens += (end - p.done) as u64;
                 p.done = end;
@@ -346,7 +356,18 @@ impl<M: ModelHandle> Executor<M> {
             return joining;
         }
         let step = self.prefill_step_size;
-        let ends: Vec<usize> = todo.iter().map(|p| (p.done + step).min(p.row.prompt.len() - 1)).collect();
+        let whole = self.whole_spans();
+        let ends: Vec<usize> = todo
+            .iter()
+            .map(|p| {
+                let end = (p.done + step).min(p.row.prompt.len() - 1);
+                if whole {
+                    p.row.media.whole_spans_end(end)
+                } else {
+                    end
+                }
+            })
+            .collect();
         let mut rows = Vec::with_capacity(todo.len());
         let mut row_caches = Vec::with_capacity(todo.len());
         let mut chunks = Vec::with_capacity(todo.len());

@@ -17,6 +17,8 @@ pub struct PreparedImage {
     pub pixels: Vec<f32>,
     pub height: usize,
     pub width: usize,
+    /// Its soft tokens (placeholder positions from `start`).
+    pub tokens: usize,
     pub hash: u64,
 }
 
@@ -27,22 +29,43 @@ pub(super) struct RowMedia {
 }
 
 impl RowMedia {
-    /// Runs the model's tower over a request's images (one batch per request).
+    /// Runs the model's tower over a request's images: one batch when they share a size
+    /// (as mlx-vlm stacks them), else one image at a time (as it runs a list).
     pub(super) fn encode(model: &dyn LanguageModel, images: &[PreparedImage]) -> Result<RowMedia> {
         if images.is_empty() {
             return Ok(RowMedia::default());
         }
         let tower = model.vision().ok_or_else(|| Error::InvalidRequest("this model takes no images".into()))?;
-        let (h, w) = (images[0].height, images[0].width);
-        let mut all = Vec::with_capacity(images.len() * h * w * 3);
-        for im in images {
-            all.extend_from_slice(&im.pixels);
-        }
-        let pixels = Array::from_slice(&all, &[images.len() as i32, h as i32, w as i32, 3]);
-        let soft = tower.encode(&pixels)?;
-        soft.eval()?;
-        let spans = images.iter().enumerate().map(|(i, im)| (im.start, soft.index(i as i32))).collect();
+        let run = |group: &[PreparedImage]| -> Result<Array> {
+            let (h, w) = (group[0].height, group[0].width);
+            let mut all = Vec::with_capacity(group.len() * h * w * 3);
+            for im in group {
+                all.extend_from_slice(&im.pixels);
+            }
+            let soft = tower.encode(&Array::from_slice(&all, &[group.len() as i32, h as i32, w as i32, 3]))?;
+            soft.eval()?;
+            Ok(soft)
+        };
+        let same_size = images.iter().all(|im| (im.height, im.width) == (images[0].height, images[0].width));
+        let spans = if same_size {
+            let soft = run(images)?;
+            images.iter().enumerate().map(|(i, im)| (im.start, soft.index(i as i32))).collect()
+        } else {
+            images.iter().map(|im| Ok((im.start, run(std::slice::from_ref(im))?.index(0)))).collect::<Result<_>>()?
+        };
         Ok(RowMedia { spans })
+    }
+
+    /// `end` moved past any image span it would cut (spans attended bidirectionally must sit
+    /// whole in one prefill chunk).
+    pub(super) fn whole_spans_end(&self, end: usize) -> usize {
+        self.spans
+            .iter()
+            .map(|(s, emb)| (*s, s + emb.dim(0) as usize))
+            .filter(|&(s, e)| s < end && end < e)
+            .map(|(_, e)| e)
+            .max()
+            .unwrap_or(end)
     }
 
     pub(super) fn is_empty(&self) -> bool {
@@ -79,13 +102,13 @@ pub(super) fn forward_media(rows: &[&RowMedia], ranges: &[(usize, usize)]) -> Op
 /// The prompt-cache key of a prompt with images: each placeholder id becomes a value derived
 /// from its image's pixel hash and offset, and pad ids (embedded as zeros in such prompts)
 /// a marker, all with the top bit set so no token id equals them.
-pub(super) fn cache_key(prompt: &[u32], images: &[PreparedImage], per_image: usize, pad: Option<u32>) -> Vec<u32> {
+pub(super) fn cache_key(prompt: &[u32], images: &[PreparedImage], pad: Option<u32>) -> Vec<u32> {
     let mut key: Vec<u32> = prompt
         .iter()
         .map(|&t| if Some(t) == pad { u32::MAX } else { t })
         .collect();
     for im in images {
-        for j in 0..per_image {
+        for j in 0..im.tokens {
             let h = im.hash.wrapping_add((j as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
             let h = (h ^ (h >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
             key[im.start + j] = 0x8000_0000 | ((h >> 33) as u32 & 0x7fff_fffe);

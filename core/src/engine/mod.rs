@@ -720,35 +720,44 @@ pub fn attach_images(
     if n > spec.max_images {
         return Err(Error::InvalidRequest(format!("images: {n} images, at most {} per request", spec.max_images)));
     }
-    if let Some(prompt) = expanded_text_prompt(&sub.request, spec, tokenizer)? {
-        crate::generate::validate_prompt_ids(info, &prompt)?;
-        sub.prompt = prompt;
-    }
-    let starts = crate::vision::image_spans(&sub.prompt, spec, n)?;
+    // Preprocess first: with per-image soft-token counts (Gemma 4) the prompt's expansion
+    // depends on each image's size.
     let p = &spec.processor;
-    sub.images = sub
+    let pixels: Vec<crate::vision::Pixels> = sub
         .request
         .images
         .iter()
-        .zip(starts)
         .enumerate()
-        .map(|(i, (bytes, start))| {
-            let pixels = p.process(bytes).map_err(|e| Error::InvalidRequest(format!("images[{i}]: {e}")))?;
-            let hash = crate::vision::pixels_hash(&pixels);
-            Ok(PreparedImage { start, pixels, height: p.height, width: p.width, hash })
-        })
+        .map(|(i, bytes)| p.process_sized(bytes).map_err(|e| Error::InvalidRequest(format!("images[{i}]: {e}"))))
         .collect::<Result<_>>()?;
+    let counts: Vec<usize> = pixels.iter().map(|px| spec.tokens_for(px.height, px.width)).collect();
+    if let Some(prompt) = expanded_text_prompt(&sub.request, spec, &counts, tokenizer)? {
+        crate::generate::validate_prompt_ids(info, &prompt)?;
+        sub.prompt = prompt;
+    }
+    let starts = crate::vision::image_spans(&sub.prompt, spec, &counts)?;
+    sub.images = pixels
+        .into_iter()
+        .zip(starts)
+        .zip(counts)
+        .map(|((px, start), tokens)| {
+            let hash = crate::vision::pixels_hash(&px.data);
+            PreparedImage { start, pixels: px.data, height: px.height, width: px.width, tokens, hash }
+        })
+        .collect();
     Ok(())
 }
 
 /// A text prompt or conversation with images, re-tokenized the way the reference processor
-/// does it: each begin-of-image marker in the rendered text becomes
-/// `"\n\n" + marker + image token x tokens_per_image + end marker + "\n\n"` before encoding
-/// (mlx-vlm / transformers Gemma3Processor). `None` for token-id prompts (they carry their
-/// placeholder runs already).
+/// does it: each marker in the rendered text is expanded by the spec's [`ImageMarker`] rule,
+/// image `i` with `counts[i]` image tokens (mlx-vlm / transformers Gemma3Processor, mlx-vlm
+/// Gemma4Processor). `None` for token-id prompts (they carry their placeholder runs already).
+///
+/// [`ImageMarker`]: crate::vision::ImageMarker
 fn expanded_text_prompt(
     request: &Request,
     spec: &crate::vision::ImageSpec,
+    counts: &[usize],
     tokenizer: Option<&Tokenizer>,
 ) -> Result<Option<Vec<u32>>> {
     let (text, add_special) = match &request.input {
@@ -773,15 +782,23 @@ fn expanded_text_prompt(
     let begin = name(spec.begin_token_id, "begin-of-image")?;
     let end = name(spec.end_token_id, "end-of-image")?;
     let image = name(Some(spec.image_token_id), "image")?;
-    let full = format!("\n\n{begin}{}{end}\n\n", image.repeat(spec.tokens_per_image));
-    let markers = text.matches(begin.as_str()).count();
+    let (marker, blank) = match spec.marker {
+        crate::vision::ImageMarker::BeginOfImage => (&begin, "\n\n"),
+        crate::vision::ImageMarker::ImageToken => (&image, ""),
+    };
+    let pieces: Vec<&str> = text.split(marker.as_str()).collect();
+    let markers = pieces.len() - 1;
     if markers != request.images.len() {
         return Err(Error::InvalidRequest(format!(
-            "images: the prompt has {markers} image marker(s) ({begin}) but {} image(s) were given",
+            "images: the prompt has {markers} image marker(s) ({marker}) but {} image(s) were given",
             request.images.len()
         )));
     }
-    Ok(Some(tok.encode(&text.replace(begin.as_str(), &full), add_special)?))
+    let mut expanded = pieces[0].to_string();
+    for (piece, n) in pieces[1..].iter().zip(counts) {
+        expanded.push_str(&format!("{blank}{begin}{}{end}{blank}{piece}", image.repeat(*n)));
+    }
+    Ok(Some(tok.encode(&expanded, add_special)?))
 }
 
 /// Turns a request into token ids and checks it against the model and the engine's limits

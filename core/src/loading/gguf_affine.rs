@@ -21,9 +21,7 @@
 //! lossless affine form: [`requantize_q6_k`] rounds it to 8-bit group 32 (lossy, for the fast
 //! CPU kernels; the error bound is stated there). Other types are expanded to float32.
 //!
-//! A 5-bit type can be widened to 8 bits (the same codes, scales and biases, so still lossless):
-//! Weft's fast CPU kernels run 4- and 8-bit weights only, and 8-bit codes read faster there
-//! than MLX's own 5-bit kernel.
+//! 5-bit types stay 5-bit in both CPU modes: Weft's fast kernels read 4-, 5- and 8-bit codes.
 //!
 //! Codes are packed the way MLX packs them: each row's codes as one little-endian bit stream of
 //! `bits`-bit fields in u32 words (for 3/5/6 bits too; checked against `mx.quantize`).
@@ -55,11 +53,9 @@ pub fn affine_bits(t: GgmlType) -> Option<u32> {
     }
 }
 
-/// Repacks `data` (blocks of type `t`, a row-major tensor with rows of `cols` elements); with
-/// `widen_5_to_8`, 5-bit types come out as 8-bit.
-pub fn repack(t: GgmlType, data: &[u8], cols: usize, widen_5_to_8: bool) -> Result<Affine> {
+/// Repacks `data` (blocks of type `t`, a row-major tensor with rows of `cols` elements).
+pub fn repack(t: GgmlType, data: &[u8], cols: usize) -> Result<Affine> {
     let bits = affine_bits(t).ok_or_else(|| Error::Unsupported(format!("GGUF type {t} has no affine form")))?;
-    let bits = if widen_5_to_8 && bits == 5 { 8 } else { bits };
     let (block, block_bytes) = super::gguf_dequant::block_geometry(t).expect("affine types have a geometry");
     if cols % block != 0 || data.len() % block_bytes != 0 {
         return Err(Error::ModelLoad(format!("GGUF {t} rows of {cols} elements do not hold whole blocks")));
@@ -242,15 +238,13 @@ mod tests {
                 .collect();
             let cols = 256;
             assert_eq!(want.len() % cols, 0, "{name}");
-            for widen in [false, true] {
-                let a = repack(t, &data, cols, widen).unwrap();
-                assert_eq!(a.bits, if widen && affine_bits(t) == Some(5) { 8 } else { affine_bits(t).unwrap() });
-                let got = dequantize(&a, cols);
-                assert_eq!(got.len(), want.len(), "{name}");
-                // Equal as numbers: a zero can come out as +0 where gguf-py's `d * 0` gives -0.
-                let differing = got.iter().zip(&want).filter(|(g, w)| g != w).count();
-                assert_eq!(differing, 0, "{name} (widened: {widen}): {differing} of {} values differ", want.len());
-            }
+            let a = repack(t, &data, cols).unwrap();
+            assert_eq!(a.bits, affine_bits(t).unwrap());
+            let got = dequantize(&a, cols);
+            assert_eq!(got.len(), want.len(), "{name}");
+            // Equal as numbers: a zero can come out as +0 where gguf-py's `d * 0` gives -0.
+            let differing = got.iter().zip(&want).filter(|(g, w)| g != w).count();
+            assert_eq!(differing, 0, "{name}: {differing} of {} values differ", want.len());
         }
     }
 

@@ -371,10 +371,9 @@ fn repacked_arrays(h: &GgufHeader, path: &Path, weights: GgufWeights) -> Result<
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     // SAFETY: read-only mapping of a model file we do not modify; extents were checked.
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
-    // Weft's fast CPU kernels take 4 and 8 bits: 5-bit types go to 8 bits there, and Q6_K is
-    // rounded to 8 bits (lossy, so only in fast mode: exact mode keeps its float32 expansion).
+    // Weft's fast CPU kernels take 4, 5 and 8 bits: Q6_K is rounded to 8 bits there (lossy, so
+    // only in fast mode: exact mode keeps its float32 expansion).
     let fast = crate::kernels::cpu_kernels()? == crate::kernels::CpuKernels::Fast && crate::default_device() == "cpu";
-    let widen = fast;
     let mut out = Vec::with_capacity(h.tensors.len());
     for t in &h.tensors {
         let (block, block_bytes) = block_geometry(t.ggml_type())
@@ -388,7 +387,7 @@ fn repacked_arrays(h: &GgufHeader, path: &Path, weights: GgufWeights) -> Result<
         let rounded = matrix && fast && t.ggml_type() == GgmlType::Q6_K;
         if lossless || rounded {
             let (rows, cols) = (shape[0], shape[1] as usize);
-            let a = if lossless { repack(t.ggml_type(), bytes, cols, widen) } else { requantize_q6_k(bytes, cols) }
+            let a = if lossless { repack(t.ggml_type(), bytes, cols) } else { requantize_q6_k(bytes, cols) }
                 .map_err(|e| Error::ModelLoad(format!("GGUF tensor '{}': {e}", t.name)))?;
             let (base, _) = split_suffix(&t.name);
             let groups = (cols / super::gguf_affine::GROUP_SIZE) as i32;

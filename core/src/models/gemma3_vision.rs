@@ -15,7 +15,7 @@ use mlx_rs::{Array, Dtype};
 use super::ConfigReader;
 use crate::nn::{RmsNorm, Weights};
 use crate::vision::siglip::{Siglip, SiglipConfig};
-use crate::vision::{ImageProcessor, ImageSpec, Resample, VisionTower};
+use crate::vision::{ImageMarker, ImageProcessor, ImageSpec, Resample, Sizing, VisionTower};
 use crate::{Error, Result};
 
 pub struct Gemma3Vision {
@@ -92,6 +92,7 @@ pub fn load(cfg: &ConfigReader, w: &mut Weights, text_hidden: i32, mm_tokens: i3
             rescale_factor: 1.0 / 255.0,
             mean: [0.5; 3],
             std: [0.5; 3],
+            sizing: Sizing::Fixed,
         },
         image_token_id: token("image_token_index", 262_144)?,
         tokens_per_image: mm_tokens as usize,
@@ -99,6 +100,8 @@ pub fn load(cfg: &ConfigReader, w: &mut Weights, text_hidden: i32, mm_tokens: i3
         end_token_id: Some(token("eoi_token_index", 256_000)?),
         zeroed_token_id: Some(token("pad_token_id", 0)?),
         max_images: 8,
+        marker: ImageMarker::BeginOfImage,
+        bidirectional: false,
     };
     Ok(Gemma3Vision {
         tower,

@@ -90,14 +90,14 @@ fn clip_g(x: &Array, g: f32) -> Result<Array> {
 
 /// Linear with the input and output clamped to checkpoint ranges (mlx-vlm `ClippableLinear`);
 /// a range missing from the checkpoint stays at +-inf (a no-op), as mlx-vlm initialises it.
-struct ClippedLinear {
+pub(crate) struct ClippedLinear {
     linear: Linear,
     input: Option<(Array, Array)>,
     output: Option<(Array, Array)>,
 }
 
 impl ClippedLinear {
-    fn load(w: &mut Weights, prefix: &str, in_dim: i32, out_dim: i32, clipped: bool) -> Result<Self> {
+    pub(crate) fn load(w: &mut Weights, prefix: &str, in_dim: i32, out_dim: i32, clipped: bool) -> Result<Self> {
         let linear = Linear::load(w, &format!("{prefix}.linear"), in_dim, out_dim, false)?;
         let mut range = |lo: &str, hi: &str| -> Result<Option<(Array, Array)>> {
             if !clipped {
@@ -118,7 +118,7 @@ impl ClippedLinear {
         Ok(ClippedLinear { linear, input, output })
     }
 
-    fn forward(&self, x: &Array) -> Result<Array> {
+    pub(crate) fn forward(&self, x: &Array) -> Result<Array> {
         let x = match &self.input {
             Some((lo, hi)) => clip(x, (lo, hi))?,
             None => x.clone(),

@@ -22,6 +22,8 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
 use serde_json::{json, Value};
 
+use super::gemma4_vision::{self, Gemma4Vision};
+use crate::vision::VisionTower;
 use super::{ConfigReader, LanguageModel, ModelInfo, SlidingWindowLayers};
 use crate::cache::{self, sdpa, AttentionMask, KvCache, KvCacheSingle, RopeOffset, RotatingKvCache};
 use crate::nn::{gelu_approx, Embedding, Linear, Mlp, MlpActivation, RmsNorm, Rope, RopeContext, Weights};
@@ -99,6 +101,11 @@ pub struct Gemma4Text {
     final_softcap: Option<f32>,
     /// Layers that own a cache, in order (the first `num_hidden_layers - num_kv_shared_layers`).
     cache_layers: usize,
+    /// The vision tower of a `gemma4` checkpoint that has one (mlx-vlm layout).
+    vision: Option<Gemma4Vision>,
+    /// The image token id when attention is bidirectional within image spans
+    /// (`use_bidirectional_attention: "vision"`).
+    bidirectional_images: Option<u32>,
 }
 
 /// `key` as an integer >= 0, or mlx-lm's default when absent; null reads as 0 (mlx-lm tests
@@ -153,10 +160,18 @@ fn default_rope_parameters() -> Value {
 }
 
 pub fn load(cfg: &ConfigReader, mut w: Weights, dtype: Dtype) -> Result<Gemma4Text> {
+    let top = cfg;
     let wrapped = cfg.req_str("model_type")? == "gemma4";
     let text = if wrapped { text_config(cfg)? } else { Value::Null };
     let tcfg = if wrapped { ConfigReader::new(&text) } else { ConfigReader::new(cfg.raw()) };
+    let mut vision_weights = None;
     if wrapped {
+        for part in ["vision_tower.", "embed_vision."] {
+            w.rename_prefix(&format!("model.{part}"), part);
+        }
+        if gemma4_vision::present(cfg, &w) {
+            vision_weights = Some(w.split_prefixes(&["vision_tower.", "embed_vision."]));
+        }
         text_weights(&mut w);
     }
     let cfg = &tcfg;
@@ -364,7 +379,29 @@ pub fn load(cfg: &ConfigReader, mut w: Weights, dtype: Dtype) -> Result<Gemma4Te
             .then_some(SlidingWindowLayers { layers: sliding_caches, window: window as usize }),
     };
     let embed_scale = (hidden as f64).sqrt() as f32;
-    Ok(Gemma4Text { embed_tokens, per_layer_inputs, layers, norm, lm_head, info, window, embed_scale, final_softcap, cache_layers })
+    let vision = match vision_weights {
+        None => None,
+        Some(mut vw) => {
+            let v = gemma4_vision::load(top, &mut vw, hidden, dtype)?;
+            vw.finish()?;
+            Some(v)
+        }
+    };
+    let bidirectional_images = vision.as_ref().filter(|v| v.spec().bidirectional).map(|v| v.spec().image_token_id);
+    Ok(Gemma4Text {
+        embed_tokens,
+        per_layer_inputs,
+        layers,
+        norm,
+        lm_head,
+        info,
+        window,
+        embed_scale,
+        final_softcap,
+        cache_layers,
+        vision,
+        bidirectional_images,
+    })
 }
 
 /// `x * s` with the Python float `s` in `x`'s dtype.
@@ -463,7 +500,16 @@ impl Gemma4Text {
                 None => Ok(None),
             }
         };
-        let (full_mask, sliding_mask) = (mask_of(false)?, mask_of(true)?);
+        let (mut full_mask, mut sliding_mask) = (mask_of(false)?, mask_of(true)?);
+        if let (Some(m), Some(image)) = (media, self.bidirectional_images) {
+            if let Some(blocks) = image_blocks(tokens, &m.rows, image)? {
+                let offset_of = |sliding: bool| {
+                    self.layers[..self.cache_layers].iter().position(|l| l.sliding == sliding).map_or(0, |i| caches[i].len())
+                };
+                full_mask = full_mask.map(|mk| with_blocks(mk, &blocks, offset_of(false) as i32)).transpose()?;
+                sliding_mask = sliding_mask.map(|mk| with_blocks(mk, &blocks, offset_of(true) as i32)).transpose()?;
+            }
+        }
         let mut kvs: Vec<Option<SharedKv>> = vec![None; self.layers.len()];
         let mut h = h;
         for (i, layer) in self.layers.iter().enumerate() {
@@ -494,6 +540,68 @@ impl Gemma4Text {
             }
         }
     }
+}
+
+/// mlx-vlm gemma4 `_block_sequence_ids_for_mask` + `_apply_blockwise_bidirectional_overlay`:
+/// `[B, 1, L, L]`, true where query and key are image tokens of the same contiguous run (rows
+/// with media only). `None` when the forward has one column or no image token (the reference
+/// keeps its plain masks then).
+fn image_blocks(tokens: &Array, rows: &[bool], image: u32) -> Result<Option<Array>> {
+    let (b, l) = (tokens.dim(0) as usize, tokens.dim(1) as usize);
+    if l < 2 {
+        return Ok(None);
+    }
+    let ids = tokens.as_dtype(Dtype::Int64)?;
+    ids.eval()?;
+    let ids = ids.as_slice::<i64>();
+    let mut block = vec![-1i64; b * l];
+    let mut any = false;
+    for r in 0..b {
+        if !rows.get(r).copied().unwrap_or(false) {
+            continue;
+        }
+        let mut group = -1i64;
+        for j in 0..l {
+            if ids[r * l + j] == image as i64 {
+                if j == 0 || ids[r * l + j - 1] != image as i64 {
+                    group += 1;
+                }
+                block[r * l + j] = group;
+                any = true;
+            }
+        }
+    }
+    if !any {
+        return Ok(None);
+    }
+    let mut same = vec![false; b * l * l];
+    for r in 0..b {
+        for i in 0..l {
+            let q = block[r * l + i];
+            if q < 0 {
+                continue;
+            }
+            for j in 0..l {
+                same[(r * l + i) * l + j] = block[r * l + j] == q;
+            }
+        }
+    }
+    Ok(Some(Array::from_slice(&same, &[b as i32, 1, l as i32, l as i32])))
+}
+
+/// `mask` OR the image blocks over its last `L` key columns (this forward's own positions);
+/// a kernel-side causal mask becomes explicit first, as mlx-vlm materializes it.
+fn with_blocks(mask: AttentionMask, blocks: &Array, offset: i32) -> Result<AttentionMask> {
+    let l = blocks.dim(-1);
+    let base = match mask {
+        AttentionMask::Array(m) => m,
+        AttentionMask::Causal => crate::cache::causal_mask(l, offset, None)?,
+        AttentionMask::None => return Ok(AttentionMask::None),
+    };
+    let s = base.dim(-1);
+    let widths = [(0, 0), (0, 0), (0, 0), (s - l, 0)];
+    let blocks = mlx_rs::ops::pad(blocks, &widths, Array::from_bool(false), None)?;
+    Ok(AttentionMask::Array(base.logical_or(&blocks)?))
 }
 
 /// mlx-vlm gemma4 `get_input_embeddings`: soft tokens (audio) replace the scaled token
@@ -535,8 +643,9 @@ impl LanguageModel for Gemma4Text {
         self.forward_media(tokens, None, caches)
     }
 
-    /// Audio soft tokens spliced over the token embeddings (causal attention throughout, as
-    /// mlx-vlm runs audio; its bidirectional image spans are not implemented here).
+    /// Image and audio soft tokens spliced over the token embeddings; with
+    /// `use_bidirectional_attention: "vision"` each image span attends both ways (audio stays
+    /// causal, as mlx-vlm runs it).
     fn forward_with_media(
         &self,
         tokens: &Array,
@@ -544,6 +653,10 @@ impl LanguageModel for Gemma4Text {
         caches: &mut [Box<dyn KvCache>],
     ) -> Result<Array> {
         self.forward_media(tokens, Some(media), caches)
+    }
+
+    fn vision(&self) -> Option<&dyn crate::vision::VisionTower> {
+        self.vision.as_ref().map(|v| v as &dyn crate::vision::VisionTower)
     }
 
     fn make_caches(&self) -> Vec<Box<dyn KvCache>> {

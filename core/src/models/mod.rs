@@ -6,6 +6,7 @@ pub mod gemma3;
 pub mod gemma3_vision;
 pub mod gemma4_audio;
 pub mod gemma4_text;
+pub mod gemma4_vision;
 pub mod granite;
 pub mod llama;
 pub mod minicpm;

@@ -49,7 +49,7 @@ fn qmm(x: &Array, weight: &Array, scales: &Array, biases: &Array, spec: QuantSpe
 /// The path a quantized layer loaded now takes: the fast CPU kernel when it is selected and MLX
 /// computes on the CPU; else MLX's kernel, switching to dequantize + matmul from
 /// `WEFT_DEQUANTIZE_ROWS` rows (default 8 on a GPU).
-fn load_path() -> Result<QmmPath> {
+pub(crate) fn load_path() -> Result<QmmPath> {
     let gpu = crate::default_device() == "gpu";
     let rows = match (DEQUANTIZE_ROWS.with(|r| r.get()), std::env::var(DEQUANTIZE_ROWS_ENV)) {
         (Some(rows), _) => rows,

@@ -1,6 +1,7 @@
 //! Mixture-of-experts layers, op-for-op as mlx-lm's `switch_layers.py` (`SwitchLinear`,
 //! `QuantizedSwitchLinear`, `SwitchGLU`) and the Qwen3-MoE top-k softmax router. Experts are
-//! stacked `[E, out, in]` matrices applied per token with `gather_mm` / `gather_qmm`.
+//! stacked `[E, out, in]` matrices applied per token with `gather_mm` / `gather_qmm` (quantized
+//! experts through Weft's fast CPU kernel when loaded in fast mode on the CPU).
 
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{argpartition_axis, argsort, gather_mm, gather_qmm, softmax_axis, unflatten};
@@ -15,7 +16,8 @@ const SORT_THRESHOLD: usize = 64;
 /// One stacked expert projection: `x @ W[e]^T` for the expert `e` of each routed pair.
 pub enum SwitchLinear {
     Dense { weight: Array },
-    Quantized { weight: Array, scales: Array, biases: Array, spec: QuantSpec },
+    /// `fast`: Weft's CPU kernel ([`crate::kernels::gather_qmm`]) instead of MLX's.
+    Quantized { weight: Array, scales: Array, biases: Array, spec: QuantSpec, fast: bool },
 }
 
 impl SwitchLinear {
@@ -32,7 +34,8 @@ impl SwitchLinear {
                 let groups = in_dim / spec.group_size;
                 let scales = w.take(&format!("{prefix}.scales"), &[experts, out_dim, groups])?;
                 let biases = w.take(&format!("{prefix}.biases"), &[experts, out_dim, groups])?;
-                SwitchLinear::Quantized { weight, scales, biases, spec }
+                let fast = super::linear::load_path()? == super::QmmPath::WeftCpu;
+                SwitchLinear::Quantized { weight, scales, biases, spec, fast }
             }
             None => SwitchLinear::Dense { weight: w.take(&format!("{prefix}.weight"), &[experts, out_dim, in_dim])? },
         })
@@ -41,7 +44,10 @@ impl SwitchLinear {
     fn forward(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array> {
         Ok(match self {
             SwitchLinear::Dense { weight } => gather_mm(x, weight.swap_axes(-1, -2)?, None, indices, sorted)?,
-            SwitchLinear::Quantized { weight, scales, biases, spec } => gather_qmm(
+            SwitchLinear::Quantized { weight, scales, biases, spec, fast: true } => {
+                crate::kernels::gather_qmm(x, weight, scales, biases, indices, spec.group_size, spec.bits)?
+            }
+            SwitchLinear::Quantized { weight, scales, biases, spec, fast: false } => gather_qmm(
                 x,
                 weight,
                 scales,

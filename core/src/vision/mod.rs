@@ -10,7 +10,7 @@ pub mod source;
 
 use mlx_rs::Array;
 
-pub use preprocess::{ImageProcessor, Resample, Rgb8};
+pub use preprocess::{ImageProcessor, Pixels, Resample, Rgb8, Sizing};
 
 use crate::Result;
 
@@ -18,8 +18,10 @@ use crate::Result;
 #[derive(Debug, Clone, PartialEq)]
 pub struct ImageSpec {
     pub processor: ImageProcessor,
-    /// Placeholder id repeated `tokens_per_image` times per image in the prompt ids.
+    /// Placeholder id repeated once per soft token of each image in the prompt ids.
     pub image_token_id: u32,
+    /// Soft tokens per image: always this many ([`Sizing::Fixed`]), or at most this many
+    /// ([`Sizing::PatchBudget`]: [`ImageSpec::tokens_for`] counts them per image size).
     pub tokens_per_image: usize,
     /// Tokens that open / close an image span (Gemma 3 `<start_of_image>` / `<end_of_image>`).
     pub begin_token_id: Option<u32>,
@@ -29,6 +31,38 @@ pub struct ImageSpec {
     pub zeroed_token_id: Option<u32>,
     /// Most images one request may carry.
     pub max_images: usize,
+    /// Which token's text stands for an image in a text prompt, and how it is expanded.
+    pub marker: ImageMarker,
+    /// The text model attends bidirectionally within each image span (Gemma 4), so a span is
+    /// never split across prefill chunks.
+    pub bidirectional: bool,
+}
+
+/// How the reference processor expands an image marker in prompt text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageMarker {
+    /// Gemma 3: the begin-of-image text becomes `"\n\n" begin + image x n + end "\n\n"`.
+    BeginOfImage,
+    /// Gemma 4: the image token's text becomes `begin + image x n + end`.
+    ImageToken,
+}
+
+impl ImageSpec {
+    /// Soft tokens of an image preprocessed to `height x width`.
+    pub fn tokens_for(&self, height: usize, width: usize) -> usize {
+        match self.processor.sizing {
+            Sizing::Fixed => self.tokens_per_image,
+            Sizing::PatchBudget { patch, pooling, .. } => (height / patch) * (width / patch) / (pooling * pooling),
+        }
+    }
+
+    /// The token whose text marks an image in a prompt.
+    pub fn marker_token_id(&self) -> Option<u32> {
+        match self.marker {
+            ImageMarker::BeginOfImage => self.begin_token_id,
+            ImageMarker::ImageToken => Some(self.image_token_id),
+        }
+    }
 }
 
 /// A model's vision tower (with its projector).
@@ -52,9 +86,32 @@ pub fn pixels_hash(pixels: &[f32]) -> u64 {
     h
 }
 
-/// Positions of each image's placeholder run in `prompt`: `tokens_per_image` consecutive
-/// `image_token_id`s per image, in order. Errors name what does not match.
-pub fn image_spans(prompt: &[u32], spec: &ImageSpec, images: usize) -> Result<Vec<usize>> {
+/// Positions of each image's placeholder run in `prompt`: `counts[i]` consecutive
+/// `image_token_id`s for image `i`, in order. With a fixed count, one run may hold several
+/// images back to back; with per-image counts each run is one image. Errors name what does
+/// not match.
+pub fn image_spans(prompt: &[u32], spec: &ImageSpec, counts: &[usize]) -> Result<Vec<usize>> {
+    let images = counts.len();
+    if spec.processor.sizing != Sizing::Fixed {
+        let runs = placeholder_runs(prompt, spec.image_token_id);
+        if runs.len() != images {
+            return Err(crate::Error::InvalidRequest(format!(
+                "images: the prompt has placeholders for {} image(s) but {images} were given",
+                runs.len()
+            )));
+        }
+        for (i, (&(start, len), &n)) in runs.iter().zip(counts).enumerate() {
+            if len != n {
+                return Err(crate::Error::InvalidRequest(format!(
+                    "images: image {i} takes exactly {n} image tokens, the run at position {start} has {len}"
+                )));
+            }
+        }
+        if runs.last().is_some_and(|&(s, n)| s + n >= prompt.len()) {
+            return Err(crate::Error::InvalidRequest("images: the prompt must not end with an image".into()));
+        }
+        return Ok(runs.into_iter().map(|(s, _)| s).collect());
+    }
     let mut starts = Vec::new();
     let mut i = 0;
     while i < prompt.len() {
@@ -85,4 +142,22 @@ pub fn image_spans(prompt: &[u32], spec: &ImageSpec, images: usize) -> Result<Ve
         return Err(crate::Error::InvalidRequest("images: the prompt must not end with an image".into()));
     }
     Ok(starts)
+}
+
+/// `(start, length)` of each maximal run of `id` in `prompt`.
+fn placeholder_runs(prompt: &[u32], id: u32) -> Vec<(usize, usize)> {
+    let mut runs = Vec::new();
+    let mut i = 0;
+    while i < prompt.len() {
+        if prompt[i] != id {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < prompt.len() && prompt[i] == id {
+            i += 1;
+        }
+        runs.push((start, i - start));
+    }
+    runs
 }

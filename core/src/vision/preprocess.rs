@@ -52,12 +52,56 @@ impl Resample {
 /// How a model's processor turns an image into pixel values.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ImageProcessor {
+    /// The output size ([`Sizing::Fixed`]).
     pub height: usize,
     pub width: usize,
     pub resample: Resample,
     pub rescale_factor: f64,
     pub mean: [f32; 3],
     pub std: [f32; 3],
+    pub sizing: Sizing,
+}
+
+/// The two processor families the towers here use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sizing {
+    /// transformers' Gemma3ImageProcessorPil: alpha composited onto white, resized to
+    /// `height x width`, `x * rescale` in f64 then f32, `(x - mean) / std`.
+    Fixed,
+    /// mlx-vlm's Gemma4ImageProcessor: PIL `convert("RGB")` (alpha dropped), an
+    /// aspect-ratio-preserving resize to the largest size with at most `max_patches` patches
+    /// of `patch` pixels and both sides multiples of `pooling * patch` (none when already that
+    /// size), `x * rescale` in f32, no normalisation.
+    PatchBudget { patch: usize, max_patches: usize, pooling: usize },
+}
+
+/// Preprocessed pixel values `[height, width, 3]` (channels last).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pixels {
+    pub data: Vec<f32>,
+    pub height: usize,
+    pub width: usize,
+}
+
+/// mlx-vlm `get_aspect_ratio_preserving_size` (Gemma 4): `(height, width)` of the resize.
+pub fn patch_budget_size(height: usize, width: usize, patch: usize, max_patches: usize, pooling: usize) -> Result<(usize, usize)> {
+    let target_px = (max_patches * patch * patch) as f64;
+    let factor = (target_px / (height * width) as f64).sqrt();
+    let side = pooling * patch;
+    let mut h = (factor * height as f64 / side as f64).floor() as usize * side;
+    let mut w = (factor * width as f64 / side as f64).floor() as usize * side;
+    if h == 0 && w == 0 {
+        return Err(Error::InvalidRequest(format!("image: {width}x{height} resizes to 0 x 0")));
+    }
+    let max_side = (max_patches / (pooling * pooling)) * side;
+    if h == 0 {
+        h = side;
+        w = ((width as f64 / height as f64).floor() as usize * side).min(max_side);
+    } else if w == 0 {
+        w = side;
+        h = ((height as f64 / width as f64).floor() as usize * side).min(max_side);
+    }
+    Ok((h, w))
 }
 
 /// An 8-bit RGB image, row-major `[height, width, 3]`.
@@ -73,6 +117,11 @@ pub const MAX_PIXELS: u64 = 64 << 20;
 
 /// Decodes PNG / JPEG / WebP bytes to RGB (transparency composited onto white).
 pub fn decode(bytes: &[u8]) -> Result<Rgb8> {
+    decode_with(bytes, true)
+}
+
+/// [`decode`]; `on_white: false` drops the alpha channel instead (PIL `convert("RGB")`).
+pub fn decode_with(bytes: &[u8], on_white: bool) -> Result<Rgb8> {
     let format = image::guess_format(bytes)
         .map_err(|_| Error::InvalidRequest("image: not a PNG, JPEG or WebP file".into()))?;
     if !matches!(format, image::ImageFormat::Png | image::ImageFormat::Jpeg | image::ImageFormat::WebP) {
@@ -87,7 +136,7 @@ pub fn decode(bytes: &[u8]) -> Result<Rgb8> {
     if w == 0 || h == 0 || w * h > MAX_PIXELS {
         return Err(Error::InvalidRequest(format!("image: {w}x{h} pixels (at most {MAX_PIXELS} in all)")));
     }
-    let data = if img.color().has_alpha() {
+    let data = if on_white && img.color().has_alpha() {
         let rgba = img.to_rgba8();
         rgba.pixels().flat_map(|p| composite_on_white(p.0)).collect()
     } else {
@@ -186,21 +235,57 @@ pub fn resize(img: &Rgb8, width: usize, height: usize, filter: Resample) -> Rgb8
 impl ImageProcessor {
     /// Pixel values `[height, width, 3]` (channels last, what the towers take), f32.
     pub fn pixels(&self, img: &Rgb8) -> Vec<f32> {
-        let img = resize(img, self.width, self.height, self.resample);
-        img.data
-            .iter()
-            .enumerate()
-            .map(|(i, &v)| {
-                let c = i % 3;
-                let x = (v as f64 * self.rescale_factor) as f32;
-                (x - self.mean[c]) / self.std[c]
-            })
-            .collect()
+        self.prepare(img).expect("a fixed-size processor does not fail").data
+    }
+
+    /// The size an image of `width x height` is resized to.
+    pub fn output_size(&self, height: usize, width: usize) -> Result<(usize, usize)> {
+        match self.sizing {
+            Sizing::Fixed => Ok((self.height, self.width)),
+            Sizing::PatchBudget { patch, max_patches, pooling } => {
+                patch_budget_size(height, width, patch, max_patches, pooling)
+            }
+        }
+    }
+
+    /// Resizes and rescales (and for [`Sizing::Fixed`] normalises) a decoded image.
+    pub fn prepare(&self, img: &Rgb8) -> Result<Pixels> {
+        let (height, width) = self.output_size(img.height, img.width)?;
+        let resized;
+        let img = if (height, width) == (img.height, img.width) {
+            img
+        } else {
+            resized = resize(img, width, height, self.resample);
+            &resized
+        };
+        let data = match self.sizing {
+            Sizing::Fixed => img
+                .data
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| {
+                    let c = i % 3;
+                    let x = (v as f64 * self.rescale_factor) as f32;
+                    (x - self.mean[c]) / self.std[c]
+                })
+                .collect(),
+            // numpy: a float32 array times a Python float stays float32.
+            Sizing::PatchBudget { .. } => {
+                let f = self.rescale_factor as f32;
+                img.data.iter().map(|&v| v as f32 * f).collect()
+            }
+        };
+        Ok(Pixels { data, height, width })
     }
 
     /// Decodes and preprocesses an encoded image.
     pub fn process(&self, bytes: &[u8]) -> Result<Vec<f32>> {
-        Ok(self.pixels(&decode(bytes)?))
+        Ok(self.process_sized(bytes)?.data)
+    }
+
+    /// Decodes and preprocesses an encoded image, with its output size.
+    pub fn process_sized(&self, bytes: &[u8]) -> Result<Pixels> {
+        self.prepare(&decode_with(bytes, self.sizing == Sizing::Fixed)?)
     }
 }
 
@@ -215,6 +300,21 @@ mod tests {
         let flat = Rgb8 { width: 7, height: 5, data: vec![77; 7 * 5 * 3] };
         for f in [Resample::Bilinear, Resample::Bicubic] {
             assert!(resize(&flat, 3, 9, f).data.iter().all(|&v| v == 77));
+        }
+    }
+
+    #[test]
+    fn patch_budget_sizes_match_mlx_vlm() {
+        // mlx-vlm get_aspect_ratio_preserving_size(h, w, 16, 280 * 9, 3), incl. the
+        // zero-side fallbacks (values from mlx-vlm 0.7.10).
+        for ((h, w), want) in [
+            ((45, 61), (672, 912)),
+            ((10, 1000), (48, 8016)),
+            ((2, 1000), (48, 13440)),
+            ((1000, 2), (13440, 48)),
+            ((1, 1), (768, 768)),
+        ] {
+            assert_eq!(patch_budget_size(h, w, 16, 280 * 9, 3).unwrap(), want, "{h}x{w}");
         }
     }
 

@@ -59,7 +59,10 @@ static float from_f16(uint16_t h) {
 }
 
 static int check(int M, int N, int K, int bits, int gs, int sdtype) {
-  const int G = K / gs, epu = 32 / bits, width = WEFT_QMM_ISA::kernel.width;
+  const int G = K / gs;
+  // qmm_kernel.h: 5-bit codes are read 4 per lane over at most 8 lanes.
+  const int epu = bits == 5 ? 4 : 32 / bits;
+  const int width = bits == 5 && WEFT_QMM_ISA::kernel.width > 8 ? 8 : WEFT_QMM_ISA::kernel.width;
   std::vector<float> x(size_t(M) * K), s(size_t(N) * G), b(size_t(N) * G);
   std::vector<uint8_t> q(size_t(N) * K);
   for (auto& v : x) v = uniform();
@@ -77,9 +80,15 @@ static int check(int M, int N, int K, int bits, int gs, int sdtype) {
     }
   }
   // MLX's packing: each row's codes as a little-endian stream of `bits`-bit fields.
-  std::vector<uint32_t> w(size_t(N) * K / epu, 0);
+  // (5-bit fields cross word boundaries: a field's bits past the word go to the next one).
+  std::vector<uint32_t> w(size_t(N) * K * bits / 32, 0);
   for (int n = 0; n < N; n++)
-    for (int k = 0; k < K; k++) w[(size_t(n) * K + k) / epu] |= uint32_t(q[size_t(n) * K + k]) << (bits * (k % epu));
+    for (int k = 0; k < K; k++) {
+      const uint64_t bit = (uint64_t(n) * K + k) * bits;
+      const uint64_t code = q[size_t(n) * K + k];
+      w[bit / 32] |= uint32_t(code << (bit % 32));
+      if (bit % 32 + bits > 32) w[bit / 32 + 1] |= uint32_t(code >> (32 - bit % 32));
+    }
   // qmm_kernel.h's layout: within each block of L * epu elements (L = width, width / 2, ... 4),
   // element lane * epu + j goes to j * L + lane; a remainder keeps its order.
   std::vector<float> xp(x.size()), xsum(size_t(M) * G, 0.0f);
@@ -125,7 +134,7 @@ static int check(int M, int N, int K, int bits, int gs, int sdtype) {
 
 int main() {
   int bad = 0, cases = 0;
-  for (int bits : {4, 8})
+  for (int bits : {4, 5, 8})
     for (int gs : {32, 64})
       for (int sdtype : {int(F32), int(F16), int(BF16)})
         for (int M : {1, 3, 9})
