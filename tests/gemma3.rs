@@ -11,7 +11,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 use serde_json::Value;
 use support::*;
-use weft::cache::{AttentionMask, KvCache, RotatingKvCache};
+use weft::cache::{AttentionCache, AttentionMask, KvCache, RotatingKvCache};
 use weft::engine::{Engine, EngineConfig};
 use weft::loading::{self, LoadedModel};
 
@@ -138,14 +138,14 @@ fn batched_ring_wraps_and_masks_exactly_the_window() {
     };
     // Row 0 has wrapped during prefill (6 > 4), row 1 has not (2 < 4).
     let mut batch: Box<dyn KvCache> = Box::new(prefill(0, 6)).into_batched().unwrap();
-    batch.extend_rows(Box::new(prefill(1, 2)).into_batched().unwrap()).unwrap();
+    batch.batch_rows().unwrap().extend_rows(Box::new(prefill(1, 2)).into_batched().unwrap()).unwrap();
     // (row id, next position) per batch row.
     let mut rows: Vec<(usize, i32)> = vec![(0, 6), (1, 2)];
     for step in 0..9 {
-        let mask = batch.make_mask(1, Some(window)).unwrap();
+        let mask = batch.attention_ref().unwrap().make_mask(1, Some(window)).unwrap();
         let vals: Vec<f32> = rows.iter().map(|&(id, p)| key(id, p)).collect();
         let k = column(rows.len() as i32, &vals);
-        let (keys, _) = batch.update_and_fetch(&k, &k).unwrap();
+        let (keys, _) = batch.attention().unwrap().update_and_fetch(&k, &k).unwrap();
         for (b, (id, p)) in rows.iter_mut().enumerate() {
             let want: Vec<f32> = ((*p - window + 1).max(0)..=*p).map(|q| key(*id, q)).collect();
             assert_eq!(visible(&mask, &keys, b as i32), want, "step {step} row {id}");
@@ -153,22 +153,22 @@ fn batched_ring_wraps_and_masks_exactly_the_window() {
         }
         if step == 3 {
             // A third row joins while the others' rings are wrapped, later the first leaves.
-            batch.extend_rows(Box::new(prefill(2, 3)).into_batched().unwrap()).unwrap();
+            batch.batch_rows().unwrap().extend_rows(Box::new(prefill(2, 3)).into_batched().unwrap()).unwrap();
             rows.push((2, 3));
         }
         if step == 6 {
-            batch.filter_rows(&[1, 2]).unwrap();
+            batch.batch_rows().unwrap().filter_rows(&[1, 2]).unwrap();
             rows.remove(0);
         }
     }
     let pos: Vec<i32> = rows.iter().map(|r| r.1).collect();
-    assert!(batch.rows() == 2);
+    assert!(batch.batch_rows_ref().unwrap().rows() == 2);
     // Extracting a wrapped row gives its last `window` keys in temporal order.
-    let single = batch.extract_row(0).unwrap();
+    let single = batch.batch_rows_ref().unwrap().extract_row(0).unwrap();
     assert_eq!(single.len(), pos[0] as usize);
     let mut single = single;
     let probe = Array::from_slice(&[0.5f32], &[1, 1, 1, 1]);
-    let (k, _) = single.update_and_fetch(&probe, &probe).unwrap();
+    let (k, _) = single.attention().unwrap().update_and_fetch(&probe, &probe).unwrap();
     k.eval().unwrap();
     assert_eq!(k.dim(2), window);
     // A wrapped ring cannot be trimmed; an unwrapped one can.

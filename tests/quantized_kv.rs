@@ -14,9 +14,9 @@ use std::time::Duration;
 use mlx_rs::Array;
 use serde_json::Value;
 use support::*;
-use weft::cache::{extend_rows_mixed, maybe_quantize, KvCache, KvQuantization};
+use weft::cache::{self, KvCache, KvQuantization};
 use weft::engine::{Engine, EngineConfig, Event, Input, Request};
-use weft::generate::{generate, prefill_with, GenerateOptions};
+use weft::generate::{generate, prefill, GenerateOptions};
 use weft::loading;
 use weft::models::LanguageModel;
 use weft::sampling::SamplingParams;
@@ -137,7 +137,7 @@ fn logprob_rows(logits: &Array) -> Vec<Vec<f32>> {
 
 /// Teacher-forced log-probabilities of `forced[r].len()` decode steps for `prompts` decoding
 /// together the engine's way: each prefilled alone (quantized after each chunk when `kv` is
-/// set), joined into one left-padded batch, then every forward followed by `maybe_quantize`.
+/// set), joined into one left-padded batch; the caches (`cache::quantizing`) convert themselves.
 /// With `batched = false` each prompt runs alone on single-sequence caches instead.
 fn teacher_forced(model: &dyn LanguageModel, prompts: &[Vec<u32>], forced: &[Vec<u32>], kv: Option<&KvQuantization>, batched: bool) -> Rows {
     if !batched {
@@ -146,7 +146,7 @@ fn teacher_forced(model: &dyn LanguageModel, prompts: &[Vec<u32>], forced: &[Vec
             .zip(forced)
             .map(|(p, f)| {
                 let mut caches = single_prefill(model, p, kv);
-                teacher_forced_run(model, &mut caches, std::slice::from_ref(p), std::slice::from_ref(f), kv).remove(0)
+                teacher_forced_run(model, &mut caches, std::slice::from_ref(p), std::slice::from_ref(f)).remove(0)
             })
             .collect();
     }
@@ -156,15 +156,15 @@ fn teacher_forced(model: &dyn LanguageModel, prompts: &[Vec<u32>], forced: &[Vec
             single_prefill(model, p, kv).into_iter().map(|c| c.into_batched().unwrap()).collect();
         match batch.as_mut() {
             None => batch = Some(caches),
-            Some(b) => b.iter_mut().zip(caches).for_each(|(dst, c)| extend_rows_mixed(dst, c).unwrap()),
+            Some(b) => b.iter_mut().zip(caches).for_each(|(dst, c)| cache::extend_rows(dst.as_mut(), c).unwrap()),
         }
     }
-    teacher_forced_run(model, batch.as_mut().unwrap(), prompts, forced, kv)
+    teacher_forced_run(model, batch.as_mut().unwrap(), prompts, forced)
 }
 
 fn single_prefill(model: &dyn LanguageModel, prompt: &[u32], kv: Option<&KvQuantization>) -> Vec<Box<dyn KvCache>> {
-    let mut caches = model.make_caches();
-    prefill_with(model, &mut caches, &prompt[..prompt.len() - 1], 2048, kv).unwrap();
+    let mut caches = cache::quantizing(model.make_caches(), kv);
+    prefill(model, &mut caches, &prompt[..prompt.len() - 1], 2048).unwrap();
     caches
 }
 
@@ -175,7 +175,6 @@ fn teacher_forced_run(
     caches: &mut [Box<dyn KvCache>],
     prompts: &[Vec<u32>],
     forced: &[Vec<u32>],
-    kv: Option<&KvQuantization>,
 ) -> Rows {
     let steps = forced[0].len();
     let mut out: Rows = vec![Vec::new(); prompts.len()];
@@ -185,7 +184,6 @@ fn teacher_forced_run(
         let input = Array::from_slice(&input, &[input.len() as i32, 1]);
         let logits = model.forward(&input, caches).unwrap();
         let logits = weft::nn::last_position(&logits).unwrap();
-        maybe_quantize(caches, kv).unwrap();
         for (r, row) in logprob_rows(&logits).into_iter().enumerate() {
             out[r].push(row);
         }

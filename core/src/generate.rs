@@ -1,18 +1,15 @@
 //! Single-sequence generation with mlx-lm's conventions: the prompt minus its last token is
 //! prefilled in chunks of `prefill_step_size` (cache evaluated after each), then the last token
-//! produces the first logits; plain-greedy decode is pipelined one step ahead (the next step's
-//! graph is built from the unread token and evaluated asynchronously while this one is read).
+//! produces the first logits, and decode is pipelined one step ahead. The loop itself is the
+//! engine's ([`generate`] runs the prompt as the executor's one row); this module holds the
+//! options, results and the helpers both share.
 
-use std::time::Instant;
-
-use mlx_rs::transforms::{async_eval, eval};
+use mlx_rs::transforms::eval;
 use mlx_rs::Array;
 
-use crate::cache::{maybe_quantize, KvCache, KvQuantization};
+use crate::cache::{KvCache, KvQuantization};
 use crate::models::LanguageModel;
-use crate::nn::last_position;
-use crate::sampling::{Sampler, SamplingParams};
-use crate::stop::{StopMatcher, TextStream};
+use crate::sampling::SamplingParams;
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 
@@ -131,26 +128,15 @@ fn tokens_array(ids: &[u32]) -> Array {
 }
 
 /// Runs the prompt through the model except its last token, in chunks, materializing the cache.
+/// (Caches made by `cache::quantizing` quantize themselves along the way.)
 pub fn prefill(
     model: &dyn LanguageModel,
     caches: &mut [Box<dyn KvCache>],
     prompt_without_last: &[u32],
     step: usize,
 ) -> Result<()> {
-    prefill_with(model, caches, prompt_without_last, step, None)
-}
-
-/// [`prefill`], converting caches to quantized KV after each chunk as `kv` says.
-pub fn prefill_with(
-    model: &dyn LanguageModel,
-    caches: &mut [Box<dyn KvCache>],
-    prompt_without_last: &[u32],
-    step: usize,
-    kv: Option<&KvQuantization>,
-) -> Result<()> {
     for chunk in prompt_without_last.chunks(step.max(1)) {
         model.forward(&tokens_array(chunk), caches)?;
-        maybe_quantize(caches, kv)?;
         let state: Vec<Array> = caches.iter().flat_map(|c| c.state()).collect();
         eval(&state)?;
     }
@@ -159,12 +145,16 @@ pub fn prefill_with(
 
 /// Generates from `prompt`. `on_token` sees each token as it is produced; returning `false`
 /// cancels. The tokenizer, when given, provides streamed text and stop-string matching.
+///
+/// The prompt runs as the one row of the engine's executor (`engine::generate_one`): the same
+/// prefill chunks, pipelined decode and row state machine (stop ids, stop strings, the length
+/// limit) as every batched request, on the caller's thread and the borrowed model.
 pub fn generate(
     model: &dyn LanguageModel,
     tokenizer: Option<&Tokenizer>,
     prompt: &[u32],
     opts: &GenerateOptions,
-    mut on_token: impl FnMut(TokenEvent) -> bool,
+    on_token: impl FnMut(TokenEvent) -> bool,
 ) -> Result<Generation> {
     validate_prompt(model, prompt)?;
     opts.sampling.validate(model.info().vocab_size as usize)?;
@@ -177,105 +167,21 @@ pub fn generate(
     if !opts.stop_strings.is_empty() && tokenizer.is_none() {
         return Err(Error::InvalidRequest("stop strings need a model with a tokenizer".into()));
     }
-    let start = Instant::now();
     let max_tokens = match model.info().max_position_embeddings {
         Some(ctx) => opts.max_tokens.min(ctx.saturating_sub(prompt.len())),
         None => opts.max_tokens,
     };
-    let mut caches = model.make_caches();
-    let mut sampler = Sampler::new(opts.sampling.clone());
-    sampler.observe(prompt);
-    let pipelined = sampler.params().is_plain_greedy();
-
-    let (head, last) = prompt.split_at(prompt.len() - 1);
-    let kv = opts.kv_quantization.as_ref();
-    prefill_with(model, &mut caches, head, opts.prefill_step_size, kv)?;
-
-    let mut text = TextStream::new(tokenizer, StopMatcher::new(&opts.stop_strings));
-    let mut out = Generation {
-        tokens: Vec::new(),
-        text: String::new(),
-        finish_reason: FinishReason::Length,
-        prompt_tokens: prompt.len(),
-        first_logits: Vec::new(),
-        ttft_s: 0.0,
-        decode_s: 0.0,
-    };
-
-    // One decode step: logits of the last position → (token array [1], logits [1, V]).
-    let step = |input: &Array, caches: &mut [Box<dyn KvCache>], sampler: &Sampler| -> Result<(Array, Array)> {
-        let logits = last_position(&model.forward(input, caches)?)?;
-        let processed = sampler.process_logits(&logits)?;
-        maybe_quantize(caches, kv)?;
-        let logprobs = Sampler::logprobs(&processed)?;
-        Ok((logprobs, logits))
-    };
-
-    let mut input = tokens_array(last);
-    let mut pending: Option<(Array, Array)> = None; // (token or logprobs, raw logits) in flight
-    let mut first_token_at = None;
-    let mut stopped_by_string = false;
-    for n in 0..max_tokens {
-        // Produce token n.
-        let (token_id, logits) = if pipelined {
-            let (tok, logits) = match pending.take() {
-                Some(p) => p,
-                None => {
-                    let (lp, logits) = step(&input, &mut caches, &sampler)?;
-                    (Sampler::argmax(&lp)?, logits)
-                }
-            };
-            // Build step n+1 from the unread token before reading it.
-            if n + 1 < max_tokens {
-                let (lp, next_logits) = step(&tok.reshape(&[1, 1])?, &mut caches, &sampler)?;
-                let next_tok = Sampler::argmax(&lp)?;
-                async_eval([&next_tok])?;
-                pending = Some((next_tok, next_logits));
-            }
-            (read_token(&tok)?, logits)
-        } else {
-            let (lp, logits) = step(&input, &mut caches, &sampler)?;
-            let id = read_token(&sampler.choose(&lp)?)?;
-            (id, logits)
-        };
-        if n == 0 {
-            first_token_at = Some(Instant::now());
-            out.ttft_s = start.elapsed().as_secs_f64();
-            if opts.capture_first_logits > 0 {
-                let row = logits.as_dtype(mlx_rs::Dtype::Float32)?;
-                eval([&row])?;
-                let v = as_f32_slice(&row)?;
-                out.first_logits = v[..opts.capture_first_logits.min(v.len())].to_vec();
-            }
-        }
-        if opts.stop_token_ids.contains(&token_id) {
-            out.finish_reason = FinishReason::Stop;
-            break;
-        }
-        out.tokens.push(token_id);
-        sampler.observe(&[token_id]);
-        input = tokens_array(&[token_id]);
-        let (delta, hit_stop) = text.push(token_id)?;
-        let keep_going = on_token(TokenEvent { token_id, text: &delta });
-        out.text.push_str(&delta);
-        if hit_stop.is_some() {
-            stopped_by_string = true;
-            out.finish_reason = FinishReason::Stop;
-            break;
-        }
-        if !keep_going {
-            out.finish_reason = FinishReason::Cancelled;
-            break;
-        }
+    if max_tokens == 0 {
+        // Nothing to generate (a row always produces at least one token).
+        return Ok(Generation {
+            tokens: Vec::new(),
+            text: String::new(),
+            finish_reason: FinishReason::Length,
+            prompt_tokens: prompt.len(),
+            first_logits: Vec::new(),
+            ttft_s: 0.0,
+            decode_s: 0.0,
+        });
     }
-    if !stopped_by_string {
-        out.text.push_str(&text.finish()?);
-    }
-    if let Some(t) = first_token_at {
-        out.decode_s = t.elapsed().as_secs_f64();
-    }
-    // A pipelined step may still be computing; don't let it outlive its caches.
-    drop(pending);
-    crate::nn::synchronize();
-    Ok(out)
+    crate::engine::generate_one(model, tokenizer, prompt, max_tokens, opts, on_token)
 }

@@ -7,9 +7,10 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{concatenate, zeros_dtype};
 use mlx_rs::Array;
 
-use super::{left_padded_mask, write_columns, AttentionMask, KvCache, KvCacheSingle, RopeOffset};
+use super::{left_padded_mask, write_columns, AttentionCache, AttentionMask, BatchRows, KvCache, KvCacheSingle, RightPadding, RopeOffset};
 use crate::{Error, Result};
 
+#[derive(Clone)]
 pub struct BatchKvCache {
     /// `[B, H, capacity, D]`; columns `idx..` are free.
     keys: Option<Array>,
@@ -58,7 +59,7 @@ impl BatchKvCache {
     }
 }
 
-impl KvCache for BatchKvCache {
+impl AttentionCache for BatchKvCache {
     fn rope_offset(&self) -> RopeOffset {
         let offsets: Vec<i32> = self.left_padding.iter().map(|lp| self.idx - lp).collect();
         RopeOffset::PerRow(Array::from_slice(&offsets, &[offsets.len() as i32]))
@@ -74,19 +75,9 @@ impl KvCache for BatchKvCache {
     fn make_mask(&self, n: i32, window: Option<i32>) -> Result<AttentionMask> {
         Ok(AttentionMask::Array(left_padded_mask(self.idx, &self.left_padding, n, window)?))
     }
+}
 
-    fn len(&self) -> usize {
-        self.idx as usize
-    }
-
-    fn nbytes(&self) -> usize {
-        self.keys.as_ref().map_or(0, |k| k.nbytes()) + self.values.as_ref().map_or(0, |v| v.nbytes())
-    }
-
-    fn state(&self) -> Vec<Array> {
-        self.keys.iter().chain(self.values.iter()).cloned().collect()
-    }
-
+impl BatchRows for BatchKvCache {
     fn rows(&self) -> usize {
         self.left_padding.len()
     }
@@ -164,11 +155,9 @@ impl KvCache for BatchKvCache {
         let v = v.index((r..r + 1, .., lp..self.idx, ..)).contiguous()?;
         Ok(Box::new(KvCacheSingle::from_keys_values(k, v)))
     }
+}
 
-    fn batched_prefill(&self) -> bool {
-        true
-    }
-
+impl RightPadding for BatchKvCache {
     /// Right padding needs no mask of its own: a row's padded tokens come after its real ones,
     /// so the causal mask already hides them from the real queries.
     fn prepare_right_padding(&mut self, right_padding: &[i32]) -> Result<()> {
@@ -199,15 +188,53 @@ impl KvCache for BatchKvCache {
         }
         Ok(())
     }
+}
+
+impl KvCache for BatchKvCache {
+    fn attention(&mut self) -> Option<&mut dyn AttentionCache> {
+        Some(self)
+    }
+
+    fn attention_ref(&self) -> Option<&dyn AttentionCache> {
+        Some(self)
+    }
+
+    fn batch_rows(&mut self) -> Option<&mut dyn BatchRows> {
+        Some(self)
+    }
+
+    fn batch_rows_ref(&self) -> Option<&dyn BatchRows> {
+        Some(self)
+    }
+
+    fn right_padding(&mut self) -> Option<&mut dyn RightPadding> {
+        Some(self)
+    }
+
+    fn into_batched(self: Box<Self>) -> Result<Box<dyn KvCache>> {
+        Ok(self)
+    }
+
+    fn len(&self) -> usize {
+        self.idx as usize
+    }
+
+    fn nbytes(&self) -> usize {
+        self.keys.as_ref().map_or(0, |k| k.nbytes()) + self.values.as_ref().map_or(0, |v| v.nbytes())
+    }
+
+    fn state(&self) -> Vec<Array> {
+        self.keys.iter().chain(self.values.iter()).cloned().collect()
+    }
+
+    fn batched_prefill(&self) -> bool {
+        true
+    }
 
     fn trim(&mut self, n: usize) -> usize {
         let n = (n as i32).min(self.idx);
         self.idx -= n;
         n as usize
-    }
-
-    fn to_quantized(&self, group_size: i32, bits: i32) -> Option<Result<Box<dyn KvCache>>> {
-        Some(self.to_quantized_batch(group_size, bits).map(|q| Box::new(q) as Box<dyn KvCache>))
     }
 
     fn duplicate(&self) -> Box<dyn KvCache> {

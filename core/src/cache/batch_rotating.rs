@@ -16,7 +16,7 @@ use mlx_rs::ops::{concatenate, zeros_dtype};
 use mlx_rs::Array;
 
 use super::rotating::grow_ring;
-use super::{AttentionMask, KvCache, RopeOffset, RotatingKvCache};
+use super::{AttentionCache, AttentionMask, BatchRows, KvCache, RopeOffset, RotatingKvCache};
 use crate::{Error, Result};
 
 
@@ -195,7 +195,7 @@ fn pad_both(a: &Array, left: i32, right: i32) -> Result<Array> {
     Ok(concatenate(&[a, z], 2)?)
 }
 
-impl KvCache for BatchRotatingKvCache {
+impl AttentionCache for BatchRotatingKvCache {
     fn rope_offset(&self) -> RopeOffset {
         RopeOffset::PerRow(Array::from_slice(&self.offsets, &[self.offsets.len() as i32]))
     }
@@ -238,20 +238,9 @@ impl KvCache for BatchRotatingKvCache {
         }
         Ok(AttentionMask::Array(Array::from_slice(&mask, &[rows, 1, n, width])))
     }
+}
 
-    /// Columns written into the ring so far (not per-row positions).
-    fn len(&self) -> usize {
-        self.written as usize
-    }
-
-    fn nbytes(&self) -> usize {
-        self.keys.as_ref().map_or(0, |k| k.nbytes()) + self.values.as_ref().map_or(0, |v| v.nbytes())
-    }
-
-    fn state(&self) -> Vec<Array> {
-        self.keys.iter().chain(self.values.iter()).cloned().collect()
-    }
-
+impl BatchRows for BatchRotatingKvCache {
     fn rows(&self) -> usize {
         self.offsets.len()
     }
@@ -347,6 +336,41 @@ impl KvCache for BatchRotatingKvCache {
         let k = k.index((.., .., padding..end, ..)).contiguous()?;
         let v = v.index((.., .., padding..end, ..)).contiguous()?;
         Ok(Box::new(RotatingKvCache::from_parts(k, v, self.offsets[row], self.max_size)))
+    }
+}
+
+impl KvCache for BatchRotatingKvCache {
+    fn attention(&mut self) -> Option<&mut dyn AttentionCache> {
+        Some(self)
+    }
+
+    fn attention_ref(&self) -> Option<&dyn AttentionCache> {
+        Some(self)
+    }
+
+    fn batch_rows(&mut self) -> Option<&mut dyn BatchRows> {
+        Some(self)
+    }
+
+    fn batch_rows_ref(&self) -> Option<&dyn BatchRows> {
+        Some(self)
+    }
+
+    fn into_batched(self: Box<Self>) -> Result<Box<dyn KvCache>> {
+        Ok(self)
+    }
+
+    /// Columns written into the ring so far (not per-row positions).
+    fn len(&self) -> usize {
+        self.written as usize
+    }
+
+    fn nbytes(&self) -> usize {
+        self.keys.as_ref().map_or(0, |k| k.nbytes()) + self.values.as_ref().map_or(0, |v| v.nbytes())
+    }
+
+    fn state(&self) -> Vec<Array> {
+        self.keys.iter().chain(self.values.iter()).cloned().collect()
     }
 
     /// Trimming is possible only before the ring wraps (mlx-lm `is_trimmable`).

@@ -4,7 +4,7 @@
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 
-use super::{causal_mask, write_columns, AttentionMask, BatchKvCache, KvCache, QuantizedKvCache, RopeOffset};
+use super::{causal_mask, write_columns, AttentionCache, AttentionMask, BatchKvCache, KvCache, RopeOffset};
 use crate::Result;
 
 #[derive(Default, Clone)]
@@ -37,7 +37,7 @@ impl KvCacheSingle {
     }
 }
 
-impl KvCache for KvCacheSingle {
+impl AttentionCache for KvCacheSingle {
     fn rope_offset(&self) -> RopeOffset {
         RopeOffset::Scalar(self.offset)
     }
@@ -54,6 +54,16 @@ impl KvCache for KvCacheSingle {
             None if n == 1 => AttentionMask::None,
             None => AttentionMask::Causal,
         })
+    }
+}
+
+impl KvCache for KvCacheSingle {
+    fn attention(&mut self) -> Option<&mut dyn AttentionCache> {
+        Some(self)
+    }
+
+    fn attention_ref(&self) -> Option<&dyn AttentionCache> {
+        Some(self)
     }
 
     fn len(&self) -> usize {
@@ -72,19 +82,15 @@ impl KvCache for KvCacheSingle {
         Ok(Box::new(BatchKvCache::from_single(*self)?))
     }
 
-    /// Drops the last `n` positions (the storage is kept and overwritten later).
     fn batched_prefill(&self) -> bool {
         true
     }
 
+    /// Drops the last `n` positions (the storage is kept and overwritten later).
     fn trim(&mut self, n: usize) -> usize {
         let n = (n as i32).min(self.offset);
         self.offset -= n;
         n as usize
-    }
-
-    fn to_quantized(&self, group_size: i32, bits: i32) -> Option<Result<Box<dyn KvCache>>> {
-        Some(QuantizedKvCache::from_full(self, group_size, bits).map(|q| Box::new(q) as Box<dyn KvCache>))
     }
 
     fn duplicate(&self) -> Box<dyn KvCache> {
@@ -110,7 +116,7 @@ mod tests {
         c.update_and_fetch(&seq(0, 10), &seq(0, 10)).unwrap();
         let mut d = c.duplicate();
         d.trim(7);
-        let (k, _) = d.update_and_fetch(&seq(100, 4), &seq(100, 4)).unwrap();
+        let (k, _) = d.attention().unwrap().update_and_fetch(&seq(100, 4), &seq(100, 4)).unwrap();
         k.eval().unwrap();
         assert_eq!(k.as_slice::<f32>(), &[0.0, 1.0, 2.0, 100.0, 101.0, 102.0, 103.0]);
         // The original is untouched.

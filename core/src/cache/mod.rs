@@ -1,8 +1,16 @@
-//! KV caches behind one trait. A cache supplies what attention needs for a step: the RoPE
-//! offset (a scalar for one sequence, a per-row array for a left-padded batch), the attention
-//! mask, and storage for the step's keys and values. Linear-attention layers keep recurrent
-//! state behind the same trait (`recurrent_state`), so the engine moves every layer's cache
-//! the same way.
+//! Layer caches behind narrow traits, one per role:
+//!
+//! - [`AttentionCache`]: what an attention layer needs for a step (RoPE offset, mask, storage
+//!   for the step's keys and values, attention over them). Only KV caches implement it.
+//! - [`RecurrentState`]: the conv/recurrent arrays a linear-attention layer reads and replaces.
+//! - [`BatchRows`]: join, drop and hand back the rows of a batched cache (the engine's surgery).
+//! - [`RightPadding`]: right-padded batched prefill, for the caches whose batched form has it.
+//! - [`KvCache`]: one layer's cache as models and the engine hold it: size, evaluation, trim,
+//!   copy, conversion to a batch, and the faces above (each `None` where the role does not apply).
+//!
+//! KV quantization lives inside the caches: [`quantizing`] wraps a model's fresh caches so each
+//! converts itself to quantized storage once it holds `quantized_kv_start` positions; callers
+//! never convert or special-case quantized rows.
 
 mod batch_kv;
 mod batch_rotating;
@@ -14,9 +22,7 @@ mod rotating;
 pub use batch_kv::BatchKvCache;
 pub use batch_rotating::BatchRotatingKvCache;
 pub use kv::KvCacheSingle;
-pub use quantized::{
-    extend_rows_mixed, maybe_quantize, quantized_sdpa, BatchQuantizedKvCache, KvQuantization, QuantizedKvCache,
-};
+pub use quantized::{quantized_sdpa, quantizing, BatchQuantizedKvCache, KvQuantization, QuantizedKvCache, QuantizingKvCache};
 pub use recurrent::{BatchRecurrentCache, RecurrentCache, RecurrentState};
 pub use rotating::RotatingKvCache;
 
@@ -56,9 +62,12 @@ pub fn sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: &AttentionMask) -
     })
 }
 
-pub trait KvCache: Send {
+/// What an attention layer needs from its cache for one step.
+pub trait AttentionCache {
     /// RoPE offset for the next `update_and_fetch`.
     fn rope_offset(&self) -> RopeOffset;
+    /// The mask for `n` new query positions (call before `update_and_fetch`).
+    fn make_mask(&self, n: i32, window: Option<i32>) -> Result<AttentionMask>;
     /// Stores `[B, kv_heads, L, D]` keys/values; returns all cached keys/values including them.
     fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)>;
     /// Stores this step's keys/values and attends `queries` over the whole cache with the
@@ -74,9 +83,72 @@ pub trait KvCache: Send {
         let (k, v) = self.update_and_fetch(keys, values)?;
         sdpa(queries, &k, &v, scale, mask)
     }
-    /// The mask for `n` new query positions (call before `update_and_fetch`).
-    fn make_mask(&self, n: i32, window: Option<i32>) -> Result<AttentionMask>;
-    /// Number of token positions cached.
+    /// `(group_size, bits)` while keys and values are stored quantized (layers that read the
+    /// fetched keys themselves, not through `update_and_attend`, must know).
+    fn kv_quantization(&self) -> Option<(i32, i32)> {
+        None
+    }
+}
+
+/// Row surgery on a batched cache: the engine joins rows, drops the ones that leave and hands
+/// a leaving row back as a single-sequence cache.
+pub trait BatchRows {
+    /// Rows held.
+    fn rows(&self) -> usize;
+    /// Appends the rows of `other` (a batched cache of the same kind) after this one's.
+    fn extend_rows(&mut self, other: Box<dyn KvCache>) -> Result<()>;
+    /// Keeps only rows `keep` (in that order).
+    fn filter_rows(&mut self, keep: &[usize]) -> Result<()>;
+    /// Row `row` as a single-sequence cache.
+    fn extract_row(&self, row: usize) -> Result<Box<dyn KvCache>>;
+}
+
+/// Right-padded batched prefill (mlx-lm's `prepare` / `finalize`): rows prefill together as one
+/// `[B, L]` forward whose shorter chunks are padded on the right.
+pub trait RightPadding {
+    /// The next forward's rows are right-padded by this many tokens each.
+    fn prepare_right_padding(&mut self, right_padding: &[i32]) -> Result<()>;
+    /// Turns the announced right padding into left padding, so every row's last real token
+    /// sits in the last column again.
+    fn finalize_padding(&mut self) -> Result<()>;
+}
+
+/// One layer's cache, as models and the engine hold it. The role faces return `None` where
+/// the role does not apply (a recurrent state has no attention face; a single-sequence cache
+/// has no batch rows until `into_batched`).
+pub trait KvCache: Any + Send {
+    /// The attention face (KV caches).
+    fn attention(&mut self) -> Option<&mut dyn AttentionCache> {
+        None
+    }
+    /// The attention face, read-only (masks, offsets).
+    fn attention_ref(&self) -> Option<&dyn AttentionCache> {
+        None
+    }
+    /// The conv/recurrent state of a linear-attention layer.
+    fn recurrent_state(&mut self) -> Option<&mut RecurrentState> {
+        None
+    }
+    /// Row surgery (batched caches).
+    fn batch_rows(&mut self) -> Option<&mut dyn BatchRows> {
+        None
+    }
+    /// Row extraction without mutation (batched caches).
+    fn batch_rows_ref(&self) -> Option<&dyn BatchRows> {
+        None
+    }
+    /// Right-padded prefill (batched caches whose kind supports it).
+    fn right_padding(&mut self) -> Option<&mut dyn RightPadding> {
+        None
+    }
+    /// Whether rows with caches of this kind can prefill together as one batch: their batched
+    /// form has a [`RightPadding`] face. Kinds that cannot (ring buffers, recurrent state,
+    /// quantized KV) prefill alone.
+    fn batched_prefill(&self) -> bool {
+        false
+    }
+
+    /// Number of token positions cached (the longest row's, in a batch).
     fn len(&self) -> usize;
     fn is_empty(&self) -> bool {
         self.len() == 0
@@ -85,67 +157,81 @@ pub trait KvCache: Send {
     fn nbytes(&self) -> usize;
     /// Arrays to evaluate so the cache is materialized (after a prefill chunk).
     fn state(&self) -> Vec<Array>;
-
-    // --- batch surgery: single-sequence caches convert into one-row batches, batched caches
-    // --- join, drop and hand back rows. Defaults say the operation does not apply.
-
-    /// Rows held (1 for single-sequence caches).
-    fn rows(&self) -> usize {
-        1
-    }
-    /// This single-sequence cache as a one-row batched cache.
-    fn into_batched(self: Box<Self>) -> Result<Box<dyn KvCache>> {
-        Err(Error::Unsupported("this cache cannot join a batch".into()))
-    }
-    /// Appends the rows of `other` (a batched cache of the same kind) after this one's.
-    fn extend_rows(&mut self, _other: Box<dyn KvCache>) -> Result<()> {
-        Err(Error::Unsupported("this cache is not batched".into()))
-    }
-    /// Keeps only rows `keep` (in that order).
-    fn filter_rows(&mut self, _keep: &[usize]) -> Result<()> {
-        Err(Error::Unsupported("this cache is not batched".into()))
-    }
-    /// Row `row` as a single-sequence cache.
-    fn extract_row(&self, _row: usize) -> Result<Box<dyn KvCache>> {
-        Err(Error::Unsupported("this cache is not batched".into()))
-    }
-    /// Whether rows with caches of this kind can prefill together as one batch: their batched
-    /// form takes right-padded chunks ([`KvCache::prepare_right_padding`] before the forward,
-    /// [`KvCache::finalize_padding`] after, mlx-lm's `prepare` / `finalize`). Kinds that cannot
-    /// (ring buffers, recurrent state, quantized KV) prefill alone.
-    fn batched_prefill(&self) -> bool {
-        false
-    }
-    /// The next forward's rows are right-padded by this many tokens each (batched caches).
-    fn prepare_right_padding(&mut self, _right_padding: &[i32]) -> Result<()> {
-        Err(Error::Unsupported("this cache cannot prefill rows together".into()))
-    }
-    /// Turns the right padding announced by `prepare_right_padding` into left padding, so
-    /// every row's last real token sits in the last column again.
-    fn finalize_padding(&mut self) -> Result<()> {
-        Ok(())
-    }
     /// Drops the last `n` positions; returns how many were dropped (0 when the cache cannot
-    /// forget tokens, e.g. recurrent state).
+    /// forget tokens, e.g. recurrent state or a wrapped ring).
     fn trim(&mut self, _n: usize) -> usize {
         0
     }
-    /// `(group_size, bits)` when keys and values are stored quantized.
-    fn kv_quantization(&self) -> Option<(i32, i32)> {
-        None
-    }
-    /// This cache with keys and values affine-quantized (mlx-lm `to_quantized`); `None` when
-    /// the cache has no quantized form.
-    fn to_quantized(&self, _group_size: i32, _bits: i32) -> Option<Result<Box<dyn KvCache>>> {
-        None
-    }
-    /// The conv/recurrent state of a linear-attention layer; `None` for KV caches.
-    fn recurrent_state(&mut self) -> Option<&mut RecurrentState> {
-        None
-    }
+    /// This cache as a batched cache (a single-sequence cache becomes a one-row batch; a batched
+    /// cache is returned as it is).
+    fn into_batched(self: Box<Self>) -> Result<Box<dyn KvCache>>;
     /// A copy that shares storage (arrays are immutable; writes replace them).
     fn duplicate(&self) -> Box<dyn KvCache>;
     fn into_any(self: Box<Self>) -> Box<dyn Any>;
+}
+
+/// The attention face of a layer's cache. A model builds its own caches, so an error here is a
+/// wiring mistake (an attention layer given a recurrent-state cache), reported, not a panic.
+pub fn attention(cache: &mut dyn KvCache) -> Result<&mut dyn AttentionCache> {
+    cache
+        .attention()
+        .ok_or_else(|| Error::Unsupported("an attention layer was given a cache without keys and values".into()))
+}
+
+/// The mask for `n` new positions from an attention layer's cache (models build one mask per
+/// forward, or one per layer kind, from the first cache of that kind).
+pub fn make_mask(cache: &dyn KvCache, n: i32, window: Option<i32>) -> Result<AttentionMask> {
+    cache
+        .attention_ref()
+        .ok_or_else(|| Error::Unsupported("a mask was asked of a cache without keys and values".into()))?
+        .make_mask(n, window)
+}
+
+/// The recurrent-state face of a layer's cache (a wiring mistake otherwise, as [`attention`]).
+pub fn recurrent(cache: &mut dyn KvCache) -> Result<&mut RecurrentState> {
+    cache
+        .recurrent_state()
+        .ok_or_else(|| Error::Unsupported("a linear-attention layer was given a cache without recurrent state".into()))
+}
+
+fn batch_of(cache: &mut dyn KvCache) -> Result<&mut dyn BatchRows> {
+    cache.batch_rows().ok_or_else(|| Error::Unsupported("this cache is not batched (into_batched first)".into()))
+}
+
+/// `dst.extend_rows(other)` on a batched cache.
+pub fn extend_rows(dst: &mut dyn KvCache, other: Box<dyn KvCache>) -> Result<()> {
+    batch_of(dst)?.extend_rows(other)
+}
+
+/// Keeps rows `keep` of every layer's batched cache.
+pub fn filter_rows(caches: &mut [Box<dyn KvCache>], keep: &[usize]) -> Result<()> {
+    caches.iter_mut().try_for_each(|c| batch_of(c.as_mut())?.filter_rows(keep))
+}
+
+/// Row `row` of every layer's batched cache, as single-sequence caches.
+pub fn extract_row(caches: &[Box<dyn KvCache>], row: usize) -> Result<Vec<Box<dyn KvCache>>> {
+    caches
+        .iter()
+        .map(|c| {
+            c.batch_rows_ref()
+                .ok_or_else(|| Error::Unsupported("this cache is not batched (into_batched first)".into()))?
+                .extract_row(row)
+        })
+        .collect()
+}
+
+fn padding_of(cache: &mut dyn KvCache) -> Result<&mut dyn RightPadding> {
+    cache.right_padding().ok_or_else(|| Error::Unsupported("this cache cannot prefill rows together".into()))
+}
+
+/// Announces the next forward's right padding to every layer's batched cache.
+pub fn prepare_right_padding(caches: &mut [Box<dyn KvCache>], right_padding: &[i32]) -> Result<()> {
+    caches.iter_mut().try_for_each(|c| padding_of(c.as_mut())?.prepare_right_padding(right_padding))
+}
+
+/// Turns every layer's right padding into left padding after the forward.
+pub fn finalize_padding(caches: &mut [Box<dyn KvCache>]) -> Result<()> {
+    caches.iter_mut().try_for_each(|c| padding_of(c.as_mut())?.finalize_padding())
 }
 
 /// Writes `[B, H, L, D]` keys/values into growable storage at column `at` and returns the

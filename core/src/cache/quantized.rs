@@ -7,14 +7,17 @@
 //! identically alone or in a batch. Attention runs on the packed form
 //! ([`quantized_sdpa`], mlx-lm's `quantized_scaled_dot_product_attention`).
 //!
-//! Caches start in full precision and are converted once they hold `start` positions
-//! ([`maybe_quantize`], mlx-lm's `maybe_quantize_kv_cache`, called after every forward).
+//! Caches start in full precision and convert themselves once they hold `start` positions
+//! ([`QuantizingKvCache`], made by [`quantizing`]): mlx-lm's `maybe_quantize_kv_cache`, which
+//! runs after every forward, here inside the cache after the layer's one update per forward.
 
 use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
 use mlx_rs::ops::{concatenate, dequantize, quantize, quantized_matmul, softmax_axis, zeros_dtype};
 use mlx_rs::{Array, Dtype};
 
-use super::{causal_mask, left_padded_mask, AttentionMask, BatchKvCache, KvCache, KvCacheSingle, RopeOffset};
+use super::{
+    causal_mask, left_padded_mask, AttentionCache, AttentionMask, BatchKvCache, BatchRows, KvCache, KvCacheSingle, RopeOffset,
+};
 use crate::{Error, Result};
 
 /// KV-cache quantization settings (mlx-lm's `kv_bits`, `kv_group_size`, `quantized_kv_start`).
@@ -57,44 +60,6 @@ impl KvQuantization {
     /// Bytes of one quantized `[.., dim]` vector: packed weights plus a scale and a bias per group.
     pub fn vector_bytes(&self, dim: i32, scale_bytes: usize) -> usize {
         (dim * self.bits / 8) as usize + 2 * (dim / self.group_size) as usize * scale_bytes
-    }
-}
-
-/// Converts every cache that holds at least `q.start` positions to its quantized form
-/// (mlx-lm's `maybe_quantize_kv_cache`; call after each forward). Caches without a quantized
-/// form, or already quantized, are left alone.
-pub fn maybe_quantize(caches: &mut [Box<dyn KvCache>], q: Option<&KvQuantization>) -> Result<()> {
-    let Some(q) = q else { return Ok(()) };
-    for c in caches.iter_mut() {
-        if c.kv_quantization().is_some() || c.len() < q.start {
-            continue;
-        }
-        if let Some(converted) = c.to_quantized(q.group_size, q.bits) {
-            *c = converted?;
-        }
-    }
-    Ok(())
-}
-
-/// `dst.extend_rows(other)` where one side may already be quantized and the other not (a row
-/// that has not crossed `start` yet, or a fresh empty one): the full-precision side is
-/// quantized with the other's settings first.
-pub fn extend_rows_mixed(dst: &mut Box<dyn KvCache>, other: Box<dyn KvCache>) -> Result<()> {
-    match (dst.kv_quantization(), other.kv_quantization()) {
-        (None, Some((g, b))) => {
-            let q = dst
-                .to_quantized(g, b)
-                .ok_or_else(|| Error::Unsupported("joining a quantized row to a cache without a quantized form".into()))??;
-            *dst = q;
-            dst.extend_rows(other)
-        }
-        (Some((g, b)), None) => {
-            let q = other
-                .to_quantized(g, b)
-                .ok_or_else(|| Error::Unsupported("joining a cache without a quantized form to quantized rows".into()))??;
-            dst.extend_rows(q)
-        }
-        _ => dst.extend_rows(other),
     }
 }
 
@@ -252,7 +217,7 @@ impl QuantizedKvCache {
     }
 }
 
-impl KvCache for QuantizedKvCache {
+impl AttentionCache for QuantizedKvCache {
     fn rope_offset(&self) -> RopeOffset {
         RopeOffset::Scalar(self.offset)
     }
@@ -277,6 +242,20 @@ impl KvCache for QuantizedKvCache {
         })
     }
 
+    fn kv_quantization(&self) -> Option<(i32, i32)> {
+        Some((self.group_size, self.bits))
+    }
+}
+
+impl KvCache for QuantizedKvCache {
+    fn attention(&mut self) -> Option<&mut dyn AttentionCache> {
+        Some(self)
+    }
+
+    fn attention_ref(&self) -> Option<&dyn AttentionCache> {
+        Some(self)
+    }
+
     fn len(&self) -> usize {
         self.offset as usize
     }
@@ -287,10 +266,6 @@ impl KvCache for QuantizedKvCache {
 
     fn state(&self) -> Vec<Array> {
         state(&self.keys, &self.values)
-    }
-
-    fn kv_quantization(&self) -> Option<(i32, i32)> {
-        Some((self.group_size, self.bits))
     }
 
     fn into_batched(self: Box<Self>) -> Result<Box<dyn KvCache>> {
@@ -314,6 +289,7 @@ impl KvCache for QuantizedKvCache {
 
 /// Left-padded rows of quantized KV sharing one column index (the quantized counterpart of
 /// [`BatchKvCache`]; see there for the padding and mask conventions).
+#[derive(Clone)]
 pub struct BatchQuantizedKvCache {
     keys: Option<Quantized>,
     values: Option<Quantized>,
@@ -389,7 +365,7 @@ impl BatchQuantizedKvCache {
     }
 }
 
-impl KvCache for BatchQuantizedKvCache {
+impl AttentionCache for BatchQuantizedKvCache {
     fn rope_offset(&self) -> RopeOffset {
         let offsets: Vec<i32> = self.left_padding.iter().map(|lp| self.idx - lp).collect();
         RopeOffset::PerRow(Array::from_slice(&offsets, &[offsets.len() as i32]))
@@ -409,36 +385,18 @@ impl KvCache for BatchQuantizedKvCache {
         Ok(AttentionMask::Array(left_padded_mask(self.idx, &self.left_padding, n, window)?))
     }
 
-    fn len(&self) -> usize {
-        self.idx as usize
+    fn kv_quantization(&self) -> Option<(i32, i32)> {
+        Some((self.group_size, self.bits))
     }
+}
 
-    fn nbytes(&self) -> usize {
-        nbytes(&self.keys) + nbytes(&self.values)
-    }
-
-    fn state(&self) -> Vec<Array> {
-        state(&self.keys, &self.values)
-    }
-
+impl BatchRows for BatchQuantizedKvCache {
     fn rows(&self) -> usize {
         self.left_padding.len()
     }
 
-    fn kv_quantization(&self) -> Option<(i32, i32)> {
-        Some((self.group_size, self.bits))
-    }
-
-    /// Right-aligns both batches to the larger column index, as `BatchKvCache` does. A
-    /// full-precision `other` is quantized with this cache's settings first.
+    /// Right-aligns both batches to the larger column index, as `BatchKvCache` does.
     fn extend_rows(&mut self, other: Box<dyn KvCache>) -> Result<()> {
-        let other = if other.kv_quantization().is_none() {
-            other
-                .to_quantized(self.group_size, self.bits)
-                .ok_or_else(|| Error::Unsupported("joining a cache without a quantized form to quantized rows".into()))??
-        } else {
-            other
-        };
         let other = other
             .into_any()
             .downcast::<BatchQuantizedKvCache>()
@@ -518,6 +476,40 @@ impl KvCache for BatchQuantizedKvCache {
         }
         Ok(Box::new(single))
     }
+}
+
+impl KvCache for BatchQuantizedKvCache {
+    fn attention(&mut self) -> Option<&mut dyn AttentionCache> {
+        Some(self)
+    }
+
+    fn attention_ref(&self) -> Option<&dyn AttentionCache> {
+        Some(self)
+    }
+
+    fn batch_rows(&mut self) -> Option<&mut dyn BatchRows> {
+        Some(self)
+    }
+
+    fn batch_rows_ref(&self) -> Option<&dyn BatchRows> {
+        Some(self)
+    }
+
+    fn into_batched(self: Box<Self>) -> Result<Box<dyn KvCache>> {
+        Ok(self)
+    }
+
+    fn len(&self) -> usize {
+        self.idx as usize
+    }
+
+    fn nbytes(&self) -> usize {
+        nbytes(&self.keys) + nbytes(&self.values)
+    }
+
+    fn state(&self) -> Vec<Array> {
+        state(&self.keys, &self.values)
+    }
 
     fn trim(&mut self, n: usize) -> usize {
         let n = (n as i32).min(self.idx);
@@ -545,5 +537,225 @@ impl BatchKvCache {
     /// This batch with its keys and values quantized (storage and capacity included).
     pub fn to_quantized_batch(&self, group_size: i32, bits: i32) -> Result<BatchQuantizedKvCache> {
         BatchQuantizedKvCache::from_full(self.storage(), self.left_padding().to_vec(), self.len() as i32, group_size, bits)
+    }
+}
+
+/// Wraps each full-attention cache of `caches` (a model's fresh `make_caches()`) so it
+/// quantizes itself as `q` says; `None` leaves them full precision. Caches without a quantized
+/// form (sliding-window rings, recurrent state) are returned as they are.
+pub fn quantizing(caches: Vec<Box<dyn KvCache>>, q: Option<&KvQuantization>) -> Vec<Box<dyn KvCache>> {
+    let Some(q) = q else { return caches };
+    caches
+        .into_iter()
+        .map(|c| {
+            if !(c.as_ref() as &dyn std::any::Any).is::<KvCacheSingle>() {
+                return c;
+            }
+            let single = c.into_any().downcast::<KvCacheSingle>().expect("checked above");
+            Box::new(QuantizingKvCache { q: *q, form: Form::Full(*single) }) as Box<dyn KvCache>
+        })
+        .collect()
+}
+
+/// Where a [`QuantizingKvCache`] keeps its keys and values now.
+#[derive(Clone)]
+enum Form {
+    Full(KvCacheSingle),
+    FullBatch(BatchKvCache),
+    Quantized(QuantizedKvCache),
+    QuantizedBatch(BatchQuantizedKvCache),
+}
+
+/// A full-attention KV cache under a [`KvQuantization`] policy: full precision until it holds
+/// `start` positions, then quantized (mlx-lm's `maybe_quantize_kv_cache`, which converts after
+/// each forward: a layer updates its cache once per forward, so converting right after the
+/// update is the same point). A quantized row joining a full-precision batch converts the
+/// batch; a full-precision row joining a quantized batch is converted first.
+#[derive(Clone)]
+pub struct QuantizingKvCache {
+    q: KvQuantization,
+    form: Form,
+}
+
+impl QuantizingKvCache {
+    fn inner(&self) -> &dyn KvCache {
+        match &self.form {
+            Form::Full(c) => c,
+            Form::FullBatch(c) => c,
+            Form::Quantized(c) => c,
+            Form::QuantizedBatch(c) => c,
+        }
+    }
+
+    fn inner_attention(&mut self) -> &mut dyn AttentionCache {
+        match &mut self.form {
+            Form::Full(c) => c,
+            Form::FullBatch(c) => c,
+            Form::Quantized(c) => c,
+            Form::QuantizedBatch(c) => c,
+        }
+    }
+
+    fn is_quantized(&self) -> bool {
+        matches!(self.form, Form::Quantized(_) | Form::QuantizedBatch(_))
+    }
+
+    fn quantize(&mut self) -> Result<()> {
+        let (g, b) = (self.q.group_size, self.q.bits);
+        self.form = match &self.form {
+            Form::Full(c) => Form::Quantized(QuantizedKvCache::from_full(c, g, b)?),
+            Form::FullBatch(c) => Form::QuantizedBatch(c.to_quantized_batch(g, b)?),
+            _ => return Ok(()),
+        };
+        Ok(())
+    }
+
+    fn quantize_when_full(&mut self) -> Result<()> {
+        if !self.is_quantized() && self.inner().len() >= self.q.start {
+            self.quantize()?;
+        }
+        Ok(())
+    }
+
+    fn wrap(&self, cache: Box<dyn KvCache>) -> Result<Self> {
+        let any = cache.into_any();
+        let form = match any.downcast::<KvCacheSingle>() {
+            Ok(c) => Form::Full(*c),
+            Err(any) => match any.downcast::<QuantizedKvCache>() {
+                Ok(c) => Form::Quantized(*c),
+                Err(_) => return Err(Error::Mlx("a quantizing cache's row is neither full nor quantized KV".into())),
+            },
+        };
+        Ok(QuantizingKvCache { q: self.q, form })
+    }
+}
+
+impl AttentionCache for QuantizingKvCache {
+    fn rope_offset(&self) -> RopeOffset {
+        self.inner().attention_ref().expect("KV caches attend").rope_offset()
+    }
+
+    fn make_mask(&self, n: i32, window: Option<i32>) -> Result<AttentionMask> {
+        self.inner().attention_ref().expect("KV caches attend").make_mask(n, window)
+    }
+
+    fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
+        let out = self.inner_attention().update_and_fetch(keys, values)?;
+        self.quantize_when_full()?;
+        Ok(out)
+    }
+
+    fn update_and_attend(&mut self, q: &Array, k: &Array, v: &Array, scale: f32, mask: &AttentionMask) -> Result<Array> {
+        let out = self.inner_attention().update_and_attend(q, k, v, scale, mask)?;
+        self.quantize_when_full()?;
+        Ok(out)
+    }
+
+    fn kv_quantization(&self) -> Option<(i32, i32)> {
+        self.is_quantized().then_some((self.q.group_size, self.q.bits))
+    }
+}
+
+impl BatchRows for QuantizingKvCache {
+    fn rows(&self) -> usize {
+        match &self.form {
+            Form::FullBatch(c) => c.rows(),
+            Form::QuantizedBatch(c) => c.rows(),
+            _ => 1,
+        }
+    }
+
+    fn extend_rows(&mut self, other: Box<dyn KvCache>) -> Result<()> {
+        let mut other = *other
+            .into_any()
+            .downcast::<QuantizingKvCache>()
+            .map_err(|_| Error::Unsupported("joining caches of different kinds".into()))?;
+        if self.q != other.q {
+            return Err(Error::Unsupported("joining KV caches quantized with different settings".into()));
+        }
+        match (self.is_quantized(), other.is_quantized()) {
+            (false, true) => self.quantize()?,
+            (true, false) => other.quantize()?,
+            _ => {}
+        }
+        match (&mut self.form, other.form) {
+            (Form::FullBatch(a), Form::FullBatch(b)) => a.extend_rows(Box::new(b)),
+            (Form::QuantizedBatch(a), Form::QuantizedBatch(b)) => a.extend_rows(Box::new(b)),
+            _ => Err(Error::Unsupported("this cache is not batched (into_batched first)".into())),
+        }
+    }
+
+    fn filter_rows(&mut self, keep: &[usize]) -> Result<()> {
+        match &mut self.form {
+            Form::FullBatch(c) => c.filter_rows(keep),
+            Form::QuantizedBatch(c) => c.filter_rows(keep),
+            _ => Err(Error::Unsupported("this cache is not batched (into_batched first)".into())),
+        }
+    }
+
+    fn extract_row(&self, row: usize) -> Result<Box<dyn KvCache>> {
+        let single = match &self.form {
+            Form::FullBatch(c) => c.extract_row(row)?,
+            Form::QuantizedBatch(c) => c.extract_row(row)?,
+            _ => return Err(Error::Unsupported("this cache is not batched (into_batched first)".into())),
+        };
+        Ok(Box::new(self.wrap(single)?))
+    }
+}
+
+impl KvCache for QuantizingKvCache {
+    fn attention(&mut self) -> Option<&mut dyn AttentionCache> {
+        Some(self)
+    }
+
+    fn attention_ref(&self) -> Option<&dyn AttentionCache> {
+        Some(self)
+    }
+
+    fn batch_rows(&mut self) -> Option<&mut dyn BatchRows> {
+        matches!(self.form, Form::FullBatch(_) | Form::QuantizedBatch(_)).then_some(self as &mut dyn BatchRows)
+    }
+
+    fn batch_rows_ref(&self) -> Option<&dyn BatchRows> {
+        matches!(self.form, Form::FullBatch(_) | Form::QuantizedBatch(_)).then_some(self as &dyn BatchRows)
+    }
+
+    fn len(&self) -> usize {
+        self.inner().len()
+    }
+
+    fn nbytes(&self) -> usize {
+        self.inner().nbytes()
+    }
+
+    fn state(&self) -> Vec<Array> {
+        self.inner().state()
+    }
+
+    fn trim(&mut self, n: usize) -> usize {
+        match &mut self.form {
+            Form::Full(c) => c.trim(n),
+            Form::FullBatch(c) => c.trim(n),
+            Form::Quantized(c) => c.trim(n),
+            Form::QuantizedBatch(c) => c.trim(n),
+        }
+    }
+
+    fn into_batched(self: Box<Self>) -> Result<Box<dyn KvCache>> {
+        let QuantizingKvCache { q, form } = *self;
+        let form = match form {
+            Form::Full(c) => Form::FullBatch(BatchKvCache::from_single(c)?),
+            Form::Quantized(c) => Form::QuantizedBatch(BatchQuantizedKvCache::from_single(c)),
+            batched => batched,
+        };
+        Ok(Box::new(QuantizingKvCache { q, form }))
+    }
+
+    fn duplicate(&self) -> Box<dyn KvCache> {
+        Box::new(self.clone())
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any> {
+        self
     }
 }

@@ -10,7 +10,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{concatenate, zeros_dtype};
 use mlx_rs::Array;
 
-use super::{AttentionMask, KvCache, RopeOffset};
+use super::{BatchRows, KvCache};
 use crate::{Error, Result};
 
 /// The arrays a linear-attention layer reads and replaces each forward.
@@ -47,10 +47,6 @@ impl RecurrentState {
     fn arrays(&self) -> Vec<Array> {
         self.conv.iter().chain(self.ssm.iter()).cloned().collect()
     }
-
-    fn no_keys() -> Error {
-        Error::Unsupported("a recurrent-state cache holds no keys/values (attention layer given a linear-attention cache)".into())
-    }
 }
 
 /// One sequence's linear-attention state.
@@ -72,18 +68,6 @@ impl RecurrentCache {
 }
 
 impl KvCache for RecurrentCache {
-    fn rope_offset(&self) -> RopeOffset {
-        RopeOffset::Scalar(self.state.lengths[0])
-    }
-
-    fn update_and_fetch(&mut self, _keys: &Array, _values: &Array) -> Result<(Array, Array)> {
-        Err(RecurrentState::no_keys())
-    }
-
-    fn make_mask(&self, _n: i32, _window: Option<i32>) -> Result<AttentionMask> {
-        Err(RecurrentState::no_keys())
-    }
-
     fn len(&self) -> usize {
         self.state.lengths[0] as usize
     }
@@ -143,33 +127,7 @@ impl BatchRecurrentCache {
     }
 }
 
-impl KvCache for BatchRecurrentCache {
-    fn rope_offset(&self) -> RopeOffset {
-        let l = &self.state.lengths;
-        RopeOffset::PerRow(Array::from_slice(l, &[l.len() as i32]))
-    }
-
-    fn update_and_fetch(&mut self, _keys: &Array, _values: &Array) -> Result<(Array, Array)> {
-        Err(RecurrentState::no_keys())
-    }
-
-    fn make_mask(&self, _n: i32, _window: Option<i32>) -> Result<AttentionMask> {
-        Err(RecurrentState::no_keys())
-    }
-
-    /// The longest row (rows are not aligned; each row's own count is in `extract_row`).
-    fn len(&self) -> usize {
-        self.state.lengths.iter().copied().max().unwrap_or(0) as usize
-    }
-
-    fn nbytes(&self) -> usize {
-        self.state.nbytes()
-    }
-
-    fn state(&self) -> Vec<Array> {
-        self.state.arrays()
-    }
-
+impl BatchRows for BatchRecurrentCache {
     fn rows(&self) -> usize {
         self.state.rows()
     }
@@ -219,6 +177,33 @@ impl KvCache for BatchRecurrentCache {
         };
         Ok(Box::new(RecurrentCache { state }))
     }
+}
+
+impl KvCache for BatchRecurrentCache {
+    fn batch_rows(&mut self) -> Option<&mut dyn BatchRows> {
+        Some(self)
+    }
+
+    fn batch_rows_ref(&self) -> Option<&dyn BatchRows> {
+        Some(self)
+    }
+
+    fn into_batched(self: Box<Self>) -> Result<Box<dyn KvCache>> {
+        Ok(self)
+    }
+
+    /// The longest row (rows are not aligned; each row's own count is in `extract_row`).
+    fn len(&self) -> usize {
+        self.state.lengths.iter().copied().max().unwrap_or(0) as usize
+    }
+
+    fn nbytes(&self) -> usize {
+        self.state.nbytes()
+    }
+
+    fn state(&self) -> Vec<Array> {
+        self.state.arrays()
+    }
 
     fn recurrent_state(&mut self) -> Option<&mut RecurrentState> {
         Some(&mut self.state)
@@ -252,7 +237,8 @@ mod tests {
 
     #[test]
     fn rows_join_filter_and_extract_with_their_own_state() {
-        let mut batch = single(1.0, 5).into_batched().unwrap();
+        let mut batched = single(1.0, 5).into_batched().unwrap();
+        let batch = batched.batch_rows().unwrap();
         // A one-token prompt joins with no state yet: it starts from zeros.
         batch.extend_rows(Box::new(RecurrentCache::new()).into_batched().unwrap()).unwrap();
         batch.extend_rows(single(3.0, 9).into_batched().unwrap()).unwrap();
@@ -276,6 +262,8 @@ mod tests {
         let mut c = single(1.0, 7);
         assert_eq!(c.trim(2), 0);
         assert_eq!(c.len(), 7);
-        assert!(c.update_and_fetch(&Array::from_int(0), &Array::from_int(0)).is_err());
+        // No attention face: an attention layer given this cache gets an error, not keys.
+        assert!(c.attention().is_none());
+        assert!(crate::cache::attention(c.as_mut()).is_err());
     }
 }

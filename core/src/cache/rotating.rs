@@ -8,7 +8,7 @@ use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
 use mlx_rs::ops::{concatenate, zeros_dtype};
 use mlx_rs::Array;
 
-use super::{causal_mask, AttentionMask, BatchRotatingKvCache, KvCache, RopeOffset};
+use super::{causal_mask, AttentionCache, AttentionMask, BatchRotatingKvCache, KvCache, RopeOffset};
 use crate::Result;
 
 const STEP: i32 = 256;
@@ -149,7 +149,7 @@ pub(crate) fn grow_ring(
     Ok(true)
 }
 
-impl KvCache for RotatingKvCache {
+impl AttentionCache for RotatingKvCache {
     fn rope_offset(&self) -> RopeOffset {
         RopeOffset::Scalar(self.offset)
     }
@@ -184,6 +184,16 @@ impl KvCache for RotatingKvCache {
             return Ok(AttentionMask::Array(Array::from_slice(&mask, &[size])));
         }
         Ok(AttentionMask::None)
+    }
+}
+
+impl KvCache for RotatingKvCache {
+    fn attention(&mut self) -> Option<&mut dyn AttentionCache> {
+        Some(self)
+    }
+
+    fn attention_ref(&self) -> Option<&dyn AttentionCache> {
+        Some(self)
     }
 
     /// Positions covered (tokens processed), which is what prefix bookkeeping counts; at most

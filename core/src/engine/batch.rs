@@ -7,7 +7,7 @@ use mlx_rs::ops::concatenate;
 use mlx_rs::Array;
 
 use super::row::Row;
-use crate::cache::{extend_rows_mixed, KvCache};
+use crate::cache::{self, KvCache};
 use crate::{Error, Result};
 
 /// Tokens of a decode step still being computed, for the first `rows` rows of the batch, and
@@ -68,7 +68,7 @@ impl RunningBatch {
         match self.caches.as_mut() {
             None => self.caches = Some(caches),
             Some(batch) => {
-                if let Err(e) = batch.iter_mut().zip(caches).try_for_each(|(b, c)| extend_rows_mixed(b, c)) {
+                if let Err(e) = batch.iter_mut().zip(caches).try_for_each(|(b, c)| cache::extend_rows(b.as_mut(), c)) {
                     return Err((e, rows));
                 }
             }
@@ -107,7 +107,7 @@ impl RunningBatch {
             .iter()
             .enumerate()
             .map(|(i, r)| match (&self.caches, remove(r) && extract(r)) {
-                (Some(caches), true) => caches.iter().map(|c| c.extract_row(i)).collect::<Result<Vec<_>>>().ok(),
+                (Some(caches), true) => cache::extract_row(caches, i).ok(),
                 _ => None,
             })
             .collect();
@@ -134,7 +134,7 @@ impl RunningBatch {
             self.caches = None;
             self.in_flight = None;
         } else if let Some(caches) = self.caches.as_mut() {
-            caches.iter_mut().try_for_each(|c| c.filter_rows(&keep))?;
+            cache::filter_rows(caches, &keep)?;
         }
         Ok(removed)
     }

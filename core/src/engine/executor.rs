@@ -33,8 +33,8 @@ use super::media::{self, RowMedia};
 use super::prompt_cache::PromptCache;
 use super::row::{Parked, Prefilling, Row};
 use super::{RequestId, Submission};
-use crate::cache::{maybe_quantize, KvCache, KvQuantization};
-use crate::generate::{as_f32_slice, prefill_with, FinishReason};
+use crate::cache::{self, KvCache, KvQuantization};
+use crate::generate::{as_f32_slice, prefill, FinishReason};
 use crate::models::LanguageModel;
 use crate::nn::last_position;
 use crate::sampling::{draw_rows, Sampler};
@@ -61,8 +61,26 @@ pub struct StepTiming {
 /// the pipelined schedule is checked against; slower, same tokens).
 pub const SYNC_ENV: &str = "WEFT_DECODE";
 
-pub(super) struct Executor {
-    model: Box<dyn LanguageModel>,
+/// How an executor holds its model: owned, on an engine's driver thread, or borrowed by
+/// `generate`, which runs one sequence on its caller's thread.
+pub(super) trait ModelHandle {
+    fn get(&self) -> &dyn LanguageModel;
+}
+
+impl ModelHandle for Box<dyn LanguageModel> {
+    fn get(&self) -> &dyn LanguageModel {
+        self.as_ref()
+    }
+}
+
+impl ModelHandle for &dyn LanguageModel {
+    fn get(&self) -> &dyn LanguageModel {
+        *self
+    }
+}
+
+pub(super) struct Executor<M: ModelHandle = Box<dyn LanguageModel>> {
+    model: M,
     tokenizer: Option<Tokenizer>,
     prefill_step_size: usize,
     /// Every cache kind of the model takes batched right-padded prefill chunks (and KV is not
@@ -86,14 +104,14 @@ pub(super) struct Executor {
     pub finished: u64,
 }
 
-impl Executor {
+impl<M: ModelHandle> Executor<M> {
     pub fn new(
-        model: Box<dyn LanguageModel>,
+        model: M,
         tokenizer: Option<Tokenizer>,
         prefill_step_size: usize,
         prompt_cache_bytes: u64,
     ) -> Self {
-        let prefill_together = model.batched_prefill() && model.make_caches().iter().all(|c| c.batched_prefill());
+        let prefill_together = model.get().batched_prefill() && model.get().make_caches().iter().all(|c| c.batched_prefill());
         Executor {
             model,
             tokenizer,
@@ -115,8 +133,8 @@ impl Executor {
         }
     }
 
-    /// Quantize rows' KV caches as `kv` says (mlx-lm's `maybe_quantize_kv_cache` after every
-    /// forward, applied to the solo prefill caches and the batch alike).
+    /// Rows' KV caches quantize themselves as `kv` says (`cache::quantizing`: mlx-lm's
+    /// `maybe_quantize_kv_cache` after every forward, solo prefill caches and the batch alike).
     pub fn with_kv_quantization(mut self, kv: Option<KvQuantization>) -> Self {
         // Quantized caches have no right-padded batched prefill (mlx-lm does not batch kv_bits).
         self.prefill_together &= kv.is_none();
@@ -131,7 +149,7 @@ impl Executor {
     }
 
     pub fn model(&self) -> &dyn LanguageModel {
-        self.model.as_ref()
+        self.model.get()
     }
 
     pub fn decoding(&self) -> usize {
@@ -180,11 +198,11 @@ impl Executor {
         }
         if !images.is_empty() {
             // The tower runs here, once per request, before the row's first chunk.
-            match RowMedia::encode(self.model.as_ref(), &images) {
+            match RowMedia::encode(self.model.get(), &images) {
                 Ok(media) => row.media = media,
                 Err(e) => return self.fail_row(row, format!("encoding the images failed: {e}")),
             }
-            if let Some(spec) = self.model.vision().map(|v| v.spec()) {
+            if let Some(spec) = self.model.get().vision().map(|v| v.spec()) {
                 row.cache_key = Some(media::cache_key(&row.prompt, &images, spec.zeroed_token_id));
             }
         }
@@ -205,7 +223,7 @@ impl Executor {
         let reuse = reuse.filter(|(_, n)| !self.whole_spans() || row.media.whole_spans_end(*n) == *n);
         let (caches, done) = match reuse {
             Some((caches, n)) => (caches, n),
-            None => (self.model.make_caches(), 0),
+            None => (cache::quantizing(self.model.get().make_caches(), self.kv.as_ref()), 0),
         };
         row.cached_tokens = done;
         self.prefilling.push_back(Prefilling { row, caches, done });
@@ -266,7 +284,7 @@ impl Executor {
 
     /// Whether the model attends bidirectionally within image spans (chunks keep them whole).
     fn whole_spans(&self) -> bool {
-        self.model.vision().is_some_and(|v| v.spec().bidirectional)
+        self.model.get().vision().is_some_and(|v| v.spec().bidirectional)
     }
 
     /// Prefills one chunk of the waiting prompts, so decoding rows stall at most one chunk;
@@ -302,7 +320,7 @@ impl Executor {
                 }
                 let chunk = &p.row.prompt[p.done..end];
                 let done = if p.row.media.is_empty() {
-                    prefill_with(self.model.as_ref(), &mut p.caches, chunk, end - p.done, self.kv.as_ref())
+                    prefill(self.model.get(), &mut p.caches, chunk, end - p.done)
                 } else {
                     self.prefill_media_chunk(&mut p, end)
                 };
@@ -329,8 +347,7 @@ impl Executor {
         let ids: Vec<i32> = p.row.prompt[p.done..end].iter().map(|&t| t as i32).collect();
         let tokens = Array::from_slice(&ids, &[1, ids.len() as i32]);
         let m = media::forward_media(&[&p.row.media], &[(p.done, end)]).expect("a row with media");
-        self.model.forward_with_media(&tokens, &m, &mut p.caches)?;
-        maybe_quantize(&mut p.caches, self.kv.as_ref())?;
+        self.model.get().forward_with_media(&tokens, &m, &mut p.caches)?;
         let state: Vec<Array> = p.caches.iter().flat_map(|c| c.state()).collect();
         Ok(eval(&state)?)
     }
@@ -379,7 +396,7 @@ impl Executor {
                     if i == 0 {
                         caches.push(c);
                     } else {
-                        caches[l].extend_rows(c)?;
+                        cache::extend_rows(caches[l].as_mut(), c)?;
                     }
                 }
             }
@@ -391,15 +408,15 @@ impl Executor {
                 }
             }
             let tokens = Array::from_slice(&ids, &[chunks.len() as i32, width as i32]);
-            caches.iter_mut().try_for_each(|c| c.prepare_right_padding(&right_padding))?;
+            cache::prepare_right_padding(&mut caches, &right_padding)?;
             let row_media: Vec<&RowMedia> = rows.iter().map(|r| &r.media).collect();
             match media::forward_media(&row_media, &ranges) {
-                None => self.model.forward(&tokens, &mut caches)?,
-                Some(m) => self.model.forward_with_media(&tokens, &m, &mut caches)?,
+                None => self.model.get().forward(&tokens, &mut caches)?,
+                Some(m) => self.model.get().forward_with_media(&tokens, &m, &mut caches)?,
             };
             self.prefill_forwards += 1;
             self.prefill_tokens += chunks.iter().map(|c| c.len() as u64).sum::<u64>();
-            caches.iter_mut().try_for_each(|c| c.finalize_padding())?;
+            cache::finalize_padding(&mut caches)?;
             let state: Vec<Array> = caches.iter().flat_map(|c| c.state()).collect();
             eval(&state)?;
             Ok(caches)
@@ -422,7 +439,7 @@ impl Executor {
                 finished_rows.push(row);
                 continue;
             }
-            match caches.iter().map(|c| c.extract_row(b)).collect::<Result<Vec<_>>>() {
+            match cache::extract_row(&caches, b) {
                 Ok(single) => waiting.push(Prefilling { row, caches: single, done: ends[b] }),
                 Err(e) => self.fail_row(row, format!("prefill failed: {e}")),
             }
@@ -432,7 +449,7 @@ impl Executor {
             return joining;
         }
         if prefilled.len() < ends.len() {
-            if let Err(e) = caches.iter_mut().try_for_each(|c| c.filter_rows(&prefilled)) {
+            if let Err(e) = cache::filter_rows(&mut caches, &prefilled) {
                 for r in finished_rows {
                     self.fail_row(r, format!("prefill failed: {e}"));
                 }
@@ -490,11 +507,10 @@ impl Executor {
             let caches = joining.caches_mut()?;
             let logits = if with_media {
                 let m = crate::language_model::PromptMedia { rows, soft: Vec::new() };
-                last_position(&self.model.forward_with_media(&input, &m, caches)?)?
+                last_position(&self.model.get().forward_with_media(&input, &m, caches)?)?
             } else {
-                last_position(&self.model.forward(&input, caches)?)?
+                last_position(&self.model.get().forward(&input, caches)?)?
             };
-            maybe_quantize(caches, self.kv.as_ref())?;
             let (tokens, logprobs) = choose(&mut joining.rows, &logits, None)?;
             eval(std::iter::once(&tokens).chain(logprobs.iter().flatten()))?;
             let tokens = tokens.try_as_slice::<u32>().map_err(|e| Error::Mlx(format!("reading tokens: {e}")))?.to_vec();
@@ -527,7 +543,7 @@ impl Executor {
     }
 
     fn context_left(&self, row: &Row) -> usize {
-        match self.model.info().max_position_embeddings {
+        match self.model.get().info().max_position_embeddings {
             Some(ctx) => ctx.saturating_sub(row.prompt.len() + row.generated.len() + 1),
             None => usize::MAX,
         }
@@ -567,8 +583,7 @@ impl Executor {
         let early = (constrained && self.batch.in_flight.is_none()).then(|| PendingMasks::start(&mut self.batch.rows));
         let inputs = self.batch.step_inputs()?;
         let caches = self.batch.caches_mut()?;
-        let logits = last_position(&self.model.forward(&inputs, caches)?)?;
-        maybe_quantize(caches, self.kv.as_ref())?;
+        let logits = last_position(&self.model.get().forward(&inputs, caches)?)?;
         self.decode_steps += 1;
         for r in &mut self.batch.rows {
             r.next_input = None;
@@ -813,7 +828,7 @@ fn replace_rows(base: &Array, at: &[usize], new: &Array) -> Result<Array> {
     Ok(both.take_axis(&Array::from_slice(&map, &[b as i32]), 0)?)
 }
 
-impl Drop for Executor {
+impl<M: ModelHandle> Drop for Executor<M> {
     fn drop(&mut self) {
         // An unread pipelined step may still be computing into the batch caches.
         self.batch.in_flight = None;

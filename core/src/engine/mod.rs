@@ -20,6 +20,8 @@ mod memory;
 mod prompt_cache;
 mod row;
 mod scheduler;
+mod single;
+pub(crate) use single::generate_one;
 
 pub use self::core::EngineCore;
 pub use events::EventSink;

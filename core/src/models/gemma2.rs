@@ -12,7 +12,7 @@
 use mlx_rs::{Array, Dtype};
 
 use super::{ConfigReader, LanguageModel, ModelInfo};
-use crate::cache::{KvCache, KvCacheSingle};
+use crate::cache::{self, KvCache, KvCacheSingle};
 use crate::nn::{Attention, AttentionOptions, Embedding, Mlp, MlpActivation, RmsNorm, Rope, Weights};
 use crate::{Error, Result};
 
@@ -121,9 +121,9 @@ impl LanguageModel for Gemma2 {
         }
         let h = self.embed_tokens.forward(tokens)?;
         let mut h = h.multiply(Array::from_f32(self.embed_scale).as_dtype(h.dtype())?)?;
-        let mask = caches[0].make_mask(h.dim(1), None)?;
+        let mask = cache::make_mask(caches[0].as_ref(), h.dim(1), None)?;
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
-            let r = layer.self_attn.forward(&layer.input_layernorm.forward(&h)?, &mask, cache.as_mut())?;
+            let r = layer.self_attn.forward(&layer.input_layernorm.forward(&h)?, &mask, cache::attention(cache.as_mut())?)?;
             h = h.add(&layer.post_attention_layernorm.forward(&r)?)?;
             let r = layer.mlp.forward(&layer.pre_feedforward_layernorm.forward(&h)?)?;
             h = h.add(&layer.post_feedforward_layernorm.forward(&r)?)?;

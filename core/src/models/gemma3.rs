@@ -21,7 +21,7 @@ use serde_json::Value;
 
 use super::gemma3_vision::{self, Gemma3Vision};
 use super::{ConfigReader, LanguageModel, ModelInfo, PromptMedia, SlidingWindowLayers};
-use crate::cache::{KvCache, KvCacheSingle, RotatingKvCache};
+use crate::cache::{self, KvCache, KvCacheSingle, RotatingKvCache};
 use crate::nn::{Attention, AttentionOptions, Embedding, Linear, Mlp, MlpActivation, RmsNorm, Rope, RopeContext, Weights};
 use crate::{Error, Result};
 
@@ -276,17 +276,17 @@ impl Gemma3 {
         // One mask per layer kind, each from a cache of that kind (mlx-lm takes the global
         // one from the first global layer and the sliding one from layer 0).
         let global_mask = match self.layers.iter().position(|l| l.global) {
-            Some(i) => Some(caches[i].make_mask(n, None)?),
+            Some(i) => Some(cache::make_mask(caches[i].as_ref(), n, None)?),
             None => None,
         };
         let sliding_mask = match self.layers.iter().position(|l| !l.global) {
-            Some(i) => Some(caches[i].make_mask(n, Some(self.window))?),
+            Some(i) => Some(cache::make_mask(caches[i].as_ref(), n, Some(self.window))?),
             None => None,
         };
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
             let mask = if layer.global { global_mask.as_ref() } else { sliding_mask.as_ref() };
             let mask = mask.ok_or_else(|| Error::Mlx("no attention mask for a layer kind".into()))?;
-            let r = layer.self_attn.forward(&layer.input_layernorm.forward(&h)?, mask, cache.as_mut())?;
+            let r = layer.self_attn.forward(&layer.input_layernorm.forward(&h)?, mask, cache::attention(cache.as_mut())?)?;
             h = residual(&h, &layer.post_attention_layernorm.forward(&r)?)?;
             let r = layer.mlp.forward(&layer.pre_feedforward_layernorm.forward(&h)?)?;
             h = residual(&h, &layer.post_feedforward_layernorm.forward(&r)?)?;

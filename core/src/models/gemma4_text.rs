@@ -25,7 +25,7 @@ use serde_json::{json, Value};
 use super::gemma4_vision::{self, Gemma4Vision};
 use crate::vision::VisionTower;
 use super::{ConfigReader, LanguageModel, ModelInfo, SlidingWindowLayers};
-use crate::cache::{sdpa, AttentionMask, KvCache, KvCacheSingle, RopeOffset, RotatingKvCache};
+use crate::cache::{self, sdpa, AttentionMask, KvCache, KvCacheSingle, RopeOffset, RotatingKvCache};
 use crate::nn::{gelu_approx, Embedding, Linear, Mlp, MlpActivation, RmsNorm, Rope, RopeContext, Weights};
 use crate::{Error, Result};
 
@@ -435,7 +435,7 @@ impl Attention {
                 (sdpa(&q, &kv.keys, &kv.values, 1.0, mask)?, None)
             }
             KvSource::Own { k_proj, v_proj, k_norm, cache, shared } => {
-                let cache = caches[*cache].as_mut();
+                let cache = cache::attention(caches[*cache].as_mut())?;
                 let raw_k = k_proj.forward(x)?.reshape(&[b, l, self.kv_heads, -1])?;
                 let raw_v = match v_proj {
                     Some(v_proj) => v_proj.forward(x)?.reshape(&[b, l, self.kv_heads, -1])?,
@@ -500,7 +500,7 @@ impl Gemma4Text {
         // One mask per layer kind, from the first cache of that kind (as mlx-lm's _make_masks).
         let mask_of = |sliding: bool| -> Result<Option<AttentionMask>> {
             match self.layers[..self.cache_layers].iter().position(|l| l.sliding == sliding) {
-                Some(i) => Ok(Some(caches[i].make_mask(n, sliding.then_some(self.window))?)),
+                Some(i) => Ok(Some(cache::make_mask(caches[i].as_ref(), n, sliding.then_some(self.window))?)),
                 None => Ok(None),
             }
         };

@@ -5,7 +5,7 @@
 use mlx_rs::{Array, Dtype};
 
 use super::{ConfigReader, LanguageModel, ModelInfo};
-use crate::cache::{KvCache, KvCacheSingle};
+use crate::cache::{self, KvCache, KvCacheSingle};
 use crate::nn::{stack_expert_weights, Attention, AttentionOptions, Embedding, Linear, Mlp, RmsNorm, SparseMoe, Weights};
 use crate::{Error, Result};
 
@@ -111,9 +111,9 @@ impl LanguageModel for Qwen3Moe {
             return Err(Error::InvalidRequest(format!("{} caches for {} layers", caches.len(), self.layers.len())));
         }
         let mut h = self.embed_tokens.forward(tokens)?;
-        let mask = caches[0].make_mask(h.dim(1), None)?;
+        let mask = cache::make_mask(caches[0].as_ref(), h.dim(1), None)?;
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
-            let r = layer.self_attn.forward(&layer.input_layernorm.forward(&h)?, &mask, cache.as_mut())?;
+            let r = layer.self_attn.forward(&layer.input_layernorm.forward(&h)?, &mask, cache::attention(cache.as_mut())?)?;
             let h1 = h.add(&r)?;
             let x = layer.post_attention_layernorm.forward(&h1)?;
             let r = match &layer.mlp {

@@ -7,7 +7,7 @@ use mlx_rs::ops::{split_at_indices, tanh};
 use mlx_rs::{Array, Dtype};
 
 use super::{Linear, Rope, RmsNorm, Weights};
-use crate::cache::{causal_mask, AttentionMask, KvCache};
+use crate::cache::{causal_mask, AttentionCache, AttentionMask};
 use crate::{Error, Result};
 
 #[derive(Debug, Clone)]
@@ -121,7 +121,7 @@ impl Attention {
     }
 
     /// `x`: `[B, L, hidden]` → `[B, L, hidden]`; appends this step's keys/values to `cache`.
-    pub fn forward(&self, x: &Array, mask: &AttentionMask, cache: &mut dyn KvCache) -> Result<Array> {
+    pub fn forward(&self, x: &Array, mask: &AttentionMask, cache: &mut dyn AttentionCache) -> Result<Array> {
         let (b, l) = (x.dim(0), x.dim(1));
         let heads = |t: Array, n: i32, norm: &Option<RmsNorm>| -> Result<Array> {
             let t = t.reshape(&[b, l, n, -1])?;

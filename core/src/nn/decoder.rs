@@ -6,7 +6,7 @@
 use mlx_rs::Array;
 
 use super::{Attention, AttentionOptions, Embedding, Linear, Mlp, RmsNorm, Rope, Weights};
-use crate::cache::{KvCache, KvCacheSingle};
+use crate::cache::{self, KvCache, KvCacheSingle};
 use crate::language_model::{LanguageModel, ModelInfo};
 use crate::{Error, Result};
 
@@ -177,12 +177,12 @@ impl LanguageModel for DenseDecoder {
         }
         let sc = &self.scaling;
         let mut h = times(&self.embed_tokens.forward(tokens)?, sc.embedding)?;
-        let mask = caches[0].make_mask(h.dim(1), None)?;
+        let mask = cache::make_mask(caches[0].as_ref(), h.dim(1), None)?;
         if let Some(stage) = &self.stage {
             h = stage.receive(h)?;
         }
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
-            let r = layer.self_attn.forward(&layer.input_layernorm.forward(&h)?, &mask, cache.as_mut())?;
+            let r = layer.self_attn.forward(&layer.input_layernorm.forward(&h)?, &mask, cache::attention(cache.as_mut())?)?;
             let h1 = h.add(&times(&r, sc.residual)?)?;
             let r = layer.mlp.forward(&layer.post_attention_layernorm.forward(&h1)?)?;
             h = h1.add(&times(&r, sc.residual)?)?;

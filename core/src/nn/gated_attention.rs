@@ -7,7 +7,7 @@ use mlx_rs::ops::{sigmoid, split_equal};
 use mlx_rs::Array;
 
 use super::{sdpa, Linear, RmsNorm, Rope, Weights};
-use crate::cache::{AttentionMask, KvCache};
+use crate::cache::{AttentionCache, AttentionMask};
 use crate::Result;
 
 #[derive(Debug, Clone)]
@@ -50,7 +50,7 @@ impl GatedAttention {
     }
 
     /// `x`: `[B, L, hidden]` → `[B, L, hidden]`; appends this step's keys/values to `cache`.
-    pub fn forward(&self, x: &Array, mask: &AttentionMask, cache: &mut dyn KvCache) -> Result<Array> {
+    pub fn forward(&self, x: &Array, mask: &AttentionMask, cache: &mut dyn AttentionCache) -> Result<Array> {
         let (b, l) = (x.dim(0), x.dim(1));
         let o = &self.opts;
         let qg = self.q_proj.forward(x)?.reshape(&[b, l, o.heads, -1])?;

@@ -8,7 +8,7 @@ use mlx_rs::ops::{concatenate, conv1d, exp, logaddexp, sigmoid, split_at_indices
 use mlx_rs::{Array, Dtype};
 
 use super::{Linear, Weights};
-use crate::cache::KvCache;
+use crate::cache::RecurrentState;
 use crate::{Error, Result};
 
 /// Shapes of a gated DeltaNet layer (config keys `linear_*`).
@@ -150,13 +150,10 @@ impl GatedDeltaNet {
     }
 
     /// `x`: `[B, S, hidden]` (unpadded rows) → `[B, S, hidden]`; reads and replaces the
-    /// layer's conv window and recurrent state in `cache`.
-    pub fn forward(&self, x: &Array, cache: &mut dyn KvCache) -> Result<Array> {
+    /// layer's conv window and recurrent state.
+    pub fn forward(&self, x: &Array, state: &mut RecurrentState) -> Result<Array> {
         let (bsz, s) = (x.dim(0), x.dim(1));
         let o = &self.opts;
-        let state = cache
-            .recurrent_state()
-            .ok_or_else(|| Error::Unsupported("a gated DeltaNet layer needs a recurrent-state cache".into()))?;
         if state.rows() != bsz as usize {
             return Err(Error::Mlx(format!("{bsz} input rows for a {}-row recurrent cache", state.rows())));
         }

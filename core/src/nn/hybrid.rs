@@ -10,7 +10,7 @@ use super::{
     Embedding, GatedAttention, GatedAttentionOptions, GatedDeltaNet, GatedDeltaOptions, Linear, Mlp, RmsNorm,
     SharedExpertMoe, SharedExpertMoeOptions, Weights,
 };
-use crate::cache::{AttentionMask, KvCache, KvCacheSingle, RecurrentCache};
+use crate::cache::{self, AttentionMask, KvCache, KvCacheSingle, RecurrentCache};
 use crate::language_model::{LanguageModel, ModelInfo};
 use crate::{Error, Result};
 
@@ -135,14 +135,14 @@ impl LanguageModel for HybridDecoder {
         // Linear-attention layers never see padding (rows are prefilled alone), so only the
         // attention layers take a mask.
         let mask = match self.first_attention {
-            Some(i) => caches[i].make_mask(h.dim(1), None)?,
+            Some(i) => cache::make_mask(caches[i].as_ref(), h.dim(1), None)?,
             None => AttentionMask::None,
         };
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
             let x = layer.input_layernorm.forward(&h)?;
             let r = match &layer.mixer {
-                Mixer::Linear(gdn) => gdn.forward(&x, cache.as_mut())?,
-                Mixer::Attention(attn) => attn.forward(&x, &mask, cache.as_mut())?,
+                Mixer::Linear(gdn) => gdn.forward(&x, cache::recurrent(cache.as_mut())?)?,
+                Mixer::Attention(attn) => attn.forward(&x, &mask, cache::attention(cache.as_mut())?)?,
             };
             let h1 = h.add(&r)?;
             let x = layer.post_attention_layernorm.forward(&h1)?;
