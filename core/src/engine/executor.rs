@@ -207,7 +207,7 @@ impl<M: ModelHandle> Executor<M> {
             }
         }
         if !clips.is_empty() {
-            match std::mem::take(&mut row.media).encode_audio(self.model.as_ref(), &clips) {
+            match std::mem::take(&mut row.media).encode_audio(self.model.get(), &clips) {
                 Ok(media) => row.media = media,
                 Err(e) => return self.fail_row(row, format!("encoding the audio failed: {e}")),
             }

@@ -50,6 +50,7 @@ pub(crate) fn generate_one(
         flow: None,
         constraint: None,
         images: Vec::new(),
+        audio: Vec::new(),
     };
     executor.admit(sub, 0);
 
