@@ -5,11 +5,15 @@
 //! engine, alone, chunked, and batched with text rows.
 
 mod support;
+// Image helpers; a module of its own because not every crate that uses support has MLX.
+#[path = "support/vision.rs"]
+mod vision_support;
 
 use std::collections::HashMap;
 
 use mlx_rs::Array;
 use serde_json::Value;
+use vision_support::*;
 use support::*;
 use weft::engine::{Engine, EngineConfig, Input, Request};
 use weft::loading::{self, LoadedModel};
@@ -22,39 +26,6 @@ fn load() -> LoadedModel {
 
 fn tensors() -> HashMap<String, Array> {
     Array::load_safetensors(goldens_dir().join("vision").join("gemma4.safetensors")).unwrap()
-}
-
-fn values(a: &Array) -> Vec<f32> {
-    let a = a.as_dtype(mlx_rs::Dtype::Float32).unwrap();
-    a.eval().unwrap();
-    a.as_slice::<f32>().to_vec()
-}
-
-fn image_bytes(name: &str) -> Vec<u8> {
-    std::fs::read(goldens_dir().join("vision").join(format!("{name}.png"))).unwrap()
-}
-
-fn case<'a>(g: &'a Value, name: &str) -> &'a Value {
-    g["cases"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap_or_else(|| panic!("no case {name}"))
-}
-
-fn request(c: &Value, max_tokens: usize) -> Request {
-    let mut r = greedy(ids(&c["prompt_ids"]), max_tokens);
-    r.images = c["images"].as_array().unwrap().iter().map(|i| image_bytes(i.as_str().unwrap())).collect();
-    r
-}
-
-/// Channels-last pixels from the golden's `[3, H, W]`.
-fn hwc(chw: &[f32], h: usize, w: usize) -> Vec<f32> {
-    let mut out = vec![0.0; chw.len()];
-    for c in 0..3 {
-        for y in 0..h {
-            for x in 0..w {
-                out[(y * w + x) * 3 + c] = chw[(c * h + y) * w + x];
-            }
-        }
-    }
-    out
 }
 
 fn golden_pixels(t: &HashMap<String, Array>, name: &str) -> (Vec<f32>, usize, usize) {
