@@ -119,12 +119,7 @@ pub fn quantized_matmul(
             bits,
             stream.as_ptr(),
         );
-        if status != 0 {
-            mlx_sys::mlx_array_free(res);
-            let msg = CStr::from_ptr(mlx_sys::weft_kernels_last_error()).to_string_lossy().into_owned();
-            return Err(Error::Mlx(format!("quantized_matmul: {msg}")));
-        }
-        Ok(Array::from_ptr(res))
+        take_result(res, status, "quantized_matmul")
     }
 }
 
@@ -156,13 +151,22 @@ pub fn gather_qmm(
             bits,
             stream.as_ptr(),
         );
-        if status != 0 {
-            mlx_sys::mlx_array_free(res);
-            let msg = CStr::from_ptr(mlx_sys::weft_kernels_last_error()).to_string_lossy().into_owned();
-            return Err(Error::Mlx(format!("gather_qmm: {msg}")));
-        }
-        Ok(Array::from_ptr(res))
+        take_result(res, status, "gather_qmm")
     }
+}
+
+/// The array a primitive call returned, or the kernels' last error when `status` says it failed
+/// (the unused result handle is freed).
+///
+/// # Safety
+/// `res` must be the handle the call wrote, `status` that call's return value.
+unsafe fn take_result(res: mlx_sys::mlx_array, status: i32, what: &str) -> Result<Array> {
+    if status != 0 {
+        mlx_sys::mlx_array_free(res);
+        let msg = CStr::from_ptr(mlx_sys::weft_kernels_last_error()).to_string_lossy().into_owned();
+        return Err(Error::Mlx(format!("{what}: {msg}")));
+    }
+    Ok(Array::from_ptr(res))
 }
 
 /// The instruction set the fast kernel uses for inner dimension `k` at `bits` (reported by
