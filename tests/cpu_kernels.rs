@@ -364,6 +364,35 @@ fn quantized_linear_switches_to_dequantize_from_the_row_count() {
     }
 }
 
+/// The GPU's path (`QmmPath::MlxFlat`) multiplies `[B, 1, K]` / `[B, L, K]` inputs as one
+/// `[rows, K]` product and gives back the input's leading shape; MLX computes every row alone,
+/// so the values equal the unflattened product's bit for bit (checked here on the CPU, where
+/// the same path can be forced; on the H200 by benches/gpu/flat_rows.py).
+#[test]
+fn the_flattened_quantized_matmul_equals_the_batched_one() {
+    use weft::nn::{Linear, QmmPath, QuantSpec};
+    let (out_dim, in_dim) = (96, 256);
+    let (wq, s, b) = quantize(&random(&[out_dim, in_dim], 21), 64, 4).unwrap();
+    // DequantizeFrom below its row count takes the same flattened product (the GPU default).
+    for path in [QmmPath::MlxFlat, QmmPath::DequantizeFrom { rows: 1000 }] {
+        let layer = Linear::Quantized {
+            weight: wq.clone(),
+            scales: s.clone(),
+            biases: b.clone(),
+            bias: None,
+            spec: QuantSpec { group_size: 64, bits: 4 },
+            path,
+        };
+        for shape in [vec![5, 1, in_dim], vec![2, 3, in_dim], vec![2, 2, 2, in_dim], vec![4, in_dim]] {
+            let x = random(&shape, 30 + shape.len() as u64);
+            let got = layer.forward(&x).unwrap();
+            let want = quantized_matmul(&x, &wq, &s, &b, true, 64, 4).unwrap();
+            assert_eq!(got.shape(), want.shape(), "{path:?} {shape:?}");
+            assert_eq!(to_vec(&got), to_vec(&want), "{path:?} {shape:?}");
+        }
+    }
+}
+
 /// `Linear::concat_outputs` (projection fusion at load): dense and quantized layers of one form
 /// stack into one layer whose output is theirs concatenated, bit for bit (the fast kernel and
 /// the reference BLAS compute each output column alone); layers of different forms stay apart.
