@@ -17,6 +17,7 @@
 use std::borrow::Cow;
 use std::path::PathBuf;
 
+use once_cell::sync::Lazy;
 use serde_json::{Map, Value};
 
 use crate::engine::{Constraint, EngineConfig, Input, Request};
@@ -64,37 +65,24 @@ pub struct EngineOptions {
     pub config: EngineConfig,
 }
 
-/// Request fields, snake_case (a face spells them with [`Spelling::key`]).
-pub const REQUEST_FIELDS: &[&str] = &[
-    "prompt",
-    "messages",
-    "prompt_ids",
-    "images",
-    "audio",
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "seed",
-    "repetition_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-    "penalty_context",
-    "logit_bias",
-    "stop",
-    "ignore_eos",
-    "logprobs",
-    "top_logprobs",
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-    "response_format",
-    "json_schema",
-    "regex",
-    "grammar",
-    "choice",
-];
+/// Request fields, snake_case (a face spells them with [`Spelling::key`]): the inputs, the
+/// [`GENERATION_FIELDS`], then output and constraint options.
+pub static REQUEST_FIELDS: Lazy<Vec<&'static str>> = Lazy::new(|| {
+    const INPUTS: &[&str] = &["prompt", "messages", "prompt_ids", "images", "audio"];
+    const OUTPUT: &[&str] = &[
+        "logprobs",
+        "top_logprobs",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "response_format",
+        "json_schema",
+        "regex",
+        "grammar",
+        "choice",
+    ];
+    INPUTS.iter().chain(GENERATION_FIELDS).chain(OUTPUT).copied().collect()
+});
 
 /// Engine option fields, snake_case.
 pub const ENGINE_OPTION_FIELDS: &[&str] = &[
@@ -256,7 +244,7 @@ impl<'a> Fields<'a> {
 
 /// A generation request. `spelling`: how the caller spells keys (and how messages name them).
 pub fn parse_request(v: &Value, spelling: Spelling) -> Result<Request> {
-    let f = Fields::new(v, "the request", REQUEST_FIELDS, spelling)?;
+    let f = Fields::new(v, "the request", &REQUEST_FIELDS, spelling)?;
 
     let given: Vec<&str> = ["prompt", "messages", "prompt_ids"].into_iter().filter(|k| f.get(k).is_some()).collect();
     if given.len() != 1 {
