@@ -3,6 +3,8 @@
 //! and the tiny random-weight Conformer tower + embedder (`goldens/models/gemma4-audio`); audio
 //! requests through the engine on `goldens/models/gemma4-audio-lm` (goldens/audio_engine.json),
 //! alone, chunked, batched with text rows, prompt-cache keys per clip, and bad-input errors.
+//! The extractor's settings from a checkpoint's processor_config.json
+//! (goldens/make_audio_extractor_goldens.py, goldens/audio/extractor.safetensors).
 
 mod support;
 
@@ -90,6 +92,34 @@ fn log_mel_features_match_the_reference_extractor() {
         eprintln!("{name}: log-mel max |diff| {d:e}");
         // numpy's float32 FFT vs this float64 FFT, then log: measured max 8.6e-6 on these clips.
         assert!(d < 5e-5, "{name}: log-mel differs by {d} at frame {} bin {}", at / f.bins, at % f.bins);
+    }
+}
+
+#[test]
+fn extractor_settings_come_from_the_checkpoints_processor_config() {
+    // gemma4-audio-lm-fe = gemma4-audio-lm + processor_config.json {"feature_extractor": {32 ms
+    // frames / 16 ms hop, 125-7600 Hz, preemphasis 0.97, mel_floor 0.01, input scale 0.5}}.
+    let g = golden_tensors();
+    let want = Array::load_safetensors(goldens().join("audio/extractor.safetensors")).unwrap();
+    let changed = weft::loading::load(&goldens().join("models/gemma4-audio-lm-fe")).unwrap();
+    let plain = weft::loading::load(&goldens().join("models/gemma4-audio-lm")).unwrap();
+    let frontend = |m: &weft::loading::LoadedModel| m.model.audio().expect("an audio tower").spec().frontend.clone();
+    let (fe, default) = (frontend(&changed), frontend(&plain));
+    // Gemma4Audio::load reads the directory the same way.
+    let direct = Gemma4Audio::load(&goldens().join("models/gemma4-audio-lm-fe")).unwrap();
+    for name in CLIPS {
+        let wav = to_f32(&g[&format!("{name}.waveform")]);
+        let f = fe.features(&wav).unwrap();
+        let w = &want[&format!("{name}.mel")];
+        assert_eq!([f.frames as i32, f.bins as i32], [w.dim(0), w.dim(1)], "{name}: shape");
+        let mask: Vec<bool> = want[&format!("{name}.mel_mask")].as_slice::<u8>().iter().map(|&m| m != 0).collect();
+        assert_eq!(f.valid, mask, "{name}: frame mask");
+        let (d, _) = max_abs_diff(&f.data, &to_f32(w));
+        assert!(d < 5e-5, "{name}: log-mel differs from the configured reference extractor by {d}");
+        assert_eq!(direct.frontend.features(&wav).unwrap().data, f.data, "{name}: Gemma4Audio::load");
+        // Without the config: the class defaults (the reference's default features).
+        let (d, _) = max_abs_diff(&default.features(&wav).unwrap().data, &to_f32(&g[&format!("{name}.mel")]));
+        assert!(d < 5e-5, "{name}: default extractor");
     }
 }
 

@@ -2,7 +2,9 @@
 //! goldens/vision/gemma4.safetensors, made by goldens/make_gemma4_vision_goldens.py): the
 //! processor's pixel values and soft-token counts, the tower + embedder's soft tokens, and
 //! greedy tokens / first-step logits of image prompts (bidirectional image spans) through the
-//! engine, alone, chunked, and batched with text rows.
+//! engine, alone, chunked, and batched with text rows. Images and audio in one request on the
+//! tiny Gemma 4 with both towers (goldens/gemma4_vision_audio.json, made by
+//! goldens/make_gemma4_vision_audio_goldens.py).
 
 mod support;
 // Image helpers; a module of its own because not every crate that uses support has MLX.
@@ -163,4 +165,48 @@ fn prompt_cache_keys_tell_images_apart_and_text_only_gemma4_refuses_images() {
     assert!(text_only.vision().is_none());
     let e = text_only.submit_channel(request(a, 4)).err().expect("refused").to_string();
     assert!(e.contains("no vision tower"), "{e}");
+}
+
+/// A case of goldens/gemma4_vision_audio.json as a request: its template ids (image span
+/// expanded, one audio token), the image and the clip.
+fn mixed_request(g: &Value, c: &Value, max_tokens: usize) -> Request {
+    let mut r = greedy(ids(&c["prompt_template_ids"]), max_tokens);
+    r.images = vec![image_bytes(g["image"].as_str().unwrap())];
+    r.audio = vec![std::fs::read(goldens_dir().join(g["clip"].as_str().unwrap())).unwrap()];
+    r
+}
+
+#[test]
+fn images_and_audio_in_one_request_match_mlx_vlm_in_either_order() {
+    let g = golden("gemma4_vision_audio");
+    let cases = g["cases"].as_array().unwrap();
+    for step in [2048usize, 7] {
+        let engine = Engine::start(
+            loading::load(&tiny_model_dir("gemma4-vision-audio")).unwrap(),
+            EngineConfig { prefill_step_size: step, prompt_cache_bytes: 64 << 20, ..Default::default() },
+        )
+        .unwrap();
+        for c in cases {
+            let out = collect(&engine.submit_channel(mixed_request(&g, c, 16)).unwrap().1);
+            assert_eq!(out.error, None);
+            assert_eq!(out.usage.prompt_tokens, c["prompt_ids"].as_array().unwrap().len(), "{}", c["name"]);
+            assert_eq!(out.tokens, ids(&c["tokens"]), "{} alone (prefill step {step})", c["name"]);
+        }
+        // Both orders and a text row in one batch; then the same image with another clip must
+        // not reuse the cached KV past the audio span.
+        let text = engine.submit_channel(greedy(vec![2, 17, 44, 9, 12, 77, 5], 16)).unwrap().1;
+        let rxs: Vec<_> = cases.iter().map(|c| engine.submit_channel(mixed_request(&g, c, 16)).unwrap().1).collect();
+        for (c, rx) in cases.iter().zip(&rxs) {
+            assert_eq!(collect(rx).tokens, ids(&c["tokens"]), "{} batched (prefill step {step})", c["name"]);
+        }
+        assert_eq!(collect(&text).finals, 1);
+        let c = &cases[0];
+        let mut other = mixed_request(&g, c, 4);
+        other.audio = vec![std::fs::read(goldens_dir().join("audio/tones-16k-mono.wav")).unwrap()];
+        let prompt = ids(&c["prompt_template_ids"]);
+        let audio_at = prompt.iter().position(|&t| t == 253).unwrap();
+        let out = collect(&engine.submit_channel(other).unwrap().1);
+        assert_eq!(out.error, None);
+        assert!(out.usage.cached_tokens <= audio_at + 1, "another clip reused {} cached tokens", out.usage.cached_tokens);
+    }
 }

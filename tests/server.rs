@@ -888,6 +888,38 @@ fn gemma4_image_parts_through_both_endpoints() {
     assert_eq!(v["content"][0]["text"].as_str().unwrap().replace(' ', ""), until_eos, "{v}");
 }
 
+/// Gemma 4 with both towers (goldens/models/gemma4-vision-audio, `<|audio|>` = 253): an image_url part and an
+/// input_audio part in one OpenAI chat request, in prompt order, give mlx-vlm's greedy tokens
+/// (goldens/gemma4_vision_audio.json).
+#[test]
+fn image_and_audio_parts_in_one_chat_request() {
+    let g = golden("gemma4_vision_audio");
+    let case = g["cases"].as_array().unwrap().iter().find(|c| c["name"] == "image_then_audio").unwrap();
+    let want: Vec<String> = case["tokens"].as_array().unwrap().iter().map(|t| format!("t{t}")).collect();
+    let server = Server::start(&goldens_dir().join("models").join("gemma4-vision-audio"), &[]);
+    let (status, listed) = server.get("/v1/models", "");
+    assert_eq!(status, 200, "{listed}");
+    assert!(listed.contains("\"vision\":true") && listed.contains("\"audio\":true"), "{listed}");
+    let png = base64_encode(&std::fs::read(goldens_dir().join("vision").join("a.png")).unwrap());
+    let wav = base64_encode(&std::fs::read(goldens_dir().join(g["clip"].as_str().unwrap())).unwrap());
+    // "t2 t17" <image> "t44 t9 t61" <audio> "t12 t77 t150 t5": the case's prompt_template_ids.
+    let body = serde_json::json!({
+        "max_tokens": 16, "temperature": 0, "ignore_eos": true, "logprobs": true,
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "t2 t17 "},
+            {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{png}")}},
+            {"type": "text", "text": " t44 t9 t61 "},
+            {"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}},
+            {"type": "text", "text": " t12 t77 t150 t5"}]}]
+    });
+    let (status, _, raw) = exchange(&server.addr, "POST", "/v1/chat/completions", &[("Content-Type", "application/json")], body.to_string().as_bytes());
+    let v: serde_json::Value = serde_json::from_slice(&raw).unwrap();
+    assert_eq!(status, 200, "{v}");
+    let got: Vec<&str> = v["choices"][0]["logprobs"]["content"].as_array().unwrap().iter().map(|e| e["token"].as_str().unwrap()).collect();
+    assert_eq!(got, want);
+    assert_eq!(v["usage"]["prompt_tokens"], case["prompt_ids"].as_array().unwrap().len(), "{v}");
+}
+
 fn base64_encode(bytes: &[u8]) -> String {
     const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::new();

@@ -3,6 +3,8 @@
 //! of the reference processor, tower + projector features, first-step logits and greedy
 //! tokens of image prompts through the engine, alone and batched with text rows (image rows
 //! joining a running batch), prompt-cache keys per image, and the errors of bad image input.
+//! Pan-and-scan against the reference processor and mlx-vlm (goldens/gemma3_pan_and_scan.json,
+//! goldens/vision/gemma3_pas.safetensors, made by goldens/make_vision_pan_and_scan_goldens.py).
 
 mod support;
 // Image helpers; a module of its own because not every crate that uses support has MLX.
@@ -191,4 +193,86 @@ fn bad_image_input_is_a_clear_error() {
     assert!(err(&engine, r).contains("at most 8"));
     // The engine still serves after refusals.
     assert_eq!(collect(&engine.submit_channel(request(c, 20)).unwrap().1).tokens, ids(&c["tokens"]));
+}
+
+const PAS_MODEL: &str = "gemma3-vision-pas";
+
+fn pas_tensors() -> HashMap<String, Array> {
+    Array::load_safetensors(goldens_dir().join("vision").join("gemma3_pas.safetensors")).unwrap()
+}
+
+/// The request's prompt and views after admission's preparation (`prepare` + `attach_images`).
+fn prepared(loaded: &LoadedModel, r: Request) -> weft::engine::Submission {
+    let (tok, info, config) = (loaded.tokenizer.as_ref(), loaded.model.info().clone(), EngineConfig::default());
+    let sink = Box::new(|_: &weft::engine::Event| true);
+    let mut sub = weft::engine::prepare(1, r, sink, tok, &info, &[], &config).unwrap();
+    let spec = loaded.model.vision().unwrap().spec().clone();
+    weft::engine::attach_images(&mut sub, Some(&spec), tok, &info).unwrap();
+    sub
+}
+
+#[test]
+fn pan_and_scan_views_and_prompt_ids_equal_the_reference_processor() {
+    // preprocessor_config.json turns it on, as for transformers' AutoImageProcessor.
+    let loaded = loading::load(&tiny_model_dir(PAS_MODEL)).unwrap();
+    let spec = loaded.model.vision().unwrap().spec().clone();
+    let want_pas = preprocess::PanAndScan { min_crop_size: 16, max_num_crops: 4, min_ratio_to_activate: 1.2 };
+    assert_eq!(spec.processor.pan_and_scan, Some(want_pas));
+    let plain = load();
+    assert_eq!(plain.model.vision().unwrap().spec().processor.pan_and_scan, None, "off without the config");
+    let g = golden("gemma3_pan_and_scan");
+    let t = pas_tensors();
+    let mut crops_seen = Vec::new();
+    // a 61x45 (2 crops, the second narrower), b 24x20 (crops too small: none), c 40x40 (square:
+    // none), e 100x20 (4 crops, max_num_crops), f 20x70 (tall: 4 crops, the last shorter).
+    for (name, im) in g["images"].as_object().unwrap() {
+        let crops = im["crops"].as_u64().unwrap() as usize;
+        crops_seen.push(crops);
+        let want_px = values(&t[&format!("pixels/{name}")]);
+        let mut r = Request::new(weft::engine::Input::Prompt(im["text"].as_str().unwrap().into()));
+        r.images = vec![image_bytes(name)];
+        let sub = prepared(&loaded, r.clone());
+        assert_eq!(sub.prompt, ids(&im["prompt_ids"]), "{name}: expanded prompt ids");
+        assert_eq!(sub.images.len(), 1 + crops, "{name}: views");
+        for (v, view) in sub.images.iter().enumerate() {
+            let chw = &want_px[v * 3 * 32 * 32..(v + 1) * 3 * 32 * 32];
+            // Crops like 31x45 -> 32x32 take Pillow 13's vertical-first pass order.
+            assert_eq!(bit_diffs(&view.pixels, &hwc(chw, 32, 32)), 0, "{name} view {v}: pixel values");
+            assert_eq!(view.tokens, 4);
+        }
+        // Off (the plain checkpoint; the processor's per-call override): one view, the plain
+        // expansion (the two tokenizers differ only in the crop sentence's words).
+        let off = prepared(&plain, r);
+        assert_eq!((off.prompt, off.images.len()), (ids(&im["prompt_ids_off"]), 1), "{name}: off");
+        let views = spec.processor.process_views(&image_bytes(name), Some(false)).unwrap();
+        assert_eq!(views.len(), 1);
+        assert_eq!(views[0].data, sub.images[0].pixels, "{name}: the original view");
+    }
+    assert_eq!(crops_seen, [2, 0, 0, 4, 4]);
+}
+
+#[test]
+fn pan_and_scan_prompts_match_mlx_vlm_tokens_alone_and_batched() {
+    let g = golden("gemma3_pan_and_scan");
+    let engine = Engine::start(loading::load(&tiny_model_dir(PAS_MODEL)).unwrap(), EngineConfig::default()).unwrap();
+    let prompt_request = |c: &Value| {
+        let im = &g["images"][c["image"].as_str().unwrap()];
+        let mut r = greedy(Vec::new(), 12);
+        r.input = weft::engine::Input::Prompt(im["text"].as_str().unwrap().into());
+        r.images = vec![image_bytes(c["image"].as_str().unwrap())];
+        r
+    };
+    let cases = g["cases"].as_array().unwrap();
+    for c in cases {
+        let out = collect(&engine.submit_channel(prompt_request(c)).unwrap().1);
+        assert_eq!(out.error, None);
+        assert_eq!(out.tokens, ids(&c["tokens"]), "{} alone", c["name"]);
+    }
+    // Together (views of different images in one prefill), with a text row.
+    let text = engine.submit_channel(greedy(vec![2, 17, 93, 44, 301, 12, 77], 12)).unwrap().1;
+    let rxs: Vec<_> = cases.iter().map(|c| engine.submit_channel(prompt_request(c)).unwrap().1).collect();
+    for (c, rx) in cases.iter().zip(&rxs) {
+        assert_eq!(collect(rx).tokens, ids(&c["tokens"]), "{} batched", c["name"]);
+    }
+    assert_eq!(collect(&text).finals, 1);
 }

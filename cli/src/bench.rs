@@ -62,6 +62,18 @@ pub struct BenchArgs {
     /// Ask for log-probabilities (with 5 alternatives) on this many rows (the last ones).
     #[arg(long, default_value_t = 0)]
     pub logprobs: usize,
+    /// Media mode: time the vision tower on this image (PNG / JPEG / WebP), and a request with
+    /// it joining `--media-rows` decoding text rows (see `bench_media`).
+    #[arg(long)]
+    pub image: Option<std::path::PathBuf>,
+    /// Media mode: time the audio tower on this clip (per second of audio), and a request with
+    /// it joining the busy batch (with `--image` too: one request with both).
+    #[arg(long)]
+    pub audio: Option<std::path::PathBuf>,
+    /// Media mode: text rows decoding when the media request (and the text request it is
+    /// compared with) joins.
+    #[arg(long, default_value_t = 4)]
+    pub media_rows: usize,
 }
 
 /// The sampling of row `i` of a batch: `--sampled` rows at `--temp` / `--top-p`, seeded by
@@ -210,6 +222,9 @@ fn median(mut xs: Vec<f64>) -> f64 {
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
+    if args.image.is_some() || args.audio.is_some() {
+        return crate::bench_media::run(args);
+    }
     if args.batch.iter().any(|&b| b == 0) || args.gen < 2 {
         return Err(Error::InvalidRequest("--batch sizes must be >= 1 and --gen >= 2".into()));
     }

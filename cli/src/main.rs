@@ -9,6 +9,7 @@
 
 mod batch;
 mod bench;
+mod bench_media;
 mod chat;
 mod common;
 mod generate_cmd;

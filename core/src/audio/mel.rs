@@ -62,6 +62,18 @@ impl Default for MelConfig {
 }
 
 impl MelConfig {
+    /// The extractor's settings among a model directory's processor configs (a
+    /// [`crate::vision::PROCESSOR_CONFIG_KEY`] value), as mlx-vlm's Gemma4Processor finds them:
+    /// the `feature_extractor` object of `processor_config.json`, else of
+    /// `preprocessor_config.json`; the class defaults when neither file has one.
+    pub fn from_processor_configs(configs: Option<&serde_json::Value>) -> Result<Self> {
+        let file = configs.and_then(|c| c.get("processor_config.json").or_else(|| c.get("preprocessor_config.json")));
+        match file.and_then(|f| f.get("feature_extractor")).filter(|fe| fe.is_object()) {
+            Some(fe) => MelConfig::from_json(fe),
+            None => Ok(MelConfig::default()),
+        }
+    }
+
     /// Reads the extractor fields of a `preprocessor_config.json` (or its `feature_extractor`
     /// object); missing fields keep their defaults. `dither > 0` is refused: it is random.
     pub fn from_json(v: &serde_json::Value) -> Result<Self> {

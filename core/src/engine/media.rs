@@ -6,7 +6,10 @@
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 
+use super::{check_prompt, EngineConfig, Input, Request, Submission};
 use crate::language_model::{LanguageModel, PromptMedia, SoftTokens};
+use crate::models::ModelInfo;
+use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 
 /// One image of a request, preprocessed on the caller's thread.
@@ -159,4 +162,188 @@ fn keyed(mut key: Vec<u32>, spans: &[(usize, usize, u64)]) -> Vec<u32> {
         }
     }
     key
+}
+
+/// Checks a prepared request's images against the model and preprocesses them (on the
+/// caller's thread): one placeholder run per view (an image, or with pan-and-scan the image
+/// and its crops), at most `max_images` images, decodable files.
+pub fn attach_images(
+    sub: &mut Submission,
+    vision: Option<&crate::vision::ImageSpec>,
+    tokenizer: Option<&Tokenizer>,
+    info: &ModelInfo,
+) -> Result<()> {
+    if sub.request.images.is_empty() {
+        return Ok(());
+    }
+    let spec = vision.ok_or_else(|| {
+        Error::InvalidRequest("images: this model has no vision tower (it takes text only)".into())
+    })?;
+    let n = sub.request.images.len();
+    if n > spec.max_images {
+        return Err(Error::InvalidRequest(format!("images: {n} images, at most {} per request", spec.max_images)));
+    }
+    // Preprocess first: the prompt's expansion depends on each image's size (Gemma 4's
+    // per-image soft-token counts) and shape (Gemma 3's pan-and-scan crops).
+    let p = &spec.processor;
+    let views: Vec<Vec<crate::vision::Pixels>> = sub
+        .request
+        .images
+        .iter()
+        .enumerate()
+        .map(|(i, bytes)| {
+            p.process_views(bytes, None)
+                .map_err(|e| Error::InvalidRequest(format!("images[{i}]: {e}")))
+        })
+        .collect::<Result<_>>()?;
+    let counts: Vec<Vec<usize>> =
+        views.iter().map(|v| v.iter().map(|px| spec.tokens_for(px.height, px.width)).collect()).collect();
+    if let Some(prompt) = expanded_text_prompt(&sub.request, spec, &counts, tokenizer)? {
+        crate::generate::validate_prompt_ids(info, &prompt)?;
+        sub.prompt = prompt;
+    }
+    let flat: Vec<usize> = counts.concat();
+    let starts = crate::vision::image_spans(&sub.prompt, spec, &flat)?;
+    sub.images = views
+        .into_iter()
+        .flatten()
+        .zip(starts)
+        .zip(flat)
+        .map(|((px, start), tokens)| {
+            let hash = crate::vision::pixels_hash(&px.data);
+            PreparedImage { start, pixels: px.data, height: px.height, width: px.width, tokens, hash }
+        })
+        .collect();
+    Ok(())
+}
+
+/// Checks a prepared request's audio clips against the model and prepares them (on the
+/// caller's thread): decode, downmix, resample to 16 kHz (at most 30 s), log-mel features; then
+/// expands the prompt's audio tokens (one per clip) to `boa + audio x n + eoa` and checks the
+/// longer prompt (images attached before keep their spans: their starts move with the
+/// expansion). The tower runs when the engine admits the row.
+pub fn attach_audio(
+    sub: &mut Submission,
+    audio: Option<&crate::audio::AudioSpec>,
+    info: &ModelInfo,
+    config: &EngineConfig,
+) -> Result<()> {
+    if sub.request.audio.is_empty() {
+        return Ok(());
+    }
+    let spec = audio.ok_or_else(|| {
+        Error::InvalidRequest("audio: this model has no audio tower (it takes no audio)".into())
+    })?;
+    let n = sub.request.audio.len();
+    if n > spec.max_clips {
+        return Err(Error::InvalidRequest(format!("audio: {n} clips, at most {} per request", spec.max_clips)));
+    }
+    let t = &spec.tokens;
+    let placeholders = sub.prompt.iter().filter(|&&id| id == t.audio_token_id).count();
+    if placeholders != n {
+        return Err(Error::InvalidRequest(format!(
+            "audio: the prompt has {placeholders} audio token(s) (id {}) but {n} clip(s) were given; \
+             put the audio token once where each clip goes",
+            t.audio_token_id
+        )));
+    }
+    let mut clips = Vec::with_capacity(n);
+    for (i, bytes) in sub.request.audio.iter().enumerate() {
+        let at = |e: Error| {
+            let e = e.to_string();
+            let why = e.trim_start_matches("invalid request: ").trim_start_matches("audio: ");
+            Error::InvalidRequest(format!("audio[{i}]: {why}"))
+        };
+        let samples = crate::audio::load_clip(bytes, None).map_err(at)?;
+        let mel = spec.frontend.features(&samples).map_err(at)?;
+        let soft_tokens = t.soft_token_count(samples.len(), crate::audio::SAMPLE_RATE);
+        clips.push(PreparedAudio { start: 0, mel, soft_tokens, hash: crate::audio::samples_hash(&samples) });
+    }
+    let counts: Vec<usize> = clips.iter().map(|c| c.soft_tokens).collect();
+    let prompt = crate::audio::expand_audio_placeholders(&sub.prompt, &counts, t)?;
+    check_prompt(&sub.request, &prompt, info, config)?;
+    // Each placeholder became n + 2 tokens: clip k's span starts after its begin-of-audio
+    // token, and everything after a placeholder (later clips, images) moves by n + 1.
+    let placeholders: Vec<usize> =
+        sub.prompt.iter().enumerate().filter(|(_, &id)| id == t.audio_token_id).map(|(p, _)| p).collect();
+    let moved = |pos: usize| -> usize {
+        pos + placeholders.iter().zip(&counts).filter(|(&p, _)| p < pos).map(|(_, n)| n + 1).sum::<usize>()
+    };
+    for image in &mut sub.images {
+        image.start = moved(image.start);
+    }
+    for (clip, &p) in clips.iter_mut().zip(&placeholders) {
+        clip.start = moved(p) + 1;
+    }
+    sub.prompt = prompt;
+    sub.audio = clips;
+    Ok(())
+}
+
+/// A text prompt or conversation with images, re-tokenized the way the reference processor
+/// does it: each marker in the rendered text is expanded by the spec's [`ImageMarker`] rule,
+/// image `i`'s views with `counts[i][v]` image tokens each (mlx-vlm Gemma3Processor, incl. its
+/// pan-and-scan sentence; mlx-vlm Gemma4Processor). `None` for token-id prompts (they carry
+/// their placeholder runs already).
+///
+/// [`ImageMarker`]: crate::vision::ImageMarker
+fn expanded_text_prompt(
+    request: &Request,
+    spec: &crate::vision::ImageSpec,
+    counts: &[Vec<usize>],
+    tokenizer: Option<&Tokenizer>,
+) -> Result<Option<Vec<u32>>> {
+    let (text, add_special) = match &request.input {
+        Input::Tokens(_) => return Ok(None),
+        Input::Prompt(text) => (text.clone(), true),
+        Input::Messages(messages) => {
+            if request.tools.is_some() {
+                return Err(Error::InvalidRequest("images together with tools are not supported yet".into()));
+            }
+            let tok = tokenizer.ok_or_else(|| Error::InvalidRequest("images in messages need a tokenizer".into()))?;
+            let template = tok
+                .chat_template()
+                .ok_or_else(|| Error::Tokenizer("this model has no chat template; pass a raw prompt".into()))?;
+            (template.render(messages, true)?, false)
+        }
+    };
+    let tok = tokenizer.ok_or_else(|| Error::InvalidRequest("a text prompt with images needs a tokenizer".into()))?;
+    let name = |id: Option<u32>, what: &str| {
+        id.and_then(|i| tok.id_to_token(i))
+            .ok_or_else(|| Error::Unsupported(format!("images: the tokenizer has no {what} token")))
+    };
+    let begin = name(spec.begin_token_id, "begin-of-image")?;
+    let end = name(spec.end_token_id, "end-of-image")?;
+    let image = name(Some(spec.image_token_id), "image")?;
+    let (marker, blank) = match spec.marker {
+        crate::vision::ImageMarker::BeginOfImage => (&begin, "\n\n"),
+        crate::vision::ImageMarker::ImageToken => (&image, ""),
+    };
+    let pieces: Vec<&str> = text.split(marker.as_str()).collect();
+    let markers = pieces.len() - 1;
+    if markers != request.images.len() {
+        return Err(Error::InvalidRequest(format!(
+            "images: the prompt has {markers} image marker(s) ({marker}) but {} image(s) were given",
+            request.images.len()
+        )));
+    }
+    let sequence = |n: usize| format!("{blank}{begin}{}{end}{blank}", image.repeat(n));
+    let mut expanded = pieces[0].to_string();
+    for (piece, views) in pieces[1..].iter().zip(counts) {
+        match views.as_slice() {
+            [n] => expanded.push_str(&sequence(*n)),
+            [n, crops @ ..] => {
+                // Gemma3Processor's text for an image with pan-and-scan crops.
+                let crops: Vec<String> = crops.iter().map(|&c| sequence(c)).collect();
+                expanded.push_str(&format!(
+                    "Here is the original image {} and here are some crops to help you see better {}",
+                    sequence(*n),
+                    crops.join(" ")
+                ));
+            }
+            [] => unreachable!("an image has at least its own view"),
+        }
+        expanded.push_str(piece);
+    }
+    Ok(Some(tok.encode(&expanded, add_special)?))
 }

@@ -27,7 +27,7 @@ pub use self::core::EngineCore;
 pub use events::EventSink;
 pub use faults::Faults;
 pub use lockstep::{follow, FollowerSinks, LockstepCore, LockstepOptions, Step};
-pub use media::{PreparedAudio, PreparedImage};
+pub use media::{attach_audio, attach_images, PreparedAudio, PreparedImage};
 pub use memory::{release_free_heap, use_single_heap_arena, MemoryPolicy};
 pub use prompt_cache::PromptCache;
 pub use scheduler::Scheduler;
@@ -662,7 +662,7 @@ pub fn check_request(
 }
 
 /// The prompt against the vocabulary, the context and the engine's whole KV budget.
-fn check_prompt(request: &Request, prompt: &[u32], info: &ModelInfo, config: &EngineConfig) -> Result<()> {
+pub(super) fn check_prompt(request: &Request, prompt: &[u32], info: &ModelInfo, config: &EngineConfig) -> Result<()> {
     crate::generate::validate_prompt_ids(info, prompt)?;
     if let Some(budget) = config.kv_budget_bytes {
         let need = scheduler::projected_kv_bytes_for(info, config.kv_quantization().as_ref(), prompt.len(), request.max_tokens);
@@ -740,165 +740,6 @@ pub fn finish_prepare(
     }
     let stop_token_ids = if request.ignore_eos { Vec::new() } else { eos_token_ids.to_vec() };
     Ok(Submission { id, prompt, request, stop_token_ids, sink: EventSink::new(sink), flow: None, constraint, images: Vec::new(), audio: Vec::new() })
-}
-
-/// Checks a prepared request's images against the model and preprocesses them (on the
-/// caller's thread): one placeholder run per image, at most `max_images`, decodable files.
-pub fn attach_images(
-    sub: &mut Submission,
-    vision: Option<&crate::vision::ImageSpec>,
-    tokenizer: Option<&Tokenizer>,
-    info: &ModelInfo,
-) -> Result<()> {
-    if sub.request.images.is_empty() {
-        return Ok(());
-    }
-    let spec = vision.ok_or_else(|| {
-        Error::InvalidRequest("images: this model has no vision tower (it takes text only)".into())
-    })?;
-    let n = sub.request.images.len();
-    if n > spec.max_images {
-        return Err(Error::InvalidRequest(format!("images: {n} images, at most {} per request", spec.max_images)));
-    }
-    // Preprocess first: with per-image soft-token counts (Gemma 4) the prompt's expansion
-    // depends on each image's size.
-    let p = &spec.processor;
-    let pixels: Vec<crate::vision::Pixels> = sub
-        .request
-        .images
-        .iter()
-        .enumerate()
-        .map(|(i, bytes)| p.process_sized(bytes).map_err(|e| Error::InvalidRequest(format!("images[{i}]: {e}"))))
-        .collect::<Result<_>>()?;
-    let counts: Vec<usize> = pixels.iter().map(|px| spec.tokens_for(px.height, px.width)).collect();
-    if let Some(prompt) = expanded_text_prompt(&sub.request, spec, &counts, tokenizer)? {
-        crate::generate::validate_prompt_ids(info, &prompt)?;
-        sub.prompt = prompt;
-    }
-    let starts = crate::vision::image_spans(&sub.prompt, spec, &counts)?;
-    sub.images = pixels
-        .into_iter()
-        .zip(starts)
-        .zip(counts)
-        .map(|((px, start), tokens)| {
-            let hash = crate::vision::pixels_hash(&px.data);
-            PreparedImage { start, pixels: px.data, height: px.height, width: px.width, tokens, hash }
-        })
-        .collect();
-    Ok(())
-}
-
-/// Checks a prepared request's audio clips against the model and prepares them (on the
-/// caller's thread): decode, downmix, resample to 16 kHz (at most 30 s), log-mel features; then
-/// expands the prompt's audio tokens (one per clip) to `boa + audio x n + eoa` and checks the
-/// longer prompt. The tower runs when the engine admits the row.
-pub fn attach_audio(
-    sub: &mut Submission,
-    audio: Option<&crate::audio::AudioSpec>,
-    info: &ModelInfo,
-    config: &EngineConfig,
-) -> Result<()> {
-    if sub.request.audio.is_empty() {
-        return Ok(());
-    }
-    let spec = audio.ok_or_else(|| {
-        Error::InvalidRequest("audio: this model has no audio tower (it takes no audio)".into())
-    })?;
-    let n = sub.request.audio.len();
-    if n > spec.max_clips {
-        return Err(Error::InvalidRequest(format!("audio: {n} clips, at most {} per request", spec.max_clips)));
-    }
-    if !sub.request.images.is_empty() {
-        return Err(Error::InvalidRequest("audio together with images in one request is not supported yet".into()));
-    }
-    let t = &spec.tokens;
-    let placeholders = sub.prompt.iter().filter(|&&id| id == t.audio_token_id).count();
-    if placeholders != n {
-        return Err(Error::InvalidRequest(format!(
-            "audio: the prompt has {placeholders} audio token(s) (id {}) but {n} clip(s) were given; \
-             put the audio token once where each clip goes",
-            t.audio_token_id
-        )));
-    }
-    let mut clips = Vec::with_capacity(n);
-    for (i, bytes) in sub.request.audio.iter().enumerate() {
-        let at = |e: Error| {
-            let e = e.to_string();
-            let why = e.trim_start_matches("invalid request: ").trim_start_matches("audio: ");
-            Error::InvalidRequest(format!("audio[{i}]: {why}"))
-        };
-        let samples = crate::audio::load_clip(bytes, None).map_err(at)?;
-        let mel = spec.frontend.features(&samples).map_err(at)?;
-        let soft_tokens = t.soft_token_count(samples.len(), crate::audio::SAMPLE_RATE);
-        clips.push(PreparedAudio { start: 0, mel, soft_tokens, hash: crate::audio::samples_hash(&samples) });
-    }
-    let counts: Vec<usize> = clips.iter().map(|c| c.soft_tokens).collect();
-    let prompt = crate::audio::expand_audio_placeholders(&sub.prompt, &counts, t)?;
-    check_prompt(&sub.request, &prompt, info, config)?;
-    // Clip k's span starts after its begin-of-audio token: its placeholder's position plus
-    // what the earlier expansions added (each placeholder became n + 2 tokens).
-    let mut grown = 0;
-    let at = sub.prompt.iter().enumerate().filter(|(_, &id)| id == t.audio_token_id).map(|(p, _)| p);
-    for (clip, p) in clips.iter_mut().zip(at) {
-        clip.start = p + grown + 1;
-        grown += clip.soft_tokens + 1;
-    }
-    sub.prompt = prompt;
-    sub.audio = clips;
-    Ok(())
-}
-
-/// A text prompt or conversation with images, re-tokenized the way the reference processor
-/// does it: each marker in the rendered text is expanded by the spec's [`ImageMarker`] rule,
-/// image `i` with `counts[i]` image tokens (mlx-vlm / transformers Gemma3Processor, mlx-vlm
-/// Gemma4Processor). `None` for token-id prompts (they carry their placeholder runs already).
-///
-/// [`ImageMarker`]: crate::vision::ImageMarker
-fn expanded_text_prompt(
-    request: &Request,
-    spec: &crate::vision::ImageSpec,
-    counts: &[usize],
-    tokenizer: Option<&Tokenizer>,
-) -> Result<Option<Vec<u32>>> {
-    let (text, add_special) = match &request.input {
-        Input::Tokens(_) => return Ok(None),
-        Input::Prompt(text) => (text.clone(), true),
-        Input::Messages(messages) => {
-            if request.tools.is_some() {
-                return Err(Error::InvalidRequest("images together with tools are not supported yet".into()));
-            }
-            let tok = tokenizer.ok_or_else(|| Error::InvalidRequest("images in messages need a tokenizer".into()))?;
-            let template = tok
-                .chat_template()
-                .ok_or_else(|| Error::Tokenizer("this model has no chat template; pass a raw prompt".into()))?;
-            (template.render(messages, true)?, false)
-        }
-    };
-    let tok = tokenizer.ok_or_else(|| Error::InvalidRequest("a text prompt with images needs a tokenizer".into()))?;
-    let name = |id: Option<u32>, what: &str| {
-        id.and_then(|i| tok.id_to_token(i))
-            .ok_or_else(|| Error::Unsupported(format!("images: the tokenizer has no {what} token")))
-    };
-    let begin = name(spec.begin_token_id, "begin-of-image")?;
-    let end = name(spec.end_token_id, "end-of-image")?;
-    let image = name(Some(spec.image_token_id), "image")?;
-    let (marker, blank) = match spec.marker {
-        crate::vision::ImageMarker::BeginOfImage => (&begin, "\n\n"),
-        crate::vision::ImageMarker::ImageToken => (&image, ""),
-    };
-    let pieces: Vec<&str> = text.split(marker.as_str()).collect();
-    let markers = pieces.len() - 1;
-    if markers != request.images.len() {
-        return Err(Error::InvalidRequest(format!(
-            "images: the prompt has {markers} image marker(s) ({marker}) but {} image(s) were given",
-            request.images.len()
-        )));
-    }
-    let mut expanded = pieces[0].to_string();
-    for (piece, n) in pieces[1..].iter().zip(counts) {
-        expanded.push_str(&format!("{blank}{begin}{}{end}{blank}{piece}", image.repeat(*n)));
-    }
-    Ok(Some(tok.encode(&expanded, add_special)?))
 }
 
 /// Turns a request into token ids and checks it against the model and the engine's limits

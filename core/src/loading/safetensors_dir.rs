@@ -11,8 +11,12 @@ use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 
 pub fn load(dir: &Path) -> Result<LoadedModel> {
-    let config = read_json(&dir.join("config.json"))?
+    let mut config = read_json(&dir.join("config.json"))?
         .ok_or_else(|| Error::ModelLoad(format!("{} has no config.json", dir.display())))?;
+    // The towers' preprocessing settings (pan-and-scan, mel frontend) live beside config.json.
+    if let (Some(pc), Some(obj)) = (crate::vision::read_processor_configs(dir)?, config.as_object_mut()) {
+        obj.insert(crate::vision::PROCESSOR_CONFIG_KEY.into(), pc);
+    }
     let mut tensors = HashMap::new();
     for file in weight_files(dir)? {
         tensors.extend(load_safetensors(&file)?);

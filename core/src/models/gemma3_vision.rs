@@ -8,7 +8,8 @@
 //! back. Kept in the checkpoint's dtype (mlx-vlm runs the tower in the embeddings' dtype).
 //! Pixel values come from Gemma3ImageProcessor: bilinear resize to `image_size` square,
 //! rescale 1/255, normalise with the processor's mean / std (0.5 for the released models).
-//! Pan-and-scan (extra crops) is not implemented: one view per image.
+//! Pan-and-scan (the original view plus crops of a wide or tall image) is on when the
+//! checkpoint's processor config says `do_pan_and_scan: true`, as with the reference.
 
 use mlx_rs::{Array, Dtype};
 
@@ -85,15 +86,7 @@ pub fn load(cfg: &ConfigReader, w: &mut Weights, text_hidden: i32, mm_tokens: i3
         u32::try_from(v).map_err(|_| Error::ModelLoad(format!("config.json: {key:?} must be a token id")))
     };
     let spec = ImageSpec {
-        processor: ImageProcessor {
-            height: size,
-            width: size,
-            resample: Resample::Bilinear,
-            rescale_factor: 1.0 / 255.0,
-            mean: [0.5; 3],
-            std: [0.5; 3],
-            sizing: Sizing::Fixed,
-        },
+        processor: processor(cfg, size)?,
         image_token_id: token("image_token_index", 262_144)?,
         tokens_per_image: mm_tokens as usize,
         begin_token_id: Some(token("boi_token_index", 255_999)?),
@@ -112,6 +105,50 @@ pub fn load(cfg: &ConfigReader, w: &mut Weights, text_hidden: i32, mm_tokens: i3
         soft_scale: (top_hidden as f64).sqrt(),
         dtype,
     })
+}
+
+/// Gemma3ImageProcessor for a `size` square tower: the released models' settings, overridden
+/// by the checkpoint's processor config (resample, rescale, mean / std, pan-and-scan) when the
+/// loader found one.
+fn processor(cfg: &ConfigReader, size: usize) -> Result<ImageProcessor> {
+    let mut p = ImageProcessor {
+        height: size,
+        width: size,
+        resample: Resample::Bilinear,
+        rescale_factor: 1.0 / 255.0,
+        mean: [0.5; 3],
+        std: [0.5; 3],
+        sizing: Sizing::Fixed,
+        pan_and_scan: None,
+    };
+    let Some(pc) = cfg.get(crate::vision::PROCESSOR_CONFIG_KEY).and_then(crate::vision::image_processor_config) else {
+        return Ok(p);
+    };
+    if let Some(code) = pc.get("resample").and_then(|v| v.as_i64()) {
+        p.resample = Resample::from_pil(code)?;
+    }
+    if let Some(f) = pc.get("rescale_factor").and_then(|v| v.as_f64()) {
+        p.rescale_factor = f;
+    }
+    let triple = |k: &str| -> Result<Option<[f32; 3]>> {
+        match pc.get(k) {
+            None | Some(serde_json::Value::Null) => Ok(None),
+            Some(v) => {
+                let xs: Vec<f32> = v.as_array().into_iter().flatten().filter_map(|x| x.as_f64()).map(|x| x as f32).collect();
+                <[f32; 3]>::try_from(xs)
+                    .map(Some)
+                    .map_err(|_| Error::ModelLoad(format!("image processor config: {k} must be 3 numbers")))
+            }
+        }
+    };
+    if let Some(m) = triple("image_mean")? {
+        p.mean = m;
+    }
+    if let Some(s) = triple("image_std")? {
+        p.std = s;
+    }
+    p.pan_and_scan = crate::vision::PanAndScan::from_config(pc)?;
+    Ok(p)
 }
 
 impl Gemma3Vision {

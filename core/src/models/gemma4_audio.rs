@@ -625,28 +625,21 @@ pub struct Gemma4Audio {
 
 impl Gemma4Audio {
     /// From a Gemma 4 directory: `config.json`, the tensors, and the feature extractor's fields
-    /// from `preprocessor_config.json` or `processor_config.json` when present.
+    /// from `processor_config.json` or `preprocessor_config.json` when present
+    /// ([`crate::audio::MelConfig::from_processor_configs`]).
     pub fn load(dir: &Path) -> Result<Self> {
         let tower = Gemma4AudioTower::load(dir)?;
         let cfg_path = dir.join("config.json");
         let text = std::fs::read_to_string(&cfg_path).map_err(|e| Error::io(&cfg_path, e))?;
         let cfg: serde_json::Value =
             serde_json::from_str(&text).map_err(|e| Error::ModelLoad(format!("{}: {e}", cfg_path.display())))?;
-        let mut mel = crate::audio::MelConfig::default();
-        for name in ["preprocessor_config.json", "processor_config.json"] {
-            let p = dir.join(name);
-            if let Ok(text) = std::fs::read_to_string(&p) {
-                let v: serde_json::Value =
-                    serde_json::from_str(&text).map_err(|e| Error::ModelLoad(format!("{}: {e}", p.display())))?;
-                mel = crate::audio::MelConfig::from_json(&v)?;
-                break;
-            }
-        }
+        let mel = crate::audio::MelConfig::from_processor_configs(crate::vision::read_processor_configs(dir)?.as_ref())?;
         Self::assemble(tower, mel, &cfg)
     }
 
     /// From a loaded Gemma 4 checkpoint's `config.json` and its `audio_tower.*` /
-    /// `embed_audio.*` tensors (the model loader's path; the extractor keeps mlx-vlm's defaults).
+    /// `embed_audio.*` tensors (the model loader's path; the extractor's settings from the
+    /// processor configs the loader put beside them, else mlx-vlm's defaults).
     /// `None` when the config has no `audio_config` or the tensors are absent (a stripped tower).
     pub fn from_checkpoint(cfg: &serde_json::Value, w: &mut Weights) -> Result<Option<Self>> {
         let Some(audio) = cfg.get("audio_config").filter(|v| !v.is_null()) else { return Ok(None) };
@@ -665,7 +658,8 @@ impl Gemma4Audio {
             .ok_or_else(|| Error::ModelLoad("config.json: no text_config.hidden_size".into()))? as i32;
         let tower = Gemma4AudioTower::from_weights(&mut tw, config, text_hidden)?;
         tw.finish()?;
-        Self::assemble(tower, crate::audio::MelConfig::default(), cfg).map(Some)
+        let mel = crate::audio::MelConfig::from_processor_configs(cfg.get(crate::vision::PROCESSOR_CONFIG_KEY))?;
+        Self::assemble(tower, mel, cfg).map(Some)
     }
 
     fn assemble(tower: Gemma4AudioTower, mel: crate::audio::MelConfig, cfg: &serde_json::Value) -> Result<Self> {

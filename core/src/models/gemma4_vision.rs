@@ -173,6 +173,7 @@ pub fn load(cfg: &ConfigReader, w: &mut Weights, text_hidden: i32, _dtype: Dtype
             mean: [0.0; 3],
             std: [1.0; 3],
             sizing: Sizing::PatchBudget { patch, max_patches, pooling },
+            pan_and_scan: None,
         },
         image_token_id: token("image_token_id", 258_880)?,
         tokens_per_image: max_tokens as usize,

@@ -10,7 +10,40 @@ pub mod source;
 
 use mlx_rs::Array;
 
-pub use preprocess::{ImageProcessor, Pixels, Resample, Rgb8, Sizing};
+pub use preprocess::{ImageProcessor, PanAndScan, Pixels, Resample, Rgb8, Sizing};
+
+/// The key under which a model directory's processor configs reach the model builders inside
+/// `config.json`'s value: `{file name: contents}` for `preprocessor_config.json` and
+/// `processor_config.json`, those present (each family's reference reads them in its own order).
+pub const PROCESSOR_CONFIG_KEY: &str = "weft_processor_configs";
+
+/// A model directory's processor configs (see [`PROCESSOR_CONFIG_KEY`]); `None` when it has
+/// neither file.
+pub fn read_processor_configs(dir: &std::path::Path) -> Result<Option<serde_json::Value>> {
+    let mut found = serde_json::Map::new();
+    for name in ["preprocessor_config.json", "processor_config.json"] {
+        let path = dir.join(name);
+        match std::fs::read_to_string(&path) {
+            Ok(text) => {
+                let v = serde_json::from_str(&text)
+                    .map_err(|e| crate::Error::ModelLoad(format!("{} is not valid JSON: {e}", path.display())))?;
+                found.insert(name.into(), v);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(crate::Error::io(&path, e)),
+        }
+    }
+    Ok((!found.is_empty()).then_some(serde_json::Value::Object(found)))
+}
+
+/// The image processor's settings among `configs` (a [`PROCESSOR_CONFIG_KEY`] value) as
+/// transformers' AutoImageProcessor finds them: `preprocessor_config.json`, else the
+/// `image_processor` object of `processor_config.json`.
+pub fn image_processor_config(configs: &serde_json::Value) -> Option<&serde_json::Value> {
+    configs
+        .get("preprocessor_config.json")
+        .or_else(|| configs.get("processor_config.json").and_then(|p| p.get("image_processor")))
+}
 
 use crate::Result;
 
