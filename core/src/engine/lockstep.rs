@@ -265,13 +265,21 @@ fn digest(core: &EngineCore) -> Digest {
 }
 
 /// The settings that decide scheduling and the model's shape: equal on every rank or the
-/// ranks would diverge.
+/// ranks would diverge. The layer count is left out unless a byte budget depends on it: a
+/// pipeline stage holds its own share of the layers (uneven when the ranks do not divide
+/// them), but then its rows' KV bytes differ too, and so would a KV budget's admissions or the
+/// prompt cache's evictions.
 fn settings(core: &EngineCore) -> String {
     let c = core.config();
     let i = core.model_info();
+    let layers = if c.kv_budget_bytes.is_some() || c.prompt_cache_bytes > 0 {
+        format!(" layers {} (a KV budget or prompt cache needs equal layer counts on every rank)", i.num_layers)
+    } else {
+        String::new()
+    };
     format!(
         "max_batch {} prompt_concurrency {} prefill_step_size {} kv_budget {:?} prompt_cache {} kv_bits {:?} \
-         kv_group {} quantized_kv_start {}; model vocab {} layers {} kv_heads {} head_dim {}",
+         kv_group {} quantized_kv_start {}; model vocab {} kv_heads {} head_dim {}{layers}",
         c.max_batch,
         c.prompt_concurrency,
         c.prefill_step_size,
@@ -281,7 +289,6 @@ fn settings(core: &EngineCore) -> String {
         c.kv_group_size,
         c.quantized_kv_start,
         i.vocab_size,
-        i.num_layers,
         i.kv_heads,
         i.head_dim
     )

@@ -21,8 +21,9 @@ thread_local! {
     static PLAN: crate::distributed::LoadPlan = const { RefCell::new(None) };
 }
 
-/// The `model_type`s mlx-lm pipelines over the dense stack ([`super::DenseDecoder`]).
-pub const PIPELINED_TYPES: [&str; 1] = ["qwen2"];
+/// The `model_type`s mlx-lm pipelines that Weft splits too: `qwen2` over the dense stack
+/// ([`super::DenseDecoder`]) and `qwen3_moe` over its own.
+pub const PIPELINED_TYPES: [&str; 2] = ["qwen2", "qwen3_moe"];
 
 /// Runs `load` (a model load) with this rank holding only its stage's layers over `group`.
 /// Errors if the architecture has no pipeline split, rather than loading it whole.
