@@ -33,9 +33,9 @@ sys.path.insert(0, str(HERE))
 import make_goldens as mg  # noqa: E402  (the project's own golden helpers)
 import mlx_lm.utils as lm_utils  # noqa: E402
 
-MODELS = ["llama-fp32", "llama-4bit", "qwen3", "qwen2", "qwen3_moe"]
+MODELS = ["llama-fp32", "llama-4bit", "qwen3", "qwen2", "qwen3_moe", "ministral3"]
 # mlx-lm pipelines (PipelineMixin) these of the tiny models (no llama or qwen3).
-PIPELINE_MODELS = ["qwen2", "qwen3_moe"]
+PIPELINE_MODELS = ["qwen2", "qwen3_moe", "ministral3"]
 # Models whose sharded (and pipelined) runs also get a BatchGenerator continuous schedule
 # (rows joining and leaving a batch, chunked prefill), replayed through Weft's engine.
 SCHEDULE_MODELS = ["qwen3_moe"]

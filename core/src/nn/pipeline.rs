@@ -21,9 +21,9 @@ thread_local! {
     static PLAN: crate::distributed::LoadPlan = const { RefCell::new(None) };
 }
 
-/// The `model_type`s mlx-lm pipelines that Weft splits too: `qwen2` over the dense stack
-/// ([`super::DenseDecoder`]) and `qwen3_moe` over its own.
-pub const PIPELINED_TYPES: [&str; 2] = ["qwen2", "qwen3_moe"];
+/// The `model_type`s mlx-lm pipelines that Weft splits too: `qwen2` and `ministral3` over the
+/// dense stack ([`super::DenseDecoder`]) and `qwen3_moe` over its own.
+pub const PIPELINED_TYPES: [&str; 3] = ["qwen2", "ministral3", "qwen3_moe"];
 
 /// Runs `load` (a model load) with this rank holding only its stage's layers over `group`.
 /// Errors if the architecture has no pipeline split, rather than loading it whole.

@@ -2,7 +2,7 @@
 //! applied while a model loads: each rank keeps its slice of every projection and the partial
 //! results meet in one `all_sum` per block half.
 //!
-//! For the Llama family (llama/mistral, qwen2, qwen3) and Qwen3-MoE every layer's `q/k/v_proj` and
+//! For the Llama family (llama/mistral, qwen2, qwen3, ministral3) and Qwen3-MoE every layer's `q/k/v_proj` and
 //! `gate/up_proj` are *all-to-sharded* (rank `r` keeps output rows `r*n/N .. (r+1)*n/N` of the
 //! weight, its quantization scales/biases and its bias), and `o_proj` and `down_proj` are
 //! *sharded-to-all* (rank `r` keeps the same slice of input columns; `x @ w^T` is summed over
@@ -41,10 +41,10 @@ pub(crate) fn take_group() -> Option<Group> {
 }
 
 /// The `model_type`s whose mlx-lm `shard()` is the scheme above.
-pub const SHARDED_TYPES: [&str; 4] = ["llama", "qwen2", "qwen3", "qwen3_moe"];
+pub const SHARDED_TYPES: [&str; 5] = ["llama", "qwen2", "qwen3", "ministral3", "qwen3_moe"];
 
 /// Those of them over [`super::DenseDecoder`].
-const DENSE_SHARDED_TYPES: [&str; 3] = ["llama", "qwen2", "qwen3"];
+const DENSE_SHARDED_TYPES: [&str; 4] = ["llama", "qwen2", "qwen3", "ministral3"];
 
 /// Slices `w` to this rank's part and divides `spec`'s heads and intermediate size.
 pub(crate) fn shard_dense(w: &mut Weights, spec: &mut DenseDecoderSpec, group: &Group) -> Result<()> {
