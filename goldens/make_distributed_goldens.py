@@ -32,10 +32,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import make_goldens as mg  # noqa: E402  (the project's own golden helpers)
 import mlx_lm.utils as lm_utils  # noqa: E402
+from mlx_lm.generate import generation_stream  # noqa: E402
 
 MODELS = ["llama-fp32", "llama-4bit", "qwen3", "qwen2", "qwen3_moe", "ministral3"]
 # mlx-lm pipelines (PipelineMixin) these of the tiny models (no llama or qwen3).
-PIPELINE_MODELS = ["qwen2", "qwen3_moe", "ministral3"]
+PIPELINE_MODELS = ["qwen2", "qwen3_moe", "ministral3", "qwen3_next", "qwen3_5"]
+# Pipelined only: mlx-lm 0.32.2 has no shard() for qwen3_next; Weft shards no qwen3_5 yet.
+PIPELINE_ONLY_MODELS = ["qwen3_next", "qwen3_5"]
 # Models whose sharded (and pipelined) runs also get a BatchGenerator continuous schedule
 # (rows joining and leaving a batch, chunked prefill), replayed through Weft's engine.
 SCHEDULE_MODELS = ["qwen3_moe"]
@@ -76,6 +79,15 @@ def compare(runs, single, key):
         c["single_tokens"] = s["tokens"]
 
 
+def settle():
+    """Waits for the work a generation left queued: generate_step evaluates one step ahead, and
+    a sharded step still in flight holds collectives that the next case's (or the rank check's
+    all_gather) could otherwise interleave with on the other stream, mixing their bytes (seen:
+    "ranks disagree" on a busy machine). Only the order of work changes, not any result."""
+    mx.synchronize(generation_stream)
+    mx.synchronize()
+
+
 def check_ranks_agree(group, name, runs):
     flat = [float(t) for c in runs for t in c["tokens"]] + [v for c in runs for v in c["first_logits"]]
     assert same_on_every_rank(group, flat), f"{name}: ranks disagree"
@@ -88,6 +100,7 @@ def cases_for(name, model, vocab):
     out = []
     for p, step in runs:
         res, _ = mg.single_greedy(model, p, MAX_TOKENS, prefill_step_size=step)
+        settle()
         out.append({k: res[k] for k in ("prompt_ids", "prefill_step_size", "tokens", "first_logits")})
     return out
 
@@ -107,6 +120,7 @@ def schedule_rows(name, vocab):
 def schedule_for(group, name, model, single_model, vocab, key):
     rows = schedule_rows(name, vocab)
     s = mg.run_schedule(model, rows, SCHEDULE_PREFILL_STEP)
+    settle()
     single = mg.run_schedule(single_model, rows, SCHEDULE_PREFILL_STEP)
     flat = [float(t) for r in s["rows"] for t in r["tokens"]]
     assert same_on_every_rank(group, flat), f"{name}: ranks disagree on the {key} schedule"
@@ -139,26 +153,31 @@ def main():
             "likewise. tp_schedule / pipeline_schedule (some models): make_goldens.run_schedule "
             "(BatchGenerator, greedy, prefill_step_size 8; its events left out) on the sharded / "
             "pipelined model; *_equals_single: a row's tokens equal the unsharded model's run "
-            "of the same schedule."
+            "of the same schedule. Models without tp (qwen3_next, qwen3_5): pipelined only."
         ),
         "models": {},
     }
-    for name in MODELS:
+    for name in MODELS + PIPELINE_ONLY_MODELS:
         model_dir = mg.MODELS_DIR / name
         whole, config = lm_utils.load_model(model_dir)
-        sharded, _ = lm_utils.load_model(model_dir)
-        sharded.shard(group)
-        mx.eval(whole.parameters(), sharded.parameters())
-        tp = cases_for(name, sharded, config["vocab_size"])
+        mx.eval(whole.parameters())
+        # qwen3_5 keeps its text model's settings under text_config.
+        config = {**config.get("text_config", {}), **config}
         single = cases_for(name, whole, config["vocab_size"])
-        check_ranks_agree(group, name, tp)
-        compare(tp, single, "tp")
-        doc["models"][name] = {"model_dir": f"goldens/models/{name}", "tp": tp}
-        if name in SCHEDULE_MODELS:
-            doc["models"][name]["tp_schedule"] = schedule_for(group, name, sharded, whole, config["vocab_size"], "tp")
-        if group.rank() == 0:
-            eq = sum(c["tp_equals_single"] for c in tp)
-            print(f"[distributed goldens] {name}: tp tokens == 1-rank tokens in {eq}/{len(tp)} cases", flush=True)
+        doc["models"][name] = {"model_dir": f"goldens/models/{name}"}
+        if name not in PIPELINE_ONLY_MODELS:
+            sharded, _ = lm_utils.load_model(model_dir)
+            sharded.shard(group)
+            mx.eval(sharded.parameters())
+            tp = cases_for(name, sharded, config["vocab_size"])
+            check_ranks_agree(group, name, tp)
+            compare(tp, single, "tp")
+            doc["models"][name]["tp"] = tp
+            if name in SCHEDULE_MODELS:
+                doc["models"][name]["tp_schedule"] = schedule_for(group, name, sharded, whole, config["vocab_size"], "tp")
+            if group.rank() == 0:
+                eq = sum(c["tp_equals_single"] for c in tp)
+                print(f"[distributed goldens] {name}: tp tokens == 1-rank tokens in {eq}/{len(tp)} cases", flush=True)
         if name in PIPELINE_MODELS:
             piped, _ = lm_utils.load_model(model_dir)
             piped.model.pipeline(group)
