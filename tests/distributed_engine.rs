@@ -5,7 +5,8 @@
 //! seeded sampled row and a row cancelled mid-decode); rank 1 follows its plans. Both ranks'
 //! rows must equal each other, the single-process engine's run of the same schedule, and
 //! (greedy rows) mlx-lm's tokens. The same schedule runs pipelined over qwen2's layers too
-//! (the split changes no arithmetic, so it equals the single-process engine exactly). Qwen3-MoE
+//! (the split changes no arithmetic, so it equals the single-process engine exactly), and over
+//! qwen3_5's hybrid layers (recurrent state in both stages). Qwen3-MoE
 //! (experts sharded, and pipelined) replays mlx-lm's own 2-rank BatchGenerator schedules
 //! (goldens/distributed.json) and must equal their tokens. Every wait is bounded; the ranks are
 //! killed on failure.
@@ -31,8 +32,9 @@ const RESULT_PREFIX: &str = "WEFT_RANK_RESULT ";
 const RANKS_DEADLINE: Duration = Duration::from_secs(240);
 /// The schedule's source (mlx-lm's BatchGenerator run of this model).
 const MODEL: &str = "llama-fp32";
-/// (model, how it is split across the ranks).
-const RUNS: [(&str, &str); 2] = [(MODEL, "tp"), ("qwen2", "pipeline")];
+/// (model, how it is split across the ranks). qwen3_5: the hybrid stack (gated DeltaNet
+/// recurrent state and KV caches in each stage), its prompts' ids taken modulo its vocabulary.
+const RUNS: [(&str, &str); 3] = [(MODEL, "tp"), ("qwen2", "pipeline"), ("qwen3_5", "pipeline")];
 /// Qwen3-MoE, split both ways: replays of mlx-lm's 2-rank schedules (`{mode}_schedule`).
 const MOE_RUNS: [(&str, &str); 2] = [("qwen3_moe", "tp"), ("qwen3_moe", "pipeline")];
 /// The long row is cancelled once it has this many tokens.
@@ -156,7 +158,12 @@ fn recorder(outs: &Outcomes, id: u64) -> weft::engine::Sink {
 
 /// Runs the schedule step by step (row ids 1..); returns every row's outcome.
 fn run_schedule(d: &mut dyn Driver, info: &weft::models::ModelInfo) -> Outcomes {
-    run_rows(d, info, schedule(), &config(), true)
+    let vocab = info.vocab_size as u32;
+    let mut rows = schedule();
+    for r in &mut rows {
+        r.prompt.iter_mut().for_each(|t| *t %= vocab);
+    }
+    run_rows(d, info, rows, &config(), true)
 }
 
 /// Runs `rows` step by step (row ids 1..), cancelling the last row mid-decode if `cancel`.
