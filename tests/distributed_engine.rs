@@ -5,8 +5,11 @@
 //! seeded sampled row and a row cancelled mid-decode); rank 1 follows its plans. Both ranks'
 //! rows must equal each other, the single-process engine's run of the same schedule, and
 //! (greedy rows) mlx-lm's tokens. The same schedule runs pipelined over qwen2's layers too
-//! (the split changes no arithmetic, so it equals the single-process engine exactly). Every
-//! wait is bounded; the ranks are killed on failure.
+//! (the split changes no arithmetic, so it equals the single-process engine exactly), and over
+//! qwen3_5's hybrid layers (recurrent state in both stages). Qwen3-MoE
+//! (experts sharded, and pipelined) replays mlx-lm's own 2-rank BatchGenerator schedules
+//! (goldens/distributed.json) and must equal their tokens. Every wait is bounded; the ranks are
+//! killed on failure.
 
 mod support;
 
@@ -29,8 +32,11 @@ const RESULT_PREFIX: &str = "WEFT_RANK_RESULT ";
 const RANKS_DEADLINE: Duration = Duration::from_secs(240);
 /// The schedule's source (mlx-lm's BatchGenerator run of this model).
 const MODEL: &str = "llama-fp32";
-/// (model, how it is split across the ranks).
-const RUNS: [(&str, &str); 2] = [(MODEL, "tp"), ("qwen2", "pipeline")];
+/// (model, how it is split across the ranks). qwen3_5: the hybrid stack (gated DeltaNet
+/// recurrent state and KV caches in each stage), its prompts' ids taken modulo its vocabulary.
+const RUNS: [(&str, &str); 3] = [(MODEL, "tp"), ("qwen2", "pipeline"), ("qwen3_5", "pipeline")];
+/// Qwen3-MoE, split both ways: replays of mlx-lm's 2-rank schedules (`{mode}_schedule`).
+const MOE_RUNS: [(&str, &str); 2] = [("qwen3_moe", "tp"), ("qwen3_moe", "pipeline")];
 /// The long row is cancelled once it has this many tokens.
 const CANCEL_AFTER_TOKENS: usize = 3;
 
@@ -46,6 +52,33 @@ fn config() -> EngineConfig {
     let g = golden(MODEL);
     let prefill = g["schedule_chunked"]["prefill_step_size"].as_u64().unwrap() as usize;
     EngineConfig { max_batch: 2, prompt_concurrency: 2, prefill_step_size: prefill, ..Default::default() }
+}
+
+/// mlx-lm's 2-rank schedule of `model` split by `mode`.
+fn moe_schedule(model: &str, mode: &str) -> Value {
+    golden("distributed")["models"][model][format!("{mode}_schedule")].clone()
+}
+
+/// BatchGenerator's own limits (prefill_batch_size 8, completion_batch_size 32, at least the
+/// 5 rows) and the schedule's prefill step, so rows join as in mlx-lm's run.
+fn moe_config(schedule: &Value) -> EngineConfig {
+    let prefill = schedule["prefill_step_size"].as_u64().unwrap() as usize;
+    EngineConfig { max_batch: 8, prompt_concurrency: 8, prefill_step_size: prefill, ..Default::default() }
+}
+
+/// The rows of a golden schedule, greedy.
+fn golden_rows(schedule: &Value) -> Vec<Row> {
+    schedule["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| Row {
+            at_step: r["at_step"].as_u64().unwrap(),
+            prompt: ids(&r["prompt_ids"]),
+            max_tokens: r["max_tokens"].as_u64().unwrap() as usize,
+            sampling: SamplingParams::greedy(),
+        })
+        .collect()
 }
 
 /// mlx-lm's chunked schedule, then a seeded sampled row and a long row that is cancelled.
@@ -125,9 +158,18 @@ fn recorder(outs: &Outcomes, id: u64) -> weft::engine::Sink {
 
 /// Runs the schedule step by step (row ids 1..); returns every row's outcome.
 fn run_schedule(d: &mut dyn Driver, info: &weft::models::ModelInfo) -> Outcomes {
+    let vocab = info.vocab_size as u32;
+    let mut rows = schedule();
+    for r in &mut rows {
+        r.prompt.iter_mut().for_each(|t| *t %= vocab);
+    }
+    run_rows(d, info, rows, &config(), true)
+}
+
+/// Runs `rows` step by step (row ids 1..), cancelling the last row mid-decode if `cancel`.
+fn run_rows(d: &mut dyn Driver, info: &weft::models::ModelInfo, rows: Vec<Row>, config: &EngineConfig, cancel: bool) -> Outcomes {
     let outs: Outcomes = Arc::default();
-    let rows = schedule();
-    let cancelled = rows.len() as u64;
+    let cancelled = if cancel { rows.len() as u64 } else { 0 };
     let mut next = 0;
     let mut cancel_sent = false;
     for _ in 0..10_000 {
@@ -135,7 +177,7 @@ fn run_schedule(d: &mut dyn Driver, info: &weft::models::ModelInfo) -> Outcomes 
             let id = next as u64 + 1;
             let mut req = greedy(rows[next].prompt.clone(), rows[next].max_tokens);
             req.sampling = rows[next].sampling.clone();
-            d.enqueue(prepare(id, req, recorder(&outs, id), None, info, &[], &config()).unwrap());
+            d.enqueue(prepare(id, req, recorder(&outs, id), None, info, &[], config).unwrap());
             next += 1;
         }
         let progress = outs.lock().unwrap().get(&cancelled).map(|o| (o.tokens.len(), o.finals));
@@ -165,14 +207,8 @@ fn engine_rank_entry() {
     assert!(std::env::var_os(RANK_ENV).is_some(), "run as a rank by the other test of this file, not by hand");
     let group = Group::init_from_env().expect("join the group");
     for (model, mode) in RUNS {
-        let dir = tiny_model_dir(model);
-        let loaded = match mode {
-            "tp" => with_tensor_parallel(&group, || weft::loading::load(&dir)),
-            _ => with_pipeline(&group, || weft::loading::load(&dir)),
-        }
-        .unwrap();
+        let loaded = load_split(&group, model, mode);
         let info = loaded.model.info().clone();
-        let opts = LockstepOptions { rank_timeout: Duration::from_secs(60), startup_timeout: Duration::from_secs(120) };
         let outs = if group.rank() == 0 {
             let mut ls = LockstepCore::new(EngineCore::new(loaded, config()), group.clone());
             ls.step(Step::Idle).expect("the first exchange");
@@ -180,16 +216,47 @@ fn engine_rank_entry() {
             ls.step(Step::Shutdown).expect("shut the group down");
             outs
         } else {
-            let outs: Outcomes = Arc::default();
-            let sinks = {
-                let outs = Arc::clone(&outs);
-                Box::new(move |id| recorder(&outs, id)) as weft::engine::FollowerSinks
-            };
-            follow(loaded, config(), group.clone(), opts, Some(sinks)).expect("follow rank 0");
-            outs
+            follow_with(loaded, config(), &group)
         };
         println!("{RESULT_PREFIX}{}", json!({"rank": group.rank(), "model": model, "mode": mode, "rows": outcomes_json(&outs)}));
     }
+    for (model, mode) in MOE_RUNS {
+        let schedule = moe_schedule(model, mode);
+        let config = moe_config(&schedule);
+        let loaded = load_split(&group, model, mode);
+        let info = loaded.model.info().clone();
+        let outs = if group.rank() == 0 {
+            let mut ls = LockstepCore::new(EngineCore::new(loaded, config.clone()), group.clone());
+            ls.step(Step::Idle).expect("the first exchange");
+            let outs = run_rows(&mut ls, &info, golden_rows(&schedule), &config, false);
+            ls.step(Step::Shutdown).expect("shut the group down");
+            outs
+        } else {
+            follow_with(loaded, config, &group)
+        };
+        println!("{RESULT_PREFIX}{}", json!({"rank": group.rank(), "model": model, "mode": mode, "rows": outcomes_json(&outs)}));
+    }
+}
+
+fn load_split(group: &Group, model: &str, mode: &str) -> weft::loading::LoadedModel {
+    let dir = tiny_model_dir(model);
+    match mode {
+        "tp" => with_tensor_parallel(group, || weft::loading::load(&dir)),
+        _ => with_pipeline(group, || weft::loading::load(&dir)),
+    }
+    .unwrap()
+}
+
+/// A follower's run: its rows' outcomes once rank 0 shut the group down.
+fn follow_with(loaded: weft::loading::LoadedModel, config: EngineConfig, group: &Group) -> Outcomes {
+    let outs: Outcomes = Arc::default();
+    let sinks = {
+        let outs = Arc::clone(&outs);
+        Box::new(move |id| recorder(&outs, id)) as weft::engine::FollowerSinks
+    };
+    let opts = LockstepOptions { rank_timeout: Duration::from_secs(60), startup_timeout: Duration::from_secs(120) };
+    follow(loaded, config, group.clone(), opts, Some(sinks)).expect("follow rank 0");
+    outs
 }
 
 /// The single-process engine's rows for the schedule on `model`.
@@ -224,10 +291,21 @@ fn engine_across_2_ranks_equals_the_single_process_engine() {
             .lines()
             .filter_map(|l| l.find(RESULT_PREFIX).map(|i| serde_json::from_str(&l[i + RESULT_PREFIX.len()..]).unwrap()))
             .collect();
-        assert_eq!(lines.len(), RUNS.len(), "rank {rank}: one result per run:\n{out}");
+        assert_eq!(lines.len(), RUNS.len() + MOE_RUNS.len(), "rank {rank}: one result per run:\n{out}");
         for ((got, (model, mode)), want) in lines.iter().zip(RUNS).zip(&want) {
             assert_eq!((got["rank"].as_u64(), got["model"].as_str(), got["mode"].as_str()), (Some(rank as u64), Some(model), Some(mode)));
             assert_eq!(&got["rows"], want, "{model} {mode}: rank {rank}'s rows vs the single-process engine's");
+        }
+        for (got, (model, mode)) in lines[RUNS.len()..].iter().zip(MOE_RUNS) {
+            assert_eq!((got["rank"].as_u64(), got["model"].as_str(), got["mode"].as_str()), (Some(rank as u64), Some(model), Some(mode)));
+            let golden_rows = moe_schedule(model, mode)["rows"].as_array().unwrap().clone();
+            let rows = got["rows"].as_array().unwrap();
+            assert_eq!(rows.len(), golden_rows.len(), "{model} {mode}: rank {rank}: every row of mlx-lm's schedule");
+            for (r, w) in rows.iter().zip(&golden_rows) {
+                let what = format!("{model} {mode}: rank {rank}, row {} of mlx-lm's 2-rank schedule", w["id"]);
+                assert_eq!((&r["error"], &r["finals"], &r["finish"]), (&Value::Null, &json!(1), &json!("Some(Length)")), "{what}");
+                assert_eq!(ids(&r["tokens"]), ids(&w["tokens"]), "{what}: tokens");
+            }
         }
     }
 }

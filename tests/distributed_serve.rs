@@ -130,6 +130,39 @@ fn chat(max_tokens: usize, ignore_eos: bool) -> String {
     .to_string()
 }
 
+/// Requests with a grammar: JSON mode, a JSON schema, and a forced tool call (greedy, short).
+fn constrained_requests() -> Vec<(&'static str, serde_json::Value)> {
+    let user = serde_json::json!([{"role": "user", "content": "Give me a small JSON object"}]);
+    vec![
+        ("json_object", serde_json::json!({
+            "messages": user, "max_tokens": 16, "temperature": 0, "response_format": {"type": "json_object"},
+        })),
+        ("json_schema", serde_json::json!({
+            "messages": user, "max_tokens": 16, "temperature": 0,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {
+                "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}},
+        })),
+        ("tools", serde_json::json!({
+            "messages": user, "max_tokens": 48, "temperature": 0, "tool_choice": "required",
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {
+                "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}],
+        })),
+    ]
+}
+
+/// A non-streamed response's first choice (its message and finish reason).
+fn choice(body: &str) -> serde_json::Value {
+    let mut v: serde_json::Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    let mut c = v["choices"][0].take();
+    // Tool-call ids are fresh per response.
+    if let Some(calls) = c["message"]["tool_calls"].as_array_mut() {
+        for call in calls {
+            call["id"] = serde_json::Value::Null;
+        }
+    }
+    c
+}
+
 /// The streamed content deltas, in order, and whether an error event came.
 fn deltas(body: &str) -> (Vec<String>, bool) {
     let mut out = Vec::new();
@@ -200,6 +233,18 @@ fn serve_across_2_ranks_streams_single_process_tokens_and_fails_cleanly_when_a_r
     assert_eq!(status, 200, "{body}");
     let (want, error) = deltas(&body);
     assert!(!error && !want.is_empty(), "{body}");
+    let want_constrained: std::collections::HashMap<&str, serde_json::Value> = constrained_requests()
+        .into_iter()
+        .map(|(what, req)| {
+            let (status, body) = http(&single.addr, "POST", "/v1/chat/completions", &req.to_string());
+            assert_eq!(status, 200, "{what}: {body}");
+            (what, choice(&body))
+        })
+        .collect();
+    assert!(want_constrained["tools"]["message"]["tool_calls"][0]["function"]["name"] == "f", "{want_constrained:?}");
+    let (_, stats) = http(&single.addr, "GET", "/stats", "");
+    let stats: serde_json::Value = serde_json::from_str(&stats).unwrap();
+    assert!(stats.get("ranks").is_none(), "a single process reports no ranks: {stats}");
     drop(single);
 
     let dir = tempfile::tempdir().unwrap();
@@ -211,21 +256,28 @@ fn serve_across_2_ranks_streams_single_process_tokens_and_fails_cleanly_when_a_r
     assert!(!error, "{body}");
     assert_eq!(got, want, "2-rank serve vs single-process serve: streamed deltas");
     assert_eq!(http(&ranks.addr, "GET", "/health", "").0, 200);
-    // What the ranks cannot reproduce yet is refused at submit, naming it.
-    let tools = serde_json::json!({
-        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
-        "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}],
-    });
-    let (status, body) = http(&ranks.addr, "POST", "/v1/chat/completions", &tools.to_string());
-    assert_eq!(status, 400, "{body}");
-    assert!(body.contains("tools across ranks"), "{body}");
-    let json_mode = serde_json::json!({
-        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "response_format": {"type": "json_object"},
-    });
-    let (status, body) = http(&ranks.addr, "POST", "/v1/chat/completions", &json_mode.to_string());
-    assert_eq!(status, 400, "{body}");
-    assert!(body.contains("constrained output across ranks"), "{body}");
-    assert_eq!(http(&ranks.addr, "GET", "/health", "").0, 200, "refused requests leave the group healthy");
+    // /stats: every rank's device and MLX memory, gathered by rank 0 with the step plans.
+    let (status, stats) = http(&ranks.addr, "GET", "/stats", "");
+    assert_eq!(status, 200, "{stats}");
+    let stats: serde_json::Value = serde_json::from_str(&stats).unwrap();
+    let per_rank = stats["ranks"].as_array().unwrap_or_else(|| panic!("no ranks in /stats: {stats}"));
+    assert_eq!(per_rank.len(), 2, "{stats}");
+    for (r, s) in per_rank.iter().enumerate() {
+        assert_eq!(s["rank"], r, "{stats}");
+        assert!(s["device"].as_str().is_some_and(|d| d.starts_with("cpu")), "rank {r}'s device: {stats}");
+        let (active, peak) = (s["mlx_active_bytes"].as_u64().unwrap(), s["mlx_peak_bytes"].as_u64().unwrap());
+        // Each rank holds its shard of the weights; its peak covers its prefill and decode.
+        assert!(active > 0 && peak >= active, "rank {r}'s memory: {stats}");
+        assert!(s["mlx_cache_bytes"].is_u64(), "{stats}");
+    }
+    // Constrained output and tools: every rank runs the same grammar over the same tokens, so
+    // the rows equal the single-process server's.
+    for (what, req) in constrained_requests() {
+        let (status, body) = http(&ranks.addr, "POST", "/v1/chat/completions", &req.to_string());
+        assert_eq!(status, 200, "{what}: {body}");
+        assert_eq!(choice(&body), want_constrained[what], "{what}: 2-rank serve vs single-process serve");
+    }
+    assert_eq!(http(&ranks.addr, "GET", "/health", "").0, 200, "constrained rows leave the group healthy");
 
     // A long stream in flight; the follower is stopped (so the stream cannot finish) and then
     // killed.

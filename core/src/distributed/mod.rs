@@ -35,6 +35,16 @@ fn backend_name(backend: &str) -> Result<std::ffi::CString> {
     Ok(std::ffi::CString::new(backend).expect("backend names have no NUL"))
 }
 
+/// This process's MLX device as a rank reports it: `cpu` or `gpu`, then MLX's device name when
+/// the backend gives one (`device_info`'s `device_name`, e.g. `gpu: NVIDIA H200`).
+pub fn device_name() -> String {
+    let kind = crate::default_device();
+    match raw::default_device_name() {
+        Some(name) => format!("{kind}: {}", name.trim()),
+        None => kind.to_string(),
+    }
+}
+
 /// A group of ranks (MLX `mx.distributed.Group`). Cheap to clone; the MLX group is freed with
 /// the last clone.
 #[derive(Clone)]

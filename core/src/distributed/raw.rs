@@ -128,3 +128,35 @@ pub(super) fn collective(op: impl FnOnce(*mut mlx_sys::mlx_array, mlx_sys::mlx_s
     // SAFETY: set by the successful op; owned from here on.
     Ok(unsafe { Array::from_ptr(res) })
 }
+
+/// MLX's `device_info(default_device())["device_name"]`, when the backend names its device.
+pub(super) fn default_device_name() -> Option<String> {
+    const KEY: &CStr = c"device_name";
+    // SAFETY: a fresh device and info object, filled by mlx-c and freed on every path; the
+    // name is copied out before the info object that owns it is freed.
+    let (_, name, _) = captured(|| unsafe {
+        let mut dev = mlx_sys::mlx_device_new();
+        let mut info = mlx_sys::mlx_device_info_new();
+        let mut name = None;
+        let mut status = mlx_sys::mlx_get_default_device(&mut dev);
+        if status == 0 {
+            status = mlx_sys::mlx_device_info_get(&mut info, dev);
+        }
+        let (mut exists, mut is_string) = (false, false);
+        if status == 0
+            && mlx_sys::mlx_device_info_has_key(&mut exists, info, KEY.as_ptr()) == 0
+            && exists
+            && mlx_sys::mlx_device_info_is_string(&mut is_string, info, KEY.as_ptr()) == 0
+            && is_string
+        {
+            let mut p: *const c_char = std::ptr::null();
+            if mlx_sys::mlx_device_info_get_string(&mut p, info, KEY.as_ptr()) == 0 && !p.is_null() {
+                name = Some(CStr::from_ptr(p).to_string_lossy().into_owned());
+            }
+        }
+        mlx_sys::mlx_device_info_free(info);
+        mlx_sys::mlx_device_free(dev);
+        (status, name)
+    });
+    name.filter(|n| !n.trim().is_empty())
+}

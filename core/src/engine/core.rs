@@ -36,6 +36,11 @@ impl EngineCore {
         self.executor.model().info()
     }
 
+    /// The model's tokenizer (a follower rank compiles rank 0's grammars with it).
+    pub(crate) fn tokenizer(&self) -> Option<&crate::tokenizer::Tokenizer> {
+        self.executor.tokenizer()
+    }
+
     pub fn enqueue(&mut self, sub: Submission) {
         self.scheduler.push(sub);
     }
@@ -186,6 +191,7 @@ impl EngineCore {
             decode_mask_wait_s: self.executor.timing.mask_wait.as_secs_f64(),
             mlx_active_bytes,
             mlx_cache_bytes,
+            ranks: Vec::new(),
         }
     }
 }

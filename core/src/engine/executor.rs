@@ -148,6 +148,10 @@ impl<M: ModelHandle> Executor<M> {
         self
     }
 
+    pub(super) fn tokenizer(&self) -> Option<&Tokenizer> {
+        self.tokenizer.as_ref()
+    }
+
     pub fn model(&self) -> &dyn LanguageModel {
         self.model.get()
     }

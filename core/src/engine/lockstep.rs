@@ -13,7 +13,9 @@
 //! tokens: it needs no change to the pipelined executor and no extra exchange per step.
 //!
 //! Each exchange also carries every rank's state digest (steps, tokens, finished rows, row
-//! counts), so a rank that diverged is a clear error on all ranks instead of garbage or a hang.
+//! counts), so a rank that diverged is a clear error on all ranks instead of garbage or a hang,
+//! and its MLX memory (active, peak, buffer cache; the first exchange also its device name),
+//! so rank 0 reports every rank in its stats ([`RankStats`]) without a collective of its own.
 //! Only rank 0's sinks see events; a consumer that goes away is cancelled through the next
 //! plan (not by the executor mid-step), and flow-control pauses are not used across ranks.
 //!
@@ -34,9 +36,11 @@ use serde::{Deserialize, Serialize};
 
 use super::{events, Command, Engine, EngineConfig, EngineCore, EngineStats, Event, EventSink, Health, Input, Request};
 use super::{RequestId, Sink, Submission};
+use crate::constrain::{Constraint, Trigger, Triggered};
 use crate::distributed::Group;
 use crate::loading::LoadedModel;
 use crate::sampling::SamplingParams;
+use crate::tools::{ToolChoice, ToolFormat, Tools};
 use crate::{Error, Result};
 
 /// Timeouts of a rank group.
@@ -76,6 +80,104 @@ struct WireRequest {
     stop_token_ids: Vec<u32>,
     capture_first_logits: usize,
     logprobs: Option<usize>,
+    /// The row's grammar (its own or its tools'): every rank compiles it and runs the same
+    /// matcher over the same tokens, so the masks, and the tokens they allow, agree.
+    constraint: Option<WireConstraint>,
+    /// What decides where a row with tools ends (its call parser and call limit).
+    tools: Option<WireTools>,
+}
+
+/// [`Constraint`] as the plan carries it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+enum WireConstraint {
+    JsonSchema(serde_json::Value),
+    JsonObject,
+    Regex(String),
+    Lark(String),
+    Choice(Vec<String>),
+    /// Triggers as (text, included, at_start).
+    Triggered { triggers: Vec<(String, bool, bool)>, lark: String },
+}
+
+impl From<&Constraint> for WireConstraint {
+    fn from(c: &Constraint) -> Self {
+        match c {
+            Constraint::JsonSchema(v) => WireConstraint::JsonSchema(v.clone()),
+            Constraint::JsonObject => WireConstraint::JsonObject,
+            Constraint::Regex(r) => WireConstraint::Regex(r.clone()),
+            Constraint::Lark(l) => WireConstraint::Lark(l.clone()),
+            Constraint::Choice(c) => WireConstraint::Choice(c.clone()),
+            Constraint::Triggered(t) => WireConstraint::Triggered {
+                triggers: t.triggers.iter().map(|t| (t.text.clone(), t.included, t.at_start)).collect(),
+                lark: t.lark.clone(),
+            },
+        }
+    }
+}
+
+impl From<WireConstraint> for Constraint {
+    fn from(c: WireConstraint) -> Self {
+        match c {
+            WireConstraint::JsonSchema(v) => Constraint::JsonSchema(v),
+            WireConstraint::JsonObject => Constraint::JsonObject,
+            WireConstraint::Regex(r) => Constraint::Regex(r),
+            WireConstraint::Lark(l) => Constraint::Lark(l),
+            WireConstraint::Choice(c) => Constraint::Choice(c),
+            WireConstraint::Triggered { triggers, lark } => Constraint::Triggered(Triggered {
+                triggers: triggers.into_iter().map(|(text, included, at_start)| Trigger { text, included, at_start }).collect(),
+                lark,
+            }),
+        }
+    }
+}
+
+/// The part of a request's [`Tools`] a row's end depends on (its call parser and limit); the
+/// specs only matter to rank 0's faces.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct WireTools {
+    /// `auto`, `none`, `required`, or `function:` and the name.
+    choice: String,
+    parallel: bool,
+    format: Option<String>,
+    opening: String,
+}
+
+impl WireTools {
+    fn of(t: &Tools) -> Self {
+        let choice = match &t.choice {
+            ToolChoice::Auto => "auto".to_string(),
+            ToolChoice::None => "none".to_string(),
+            ToolChoice::Required => "required".to_string(),
+            ToolChoice::Function(name) => format!("function:{name}"),
+        };
+        let format = t.format.map(|f| {
+            match f {
+                ToolFormat::Hermes => "hermes",
+                ToolFormat::Llama3Json => "llama3_json",
+                ToolFormat::Mistral => "mistral",
+            }
+            .to_string()
+        });
+        WireTools { choice, parallel: t.parallel, format, opening: t.opening.clone() }
+    }
+
+    fn tools(self) -> Result<Tools> {
+        let bad = || Error::EngineFailed(format!("a step plan from rank 0 has unknown tools settings {self:?}"));
+        let choice = match self.choice.as_str() {
+            "auto" => ToolChoice::Auto,
+            "none" => ToolChoice::None,
+            "required" => ToolChoice::Required,
+            other => ToolChoice::Function(other.strip_prefix("function:").ok_or_else(bad)?.to_string()),
+        };
+        let format = match self.format.as_deref() {
+            None => None,
+            Some("hermes") => Some(ToolFormat::Hermes),
+            Some("llama3_json") => Some(ToolFormat::Llama3Json),
+            Some("mistral") => Some(ToolFormat::Mistral),
+            Some(_) => return Err(bad()),
+        };
+        Ok(Tools { specs: Vec::new(), choice, parallel: self.parallel, format, opening: self.opening })
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -103,9 +205,27 @@ struct Plan {
     settings: Option<String>,
 }
 
-/// Values per rank in the exchange's header (the rank's state digest).
+/// Values per rank in the exchange's header: the rank's state digest, then its memory.
 const DIGEST: usize = 4;
 type Digest = [i32; DIGEST];
+/// MLX's active, peak and cache bytes, each as two 32-bit halves.
+const MEMORY: usize = 6;
+const SLOT: usize = DIGEST + MEMORY;
+/// The first exchange also carries each rank's device name, this many bytes (4 per value).
+const NAME_BYTES: usize = 64;
+
+/// One rank's device and MLX memory, as of the last step plan exchange (rank 0's
+/// [`EngineStats::ranks`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct RankStats {
+    pub rank: usize,
+    /// The rank's MLX device: `cpu` or `gpu`, then MLX's device name when it has one
+    /// (`gpu: NVIDIA H200`), cut to 64 bytes.
+    pub device: String,
+    pub mlx_active_bytes: u64,
+    pub mlx_peak_bytes: u64,
+    pub mlx_cache_bytes: u64,
+}
 
 /// An [`EngineCore`] in a rank group: the leader records what its caller does and broadcasts
 /// it as the next step plan; a follower applies the plans it receives.
@@ -116,15 +236,28 @@ pub struct LockstepCore {
     seq: u64,
     /// Leader: what the next plan carries, in the order the caller did it.
     pending: Vec<(Op, Option<Submission>)>,
+    /// Every rank's device and memory from the last exchange.
+    ranks: Vec<RankStats>,
 }
 
 impl LockstepCore {
     pub fn new(core: EngineCore, group: Group) -> Self {
-        LockstepCore { core, group, seq: 0, pending: Vec::new() }
+        let ranks = (0..group.size()).map(|rank| RankStats { rank, ..RankStats::default() }).collect();
+        LockstepCore { core, group, seq: 0, pending: Vec::new(), ranks }
     }
 
     pub fn core(&self) -> &EngineCore {
         &self.core
+    }
+
+    /// Every rank's device and MLX memory, as of the last exchange.
+    pub fn rank_stats(&self) -> &[RankStats] {
+        &self.ranks
+    }
+
+    /// This core's stats with every rank's device and memory ([`EngineStats::ranks`]).
+    pub fn stats(&self) -> EngineStats {
+        EngineStats { ranks: self.ranks.clone(), ..self.core.stats() }
     }
 
     /// Nothing to compute and nothing waiting for the next plan.
@@ -136,9 +269,9 @@ impl LockstepCore {
         &self.group
     }
 
-    /// Leader: queues `sub` for the next plan. A request the ranks cannot reproduce (tools,
-    /// constrained output, images; `Engine::submit` refuses them already) gets an `Error`
-    /// event at once and never reaches them.
+    /// Leader: queues `sub` for the next plan. A request the ranks cannot reproduce (images,
+    /// audio; `Engine::submit` refuses them already) gets an `Error` event at once and never
+    /// reaches them.
     pub fn enqueue(&mut self, mut sub: Submission) {
         match wire(&mut sub) {
             Ok(w) => self.pending.push((Op::Admit(w), Some(sub))),
@@ -192,7 +325,8 @@ impl LockstepCore {
             match op {
                 Op::Admit(w) => {
                     let sink = sinks(w.id);
-                    self.core.enqueue(submission(w, sink));
+                    let sub = submission(w, sink, self.core.tokenizer())?;
+                    self.core.enqueue(sub);
                 }
                 Op::Cancel(id) => self.core.cancel(id),
             }
@@ -212,19 +346,26 @@ impl LockstepCore {
         }
     }
 
-    /// One exchange: a header `all_sum` (rank 0's plan number and payload length, every
-    /// rank's state digest in its own slot, zeros elsewhere), then the payload as a `uint8`
-    /// `all_sum` with zeros on the followers (MLX has no broadcast; a sum with one non-zero
-    /// contribution is one). Returns the payload.
+    /// One exchange: a header `all_sum` (rank 0's plan number and payload length; in its own
+    /// slot every rank's state digest and memory, in the first exchange its device name too;
+    /// zeros elsewhere), then the payload as a `uint8` `all_sum` with zeros on the followers
+    /// (MLX has no broadcast; a sum with one non-zero contribution is one). Returns the payload.
     fn exchange(&mut self, payload: Option<&[u8]>) -> Result<Vec<u8>> {
         let (rank, size) = (self.group.rank(), self.group.size());
-        let mine = digest(&self.core);
-        let mut header = vec![0i32; 2 + size * DIGEST];
+        let first = self.seq == 0;
+        let names = if first { size * NAME_BYTES / 4 } else { 0 };
+        let mut header = vec![0i32; 2 + size * SLOT + names];
         if let Some(p) = payload {
             header[0] = self.seq as i32;
             header[1] = i32::try_from(p.len()).map_err(|_| Error::Mlx("a step plan over 2 GiB".into()))?;
         }
-        header[2 + rank * DIGEST..2 + (rank + 1) * DIGEST].copy_from_slice(&mine);
+        let slot = 2 + rank * SLOT;
+        header[slot..slot + DIGEST].copy_from_slice(&digest(&self.core));
+        header[slot + DIGEST..slot + SLOT].copy_from_slice(&memory());
+        if first {
+            let at = 2 + size * SLOT + rank * NAME_BYTES / 4;
+            header[at..at + NAME_BYTES / 4].copy_from_slice(&name_words(&crate::distributed::device_name()));
+        }
         let h = self.group.all_sum(&Array::from_slice(&header, &[header.len() as i32]))?;
         h.eval()?;
         let h: Vec<i32> = h.as_slice::<i32>().to_vec();
@@ -234,15 +375,24 @@ impl LockstepCore {
                 self.seq as i32, h[0]
             )));
         }
+        let lead = &h[2..2 + DIGEST];
         for r in 1..size {
-            let theirs = &h[2 + r * DIGEST..2 + (r + 1) * DIGEST];
-            let lead = &h[2..2 + DIGEST];
+            let theirs = &h[2 + r * SLOT..2 + r * SLOT + DIGEST];
             if theirs != lead {
                 return Err(Error::EngineFailed(format!(
                     "rank {r}'s engine state diverged from rank 0's before step plan {} (decode steps, tokens, \
                      finished, rows: {theirs:?} vs {lead:?})",
                     self.seq
                 )));
+            }
+        }
+        for (r, stats) in self.ranks.iter_mut().enumerate() {
+            let m = &h[2 + r * SLOT + DIGEST..2 + (r + 1) * SLOT];
+            let bytes = |i: usize| (m[2 * i] as u32 as u64) | ((m[2 * i + 1] as u32 as u64) << 32);
+            (stats.mlx_active_bytes, stats.mlx_peak_bytes, stats.mlx_cache_bytes) = (bytes(0), bytes(1), bytes(2));
+            if first {
+                let at = 2 + size * SLOT + r * NAME_BYTES / 4;
+                stats.device = words_name(&h[at..at + NAME_BYTES / 4]);
             }
         }
         let n = h[1].max(0) as usize;
@@ -257,6 +407,39 @@ impl LockstepCore {
     }
 }
 
+/// This process's MLX memory (active, peak, cache), each as low and high 32 bits (an
+/// `all_sum` with zeros from the other ranks leaves the bits as they are).
+fn memory() -> [i32; MEMORY] {
+    let (active, cache) = super::memory::mlx_memory();
+    let peak = mlx_rs::memory::peak_memory().unwrap_or(0) as u64;
+    let mut out = [0i32; MEMORY];
+    for (i, v) in [active, peak, cache].into_iter().enumerate() {
+        out[2 * i] = v as u32 as i32;
+        out[2 * i + 1] = (v >> 32) as u32 as i32;
+    }
+    out
+}
+
+/// `name`'s first [`NAME_BYTES`] bytes (cut at a character boundary), zero-padded, as values.
+fn name_words(name: &str) -> [i32; NAME_BYTES / 4] {
+    let mut end = name.len().min(NAME_BYTES);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut bytes = [0u8; NAME_BYTES];
+    bytes[..end].copy_from_slice(&name.as_bytes()[..end]);
+    let mut out = [0i32; NAME_BYTES / 4];
+    for (w, c) in out.iter_mut().zip(bytes.chunks(4)) {
+        *w = i32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+    }
+    out
+}
+
+fn words_name(words: &[i32]) -> String {
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).take_while(|&b| b != 0).collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
 /// The state every rank must share after the same plans (wrapping at 2^31 alike everywhere).
 fn digest(core: &EngineCore) -> Digest {
     let s = core.stats();
@@ -265,13 +448,21 @@ fn digest(core: &EngineCore) -> Digest {
 }
 
 /// The settings that decide scheduling and the model's shape: equal on every rank or the
-/// ranks would diverge.
+/// ranks would diverge. The layer count is left out unless a byte budget depends on it: a
+/// pipeline stage holds its own share of the layers (uneven when the ranks do not divide
+/// them), but then its rows' KV bytes differ too, and so would a KV budget's admissions or the
+/// prompt cache's evictions.
 fn settings(core: &EngineCore) -> String {
     let c = core.config();
     let i = core.model_info();
+    let layers = if c.kv_budget_bytes.is_some() || c.prompt_cache_bytes > 0 {
+        format!(" layers {} (a KV budget or prompt cache needs equal layer counts on every rank)", i.num_layers)
+    } else {
+        String::new()
+    };
     format!(
         "max_batch {} prompt_concurrency {} prefill_step_size {} kv_budget {:?} prompt_cache {} kv_bits {:?} \
-         kv_group {} quantized_kv_start {}; model vocab {} layers {} kv_heads {} head_dim {}",
+         kv_group {} quantized_kv_start {}; model vocab {} kv_heads {} head_dim {}{layers}",
         c.max_batch,
         c.prompt_concurrency,
         c.prefill_step_size,
@@ -281,7 +472,6 @@ fn settings(core: &EngineCore) -> String {
         c.kv_group_size,
         c.quantized_kv_start,
         i.vocab_size,
-        i.num_layers,
         i.kv_heads,
         i.head_dim
     )
@@ -290,12 +480,6 @@ fn settings(core: &EngineCore) -> String {
 /// What the ranks cannot reproduce yet: refused at submit (`InvalidRequest`, naming it).
 pub(super) fn check_request(r: &Request) -> Result<()> {
     let refuse = |what: &str| Err(Error::InvalidRequest(format!("{what} across ranks (distributed serving) is not supported yet")));
-    if r.tools.is_some() {
-        return refuse("tools");
-    }
-    if r.constraint.is_some() {
-        return refuse("constrained output");
-    }
     if !r.images.is_empty() {
         return refuse("image input");
     }
@@ -309,8 +493,11 @@ pub(super) fn check_request(r: &Request) -> Result<()> {
 /// rank draws the same tokens.
 fn wire(sub: &mut Submission) -> Result<WireRequest> {
     check_request(&sub.request)?;
-    if sub.constraint.is_some() || !sub.images.is_empty() || !sub.audio.is_empty() {
-        return Err(Error::InvalidRequest("constrained output, images or audio across ranks are not supported yet".into()));
+    if !sub.images.is_empty() || !sub.audio.is_empty() {
+        return Err(Error::InvalidRequest("images or audio across ranks are not supported yet".into()));
+    }
+    if sub.constraint.is_some() != sub.request.constraint.is_some() {
+        return Err(Error::InvalidRequest("a compiled constraint without its grammar cannot run across ranks".into()));
     }
     if sub.request.sampling.temperature > 0.0 && sub.request.sampling.seed.is_none() {
         sub.request.sampling.seed = Some(rand::random());
@@ -326,10 +513,14 @@ fn wire(sub: &mut Submission) -> Result<WireRequest> {
         stop_token_ids: sub.stop_token_ids.clone(),
         capture_first_logits: r.capture_first_logits,
         logprobs: r.logprobs,
+        constraint: r.constraint.as_ref().map(WireConstraint::from),
+        tools: r.tools.as_ref().map(WireTools::of),
     })
 }
 
-fn submission(w: WireRequest, sink: Sink) -> Submission {
+/// A follower's row for `w`; its grammar is compiled here, with this rank's tokenizer (the
+/// same model's, so the same token trie).
+fn submission(w: WireRequest, sink: Sink, tokenizer: Option<&crate::tokenizer::Tokenizer>) -> Result<Submission> {
     let mut request = Request::new(Input::Tokens(w.prompt.clone()));
     request.max_tokens = w.max_tokens;
     request.sampling = w.sampling;
@@ -337,17 +528,30 @@ fn submission(w: WireRequest, sink: Sink) -> Submission {
     request.ignore_eos = w.ignore_eos;
     request.capture_first_logits = w.capture_first_logits;
     request.logprobs = w.logprobs;
-    Submission {
+    request.tools = w.tools.map(WireTools::tools).transpose()?;
+    request.constraint = w.constraint.map(Constraint::from);
+    let constraint = match &request.constraint {
+        Some(c) => {
+            let tokenizer = tokenizer.ok_or_else(|| {
+                Error::EngineFailed("rank 0 sent a constrained row but this rank's model has no tokenizer".into())
+            })?;
+            Some(crate::constrain::compile(c, tokenizer).map_err(|e| {
+                Error::EngineFailed(format!("this rank cannot compile rank 0's {} constraint: {e}", c.field()))
+            })?)
+        }
+        None => None,
+    };
+    Ok(Submission {
         id: w.id,
         prompt: w.prompt,
         request,
         stop_token_ids: w.stop_token_ids,
         sink: EventSink::new(sink),
         flow: None,
-        constraint: None,
+        constraint,
         images: Vec::new(),
         audio: Vec::new(),
-    }
+    })
 }
 
 /// Where a follower's rows send their events (by request id); a server's followers drop them.
@@ -614,7 +818,7 @@ fn lead(
             shared.done.store(true, Ordering::SeqCst);
             return std::mem::forget(ls);
         }
-        *shared.stats.lock() = ls.core().stats();
+        *shared.stats.lock() = ls.stats();
         if step == Step::Shutdown {
             break;
         }

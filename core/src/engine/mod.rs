@@ -26,7 +26,7 @@ pub(crate) use single::generate_one;
 pub use self::core::EngineCore;
 pub use events::EventSink;
 pub use faults::Faults;
-pub use lockstep::{follow, FollowerSinks, LockstepCore, LockstepOptions, Step};
+pub use lockstep::{follow, FollowerSinks, LockstepCore, LockstepOptions, RankStats, Step};
 pub use media::{attach_audio, attach_images, PreparedAudio, PreparedImage};
 pub use memory::{release_free_heap, use_single_heap_arena, MemoryPolicy};
 pub use prompt_cache::PromptCache;
@@ -323,6 +323,10 @@ pub struct EngineStats {
     /// Bytes MLX has allocated now (weights, KV, activations) and holds in its buffer cache.
     pub mlx_active_bytes: u64,
     pub mlx_cache_bytes: u64,
+    /// Across ranks (rank 0's engine): every rank's device and MLX memory, as of the last step
+    /// plan exchange; empty in a single process.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ranks: Vec<RankStats>,
 }
 
 /// A validated, tokenized request ready for the core.

@@ -1,11 +1,16 @@
 //! Qwen3-MoE: Qwen3 attention (per-head q/k RMSNorm, explicit `head_dim`) with a sparse
 //! mixture-of-experts feed-forward in the layers `decoder_sparse_step` selects, minus
-//! `mlp_only_layers`, which keep a dense SwiGLU MLP. Mirrors mlx-lm `models/qwen3_moe.py`.
+//! `mlp_only_layers`, which keep a dense SwiGLU MLP. Mirrors mlx-lm `models/qwen3_moe.py`,
+//! including its `Model.shard()` (tensor parallel: attention and dense MLPs as the dense
+//! families, the experts' `SwitchGLU` split in place, the router replicated, the sparse block's
+//! output all-summed) and its `PipelineMixin` split (docs/distributed.md).
 
 use mlx_rs::{Array, Dtype};
 
 use super::{ConfigReader, LanguageModel, ModelInfo};
 use crate::cache::{self, KvCache, KvCacheSingle};
+use crate::distributed::Group;
+use crate::nn::{pipeline, tensor_parallel};
 use crate::nn::{stack_expert_weights, Attention, AttentionOptions, Embedding, Linear, Mlp, RmsNorm, SparseMoe, Weights};
 use crate::{Error, Result};
 
@@ -27,17 +32,21 @@ pub struct Qwen3Moe {
     norm: RmsNorm,
     lm_head: Option<Linear>,
     info: ModelInfo,
+    /// Under tensor parallel: the group the sparse blocks sum their experts' output over.
+    moe_group: Option<Group>,
+    /// Under pipeline parallel: this rank's stage (`layers` holds only its layers).
+    stage: Option<pipeline::Stage>,
 }
 
 pub fn load(cfg: &ConfigReader, mut w: Weights, dtype: Dtype) -> Result<Qwen3Moe> {
     let hidden = cfg.req_i32("hidden_size")?;
-    let heads = cfg.req_i32("num_attention_heads")?;
-    let kv_heads = cfg.req_i32("num_key_value_heads")?;
+    let mut heads = cfg.req_i32("num_attention_heads")?;
+    let mut kv_heads = cfg.req_i32("num_key_value_heads")?;
     let head_dim = cfg.req_i32("head_dim")?;
     let eps = cfg.req_f32("rms_norm_eps")?;
     let vocab = cfg.req_i32("vocab_size")?;
     let num_layers = cfg.req_i32("num_hidden_layers")? as usize;
-    let intermediate = cfg.req_i32("intermediate_size")?;
+    let mut intermediate = cfg.req_i32("intermediate_size")?;
     let experts = cfg.get("num_experts").and_then(|v| v.as_i64()).unwrap_or(0) as i32;
     let sparse_step = cfg.req_i32("decoder_sparse_step")? as usize;
     let mlp_only: Vec<usize> = match cfg.get("mlp_only_layers") {
@@ -48,7 +57,23 @@ pub fn load(cfg: &ConfigReader, mut w: Weights, dtype: Dtype) -> Result<Qwen3Moe
             .ok_or_else(|| Error::ModelLoad("config.json: \"mlp_only_layers\" must be a list of layer indices".into()))?,
     };
     let tie = cfg.bool_or("tie_word_embeddings", false)?;
-    let info = ModelInfo {
+    let mut moe_intermediate = if experts > 0 { cfg.req_i32("moe_intermediate_size")? } else { 0 };
+    // Under `with_tensor_parallel`: this rank's heads and slices (mlx-lm's `shard()`).
+    let tensor_group = tensor_parallel::take_group();
+    if let Some(g) = &tensor_group {
+        let n = g.size() as i32;
+        heads = tensor_parallel::divide("num_attention_heads", heads, n)?;
+        kv_heads = tensor_parallel::divide("num_key_value_heads", kv_heads, n)?;
+        intermediate = tensor_parallel::divide("intermediate_size", intermediate, n)?;
+        moe_intermediate = tensor_parallel::divide("moe_intermediate_size", moe_intermediate, n)?;
+    }
+    // Under `with_pipeline`: only this rank's layers (mlx-lm's `pipeline()`).
+    let stage = match pipeline::take_group() {
+        Some(_) if tensor_group.is_some() => return Err(Error::Unsupported("tensor and pipeline parallel at once".into())),
+        Some(g) => Some(pipeline::Stage::new(g, "qwen3_moe", num_layers)?),
+        None => None,
+    };
+    let mut info = ModelInfo {
         model_type: "qwen3_moe".into(),
         vocab_size: vocab,
         hidden_size: hidden,
@@ -77,14 +102,26 @@ pub fn load(cfg: &ConfigReader, mut w: Weights, dtype: Dtype) -> Result<Qwen3Moe
     let mut layers = Vec::with_capacity(num_layers);
     for i in 0..num_layers {
         let p = format!("model.layers.{i}");
+        if stage.as_ref().is_some_and(|s| !s.layers.contains(&i)) {
+            w.remove_prefix(&format!("{p}."));
+            continue;
+        }
         let sparse = !mlp_only.contains(&i) && experts > 0 && (i + 1) % sparse_step == 0;
-        let mlp = if sparse {
+        if sparse {
             stack_expert_weights(&mut w, &format!("{p}.mlp"), experts)?;
+        }
+        if let Some(g) = &tensor_group {
+            tensor_parallel::shard_attention(&mut w, &format!("{p}.self_attn"), g)?;
+            // The router (`mlp.gate`) stays whole: every rank routes every token alike.
+            let mlp = if sparse { format!("{p}.mlp.switch_mlp") } else { format!("{p}.mlp") };
+            tensor_parallel::shard_mlp(&mut w, &mlp, g)?;
+        }
+        let mut mlp = if sparse {
             FeedForward::Sparse(SparseMoe::load(
                 &mut w,
                 &format!("{p}.mlp"),
                 hidden,
-                cfg.req_i32("moe_intermediate_size")?,
+                moe_intermediate,
                 experts,
                 cfg.req_i32("num_experts_per_tok")?,
                 cfg.bool_or("norm_topk_prob", false)?,
@@ -92,8 +129,15 @@ pub fn load(cfg: &ConfigReader, mut w: Weights, dtype: Dtype) -> Result<Qwen3Moe
         } else {
             FeedForward::Dense(Mlp::load(&mut w, &format!("{p}.mlp"), hidden, intermediate, false)?)
         };
+        let mut self_attn = Attention::load(&mut w, &format!("{p}.self_attn"), attention.clone())?;
+        if let Some(g) = &tensor_group {
+            tensor_parallel::sum_output_over(self_attn.o_proj_mut(), g);
+            if let FeedForward::Dense(dense) = &mut mlp {
+                tensor_parallel::sum_output_over(dense.down_proj_mut(), g);
+            }
+        }
         layers.push(Block {
-            self_attn: Attention::load(&mut w, &format!("{p}.self_attn"), attention.clone())?,
+            self_attn,
             mlp,
             input_layernorm: RmsNorm::load(&mut w, &format!("{p}.input_layernorm"), hidden, eps)?,
             post_attention_layernorm: RmsNorm::load(&mut w, &format!("{p}.post_attention_layernorm"), hidden, eps)?,
@@ -102,7 +146,9 @@ pub fn load(cfg: &ConfigReader, mut w: Weights, dtype: Dtype) -> Result<Qwen3Moe
     let norm = RmsNorm::load(&mut w, "model.norm", hidden, eps)?;
     let lm_head = if tie { None } else { Some(Linear::load(&mut w, "lm_head", hidden, vocab, false)?) };
     w.finish()?;
-    Ok(Qwen3Moe { embed_tokens, layers, norm, lm_head, info })
+    // Caches (and their memory) are per rank: this rank's KV heads, this stage's layers.
+    info.num_layers = layers.len();
+    Ok(Qwen3Moe { embed_tokens, layers, norm, lm_head, info, moe_group: tensor_group, stage })
 }
 
 impl LanguageModel for Qwen3Moe {
@@ -112,15 +158,24 @@ impl LanguageModel for Qwen3Moe {
         }
         let mut h = self.embed_tokens.forward(tokens)?;
         let mask = cache::make_mask(caches[0].as_ref(), h.dim(1), None)?;
+        if let Some(stage) = &self.stage {
+            h = stage.receive(h)?;
+        }
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
             let r = layer.self_attn.forward(&layer.input_layernorm.forward(&h)?, &mask, cache::attention(cache.as_mut())?)?;
             let h1 = h.add(&r)?;
             let x = layer.post_attention_layernorm.forward(&h1)?;
             let r = match &layer.mlp {
                 FeedForward::Dense(mlp) => mlp.forward(&x)?,
-                FeedForward::Sparse(moe) => moe.forward(&x)?,
+                FeedForward::Sparse(moe) => match &self.moe_group {
+                    Some(g) => g.all_sum(&moe.forward(&x)?)?,
+                    None => moe.forward(&x)?,
+                },
             };
             h = h1.add(&r)?;
+        }
+        if let Some(stage) = &self.stage {
+            h = stage.hand_on(h)?;
         }
         let h = self.norm.forward(&h)?;
         match &self.lm_head {

@@ -2,7 +2,8 @@
 //! gated DeltaNet (linear attention with recurrent state) except every
 //! `full_attention_interval`-th layer, which is output-gated full attention; the feed-forward
 //! is a dense SwiGLU MLP or a shared-expert MoE, per layer. Architectures pick the layout in
-//! their own files.
+//! their own files. Under [`super::pipeline::with_pipeline`] a rank holds its stage's layers
+//! only (mlx-lm's `PipelineMixin` on `Qwen3NextModel` / `Qwen3_5TextModel`).
 
 use mlx_rs::Array;
 
@@ -63,12 +64,19 @@ pub struct HybridDecoder {
     /// The first full-attention layer (its cache provides the attention mask).
     first_attention: Option<usize>,
     info: ModelInfo,
+    /// Under pipeline parallel: this rank's stage (`layers` holds only its layers).
+    stage: Option<super::pipeline::Stage>,
 }
 
 impl HybridDecoder {
     pub fn load(mut w: Weights, spec: HybridDecoderSpec) -> Result<Self> {
-        let info = spec.info;
+        let mut info = spec.info;
         let (hidden, vocab, eps) = (info.hidden_size, info.vocab_size, spec.rms_norm_eps);
+        // Under `with_pipeline`: only this rank's layers (mlx-lm's `pipeline()`).
+        let stage = match super::pipeline::take_group() {
+            Some(group) => Some(super::pipeline::Stage::new(group, &info.model_type, info.num_layers)?),
+            None => None,
+        };
         if spec.full_attention_interval == 0 {
             return Err(Error::ModelLoad("config.json: full_attention_interval must be positive".into()));
         }
@@ -90,11 +98,16 @@ impl HybridDecoder {
         let mut first_attention = None;
         for (i, ffn) in spec.feed_forward.iter().enumerate() {
             let p = format!("{pre}.layers.{i}");
+            if stage.as_ref().is_some_and(|s| !s.layers.contains(&i)) {
+                w.remove_prefix(&format!("{p}."));
+                continue;
+            }
+            // Layer numbers stay global (which layers attend); indices into `layers` are the stage's.
             let is_linear = (i + 1) % spec.full_attention_interval != 0;
             let mixer = if is_linear {
                 Mixer::Linear(GatedDeltaNet::load(&mut w, &format!("{p}.linear_attn"), spec.linear.clone())?)
             } else {
-                first_attention.get_or_insert(i);
+                first_attention.get_or_insert(layers.len());
                 Mixer::Attention(GatedAttention::load(&mut w, &format!("{p}.self_attn"), spec.attention.clone())?)
             };
             let ffn = match ffn {
@@ -118,7 +131,9 @@ impl HybridDecoder {
             None => None,
         };
         w.finish()?;
-        Ok(HybridDecoder { embed_tokens, layers, norm, lm_head, first_attention, info })
+        // Caches (and their memory) are per rank: this stage's layers.
+        info.num_layers = layers.len();
+        Ok(HybridDecoder { embed_tokens, layers, norm, lm_head, first_attention, info, stage })
     }
 }
 
@@ -138,6 +153,9 @@ impl LanguageModel for HybridDecoder {
             Some(i) => cache::make_mask(caches[i].as_ref(), h.dim(1), None)?,
             None => AttentionMask::None,
         };
+        if let Some(stage) = &self.stage {
+            h = stage.receive(h)?;
+        }
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
             let x = layer.input_layernorm.forward(&h)?;
             let r = match &layer.mixer {
@@ -151,6 +169,9 @@ impl LanguageModel for HybridDecoder {
                 FeedForward::Moe(moe) => moe.forward(&x)?,
             };
             h = h1.add(&r)?;
+        }
+        if let Some(stage) = &self.stage {
+            h = stage.hand_on(h)?;
         }
         let h = self.norm.forward(&h)?;
         match &self.lm_head {

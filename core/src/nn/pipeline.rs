@@ -21,8 +21,10 @@ thread_local! {
     static PLAN: crate::distributed::LoadPlan = const { RefCell::new(None) };
 }
 
-/// The `model_type`s mlx-lm pipelines over the dense stack ([`super::DenseDecoder`]).
-pub const PIPELINED_TYPES: [&str; 1] = ["qwen2"];
+/// The `model_type`s mlx-lm pipelines that Weft splits too: `qwen2` and `ministral3` over the
+/// dense stack ([`super::DenseDecoder`]), `qwen3_moe` over its own, and the hybrid stack's
+/// families ([`super::HybridDecoder`]).
+pub const PIPELINED_TYPES: [&str; 6] = ["qwen2", "ministral3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe"];
 
 /// Runs `load` (a model load) with this rank holding only its stage's layers over `group`.
 /// Errors if the architecture has no pipeline split, rather than loading it whole.
