@@ -287,12 +287,20 @@ fn runs_from_rpath(mut cmd: Command) -> Command {
     cmd
 }
 
+/// Every program that runs a model names its CPU kernels (`WEFT_CPU_KERNELS`, read by the
+/// library when it loads the model): `exact` where its output is compared with mlx-lm's goldens,
+/// `fast` (the library's default) where it is checked against itself or for behaviour.
+fn kernels(mut cmd: Command, mode: &str) -> Command {
+    cmd.env("WEFT_CPU_KERNELS", mode);
+    cmd
+}
+
 fn abi_test_source() -> PathBuf {
     repo_root().join("ffi/tests/c/abi_test.c")
 }
 
 fn run_abi_test(exe: &Path, mode: &str) -> Output {
-    runs_from_rpath(Command::new(exe))
+    kernels(runs_from_rpath(Command::new(exe)), "exact")
         .arg(tiny_model_dir(MODEL))
         .arg(cases_file())
         .arg(mode)
@@ -374,6 +382,9 @@ fn shared_library_finds_libmlx_without_ld_library_path() {
 /// path, shutdown, free): no invalid reads or writes, no uses of uninitialised values, no
 /// definite leaks. No suppressions are needed. (Valgrind's "possibly lost" blocks are the
 /// thread-local storage of MLX's worker threads, alive until exit; they are not errors here.)
+/// Without `--track-origins`: memcheck reports every use of an uninitialised value either way;
+/// the option only adds where the value came from, at a large cost in run time (add it by hand
+/// to diagnose a report).
 #[test]
 fn c_driver_under_valgrind() {
     if Command::new("valgrind").arg("--version").output().is_err() {
@@ -381,14 +392,13 @@ fn c_driver_under_valgrind() {
     }
     let exe = build(&abi_test_source(), Lang::C, Link::Dynamic);
     let log = work_dir().join("valgrind.log");
-    let out = runs_from_rpath(Command::new("valgrind"))
+    let out = kernels(runs_from_rpath(Command::new("valgrind")), "exact")
         .args([
             "--tool=memcheck",
             "--error-exitcode=99",
             "--leak-check=full",
             "--show-leak-kinds=definite",
             "--errors-for-leak-kinds=definite",
-            "--track-origins=yes",
             "--num-callers=30",
         ])
         .arg(format!("--log-file={}", log.display()))
@@ -432,7 +442,7 @@ fn examples_stream_from_the_default_model() {
         ModelStore::at(dir).cached(&spec).map(|_| Some(dir.to_path_buf()))
     };
     if let Some(root) = store {
-        let mut cmd = runs_from_rpath(Command::new(&quick));
+        let mut cmd = kernels(runs_from_rpath(Command::new(&quick)), "fast");
         if let Some(root) = root {
             cmd.env("WEFT_MODELS_DIR", root);
         }
@@ -441,7 +451,7 @@ fn examples_stream_from_the_default_model() {
     }
 
     let chat = build(&repo_root().join("examples/c/chat.c"), Lang::C, Link::Dynamic);
-    let out = runs_from_rpath(Command::new(&chat))
+    let out = kernels(runs_from_rpath(Command::new(&chat)), "fast")
         .arg("--model")
         .arg(&model)
         .args(["--max-tokens", "24", "What is the capital of France?"])
@@ -453,7 +463,7 @@ fn examples_stream_from_the_default_model() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("completion tokens"), "{}", show(&out));
 
     let conc = build(&repo_root().join("examples/c/concurrent.c"), Lang::Cxx, Link::Dynamic);
-    let out = runs_from_rpath(Command::new(&conc))
+    let out = kernels(runs_from_rpath(Command::new(&conc)), "fast")
         .arg("--model")
         .arg(&model)
         .args(["--max-tokens", "16", "--cancel-first-after", "2"])
@@ -473,7 +483,7 @@ fn examples_stream_from_the_default_model() {
 fn a_dead_engine_thread_is_reported_to_c_and_every_request_ends_once() {
     let source = repo_root().join("ffi/tests/c/fault_test.c");
     let exe = build(&source, Lang::C, Link::Dynamic);
-    let out = runs_from_rpath(Command::new(&exe))
+    let out = kernels(runs_from_rpath(Command::new(&exe)), "fast")
         .arg(tiny_model_dir(MODEL))
         .env("WEFT_FAULTS", "driver-panic@6")
         .output()
@@ -485,7 +495,7 @@ fn a_dead_engine_thread_is_reported_to_c_and_every_request_ends_once() {
 fn constrained_output_through_the_c_abi() {
     let source = repo_root().join("ffi/tests/c/constrained_test.c");
     let exe = build(&source, Lang::C, Link::Dynamic);
-    let out = runs_from_rpath(Command::new(&exe))
+    let out = kernels(runs_from_rpath(Command::new(&exe)), "fast")
         .arg(repo_root().join("goldens/gguf/llama-q4_1.gguf"))
         .output()
         .expect("running the C constrained-output test");
@@ -501,7 +511,7 @@ fn tool_calls_through_the_c_abi() {
     let mut models = vec![repo_root().join("goldens/gguf/llama-q4_1.gguf")];
     models.extend(support::default_model());
     for model in models {
-        let out = runs_from_rpath(Command::new(&exe)).arg(&model).output().expect("running the C tool-call test");
+        let out = kernels(runs_from_rpath(Command::new(&exe)), "fast").arg(&model).output().expect("running the C tool-call test");
         assert_pass(&out, &format!("tools_test.c on {}", model.display()));
     }
 }
@@ -520,7 +530,7 @@ fn audio_through_the_c_abi() {
     let (a, b) = (case("tones-44k-stereo"), case("short-16k-mono"));
     let clip = |c: &serde_json::Value| repo_root().join("goldens").join(c["clip"].as_str().unwrap());
     let data_url = format!("data:audio/wav;base64,{}", base64::engine::general_purpose::STANDARD.encode(std::fs::read(clip(&b)).unwrap()));
-    let out = runs_from_rpath(Command::new(&exe))
+    let out = kernels(runs_from_rpath(Command::new(&exe)), "exact")
         .arg(repo_root().join("goldens").join(g["model"].as_str().unwrap()))
         .arg(clip(&a))
         .arg(tokens(&a))

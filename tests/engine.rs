@@ -1,6 +1,8 @@
 //! The continuous-batching engine against mlx-lm: batch_generate and BatchGenerator schedules
 //! token-exact, first-step logits equal to single-sequence, prefix reuse exact, cancellation
 //! and failures contained to their rows, KV-budget admission, and a bounded stress run.
+//! Models load in the exact CPU kernel mode (`load_exact`: goldens are compared bit for bit),
+//! except where a test compares the engine only with itself.
 
 mod support;
 
@@ -11,6 +13,7 @@ use serde_json::Value;
 use support::*;
 use weft::engine::{Engine, EngineConfig, Event, Input, Request};
 use weft::generate::{generate, FinishReason, GenerateOptions};
+use weft::kernels::{with_cpu_kernels, CpuKernels};
 use weft::loading::{self};
 use weft::sampling::SamplingParams;
 
@@ -29,14 +32,14 @@ fn settled_stats(engine: &Engine, done: impl Fn(&weft::engine::EngineStats) -> b
 }
 
 fn start(name: &str, config: EngineConfig) -> Engine {
-    Engine::start(loading::load(&tiny_model_dir(name)).unwrap(), config).unwrap()
+    Engine::start(load_exact(&tiny_model_dir(name)).unwrap(), config).unwrap()
 }
 
 #[test]
 fn batch_generate_goldens_match_with_single_sequence_first_logits() {
     for name in BATCHED_MODELS {
         let g = golden(name);
-        let single = loading::load(&tiny_model_dir(name)).unwrap();
+        let single = load_exact(&tiny_model_dir(name)).unwrap();
         let engine = start(name, EngineConfig::default());
         // First-step logits equal the single-sequence ones (within 1e-5; bit-equal here).
         assert_batch_goldens(name, &engine, single.model.as_ref(), &g, |r| ids(&r["tokens"]), 1e-5);
@@ -49,7 +52,7 @@ fn continuous_schedules_match_batch_generator() {
         let g = golden(name);
         for key in ["schedule", "schedule_chunked"] {
             let schedule = &g[key];
-            let outs = replay(loading::load(&tiny_model_dir(name)).unwrap(), schedule, 8);
+            let outs = replay(load_exact(&tiny_model_dir(name)).unwrap(), schedule, 8);
             for (r, out) in schedule["rows"].as_array().unwrap().iter().zip(&outs) {
                 assert_eq!(out.finals, 1, "{name}/{key}: exactly one final event");
                 assert_eq!(out.tokens, ids(&r["tokens"]), "{name}/{key}: row {}", r["id"]);
@@ -61,7 +64,7 @@ fn continuous_schedules_match_batch_generator() {
 #[test]
 fn a_row_cap_smaller_than_the_schedule_queues_without_changing_tokens() {
     let g = golden("llama-fp32");
-    let outs = replay(loading::load(&tiny_model_dir("llama-fp32")).unwrap(), &g["schedule"], 2);
+    let outs = replay(load_exact(&tiny_model_dir("llama-fp32")).unwrap(), &g["schedule"], 2);
     for (r, out) in g["schedule"]["rows"].as_array().unwrap().iter().zip(&outs) {
         assert_eq!(out.tokens, ids(&r["tokens"]));
     }
@@ -151,7 +154,7 @@ fn dropping_a_receiver_cancels_its_row_only() {
 
 #[test]
 fn kv_budget_admission_waits_fifo_and_rejects_what_never_fits() {
-    let loaded = loading::load(&tiny_model_dir("llama-fp32")).unwrap();
+    let loaded = load_exact(&tiny_model_dir("llama-fp32")).unwrap();
     let per_token = loaded.model.info().kv_bytes_per_token() as u64;
     // KV storage is allocated 256 positions at a time, so a short request takes 256 positions:
     // room for one at a time.
@@ -188,7 +191,7 @@ fn kv_budget_admission_waits_fifo_and_rejects_what_never_fits() {
         let next_first = log.iter().position(|&(r, _)| r == i + 1).unwrap();
         assert!(done < next_first, "request {} started before request {i} finished", i + 1);
     }
-    let single = loading::load(&tiny_model_dir("llama-fp32")).unwrap();
+    let single = load_exact(&tiny_model_dir("llama-fp32")).unwrap();
     for (p, out) in prompts.iter().zip(&outs) {
         let opts = GenerateOptions { max_tokens: 10, ..Default::default() };
         let solo = generate(single.model.as_ref(), None, p, &opts, |_| true).unwrap();
@@ -245,7 +248,7 @@ fn stress_many_requests_random_params_and_cancellations() {
     // with random params, ~30% cancelled at a random point. Every request must end with exactly
     // one final event and greedy survivors must equal their single-sequence result.
     let engine = start("llama-4bit", EngineConfig { max_batch: 8, prefill_step_size: 16, ..Default::default() });
-    let single = loading::load(&tiny_model_dir("llama-4bit")).unwrap();
+    let single = load_exact(&tiny_model_dir("llama-4bit")).unwrap();
     let mut rng = 0x2545_f491_4f6c_dd1du64;
     let mut next = move |n: u64| {
         rng ^= rng << 13;
@@ -349,7 +352,7 @@ impl weft::models::LanguageModel for FailsAtBatchSize {
 
 #[test]
 fn a_failed_forward_fails_its_rows_and_the_engine_keeps_serving() {
-    let mut loaded = loading::load(&tiny_model_dir("llama-fp32")).unwrap();
+    let mut loaded = load_exact(&tiny_model_dir("llama-fp32")).unwrap();
     loaded.model = Box::new(FailsAtBatchSize { inner: loaded.model, fail_rows: 3 });
     let engine = Engine::start(loaded, EngineConfig::default()).unwrap();
     let streams: Vec<_> = (0..3).map(|i| engine.submit_channel(greedy(vec![i + 1, 7, 9], 30)).unwrap().1).collect();
@@ -367,7 +370,7 @@ fn a_failed_forward_fails_its_rows_and_the_engine_keeps_serving() {
 #[test]
 fn default_model_chat_with_stop_string_through_the_engine() {
     let Some(path) = default_model() else { return };
-    let engine = Engine::start(loading::load(&path).unwrap(), EngineConfig::default()).unwrap();
+    let engine = Engine::start(load_exact(&path).unwrap(), EngineConfig::default()).unwrap();
     let messages = vec![weft::tokenizer::ChatMessage::new("user", "What is the capital of France?")];
     let plain = Request { max_tokens: 32, ..Request::new(Input::Messages(messages.clone())) };
     let stopped = Request { stop: vec!["Paris".into()], ..plain.clone() };
@@ -493,7 +496,9 @@ fn default_model_second_turn_with_prompt_cache_equals_without() {
             }
         }
     };
-    let cached = Engine::start(loading::load(&path).unwrap(), EngineConfig { prompt_cache_bytes: 256 << 20, ..Default::default() }).unwrap();
+    // Weft against itself (no golden): the fast kernels, as `weft run` uses them.
+    let load = || with_cpu_kernels(CpuKernels::Fast, || loading::load(&path)).unwrap();
+    let cached = Engine::start(load(), EngineConfig { prompt_cache_bytes: 256 << 20, ..Default::default() }).unwrap();
     let first = vec![msg("user", "What is the capital of France?")];
     let (answer, _) = run(&cached, first.clone());
     let mut second = first;
@@ -502,7 +507,7 @@ fn default_model_second_turn_with_prompt_cache_equals_without() {
     let (warm, warm_usage) = run(&cached, second.clone());
     assert!(warm_usage.cached_tokens > 0, "{warm_usage:?}");
     drop(cached);
-    let cold_engine = Engine::start(loading::load(&path).unwrap(), EngineConfig::default()).unwrap();
+    let cold_engine = Engine::start(load(), EngineConfig::default()).unwrap();
     let (cold, cold_usage) = run(&cold_engine, second);
     assert_eq!(cold_usage.cached_tokens, 0);
     assert_eq!(warm, cold);
@@ -526,7 +531,7 @@ fn repeated_prompts_hitting_the_prompt_cache_match_cold_runs() {
 fn default_model_repeated_chat_with_prompt_cache_matches_the_golden() {
     let Some(path) = default_model() else { return };
     let g = golden("smollm2");
-    let engine = Engine::start(loading::load(&path).unwrap(), EngineConfig { prompt_cache_bytes: 256 << 20, ..Default::default() }).unwrap();
+    let engine = Engine::start(load_exact(&path).unwrap(), EngineConfig { prompt_cache_bytes: 256 << 20, ..Default::default() }).unwrap();
     for chat in g["chats"].as_array().unwrap() {
         let want = ids(&chat["tokens"]);
         for round in 0..3 {
@@ -621,7 +626,7 @@ fn burst_into(core: &mut weft::engine::EngineCore, first_id: u64, prompts: &[Vec
 }
 
 fn burst(name: &str, prompts: &[Vec<u32>], prefill_step_size: usize, max_tokens: usize) -> (Vec<Outcome>, weft::engine::EngineStats) {
-    let model = loading::load(&tiny_model_dir(name)).unwrap();
+    let model = load_exact(&tiny_model_dir(name)).unwrap();
     let mut core = weft::engine::EngineCore::new(model, EngineConfig { prefill_step_size, ..Default::default() });
     let outs = burst_into(&mut core, 1, prompts, max_tokens);
     (outs, core.stats())
@@ -629,7 +634,7 @@ fn burst(name: &str, prompts: &[Vec<u32>], prefill_step_size: usize, max_tokens:
 
 /// Single-sequence greedy runs of `prompts` (tokens and 16 leading first-step logits).
 fn solo_runs(name: &str, prompts: &[Vec<u32>], max_tokens: usize) -> Vec<weft::generate::Generation> {
-    let single = loading::load(&tiny_model_dir(name)).unwrap();
+    let single = load_exact(&tiny_model_dir(name)).unwrap();
     let opts = GenerateOptions { max_tokens, capture_first_logits: 16, ..Default::default() };
     prompts.iter().map(|p| generate(single.model.as_ref(), None, p, &opts, |_| true).unwrap()).collect()
 }
@@ -670,7 +675,7 @@ fn a_prompt_cache_hit_prefills_together_with_a_fresh_row() {
     let base: Vec<u32> = vec![3, 14, 15, 92, 65, 35, 89, 79];
     let longer: Vec<u32> = base.iter().copied().chain([32, 38, 46, 26, 43]).collect();
     let fresh: Vec<u32> = vec![27, 18, 28, 1, 41, 42];
-    let model = loading::load(&tiny_model_dir("llama-fp32")).unwrap();
+    let model = load_exact(&tiny_model_dir("llama-fp32")).unwrap();
     let config = EngineConfig { prompt_cache_bytes: 1 << 24, ..Default::default() };
     let mut core = weft::engine::EngineCore::new(model, config);
     burst_into(&mut core, 1, &[base], 4);

@@ -20,6 +20,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use support::*;
+use weft::kernels::CpuKernels::{self, Exact, Fast};
 
 const API_KEY: &str = "weft-test-key";
 
@@ -32,13 +33,17 @@ struct Server {
 }
 
 impl Server {
-    fn start(model: &Path, extra: &[&str]) -> Server {
-        Self::start_with_env(model, extra, &[])
+    /// Every server names its CPU kernels (`--cpu-kernels`, which wins over `WEFT_CPU_KERNELS`):
+    /// `Exact` where a test compares outputs with mlx-lm / mlx-vlm goldens, `Fast` (the default
+    /// build's kernels, several times faster on the quantized default model) where it compares
+    /// the server with itself or checks protocol behaviour.
+    fn start(model: &Path, kernels: CpuKernels, extra: &[&str]) -> Server {
+        Self::start_with_env(model, kernels, extra, &[])
     }
 
-    fn start_with_env(model: &Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
+    fn start_with_env(model: &Path, kernels: CpuKernels, extra: &[&str], env: &[(&str, &str)]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_weft"))
-            .arg("serve")
+            .args(["--cpu-kernels", kernels.as_str(), "serve"])
             .arg("--model")
             .arg(model)
             .args(["--host", "127.0.0.1", "--port", "0", "--log-level", "WARNING"])
@@ -204,7 +209,7 @@ fn node_test_file(server: &Server, model_id: &str, file: &str) -> Child {
 #[test]
 fn official_clients_reproduce_the_goldens() {
     let Some(model) = default_model() else { return };
-    let server = Server::start(&model, &["--api-key", API_KEY]);
+    let server = Server::start(&model, Exact, &["--api-key", API_KEY]);
     // The short id the server chose (the model directory's name).
     let (status, listed) = server.get("/v1/models", &format!("Authorization: Bearer {API_KEY}\r\n"));
     assert_eq!(status, 200, "{listed}");
@@ -242,6 +247,7 @@ fn bad_inputs_get_protocol_errors() {
     // KV budget 1 MB: the tiny model needs 1536 bytes per token, so about 650 tokens fit.
     let server = Server::start(
         &tiny_model(),
+        Fast,
         &["--api-key", API_KEY, "--kv-budget", "1MB", "--served-model-name", "tiny", "--strict-model"],
     );
     let env = [("WEFT_API_KEY", API_KEY.to_string()), ("WEFT_MODEL_ID", "tiny".to_string())];
@@ -252,7 +258,7 @@ fn bad_inputs_get_protocol_errors() {
 /// count_tokens, model names, /health, /stats, /metrics, through the official clients.
 #[test]
 fn protocol_features_through_the_official_clients() {
-    let server = Server::start(&tiny_model(), &["--api-key", API_KEY, "--served-model-name", "tiny"]);
+    let server = Server::start(&tiny_model(), Fast, &["--api-key", API_KEY, "--served-model-name", "tiny"]);
     let env = [("WEFT_API_KEY", API_KEY.to_string()), ("WEFT_MODEL_ID", "tiny".to_string())];
     finish("features (test_features.py)", run_python("test_features.py", &server, &env));
 }
@@ -263,7 +269,7 @@ fn protocol_features_through_the_official_clients() {
 #[test]
 fn tool_calls_through_the_official_clients() {
     let Some(model) = default_model() else { return };
-    let server = Server::start(&model, &["--api-key", API_KEY, "--served-model-name", "smol"]);
+    let server = Server::start(&model, Fast, &["--api-key", API_KEY, "--served-model-name", "smol"]);
     let env = [("WEFT_API_KEY", API_KEY.to_string()), ("WEFT_MODEL_ID", "smol".to_string())];
     // Both at once: their requests batch together in the engine.
     let py = run_python("test_tools.py", &server, &env);
@@ -276,7 +282,7 @@ fn tool_calls_through_the_official_clients() {
 /// every finished stream is well-formed, no row is leaked.
 #[test]
 fn load_with_disconnects_leaks_no_rows() {
-    let server = Server::start(&tiny_model(), &["--served-model-name", "tiny", "--decode-concurrency", "32"]);
+    let server = Server::start(&tiny_model(), Fast, &["--served-model-name", "tiny", "--decode-concurrency", "32"]);
     let env = [("WEFT_MODEL_ID", "tiny".to_string())];
     finish("load (test_load.py)", run_python("test_load.py", &server, &env));
 }
@@ -320,7 +326,7 @@ fn read_rest(mut r: BufReader<TcpStream>) -> String {
 /// refused, and the process exits 0.
 #[test]
 fn sigterm_lets_running_requests_finish_then_exits_0() {
-    let mut server = Server::start(&tiny_model(), &["--shutdown-timeout", "30"]);
+    let mut server = Server::start(&tiny_model(), Fast, &["--shutdown-timeout", "30"]);
     let stream = open_stream(&server, 200);
     server.signal("TERM");
     let rest = read_rest(stream);
@@ -335,7 +341,7 @@ fn sigterm_lets_running_requests_finish_then_exits_0() {
 /// silence), and the process exits 0.
 #[test]
 fn sigint_without_grace_cancels_rows_and_exits_0() {
-    let mut server = Server::start(&tiny_model(), &["--shutdown-timeout", "0"]);
+    let mut server = Server::start(&tiny_model(), Fast, &["--shutdown-timeout", "0"]);
     let mut stream = open_stream(&server, 2000);
     let mut first = String::new();
     stream.read_line(&mut first).unwrap(); // the chunk-size line of the first event
@@ -365,7 +371,7 @@ fn startup_errors_are_clear() {
     assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
 
     // The port is taken: a clear error, not a panic.
-    let first = Server::start(&tiny_model(), &[]);
+    let first = Server::start(&tiny_model(), Fast, &[]);
     let port = first.addr.rsplit(':').next().unwrap().to_string();
     let out = Command::new(env!("CARGO_BIN_EXE_weft"))
         .args(["serve", "--model", tiny_model().to_str().unwrap(), "--port", &port])
@@ -443,6 +449,7 @@ fn header_value(head: &str, name: &str) -> Option<String> {
 fn security_defaults_and_limits() {
     let server = Server::start(
         &tiny_model(),
+        Fast,
         &[
             "--api-key",
             API_KEY,
@@ -469,6 +476,7 @@ fn origins_and_hosts_are_configurable() {
     let chat = br#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":1}"#;
     let server = Server::start_with_env(
         &tiny_model(),
+        Fast,
         &["--allowed-hosts", "mybox.local"],
         &[("WEFT_ALLOWED_ORIGINS", "https://app.example.com")],
     );
@@ -491,6 +499,7 @@ fn origins_and_hosts_are_configurable() {
 
     let server = Server::start_with_env(
         &tiny_model(),
+        Fast,
         &["--allowed-origins", "local,https://app.example.com", "--allowed-hosts", "*"],
         &[("WEFT_ALLOWED_ORIGINS", "https://ignored.example")],
     );
@@ -502,7 +511,7 @@ fn origins_and_hosts_are_configurable() {
     assert_eq!(post("https://ignored.example", &server.addr), 403, "the flag wins over the env var");
     drop(server);
 
-    let server = Server::start(&tiny_model(), &["--allowed-origins", "*"]);
+    let server = Server::start(&tiny_model(), Fast, &["--allowed-origins", "*"]);
     let (status, head, _) =
         exchange(&server.addr, "OPTIONS", "/v1/chat/completions", &[("Origin", "https://evil.example")], b"");
     assert_eq!((status, header_value(&head, "access-control-allow-origin")), (204, Some("*".into())));
@@ -525,7 +534,7 @@ fn stats(server: &Server) -> serde_json::Value {
 /// whole stream equals the same request served without a stall.
 #[test]
 fn slow_stream_parks_only_its_own_row() {
-    let server = Server::start(&tiny_model(), &["--served-model-name", "tiny"]);
+    let server = Server::start(&tiny_model(), Exact, &["--served-model-name", "tiny"]);
     let golden = golden("gguf/llama-q4_1");
     let case = &golden["single"][0];
     let prompt = ids(&case["prompt_ids"]);
@@ -623,7 +632,7 @@ fn slow_stream_parks_only_its_own_row() {
 /// (about 45 s on 2 cores).
 #[test]
 fn soak_storms_keep_memory_bounded() {
-    let server = Server::start(&tiny_model(), &["--served-model-name", "tiny"]);
+    let server = Server::start(&tiny_model(), Fast, &["--served-model-name", "tiny"]);
     let env = [("WEFT_MODEL_ID", "tiny".to_string()), ("WEFT_PID", server.pid().to_string())];
     finish("soak (test_soak.py)", run_python("test_soak.py", &server, &env));
 }
@@ -752,7 +761,7 @@ mod fuzz {
     #[test]
     fn http_bodies_never_crash_or_5xx() {
         // Short generations: requests asking for more than 8 tokens get a 400.
-        let server = Server::start(&tiny_model(), &["--max-tokens", "4", "--max-tokens-limit", "8"]);
+        let server = Server::start(&tiny_model(), Fast, &["--max-tokens", "4", "--max-tokens-limit", "8"]);
         let endpoint = || prop::sample::select(ENDPOINTS.to_vec());
         let mut runner = proptest::test_runner::TestRunner::new(config(150));
         runner
@@ -792,7 +801,7 @@ fn image_parts_through_the_chat_endpoint() {
     let g = golden("gemma3_vision");
     let case = g["cases"].as_array().unwrap().iter().find(|c| c["name"] == "image_a").unwrap();
     let want: Vec<String> = case["tokens"].as_array().unwrap().iter().map(|t| format!("t{t}")).collect();
-    let server = Server::start(&goldens_dir().join("models").join("gemma3-vision"), &[]);
+    let server = Server::start(&goldens_dir().join("models").join("gemma3-vision"), Exact, &[]);
     let (status, listed) = server.get("/v1/models", "");
     assert_eq!(status, 200, "{listed}");
     assert!(listed.contains("\"vision\":true"), "{listed}");
@@ -820,7 +829,7 @@ fn image_parts_through_the_chat_endpoint() {
     assert_eq!(status, 400, "{text}");
     assert!(text.contains("remote URLs are not fetched") && text.contains("messages[0].content[1].image_url"), "{text}");
     // A text-only model.
-    let text_only = Server::start(&tiny_model(), &[]);
+    let text_only = Server::start(&tiny_model(), Fast, &[]);
     let (status, _, raw) = exchange(&text_only.addr, "POST", "/v1/chat/completions", &[("Content-Type", "application/json")], body("data:image/png;base64,AAAA").as_bytes());
     let text = String::from_utf8_lossy(&raw);
     assert_eq!(status, 400, "{text}");
@@ -833,10 +842,10 @@ fn image_parts_through_the_chat_endpoint() {
 /// refuses audio parts.
 #[test]
 fn audio_parts_through_the_official_clients() {
-    let server = Server::start(&goldens_dir().join("models").join("gemma4-audio-lm"), &["--served-model-name", "tiny-audio"]);
+    let server = Server::start(&goldens_dir().join("models").join("gemma4-audio-lm"), Exact, &["--served-model-name", "tiny-audio"]);
     let env = [("WEFT_MODEL_ID", "tiny-audio".to_string()), ("WEFT_GOLDENS", goldens_dir().display().to_string())];
     finish("audio (test_audio.py)", run_python("test_audio.py", &server, &env));
-    let text_only = Server::start(&tiny_model(), &[]);
+    let text_only = Server::start(&tiny_model(), Fast, &[]);
     let body = serde_json::json!({"max_tokens": 2, "messages": [{"role": "user", "content": [
         {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}]}]});
     let (status, _, raw) = exchange(&text_only.addr, "POST", "/v1/chat/completions", &[("Content-Type", "application/json")], body.to_string().as_bytes());
@@ -853,7 +862,7 @@ fn gemma4_image_parts_through_both_endpoints() {
     let g = golden("gemma4_vision");
     let case = g["cases"].as_array().unwrap().iter().find(|c| c["name"] == "image_a").unwrap();
     let want: Vec<String> = case["tokens"].as_array().unwrap().iter().map(|t| format!("t{t}")).collect();
-    let server = Server::start(&goldens_dir().join("models").join("gemma4-vision"), &[]);
+    let server = Server::start(&goldens_dir().join("models").join("gemma4-vision"), Exact, &[]);
     let (status, listed) = server.get("/v1/models", "");
     assert_eq!(status, 200, "{listed}");
     assert!(listed.contains("\"vision\":true"), "{listed}");

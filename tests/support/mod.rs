@@ -36,6 +36,13 @@ pub fn floats(v: &Value) -> Vec<f32> {
     v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
 }
 
+/// Loads a model in the exact CPU kernel mode (MLX's own kernels, no projection fusion): what
+/// comparisons with mlx-lm's goldens need, whatever `WEFT_CPU_KERNELS` says. Tests that only
+/// compare Weft with itself load with `loading::load` under `with_cpu_kernels(Fast, ..)`.
+pub fn load_exact(path: &Path) -> weft::Result<weft::loading::LoadedModel> {
+    weft::kernels::with_cpu_kernels(weft::kernels::CpuKernels::Exact, || weft::loading::load(path))
+}
+
 /// The default model (SmolLM2 GGUF) if it is installed in the model store (`weft pull`), or
 /// `$WEFT_TEST_SMOLLM2_GGUF`. With `WEFT_REQUIRE_DEFAULT_MODEL=1` (CI) its absence fails.
 pub fn default_model() -> Option<PathBuf> {
@@ -294,7 +301,7 @@ pub fn tokens_with(dir: &str, edit: impl FnOnce(&mut Value)) -> Result<Vec<u32>,
     use weft::generate::{generate, GenerateOptions};
     let tmp = copy_model(dir);
     edit_config(tmp.path(), edit);
-    let loaded = weft::loading::load(tmp.path()).map_err(|e| e.to_string())?;
+    let loaded = load_exact(tmp.path()).map_err(|e| e.to_string())?;
     let case = &golden(dir)["single"][2];
     let opts = GenerateOptions { max_tokens: ids(&case["tokens"]).len(), ..Default::default() };
     Ok(generate(loaded.model.as_ref(), None, &ids(&case["prompt_ids"]), &opts, |_| true).unwrap().tokens)
@@ -304,7 +311,7 @@ pub fn tokens_with(dir: &str, edit: impl FnOnce(&mut Value)) -> Result<Vec<u32>,
 /// row must end once, without error, with the golden tokens.
 pub fn assert_schedule_exact(name: &str, g: &Value, key: &str) {
     for max_batch in [8, 2] {
-        let outs = replay(weft::loading::load(&tiny_model_dir(name)).unwrap(), &g[key], max_batch);
+        let outs = replay(load_exact(&tiny_model_dir(name)).unwrap(), &g[key], max_batch);
         for (r, out) in g[key]["rows"].as_array().unwrap().iter().zip(&outs) {
             assert_eq!((out.finals, &out.error), (1, &None), "{name} {key}");
             assert_eq!(out.tokens, ids(&r["tokens"]), "{name} {key} (max_batch {max_batch}): row {}", r["id"]);
