@@ -231,6 +231,39 @@ fn float16_scales_give_the_float32_scales_result_bit_for_bit() {
     }
 }
 
+/// The down projection that applies SwiGLU as it reads a fused gate/up output against the
+/// separate ops (split, `silu(gate) * up`, the kernel): the kernel sums identically, so the
+/// outputs differ only by the activations' last-bit differences (exp), a few float32 ulps of
+/// the magnitude sum |a| |w|; M = 1 and a prefill shape, 4 and 8 bits; float16 input falls back
+/// to MLX's ops.
+#[test]
+fn swiglu_down_projection_matches_the_separate_ops() {
+    use weft::nn::swiglu;
+    for (bits, m) in [(4, 1), (4, 9), (8, 3)] {
+        let (k, n) = (192, 70);
+        let (wq, s, b) = quantize(&random(&[n, k], 80 + bits as u64), 32, bits).unwrap();
+        let gate_up = random(&[1, m, 2 * k], 81 + m as u64).multiply(Array::from_f32(3.0)).unwrap();
+        let fused = kernels::swiglu_quantized_matmul(&gate_up, &wq, &s, &b, 32, bits).unwrap();
+        let halves = mlx_rs::ops::split_equal(&gate_up, 2, -1).unwrap();
+        let act = swiglu(&halves[0], &halves[1]).unwrap();
+        let separate = kernels::quantized_matmul(&act, &wq, &s, &b, 32, bits).unwrap();
+        assert_eq!(fused.shape(), &[1, m, n]);
+        let wd = dequantize(&wq, &s, &b, 32, bits).unwrap();
+        let mag = to_vec(&abs(&act).unwrap().matmul(abs(&wd).unwrap().t()).unwrap());
+        let (f, e) = (to_vec(&fused), to_vec(&separate));
+        for i in 0..f.len() {
+            let tol = 8.0 * f32::EPSILON * mag[i] + 1e-6;
+            assert!((f[i] - e[i]).abs() <= tol, "bits {bits} M {m}: output {i}: fused {} vs separate {} (tolerance {tol})", f[i], e[i]);
+        }
+        // Outside the kernel's domain (float16 input) the same result comes from MLX's ops.
+        let half = gate_up.as_dtype(Dtype::Float16).unwrap();
+        let h = mlx_rs::ops::split_equal(&half, 2, -1).unwrap();
+        let want = quantized_matmul(swiglu(&h[0], &h[1]).unwrap(), &wq, &s, &b, true, 32, bits).unwrap();
+        let got = kernels::swiglu_quantized_matmul(&half, &wq, &s, &b, 32, bits).unwrap();
+        assert_eq!(to_vec(&got), to_vec(&want), "bits {bits}: float16 fallback");
+    }
+}
+
 /// Weft's RMSNorm and RoPE primitives (fast mode's replacements for MLX's CPU fallback graphs)
 /// against `mx.fast.rms_norm` / `mx.fast.rope` on contiguous and transposed inputs: plain and
 /// traditional RoPE, partial rotary dims, precomputed frequencies, scalar and per-row offsets.
@@ -359,7 +392,9 @@ fn fast_mode_with_fused_float_projections_stays_close_on_tiny_float_models() {
 }
 
 /// Fused quantized projections are the separate layers' packed rows stacked, and the fast kernel
-/// computes each output column alone, so fusing changes no bit of the logits.
+/// computes each output column alone (bit for bit: `concatenated_linears_compute_the_parts_outputs`).
+/// A fused gate/up also lets the down projection apply SwiGLU as it reads its input (its exp is
+/// not MLX's), so whole-model logits are held to the KL bound and greedy tokens must agree.
 #[test]
 fn fused_quantized_projections_give_the_separate_layers_logits() {
     let _cap = hold_isa();
@@ -376,9 +411,10 @@ fn fused_quantized_projections_give_the_separate_layers_logits() {
             let opts = GenerateOptions { max_tokens: 3, capture_first_logits: vocab, ..GenerateOptions::default() };
             let f = generate(fused.model.as_ref(), None, &prompt, &opts, |_| true).unwrap();
             let s = generate(separate.model.as_ref(), None, &prompt, &opts, |_| true).unwrap();
-            let differ = f.first_logits.iter().zip(&s.first_logits).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-            assert_eq!(differ, 0, "{name}: {differ} of {vocab} logits differ, fused vs separate ({}-token prompt)", prompt.len());
+            let d = kl(&s.first_logits, &f.first_logits);
+            assert!(d < KL_BOUND, "{name}: KL(separate || fused) = {d:e} nats ({}-token prompt)", prompt.len());
             assert_eq!(f.tokens, s.tokens, "{name}");
+            eprintln!("{name}: fused vs separate projections: KL {d:.2e} nats ({}-token prompt)", prompt.len());
         }
     }
 }

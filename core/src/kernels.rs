@@ -123,6 +123,34 @@ pub fn quantized_matmul(
     }
 }
 
+/// [`quantized_matmul`] of `silu(gate) * up` for `gate_up` `[..., 2K]` holding the gate then the
+/// up half: the activation is applied as the kernel reads its input (one op instead of a split,
+/// a sigmoid and two products). Float32 on CPU streams; MLX's ops otherwise.
+pub fn swiglu_quantized_matmul(
+    gate_up: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: &Array,
+    group_size: i32,
+    bits: i32,
+) -> Result<Array> {
+    let stream = Stream::thread_local_or_default();
+    unsafe {
+        let mut res = mlx_sys::mlx_array_new();
+        let status = mlx_sys::weft_swiglu_quantized_matmul(
+            &mut res,
+            gate_up.as_ptr(),
+            w.as_ptr(),
+            scales.as_ptr(),
+            biases.as_ptr(),
+            group_size,
+            bits,
+            stream.as_ptr(),
+        );
+        take_result(res, status, "swiglu_quantized_matmul")
+    }
+}
+
 /// `gather_qmm(x, w, scales, biases, rhs_indices = indices, transpose = true)` for the stacked
 /// experts of a mixture-of-experts layer (`w` `[E, N, K * bits / 32]`, `indices` expert ids
 /// whose shape broadcasts against `x`'s batch dimensions), through Weft's primitive on CPU

@@ -55,6 +55,15 @@ int weft_rope(mlx_array* res, const mlx_array x, int dims, int traditional, floa
 
 const char* weft_row_ops_last_error(void);
 
+/* weft_quantized_matmul of silu(gate) * up for `gate_up` [..., 2K] holding the gate then the up
+ * half (a fused gate/up projection's output, mlx-lm's swiglu before the down projection): the
+ * activation is applied while the kernel reads its input, so the split, sigmoid and products
+ * are no ops of their own. Float32 on a CPU stream in weft_quantized_matmul's domain; MLX's ops
+ * otherwise. Errors through weft_kernels_last_error(). */
+int weft_swiglu_quantized_matmul(mlx_array* res, const mlx_array gate_up, const mlx_array w,
+                                 const mlx_array scales, const mlx_array biases, int group_size,
+                                 int bits, const mlx_stream stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -207,6 +207,18 @@ impl Linear {
         })
     }
 
+    /// `self.forward(swiglu(gate, up))` for `gate_up` holding the gate then the up half (a fused
+    /// gate/up projection's output) as one op, on the fast CPU path without a bias; `None`
+    /// elsewhere (the caller applies the activation itself).
+    pub fn forward_swiglu(&self, gate_up: &Array) -> Result<Option<Array>> {
+        Ok(match self {
+            Linear::Quantized { weight, scales, biases, bias: None, spec, path: QmmPath::WeftCpu } => {
+                Some(kernels::swiglu_quantized_matmul(gate_up, weight, scales, biases, spec.group_size, spec.bits)?)
+            }
+            _ => None,
+        })
+    }
+
     pub fn forward(&self, x: &Array) -> Result<Array> {
         Ok(match self {
             Linear::Dense { weight, bias: None } => x.matmul(weight.t())?,
