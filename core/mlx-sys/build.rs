@@ -318,7 +318,7 @@ fn main() {
 /// Compiles kernels/ into one static library: the primitive and entry points once, the inner
 /// loops (qmm_kernel.cpp) once per instruction set with its own -m flags and namespace.
 fn build_kernels(dir: &Path, prefix: &Path, mlx_c: &Path, shim: &Path) {
-    for file in ["qmm_kernel.h", "qmm_kernel.cpp", "qmm_primitive.cpp", "weft_kernels.h"] {
+    for file in ["qmm_kernel.h", "qmm_kernel.cpp", "qmm_primitive.cpp", "row_ops.cpp", "weft_kernels.h"] {
         println!("cargo:rerun-if-changed={}", dir.join(file).display());
     }
     let arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
@@ -353,6 +353,7 @@ fn build_kernels(dir: &Path, prefix: &Path, mlx_c: &Path, shim: &Path) {
     }
     let mut b = base();
     b.file(dir.join("qmm_primitive.cpp"))
+        .file(dir.join("row_ops.cpp"))
         .include(prefix.join("include"))
         .include(mlx_c)
         .flag("-include")

@@ -123,6 +123,34 @@ pub fn quantized_matmul(
     }
 }
 
+/// [`quantized_matmul`] of `silu(gate) * up` for `gate_up` `[..., 2K]` holding the gate then the
+/// up half: the activation is applied as the kernel reads its input (one op instead of a split,
+/// a sigmoid and two products). Float32 on CPU streams; MLX's ops otherwise.
+pub fn swiglu_quantized_matmul(
+    gate_up: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: &Array,
+    group_size: i32,
+    bits: i32,
+) -> Result<Array> {
+    let stream = Stream::thread_local_or_default();
+    unsafe {
+        let mut res = mlx_sys::mlx_array_new();
+        let status = mlx_sys::weft_swiglu_quantized_matmul(
+            &mut res,
+            gate_up.as_ptr(),
+            w.as_ptr(),
+            scales.as_ptr(),
+            biases.as_ptr(),
+            group_size,
+            bits,
+            stream.as_ptr(),
+        );
+        take_result(res, status, "swiglu_quantized_matmul")
+    }
+}
+
 /// `gather_qmm(x, w, scales, biases, rhs_indices = indices, transpose = true)` for the stacked
 /// experts of a mixture-of-experts layer (`w` `[E, N, K * bits / 32]`, `indices` expert ids
 /// whose shape broadcasts against `x`'s batch dimensions), through Weft's primitive on CPU
@@ -155,15 +183,78 @@ pub fn gather_qmm(
     }
 }
 
+/// Whether layers loaded now on this thread run Weft's CPU primitives (fast mode on a CPU
+/// device); an unknown `WEFT_CPU_KERNELS` counts as exact here (loading reports it elsewhere).
+pub fn fast_on_cpu() -> bool {
+    crate::default_device() == "cpu" && cpu_kernels().is_ok_and(|m| m == CpuKernels::Fast)
+}
+
+/// `mlx fast::rms_norm(x, weight, eps)`: one primitive for float32 `x` on CPU streams (MLX runs
+/// its fallback graph of ~6 ops there), MLX's op otherwise. Sums in another order than MLX's:
+/// fast mode only.
+pub fn rms_norm(x: &Array, weight: &Array, eps: f32) -> Result<Array> {
+    let stream = Stream::thread_local_or_default();
+    unsafe {
+        let mut res = mlx_sys::mlx_array_new();
+        let status = mlx_sys::weft_rms_norm(&mut res, x.as_ptr(), weight.as_ptr(), eps, stream.as_ptr());
+        take_result_with(res, status, "rms_norm", mlx_sys::weft_row_ops_last_error)
+    }
+}
+
+/// `mlx fast::rope(x, dims, traditional, base, scale, offset, freqs)`, with `offset` an int32
+/// scalar or one offset per index of `x`'s first axis: one primitive for float32 `x` on CPU
+/// streams (MLX's fallback there is ~20 ops), MLX's op otherwise. cos / sin and the products are
+/// rounded differently from MLX's: fast mode only.
+pub fn rope(
+    x: &Array,
+    dims: i32,
+    traditional: bool,
+    base: Option<f32>,
+    scale: f32,
+    offset: &Array,
+    freqs: Option<&Array>,
+) -> Result<Array> {
+    let stream = Stream::thread_local_or_default();
+    unsafe {
+        let none = mlx_sys::mlx_array_new();
+        let mut res = mlx_sys::mlx_array_new();
+        let status = mlx_sys::weft_rope(
+            &mut res,
+            x.as_ptr(),
+            dims,
+            traditional as i32,
+            base.unwrap_or(f32::NAN),
+            scale,
+            offset.as_ptr(),
+            freqs.map_or(none, |f| f.as_ptr()),
+            stream.as_ptr(),
+        );
+        take_result_with(res, status, "rope", mlx_sys::weft_row_ops_last_error)
+    }
+}
+
 /// The array a primitive call returned, or the kernels' last error when `status` says it failed
 /// (the unused result handle is freed).
 ///
 /// # Safety
 /// `res` must be the handle the call wrote, `status` that call's return value.
 unsafe fn take_result(res: mlx_sys::mlx_array, status: i32, what: &str) -> Result<Array> {
+    take_result_with(res, status, what, mlx_sys::weft_kernels_last_error)
+}
+
+/// [`take_result`] with the error message of the C file that made the call.
+///
+/// # Safety
+/// As [`take_result`].
+unsafe fn take_result_with(
+    res: mlx_sys::mlx_array,
+    status: i32,
+    what: &str,
+    last_error: unsafe extern "C" fn() -> *const std::os::raw::c_char,
+) -> Result<Array> {
     if status != 0 {
         mlx_sys::mlx_array_free(res);
-        let msg = CStr::from_ptr(mlx_sys::weft_kernels_last_error()).to_string_lossy().into_owned();
+        let msg = CStr::from_ptr(last_error()).to_string_lossy().into_owned();
         return Err(Error::Mlx(format!("{what}: {msg}")));
     }
     Ok(Array::from_ptr(res))

@@ -277,7 +277,15 @@ void rows_impl(const Args& a, int n0, int n1) {
   // Scales and biases of a block of rows as float32. Prefill converts more rows at once so
   // that the weights of the block stay in cache while every tile of x passes over them.
   const int nb = a.M >= MAX_MT ? N_BLOCK_PREFILL : N_BLOCK;
-  float* scp = a.sdtype == F32 ? nullptr : new float[size_t(nb) * G * 2];
+  // A buffer per thread, grown as needed (no allocation per call).
+  thread_local float* buf = nullptr;
+  thread_local size_t buf_len = 0;
+  if (a.sdtype != F32 && buf_len < size_t(nb) * G * 2) {
+    delete[] buf;
+    buf_len = size_t(nb) * G * 2;
+    buf = new float[buf_len];
+  }
+  float* scp = a.sdtype == F32 ? nullptr : buf;
   float* bsp = scp ? scp + size_t(nb) * G : nullptr;
   float* const sc_buf = scp;
   float* const bs_buf = bsp;
@@ -307,7 +315,6 @@ void rows_impl(const Args& a, int n0, int n1) {
     tiles(Int<2>{});
     tiles(Int<1>{});
   }
-  delete[] sc_buf;
 }
 
 void rows(const Args& a, int n0, int n1) {

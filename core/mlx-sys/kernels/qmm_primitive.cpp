@@ -4,6 +4,7 @@
 // splits the output rows over a small persistent pool, and in prefill dequantizes each weight
 // vector once for several rows of x.
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -245,13 +246,30 @@ struct PreparedX {
   const float* xsum;
 };
 
-PreparedX prepare_x(const mx::array& x, size_t M, int K, int group_size, int bits) {
+// `swiglu`: x holds 2K columns, gate then up; the kernel reads silu(gate) * up (mlx-lm's
+// swiglu: gate * sigmoid(gate), then times up, each product rounded to float32).
+PreparedX prepare_x(const mx::array& x, size_t M, int K, int group_size, int bits,
+                    bool swiglu = false) {
   const int G = K / group_size;
-  thread_local std::vector<float> xf, xp, xsum;
+  thread_local std::vector<float> xf, xp, xsum, gate_up;
   xf.resize(M * K);
   xp.resize(M * K);
   xsum.resize(M * G);
-  gather_x(x, xf.data(), M, K);
+  if (swiglu) {
+    gate_up.resize(M * 2 * size_t(K));
+    gather_x(x, gate_up.data(), M, 2 * K);
+    for (size_t m = 0; m < M; m++) {
+      const float* g = gate_up.data() + m * 2 * K;
+      const float* u = g + K;
+      float* dst = xf.data() + m * K;
+      for (int k = 0; k < K; k++) {
+        const float silu = g[k] * (1.0f / (1.0f + std::exp(-g[k])));
+        dst[k] = silu * u[k];
+      }
+    }
+  } else {
+    gather_x(x, xf.data(), M, K);
+  }
   for (size_t m = 0; m < M; m++)
     for (int g = 0; g < G; g++) {
       float s = 0;
@@ -290,11 +308,11 @@ int chunk_rows(size_t M, int N) {
 }
 
 void compute(const mx::array& x, const mx::array& w, const mx::array& scales,
-             const mx::array& biases, mx::array& out, int group_size, int bits) {
-  const int K = x.shape().back();
+             const mx::array& biases, mx::array& out, int group_size, int bits, bool swiglu) {
+  const int K = x.shape().back() / (swiglu ? 2 : 1);
   const int N = w.shape(0);
-  const size_t M = x.size() / size_t(K);
-  const PreparedX px = prepare_x(x, M, K, group_size, bits);
+  const size_t M = x.size() / size_t(x.shape().back());
+  const PreparedX px = prepare_x(x, M, K, group_size, bits, swiglu);
   float* y = output_f32(out, M * size_t(N));
   Job job;
   job.kernel = px.kernel;
@@ -365,32 +383,34 @@ void compute_gather(const mx::array& x, const mx::array& w, const mx::array& sca
 
 class QuantizedMatmul : public mx::Primitive {
  public:
-  QuantizedMatmul(mx::Stream stream, int group_size, int bits)
-      : mx::Primitive(stream), group_size_(group_size), bits_(bits) {}
+  // `swiglu`: the input is a gate/up pair and the matmul reads silu(gate) * up.
+  QuantizedMatmul(mx::Stream stream, int group_size, int bits, bool swiglu = false)
+      : mx::Primitive(stream), group_size_(group_size), bits_(bits), swiglu_(swiglu) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     auto& out = outputs[0];
     out.set_data(mx::allocator::malloc(out.nbytes()));
     auto& encoder = mx::cpu::get_command_encoder(stream());
     encoder.dispatch([x = inputs[0], w = inputs[1], s = inputs[2], b = inputs[3],
-                      out = mx::array::unsafe_weak_copy(out), gs = group_size_,
-                      bits = bits_]() mutable { compute(x, w, s, b, out, gs, bits); });
+                      out = mx::array::unsafe_weak_copy(out), gs = group_size_, bits = bits_,
+                      swiglu = swiglu_]() mutable { compute(x, w, s, b, out, gs, bits, swiglu); });
   }
 
   void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
     throw std::runtime_error("weft QuantizedMatmul runs on the CPU; GPU streams use MLX's own");
   }
 
-  const char* name() const override { return "WeftQuantizedMatmul"; }
+  const char* name() const override { return swiglu_ ? "WeftSwigluQuantizedMatmul" : "WeftQuantizedMatmul"; }
 
   bool is_equivalent(const mx::Primitive& other) const override {
     auto* o = dynamic_cast<const QuantizedMatmul*>(&other);
-    return o && o->group_size_ == group_size_ && o->bits_ == bits_;
+    return o && o->group_size_ == group_size_ && o->bits_ == bits_ && o->swiglu_ == swiglu_;
   }
 
  private:
   int group_size_;
   int bits_;
+  bool swiglu_;
 };
 
 class GatherQuantizedMatmul : public mx::Primitive {
@@ -429,15 +449,17 @@ bool is_float(mx::Dtype d) { return d == mx::float32 || d == mx::float16 || d ==
 
 // Our kernel's domain; anything else goes to MLX's op (which also reports errors). `experts`:
 // w, scales and biases carry a leading expert axis (gather form).
+// `x_k`: the inner dimension the kernel reads (x's last axis, or half of it for swiglu).
 bool supported(const mx::array& x, const mx::array& w, const mx::array& s, const mx::array& b,
-               int group_size, int bits, const mx::Stream& stream, bool experts = false) {
+               int group_size, int bits, const mx::Stream& stream, bool experts = false,
+               int x_k = -1) {
   if (stream.device.type != mx::Device::DeviceType::cpu) return false;
   if (!(bits == 4 || bits == 5 || bits == 8) || !(group_size == 32 || group_size == 64)) return false;
   const size_t nd = experts ? 3 : 2;
   if (x.ndim() < (experts ? 2u : 1u) || w.ndim() != nd || s.ndim() != nd || b.ndim() != nd) return false;
   if (!is_float(x.dtype()) || w.dtype() != mx::uint32) return false;
   if (!is_float(s.dtype()) || s.dtype() != b.dtype()) return false;
-  const int K = x.shape().back();
+  const int K = x_k >= 0 ? x_k : x.shape().back();
   const int N = w.shape(-2);
   if (K <= 0 || N <= 0 || int64_t(w.shape(-1)) * 32 != int64_t(K) * bits || K % group_size != 0)
     return false;
@@ -473,6 +495,39 @@ extern "C" int weft_quantized_matmul(mlx_array* res, const mlx_array x, const ml
     auto shape = xa.shape();
     shape.back() = wa.shape(0);
     auto prim = std::make_shared<QuantizedMatmul>(st, group_size, bits);
+    mlx_array_set_(*res, mx::array(shape, xa.dtype(), prim,
+                                   {xa, contiguous_rows(wa, st), contiguous_rows(sa, st),
+                                    contiguous_rows(ba, st)}));
+    return 0;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return 1;
+  }
+}
+
+extern "C" int weft_swiglu_quantized_matmul(mlx_array* res, const mlx_array gate_up,
+                                            const mlx_array w, const mlx_array scales,
+                                            const mlx_array biases, int group_size, int bits,
+                                            const mlx_stream stream) {
+  try {
+    const auto& xa = mlx_array_get_(gate_up);
+    const auto& wa = mlx_array_get_(w);
+    const auto& sa = mlx_array_get_(scales);
+    const auto& ba = mlx_array_get_(biases);
+    const auto& st = mlx_stream_get_(stream);
+    const int two_k = xa.ndim() ? xa.shape().back() : 0;
+    const bool ok = xa.dtype() == mx::float32 && two_k > 0 && two_k % 2 == 0 &&
+                    supported(xa, wa, sa, ba, group_size, bits, st, false, two_k / 2);
+    if (!ok) {
+      // MLX's ops: swiglu as mlx-lm writes it, then the matmul.
+      auto halves = mx::split(xa, 2, -1, st);
+      auto h = mx::multiply(mx::multiply(halves[0], mx::sigmoid(halves[0], st), st), halves[1], st);
+      mlx_array_set_(*res, mx::quantized_matmul(h, wa, sa, ba, true, group_size, bits, "affine", st));
+      return 0;
+    }
+    auto shape = xa.shape();
+    shape.back() = wa.shape(0);
+    auto prim = std::make_shared<QuantizedMatmul>(st, group_size, bits, true);
     mlx_array_set_(*res, mx::array(shape, xa.dtype(), prim,
                                    {xa, contiguous_rows(wa, st), contiguous_rows(sa, st),
                                     contiguous_rows(ba, st)}));

@@ -41,6 +41,29 @@ int weft_kernels_limit_isa(const char* isa);
 /* Threads the kernel's pool runs on (WEFT_CPU_THREADS, else the CPUs this process may use). */
 int weft_kernels_threads(void);
 
+/* kernels/row_ops.cpp: mlx's fast::rms_norm and fast::rope as one CPU primitive each (MLX runs
+ * both as a graph of small ops on the CPU). Float32 inputs on a CPU stream take the primitive;
+ * anything else returns MLX's op. `weight` may be empty (ctx NULL). */
+int weft_rms_norm(mlx_array* res, const mlx_array x, const mlx_array weight, float eps,
+                  const mlx_stream stream);
+
+/* fast::rope(x, dims, traditional, base, scale, offset, freqs): `base` NaN means none (then
+ * `freqs`, dims / 2 float32 values, is given; else it is empty); `offset` an int32 scalar array
+ * or one offset per index of x's first axis. */
+int weft_rope(mlx_array* res, const mlx_array x, int dims, int traditional, float base,
+              float scale, const mlx_array offset, const mlx_array freqs, const mlx_stream stream);
+
+const char* weft_row_ops_last_error(void);
+
+/* weft_quantized_matmul of silu(gate) * up for `gate_up` [..., 2K] holding the gate then the up
+ * half (a fused gate/up projection's output, mlx-lm's swiglu before the down projection): the
+ * activation is applied while the kernel reads its input, so the split, sigmoid and products
+ * are no ops of their own. Float32 on a CPU stream in weft_quantized_matmul's domain; MLX's ops
+ * otherwise. Errors through weft_kernels_last_error(). */
+int weft_swiglu_quantized_matmul(mlx_array* res, const mlx_array gate_up, const mlx_array w,
+                                 const mlx_array scales, const mlx_array biases, int group_size,
+                                 int bits, const mlx_stream stream);
+
 #ifdef __cplusplus
 }
 #endif

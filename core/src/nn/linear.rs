@@ -87,6 +87,13 @@ pub(crate) fn load_path() -> Result<QmmPath> {
     })
 }
 
+/// Whether quantized layers loaded now may keep float16 scales and biases: only Weft's CPU kernel
+/// reads them at full speed (and exactly: it widens them to float32); MLX's CPU kernel is far
+/// slower with them, and the dequantize path would round `s * q + b` in float16.
+pub fn keeps_half_scales() -> Result<bool> {
+    Ok(load_path()? == QmmPath::WeftCpu)
+}
+
 thread_local! {
     static DEQUANTIZE_ROWS: std::cell::Cell<Option<i32>> = const { std::cell::Cell::new(None) };
 }
@@ -232,6 +239,18 @@ impl Linear {
         })
     }
 
+    /// `self.forward(swiglu(gate, up))` for `gate_up` holding the gate then the up half (a fused
+    /// gate/up projection's output) as one op, on the fast CPU path without a bias; `None`
+    /// elsewhere (the caller applies the activation itself).
+    pub fn forward_swiglu(&self, gate_up: &Array) -> Result<Option<Array>> {
+        Ok(match self {
+            Linear::Quantized { weight, scales, biases, bias: None, spec, path: QmmPath::WeftCpu } => {
+                Some(kernels::swiglu_quantized_matmul(gate_up, weight, scales, biases, spec.group_size, spec.bits)?)
+            }
+            _ => None,
+        })
+    }
+
     pub fn forward(&self, x: &Array) -> Result<Array> {
         Ok(match self {
             Linear::Dense { weight, bias: None } => x.matmul(weight.t())?,
@@ -288,15 +307,17 @@ impl Embedding {
     }
 }
 
-/// `mx.fast.rms_norm` with a learned scale.
+/// `mx.fast.rms_norm` with a learned scale; in fast mode on the CPU Weft's one-op primitive
+/// ([`kernels::rms_norm`]) instead of MLX's fallback graph.
 pub struct RmsNorm {
     pub weight: Array,
     pub eps: f32,
+    fast: bool,
 }
 
 impl RmsNorm {
     pub fn load(w: &mut Weights, prefix: &str, dim: i32, eps: f32) -> Result<Self> {
-        Ok(RmsNorm { weight: w.take(&format!("{prefix}.weight"), &[dim])?, eps })
+        Ok(RmsNorm { weight: w.take(&format!("{prefix}.weight"), &[dim])?, eps, fast: kernels::fast_on_cpu() })
     }
 
     /// Gemma's RMSNorm: the stored weight is an offset from 1 (`rms_norm(x, 1 + w)`). The sum
@@ -308,10 +329,13 @@ impl RmsNorm {
         // Materialize now: a lazy op would belong to this thread's stream, and the model may
         // run on another thread (the engine's driver).
         weight.eval()?;
-        Ok(RmsNorm { weight, eps })
+        Ok(RmsNorm { weight, eps, fast: kernels::fast_on_cpu() })
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
+        if self.fast {
+            return kernels::rms_norm(x, &self.weight, self.eps);
+        }
         Ok(mlx_rs::fast::rms_norm(x, Some(&self.weight), self.eps)?)
     }
 }

@@ -77,7 +77,14 @@ impl Mlp {
         let (gate, up) = match &self.gate_up {
             GateUp::Separate { gate_proj, up_proj } => (gate_proj.forward(x)?, up_proj.forward(x)?),
             GateUp::Fused(proj) => {
-                let mut halves = mlx_rs::ops::split_equal(&proj.forward(x)?, 2, -1)?.into_iter();
+                let gate_up = proj.forward(x)?;
+                // Fast CPU path: the down projection applies SwiGLU as it reads its input.
+                if self.activation == MlpActivation::Silu {
+                    if let Some(y) = self.down_proj.forward_swiglu(&gate_up)? {
+                        return Ok(y);
+                    }
+                }
+                let mut halves = mlx_rs::ops::split_equal(&gate_up, 2, -1)?.into_iter();
                 (halves.next().unwrap(), halves.next().unwrap())
             }
         };

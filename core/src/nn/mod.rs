@@ -21,7 +21,7 @@ pub use gated_attention::{GatedAttention, GatedAttentionOptions};
 pub use gated_delta::{GatedDeltaNet, GatedDeltaOptions, ProjectionLayout, RmsNormGated};
 pub use hybrid::{FeedForwardSpec, HybridDecoder, HybridDecoderSpec};
 pub use moe_shared::{SharedExpertMoe, SharedExpertMoeOptions};
-pub use linear::{fuse_projections, with_dequantize_rows, with_fused_projections, Embedding, Linear, QmmPath, RmsNorm, DEQUANTIZE_ROWS_ENV};
+pub use linear::{fuse_projections, keeps_half_scales, with_dequantize_rows, with_fused_projections, Embedding, Linear, QmmPath, RmsNorm, DEQUANTIZE_ROWS_ENV};
 pub use rope::{scaling_kind, Rope, RopeContext};
 pub use mlp::{Mlp, MlpActivation};
 pub use switch::{stack_expert_weights, SparseMoe, SwitchGlu, SwitchLinear};

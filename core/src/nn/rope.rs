@@ -37,6 +37,8 @@ pub struct Rope {
     dims: i32,
     traditional: bool,
     kind: Kind,
+    /// Weft's one-op CPU primitive ([`crate::kernels::rope`]) instead of MLX's fallback graph.
+    fast: bool,
 }
 
 /// Options of the model that `rope_scaling` kinds read besides the scaling object itself.
@@ -76,12 +78,12 @@ fn f(v: f64) -> Array {
 impl Rope {
     /// Plain RoPE (`nn.RoPE`): `mx.fast.rope` with `base` and position `scale`.
     pub fn plain(dims: i32, base: f32, scale: f32, traditional: bool) -> Self {
-        Rope { dims, traditional, kind: Kind::Base { base, scale } }
+        Rope { dims, traditional, kind: Kind::Base { base, scale }, fast: crate::kernels::fast_on_cpu() }
     }
 
     /// No positional rotation (mlx-lm smollm3 `NoPE`).
     pub fn none(dims: i32) -> Self {
-        Rope { dims, traditional: false, kind: Kind::Identity }
+        Rope { dims, traditional: false, kind: Kind::Identity, fast: false }
     }
 
     /// mlx-lm `initialize_rope(dims, base, traditional, scaling, max_position_embeddings)`.
@@ -129,7 +131,7 @@ impl Rope {
                     freqs.eval()?;
                 }
                 // SuScaledRoPE is never traditional.
-                return Ok(Rope { dims, traditional: false, kind });
+                return Ok(Rope { dims, traditional: false, kind, fast: crate::kernels::fast_on_cpu() });
             }
             "proportional" => {
                 let partial = num(s, "partial_rotary_factor").unwrap_or(1.0);
@@ -153,7 +155,7 @@ impl Rope {
             // Materialize now: the model may run on another thread's stream.
             freqs.eval()?;
         }
-        Ok(Rope { dims, traditional, kind: built })
+        Ok(Rope { dims, traditional, kind: built, fast: crate::kernels::fast_on_cpu() })
     }
 
     /// mlx-lm `SuScaledRoPE` as phi3 builds it (its own `original_max_position_embeddings`
@@ -163,7 +165,7 @@ impl Rope {
         if let Kind::Freqs { freqs, .. } = &kind {
             freqs.eval()?;
         }
-        Ok(Rope { dims, traditional: false, kind })
+        Ok(Rope { dims, traditional: false, kind, fast: crate::kernels::fast_on_cpu() })
     }
 
     /// Whether positions past `max_position_embeddings` are what this kind is for (dynamic
@@ -187,13 +189,13 @@ impl Rope {
         let (dims, trad) = (self.dims, self.traditional);
         match &self.kind {
             Kind::Identity => Ok(x.clone()),
-            Kind::Base { base, scale } => rope(x, dims, trad, Some(*base), *scale, offset, None),
+            Kind::Base { base, scale } => rope(x, dims, trad, Some(*base), *scale, offset, None, self.fast),
             Kind::Freqs { freqs, input_scale } => {
                 let x = match input_scale {
                     Some(s) => scale_rotated(x, dims, *s)?,
                     None => x.clone(),
                 };
-                rope(&x, dims, trad, None, 1.0, offset, Some(freqs))
+                rope(&x, dims, trad, None, 1.0, offset, Some(freqs), self.fast)
             }
             Kind::DynamicNtk { base, factor, max_positions } => {
                 let len = x.dim(-2);
@@ -203,7 +205,7 @@ impl Rope {
                     (base * ((factor * seq / max_positions) - (factor - 1.0)).powf(d / (d - 2.0))) as f32
                 };
                 match offset {
-                    RopeOffset::Scalar(o) => rope(x, dims, trad, Some(dynamic_base(*o)), 1.0, offset, None),
+                    RopeOffset::Scalar(o) => rope(x, dims, trad, Some(dynamic_base(*o)), 1.0, offset, None, self.fast),
                     RopeOffset::PerRow(offsets) => {
                         // Each row's base follows its own length, so rows are rotated one by
                         // one (mlx-lm cannot batch this kind at all).
@@ -214,7 +216,7 @@ impl Rope {
                             .enumerate()
                             .map(|(b, o)| {
                                 let row = x.index(b as i32..b as i32 + 1);
-                                rope(&row, dims, trad, Some(dynamic_base(*o)), 1.0, &RopeOffset::Scalar(*o), None)
+                                rope(&row, dims, trad, Some(dynamic_base(*o)), 1.0, &RopeOffset::Scalar(*o), None, self.fast)
                             })
                             .collect::<Result<Vec<_>>>()?;
                         Ok(concatenate(&rows, 0)?)
@@ -225,6 +227,7 @@ impl Rope {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn rope(
     x: &Array,
     dims: i32,
@@ -233,7 +236,14 @@ fn rope(
     scale: f32,
     offset: &RopeOffset,
     freqs: Option<&Array>,
+    fast: bool,
 ) -> Result<Array> {
+    if fast {
+        return match offset {
+            RopeOffset::Scalar(o) => crate::kernels::rope(x, dims, traditional, base, scale, &Array::from_int(*o), freqs),
+            RopeOffset::PerRow(offsets) => crate::kernels::rope(x, dims, traditional, base, scale, offsets, freqs),
+        };
+    }
     Ok(match offset {
         RopeOffset::Scalar(o) => mlx_rs::fast::rope(x, dims, traditional, base, scale, *o, freqs)?,
         RopeOffset::PerRow(offsets) => mlx_rs::fast::rope_dynamic(x, dims, traditional, base, scale, offsets, freqs)?,

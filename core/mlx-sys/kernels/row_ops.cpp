@@ -1,0 +1,267 @@
+// RMSNorm and RoPE as one MLX primitive each on the CPU. MLX's fast::rms_norm and fast::rope
+// have no CPU kernel: on a CPU stream they expand into their fallback graphs (RMSNorm ~6 ops,
+// RoPE ~20: aranges, exp, cos, sin, slices, products, a concatenate), so a decode step of a
+// 30-layer model spends ~1,500 op dispatches on them. Here each is one pass over the rows, in
+// float32, with the fallback's formulas (sums and the cos/sin implementation differ in the last
+// bits: fast mode only, bounded by tests/cpu_kernels.rs).
+#include <cmath>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "mlx/allocator.h"
+#include "mlx/array.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/fast.h"
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+#include "mlx/c/private/array.h"
+#include "mlx/c/private/stream.h"
+
+#include "weft_kernels.h"
+
+namespace mx = mlx::core;
+
+namespace weft_row_ops {
+namespace {
+
+thread_local std::string last_error;
+
+// Calls fn(row index, pointer to the row's first element) for every row (last axis) of x, in
+// row-major order, whatever x's strides (the RoPE input is usually a transposed view).
+template <class F>
+void for_each_row(const mx::array& x, F&& fn) {
+  const auto& shape = x.shape();
+  const auto& strides = x.strides();
+  const int nd = int(shape.size());
+  const float* base = x.data<float>();
+  const size_t rows = x.size() / size_t(shape.back());
+  std::vector<int> idx(size_t(nd), 0);
+  for (size_t r = 0; r < rows; r++) {
+    int64_t off = 0;
+    for (int d = 0; d < nd - 1; d++) off += int64_t(idx[size_t(d)]) * strides[size_t(d)];
+    fn(r, base + off, idx);
+    for (int d = nd - 2; d >= 0; d--) {
+      if (++idx[size_t(d)] < shape[size_t(d)]) break;
+      idx[size_t(d)] = 0;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// RMSNorm: y = (x * rsqrt(mean(x^2) + eps)) * w, rounded as the fallback rounds (float32).
+
+void rms_norm(const mx::array& x, const mx::array* w, float eps, mx::array& out) {
+  const int D = x.shape().back();
+  const int64_t ks = x.strides().back();
+  const float* wp = w ? w->data<float>() : nullptr;
+  float* o = out.data<float>();
+  for_each_row(x, [&](size_t r, const float* row, const std::vector<int>&) {
+    // Eight partial sums: one chain would wait on each add's latency.
+    float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int k = 0;
+    if (ks == 1)
+      for (; k + 8 <= D; k += 8)
+        for (int j = 0; j < 8; j++) part[j] += row[k + j] * row[k + j];
+    for (; k < D; k++) part[k % 8] += row[k * ks] * row[k * ks];
+    float ss = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+    const float inv = 1.0f / std::sqrt(ss * (1.0f / float(D)) + eps);
+    float* y = o + r * size_t(D);
+    if (wp)
+      for (int i = 0; i < D; i++) y[i] = (row[i * ks] * inv) * wp[i];
+    else
+      for (int i = 0; i < D; i++) y[i] = row[i * ks] * inv;
+  });
+}
+
+class RmsNorm : public mx::Primitive {
+ public:
+  RmsNorm(mx::Stream s, float eps) : mx::Primitive(s), eps_(eps) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    auto& out = outputs[0];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    std::optional<mx::array> w;
+    if (inputs.size() > 1) w = inputs[1];
+    encoder.dispatch([x = inputs[0], w, out = mx::array::unsafe_weak_copy(out), eps = eps_]() mutable {
+      rms_norm(x, w ? &*w : nullptr, eps, out);
+    });
+  }
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("weft RmsNorm runs on the CPU");
+  }
+  const char* name() const override { return "WeftRmsNorm"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const RmsNorm*>(&other);
+    return o && o->eps_ == eps_;
+  }
+
+ private:
+  float eps_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// RoPE over the first `dims` features of x [..., L, D] at positions (offset + l) * scale, with
+// inverse frequencies base^(-i / (dims / 2)) (as the fallback: exp(-i * log(base) / half)) or
+// 1 / freqs[i]. Per-row offsets: one per index of x's first axis.
+
+struct RopeParams {
+  int dims;
+  bool traditional;
+  float base;  // NaN: use freqs
+  float scale;
+};
+
+void rope(const mx::array& x, const RopeParams& p, const mx::array& offsets, const mx::array* freqs,
+          mx::array& out) {
+  const int nd = x.ndim();
+  const int L = x.shape(nd - 2), D = x.shape(nd - 1);
+  const int half = p.dims / 2;
+  const int64_t ks = x.strides().back();
+  std::vector<float> inv(static_cast<size_t>(half));
+  if (freqs) {
+    const float* f = freqs->data<float>();
+    for (int i = 0; i < half; i++) inv[size_t(i)] = 1.0f / f[i];
+  } else {
+    const float c = std::log(p.base) / float(half);
+    for (int i = 0; i < half; i++) inv[size_t(i)] = std::exp(float(-i) * c);
+  }
+  const int32_t* offs = offsets.data<int32_t>();
+  const bool per_row = offsets.size() > 1;
+  // cos / sin tables [L][half] for the current offset (rebuilt when it changes).
+  std::vector<float> cs(size_t(L) * half), sn(size_t(L) * half);
+  int64_t table_offset = INT64_MIN;
+  float* o = out.data<float>();
+  for_each_row(x, [&](size_t r, const float* row, const std::vector<int>& idx) {
+    const int64_t off = per_row ? offs[idx[0]] : offs[0];
+    if (off != table_offset) {
+      for (int l = 0; l < L; l++) {
+        const float pos = (float(l) + float(off)) * p.scale;
+        for (int i = 0; i < half; i++) {
+          const float t = pos * inv[size_t(i)];
+          cs[size_t(l) * half + i] = std::cos(t);
+          sn[size_t(l) * half + i] = std::sin(t);
+        }
+      }
+      table_offset = off;
+    }
+    const int l = idx[size_t(nd - 2)];
+    const float* c = cs.data() + size_t(l) * half;
+    const float* s = sn.data() + size_t(l) * half;
+    float* y = o + r * size_t(D);
+    if (p.traditional) {
+      for (int i = 0; i < half; i++) {
+        const float x1 = row[(2 * i) * ks], x2 = row[(2 * i + 1) * ks];
+        y[2 * i] = x1 * c[i] - x2 * s[i];
+        y[2 * i + 1] = x1 * s[i] + x2 * c[i];
+      }
+    } else {
+      for (int i = 0; i < half; i++) {
+        const float x1 = row[i * ks], x2 = row[(half + i) * ks];
+        y[i] = x1 * c[i] - x2 * s[i];
+        y[half + i] = x1 * s[i] + x2 * c[i];
+      }
+    }
+    for (int i = p.dims; i < D; i++) y[i] = row[i * ks];
+  });
+}
+
+class Rope : public mx::Primitive {
+ public:
+  Rope(mx::Stream s, RopeParams p) : mx::Primitive(s), p_(p) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    auto& out = outputs[0];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    std::optional<mx::array> freqs;
+    if (inputs.size() > 2) freqs = inputs[2];
+    encoder.dispatch([x = inputs[0], offsets = inputs[1], freqs, out = mx::array::unsafe_weak_copy(out),
+                      p = p_]() mutable { rope(x, p, offsets, freqs ? &*freqs : nullptr, out); });
+  }
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("weft Rope runs on the CPU");
+  }
+  const char* name() const override { return "WeftRope"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const Rope*>(&other);
+    return o && o->p_.dims == p_.dims && o->p_.traditional == p_.traditional &&
+           (o->p_.base == p_.base || (std::isnan(o->p_.base) && std::isnan(p_.base))) &&
+           o->p_.scale == p_.scale;
+  }
+
+ private:
+  RopeParams p_;
+};
+
+bool on_cpu(const mx::Stream& s) { return s.device.type == mx::Device::DeviceType::cpu; }
+
+// Weights, offsets and frequencies are normally evaluated and contiguous already: no extra op.
+mx::array contiguous_input(const mx::array& a, const mx::Stream& s) {
+  if (a.is_available() && a.flags().row_contiguous) return a;
+  return mx::contiguous(a, false, s);
+}
+
+}  // namespace
+}  // namespace weft_row_ops
+
+using namespace weft_row_ops;
+
+extern "C" int weft_rms_norm(mlx_array* res, const mlx_array x, const mlx_array weight, float eps,
+                             const mlx_stream stream) {
+  try {
+    const auto& xa = mlx_array_get_(x);
+    const auto& st = mlx_stream_get_(stream);
+    std::optional<mx::array> w;
+    if (weight.ctx) w = mlx_array_get_(weight);
+    const int D = xa.ndim() ? xa.shape().back() : 0;
+    const bool ok = on_cpu(st) && xa.dtype() == mx::float32 && xa.ndim() >= 1 && D > 0 &&
+                    (!w || (w->dtype() == mx::float32 && w->ndim() == 1 && w->shape(0) == D));
+    if (!ok) {
+      mlx_array_set_(*res, mx::fast::rms_norm(xa, w, eps, st));
+      return 0;
+    }
+    std::vector<mx::array> inputs{xa};
+    if (w) inputs.push_back(contiguous_input(*w, st));
+    mlx_array_set_(*res, mx::array(xa.shape(), mx::float32, std::make_shared<RmsNorm>(st, eps), inputs));
+    return 0;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return 1;
+  }
+}
+
+extern "C" int weft_rope(mlx_array* res, const mlx_array x, int dims, int traditional, float base,
+                         float scale, const mlx_array offset, const mlx_array freqs,
+                         const mlx_stream stream) {
+  try {
+    const auto& xa = mlx_array_get_(x);
+    const auto& oa = mlx_array_get_(offset);
+    const auto& st = mlx_stream_get_(stream);
+    std::optional<mx::array> fa;
+    if (freqs.ctx) fa = mlx_array_get_(freqs);
+    const std::optional<float> base_opt = std::isnan(base) ? std::nullopt : std::optional<float>(base);
+    const int nd = xa.ndim();
+    const bool offsets_ok = (oa.dtype() == mx::int32 || oa.dtype() == mx::uint32) &&
+                            (oa.size() == 1 || (oa.ndim() == 1 && nd >= 3 && oa.shape(0) == xa.shape(0)));
+    const bool ok = on_cpu(st) && xa.dtype() == mx::float32 && nd >= 3 && dims > 0 && dims % 2 == 0 &&
+                    dims <= xa.shape(-1) && offsets_ok && (fa.has_value() != base_opt.has_value()) &&
+                    (!fa || (fa->dtype() == mx::float32 && fa->size() == size_t(dims / 2)));
+    if (!ok) {
+      mlx_array_set_(*res, mx::fast::rope(xa, dims, traditional != 0, base_opt, scale, oa, fa, st));
+      return 0;
+    }
+    std::vector<mx::array> inputs{xa, contiguous_input(oa.dtype() == mx::int32 ? oa : mx::astype(oa, mx::int32, st), st)};
+    if (fa) inputs.push_back(contiguous_input(*fa, st));
+    auto prim = std::make_shared<Rope>(st, RopeParams{dims, traditional != 0, base, scale});
+    mlx_array_set_(*res, mx::array(xa.shape(), mx::float32, prim, inputs));
+    return 0;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return 1;
+  }
+}
+
+extern "C" const char* weft_row_ops_last_error(void) { return last_error.c_str(); }
