@@ -905,7 +905,7 @@ fn image_and_audio_parts_in_one_chat_request() {
     let g = golden("gemma4_vision_audio");
     let case = g["cases"].as_array().unwrap().iter().find(|c| c["name"] == "image_then_audio").unwrap();
     let want: Vec<String> = case["tokens"].as_array().unwrap().iter().map(|t| format!("t{t}")).collect();
-    let server = Server::start(&goldens_dir().join("models").join("gemma4-vision-audio"), &[]);
+    let server = Server::start(&goldens_dir().join("models").join("gemma4-vision-audio"), Exact, &[]);
     let (status, listed) = server.get("/v1/models", "");
     assert_eq!(status, 200, "{listed}");
     assert!(listed.contains("\"vision\":true") && listed.contains("\"audio\":true"), "{listed}");

@@ -316,7 +316,9 @@ fn assert_still_exact(engine: Handle) {
 // Strategies.
 
 /// The request fields: the contract's own list.
-const REQUEST_FIELDS: &[&str] = weft::contract::REQUEST_FIELDS;
+fn request_fields() -> &'static [&'static str] {
+    &weft::contract::REQUEST_FIELDS
+}
 
 /// The engine options fuzzed: the contract's list minus the four MLX memory-policy fields, which
 /// set process-wide MLX limits (a fuzzed 1-byte memory limit would starve every other test in
@@ -572,7 +574,7 @@ fn submit_arbitrary_bytes() {
 fn submit_arbitrary_json() {
     let engine = tiny_engine();
     let tally = Tally::default();
-    fuzz("submit_arbitrary_json", cases(600), any_json(REQUEST_FIELDS), |v| {
+    fuzz("submit_arbitrary_json", cases(600), any_json(request_fields()), |v| {
         submit_case(engine, v.to_string().as_bytes(), RUN_BEFORE_CANCEL, &tally).map(|_| ())
     });
     let (_, refused) = tally.report("submit_arbitrary_json");
@@ -592,7 +594,7 @@ fn submit_mutated_requests() {
         Ok(())
     });
     let tally = Tally::default();
-    let strategy = (valid_request(), edits(REQUEST_FIELDS), byte_edit());
+    let strategy = (valid_request(), edits(request_fields()), byte_edit());
     fuzz("submit_mutated_requests", cases(1200), strategy, |(doc, edits, bytes)| {
         submit_case(engine, &apply(doc, &edits, &bytes), RUN_BEFORE_CANCEL, &tally).map(|_| ())
     });
