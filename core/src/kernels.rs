@@ -106,20 +106,28 @@ pub fn quantized_matmul(
     group_size: i32,
     bits: i32,
 ) -> Result<Array> {
+    call_qmm(mlx_sys::weft_quantized_matmul, "quantized_matmul", x, w, scales, biases, group_size, bits)
+}
+
+/// The C signature the quantized-matmul entry points share (`weft_kernels.h`).
+type QmmEntry = unsafe extern "C" fn(
+    *mut mlx_sys::mlx_array,
+    mlx_sys::mlx_array,
+    mlx_sys::mlx_array,
+    mlx_sys::mlx_array,
+    mlx_sys::mlx_array,
+    std::os::raw::c_int,
+    std::os::raw::c_int,
+    mlx_sys::mlx_stream,
+) -> std::os::raw::c_int;
+
+#[allow(clippy::too_many_arguments)]
+fn call_qmm(entry: QmmEntry, what: &str, x: &Array, w: &Array, scales: &Array, biases: &Array, group_size: i32, bits: i32) -> Result<Array> {
     let stream = Stream::thread_local_or_default();
     unsafe {
         let mut res = mlx_sys::mlx_array_new();
-        let status = mlx_sys::weft_quantized_matmul(
-            &mut res,
-            x.as_ptr(),
-            w.as_ptr(),
-            scales.as_ptr(),
-            biases.as_ptr(),
-            group_size,
-            bits,
-            stream.as_ptr(),
-        );
-        take_result(res, status, "quantized_matmul")
+        let status = entry(&mut res, x.as_ptr(), w.as_ptr(), scales.as_ptr(), biases.as_ptr(), group_size, bits, stream.as_ptr());
+        take_result(res, status, what)
     }
 }
 
@@ -134,21 +142,7 @@ pub fn swiglu_quantized_matmul(
     group_size: i32,
     bits: i32,
 ) -> Result<Array> {
-    let stream = Stream::thread_local_or_default();
-    unsafe {
-        let mut res = mlx_sys::mlx_array_new();
-        let status = mlx_sys::weft_swiglu_quantized_matmul(
-            &mut res,
-            gate_up.as_ptr(),
-            w.as_ptr(),
-            scales.as_ptr(),
-            biases.as_ptr(),
-            group_size,
-            bits,
-            stream.as_ptr(),
-        );
-        take_result(res, status, "swiglu_quantized_matmul")
-    }
+    call_qmm(mlx_sys::weft_swiglu_quantized_matmul, "swiglu_quantized_matmul", gate_up, w, scales, biases, group_size, bits)
 }
 
 /// `gather_qmm(x, w, scales, biases, rhs_indices = indices, transpose = true)` for the stacked
