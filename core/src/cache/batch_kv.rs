@@ -191,25 +191,7 @@ impl RightPadding for BatchKvCache {
 }
 
 impl KvCache for BatchKvCache {
-    fn attention(&mut self) -> Option<&mut dyn AttentionCache> {
-        Some(self)
-    }
-
-    fn attention_ref(&self) -> Option<&dyn AttentionCache> {
-        Some(self)
-    }
-
-    fn batch_rows(&mut self) -> Option<&mut dyn BatchRows> {
-        Some(self)
-    }
-
-    fn batch_rows_ref(&self) -> Option<&dyn BatchRows> {
-        Some(self)
-    }
-
-    fn right_padding(&mut self) -> Option<&mut dyn RightPadding> {
-        Some(self)
-    }
+    super::faces!(attention, batch_rows, right_padding);
 
     fn into_batched(self: Box<Self>) -> Result<Box<dyn KvCache>> {
         Ok(self)

@@ -340,21 +340,7 @@ impl BatchRows for BatchRotatingKvCache {
 }
 
 impl KvCache for BatchRotatingKvCache {
-    fn attention(&mut self) -> Option<&mut dyn AttentionCache> {
-        Some(self)
-    }
-
-    fn attention_ref(&self) -> Option<&dyn AttentionCache> {
-        Some(self)
-    }
-
-    fn batch_rows(&mut self) -> Option<&mut dyn BatchRows> {
-        Some(self)
-    }
-
-    fn batch_rows_ref(&self) -> Option<&dyn BatchRows> {
-        Some(self)
-    }
+    super::faces!(attention, batch_rows);
 
     fn into_batched(self: Box<Self>) -> Result<Box<dyn KvCache>> {
         Ok(self)

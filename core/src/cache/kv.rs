@@ -58,13 +58,7 @@ impl AttentionCache for KvCacheSingle {
 }
 
 impl KvCache for KvCacheSingle {
-    fn attention(&mut self) -> Option<&mut dyn AttentionCache> {
-        Some(self)
-    }
-
-    fn attention_ref(&self) -> Option<&dyn AttentionCache> {
-        Some(self)
-    }
+    super::faces!(attention);
 
     fn len(&self) -> usize {
         self.offset as usize

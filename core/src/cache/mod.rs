@@ -113,6 +113,37 @@ pub trait RightPadding {
     fn finalize_padding(&mut self) -> Result<()>;
 }
 
+/// Inside an `impl KvCache`: the role faces the type itself implements, each returning
+/// `Some(self)` (`attention` writes `attention` + `attention_ref`, `batch_rows` writes
+/// `batch_rows` + `batch_rows_ref`, `right_padding` writes `right_padding`).
+macro_rules! faces {
+    (@face attention) => {
+        fn attention(&mut self) -> Option<&mut dyn $crate::cache::AttentionCache> {
+            Some(self)
+        }
+        fn attention_ref(&self) -> Option<&dyn $crate::cache::AttentionCache> {
+            Some(self)
+        }
+    };
+    (@face batch_rows) => {
+        fn batch_rows(&mut self) -> Option<&mut dyn $crate::cache::BatchRows> {
+            Some(self)
+        }
+        fn batch_rows_ref(&self) -> Option<&dyn $crate::cache::BatchRows> {
+            Some(self)
+        }
+    };
+    (@face right_padding) => {
+        fn right_padding(&mut self) -> Option<&mut dyn $crate::cache::RightPadding> {
+            Some(self)
+        }
+    };
+    ($($face:ident),+) => {
+        $($crate::cache::faces!(@face $face);)+
+    };
+}
+pub(crate) use faces;
+
 /// One layer's cache, as models and the engine hold it. The role faces return `None` where
 /// the role does not apply (a recurrent state has no attention face; a single-sequence cache
 /// has no batch rows until `into_batched`).

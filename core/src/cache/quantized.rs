@@ -248,13 +248,7 @@ impl AttentionCache for QuantizedKvCache {
 }
 
 impl KvCache for QuantizedKvCache {
-    fn attention(&mut self) -> Option<&mut dyn AttentionCache> {
-        Some(self)
-    }
-
-    fn attention_ref(&self) -> Option<&dyn AttentionCache> {
-        Some(self)
-    }
+    super::faces!(attention);
 
     fn len(&self) -> usize {
         self.offset as usize
@@ -479,21 +473,7 @@ impl BatchRows for BatchQuantizedKvCache {
 }
 
 impl KvCache for BatchQuantizedKvCache {
-    fn attention(&mut self) -> Option<&mut dyn AttentionCache> {
-        Some(self)
-    }
-
-    fn attention_ref(&self) -> Option<&dyn AttentionCache> {
-        Some(self)
-    }
-
-    fn batch_rows(&mut self) -> Option<&mut dyn BatchRows> {
-        Some(self)
-    }
-
-    fn batch_rows_ref(&self) -> Option<&dyn BatchRows> {
-        Some(self)
-    }
+    super::faces!(attention, batch_rows);
 
     fn into_batched(self: Box<Self>) -> Result<Box<dyn KvCache>> {
         Ok(self)
@@ -704,13 +684,7 @@ impl BatchRows for QuantizingKvCache {
 }
 
 impl KvCache for QuantizingKvCache {
-    fn attention(&mut self) -> Option<&mut dyn AttentionCache> {
-        Some(self)
-    }
-
-    fn attention_ref(&self) -> Option<&dyn AttentionCache> {
-        Some(self)
-    }
+    super::faces!(attention);
 
     fn batch_rows(&mut self) -> Option<&mut dyn BatchRows> {
         matches!(self.form, Form::FullBatch(_) | Form::QuantizedBatch(_)).then_some(self as &mut dyn BatchRows)

@@ -180,13 +180,7 @@ impl BatchRows for BatchRecurrentCache {
 }
 
 impl KvCache for BatchRecurrentCache {
-    fn batch_rows(&mut self) -> Option<&mut dyn BatchRows> {
-        Some(self)
-    }
-
-    fn batch_rows_ref(&self) -> Option<&dyn BatchRows> {
-        Some(self)
-    }
+    super::faces!(batch_rows);
 
     fn into_batched(self: Box<Self>) -> Result<Box<dyn KvCache>> {
         Ok(self)

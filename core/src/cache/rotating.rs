@@ -188,13 +188,7 @@ impl AttentionCache for RotatingKvCache {
 }
 
 impl KvCache for RotatingKvCache {
-    fn attention(&mut self) -> Option<&mut dyn AttentionCache> {
-        Some(self)
-    }
-
-    fn attention_ref(&self) -> Option<&dyn AttentionCache> {
-        Some(self)
-    }
+    super::faces!(attention);
 
     /// Positions covered (tokens processed), which is what prefix bookkeeping counts; at most
     /// `max_size` of them are actually held.
