@@ -128,6 +128,14 @@ pub fn fuse_projections() -> Result<bool> {
         return Ok(on);
     }
     match std::env::var(FUSE_PROJECTIONS_ENV).as_deref() {
+        // Measured on MLX 0.32's CUDA backend: fused quantized projections gave wrong logits
+        // (the tiny mixed-precision llama) and an illegal memory access (Llama-3.1-8B shape).
+        Ok("1") if crate::default_device() == "gpu" => {
+            return Err(crate::Error::Unsupported(format!(
+                "{FUSE_PROJECTIONS_ENV}=1: projection fusion is CPU-only (on MLX's CUDA backend fused quantized \
+                 projections computed wrong results; see docs/benchmarks.md)"
+            )))
+        }
         Ok("1") => return Ok(true),
         Ok("0") => return Ok(false),
         Ok("") | Err(_) => {}
