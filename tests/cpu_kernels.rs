@@ -5,6 +5,8 @@
 //!   inner dimensions that need the narrower-vector tails (576 = 4.5 AVX-512 blocks at 4 bits);
 //!   5-bit codes (MLX's bit stream, fields across word boundaries) on the same shapes.
 //! - The gather form (MoE experts) against `mlx gather_qmm`, decode and sorted-prefill shapes.
+//! - The attention primitive against `mx.fast.scaled_dot_product_attention`: decode and prefill,
+//!   GQA, every mask kind, strided inputs; MLX's op outside its domain.
 //! - Whole models: the next-token distribution of fast mode against exact mode (KL divergence)
 //!   on the tiny quantized models and the default model, and greedy agreement over the goldens'
 //!   trajectories (printed; the KL bound is the gate).
@@ -318,6 +320,134 @@ fn row_primitives_match_mlx_rms_norm_and_rope() {
     }
 }
 
+/// One attention case for [`sdpa_primitive_matches_mlx_sdpa`].
+struct SdpaCase {
+    b: i32,
+    hq: i32,
+    hkv: i32,
+    lq: i32,
+    lk: i32,
+    d: i32,
+    mask: &'static str,
+}
+
+/// Random q / k / v as the attention layers hand them over: q `[B, Lq, Hq, D]` transposed to
+/// `[B, Hq, Lq, D]`, k and v the first Lk rows of a longer cache buffer (with `d == 80` values
+/// stored transposed instead: a non-unit last stride), and the case's mask.
+fn sdpa_inputs(c: &SdpaCase, seed: u64) -> (Array, Array, Array, weft::cache::AttentionMask) {
+    use mlx_rs::ops::indexing::IndexOp;
+    use weft::cache::AttentionMask;
+    let q = random(&[c.b, c.lq, c.hq, c.d], seed).multiply(Array::from_f32(2.0)).unwrap().swap_axes(1, 2).unwrap();
+    let k = random(&[c.b, c.hkv, c.lk + 9, c.d], seed + 1).index((.., .., ..c.lk, ..));
+    let v = if c.d == 80 {
+        random(&[c.b, c.hkv, c.d, c.lk], seed + 2).swap_axes(2, 3).unwrap()
+    } else {
+        random(&[c.b, c.hkv, c.lk + 9, c.d], seed + 2).index((.., .., ..c.lk, ..))
+    };
+    let mask = match c.mask {
+        "none" => AttentionMask::None,
+        "causal" => AttentionMask::Causal,
+        "bool" => {
+            // [B, 1, Lq, Lk] as the batch caches build it: random holes, key 0 always seen, and
+            // row (b = 1, i = 0) seeing nothing (MLX then averages every value: a finite minimum).
+            let r = to_vec(&random(&[c.b, 1, c.lq, c.lk], seed + 3));
+            let m: Vec<bool> = (0..r.len())
+                .map(|e| {
+                    let (b, i, j) = (e / (c.lq * c.lk) as usize, e / c.lk as usize % c.lq as usize, e % c.lk as usize);
+                    !(b == 1 && i == 0) && (j == 0 || r[e] > -0.6)
+                })
+                .collect();
+            AttentionMask::Array(Array::from_slice(&m, &[c.b, 1, c.lq, c.lk]))
+        }
+        "additive" => AttentionMask::Array(random(&[1, c.hq, c.lq, c.lk], seed + 3).multiply(Array::from_f32(2.0)).unwrap()),
+        other => unreachable!("{other}"),
+    };
+    (q, k, v, mask)
+}
+
+/// Weft's attention primitive (fast mode's `sdpa`) against `mx.fast.scaled_dot_product_attention`
+/// on random inputs: decode (Lq = 1) and prefill, GQA ratios 1 / 3 / 4, head dims 64 / 128 (and
+/// 80: a vector tail, values copied), no mask, causal (Lq = Lk, Lq < Lk, Lq = 1), boolean and
+/// additive masks, strided q / k / v, B > 1, key counts that end blocks early; every instruction
+/// set this CPU has. Both compute in float32; the score sums, the exp and the order of the value
+/// sums round differently (online softmax). Bound: |fast - mlx| <= 1e-5 * (softmax . |v|) + 1e-6
+/// per output element, the magnitude from MLX's op on |v| (observed: at most 1.3e-6 of it).
+#[test]
+fn sdpa_primitive_matches_mlx_sdpa() {
+    use weft::cache::sdpa;
+    let _cap = hold_isa();
+    let case = |b, hq, hkv, lq, lk, d, mask| SdpaCase { b, hq, hkv, lq, lk, d, mask };
+    let cases = [
+        case(1, 9, 3, 1, 37, 64, "none"),
+        case(2, 8, 2, 1, 300, 128, "none"),
+        case(1, 4, 4, 1, 70, 64, "none"),
+        case(1, 9, 3, 1, 20, 64, "causal"),
+        case(1, 9, 3, 100, 100, 64, "causal"),
+        case(2, 8, 2, 23, 150, 128, "causal"),
+        case(1, 4, 4, 40, 40, 80, "causal"),
+        case(3, 9, 3, 1, 50, 64, "bool"),
+        case(2, 8, 2, 7, 90, 64, "bool"),
+        case(1, 8, 2, 5, 66, 128, "additive"),
+    ];
+    let mut seen = Vec::new();
+    for isa in ["avx512", "avx2", "generic"] {
+        kernels::limit_isa(isa).unwrap();
+        let got = kernels::sdpa_isa();
+        if seen.contains(&got) {
+            continue;
+        }
+        seen.push(got);
+        for (n, c) in cases.iter().enumerate() {
+            let (q, k, v, mask) = sdpa_inputs(c, 300 + 10 * n as u64);
+            let scale = 1.0 / (c.d as f32).sqrt();
+            let fast = sdpa(&q, &k, &v, scale, &mask, true).unwrap();
+            let want = sdpa(&q, &k, &v, scale, &mask, false).unwrap();
+            let mag = to_vec(&sdpa(&q, &k, &abs(&v).unwrap(), scale, &mask, false).unwrap());
+            assert_eq!(fast.shape(), want.shape());
+            assert_eq!(fast.dtype(), Dtype::Float32);
+            let (f, w) = (to_vec(&fast), to_vec(&want));
+            let what = format!("B={} Hq={} Hkv={} Lq={} Lk={} D={} {} ({got})", c.b, c.hq, c.hkv, c.lq, c.lk, c.d, c.mask);
+            let mut worst = 0.0f32;
+            for i in 0..f.len() {
+                let tol = 1e-5 * mag[i] + 1e-6;
+                let err = (f[i] - w[i]).abs();
+                assert!(err <= tol, "{what}: element {i}: fast {} vs mlx {} (tolerance {tol})", f[i], w[i]);
+                worst = worst.max(err / tol);
+            }
+            eprintln!("{what}: worst error {worst:.3} of the tolerance");
+        }
+    }
+    kernels::limit_isa("avx512").unwrap();
+    eprintln!("attention kernels checked: {seen:?}");
+}
+
+/// Outside the primitive's domain fast mode's `sdpa` is MLX's op, bit for bit (float16 inputs;
+/// a causal mask with more queries than keys), and inputs MLX rejects are an error, not a panic.
+#[test]
+fn sdpa_primitive_falls_back_and_reports_bad_input() {
+    use weft::cache::{sdpa, AttentionMask};
+    let half = |a: Array| a.as_dtype(Dtype::Float16).unwrap();
+    let (q, k, v) = (random(&[1, 4, 3, 64], 400), random(&[1, 2, 9, 64], 401), random(&[1, 2, 9, 64], 402));
+    let (qh, kh, vh) = (half(q.clone()), half(k.clone()), half(v.clone()));
+    let fast = sdpa(&qh, &kh, &vh, 0.125, &AttentionMask::Causal, true).unwrap();
+    let mlx = sdpa(&qh, &kh, &vh, 0.125, &AttentionMask::Causal, false).unwrap();
+    assert_eq!(fast.dtype(), Dtype::Float16);
+    assert_eq!(to_vec(&fast), to_vec(&mlx), "float16: MLX's op");
+    let long_q = random(&[1, 4, 12, 64], 403);
+    let fast = sdpa(&long_q, &k, &v, 0.125, &AttentionMask::Causal, true).unwrap();
+    let mlx = sdpa(&long_q, &k, &v, 0.125, &AttentionMask::Causal, false).unwrap();
+    assert_eq!(to_vec(&fast), to_vec(&mlx), "causal Lq > Lk: MLX's op");
+    for (q, k, what) in [
+        (q.clone(), random(&[1, 2, 9, 32], 404), "head dims differ"),
+        (random(&[1, 3, 3, 64], 405), k.clone(), "3 query heads over 2 kv heads"),
+    ] {
+        let err = sdpa(&q, &k, &v, 0.125, &AttentionMask::None, true).and_then(|o| Ok(o.eval()?));
+        assert!(err.is_err(), "{what}: must be an error");
+    }
+    let bad_mask = AttentionMask::Array(Array::from_slice(&[true; 5], &[5]));
+    assert!(sdpa(&q, &k, &v, 0.125, &bad_mask, true).and_then(|o| Ok(o.eval()?)).is_err(), "mask of 5 keys over 9");
+}
+
 #[test]
 fn mode_parses_and_scopes_to_the_loading_thread() {
     assert_eq!("exact".parse::<CpuKernels>().unwrap(), CpuKernels::Exact);
@@ -550,9 +680,10 @@ fn concatenated_linears_compute_the_parts_outputs() {
     assert!(mixed.is_err(), "quantized and dense layers do not stack");
 }
 
-/// The kernel's aarch64 NEON path, cross-compiled and run under qemu against a scalar
-/// reference (scripts/test-kernel-aarch64; ~30 s). Skipped, loudly, only when the cross
-/// toolchain is absent (the script exits 77; scripts/setup installs it on x86-64 Debian).
+/// The kernels' aarch64 NEON paths (quantized matmul, attention), cross-compiled and run under
+/// qemu against scalar references (scripts/test-kernel-aarch64; ~30 s). Skipped, loudly, only
+/// when the cross toolchain is absent (the script exits 77; scripts/setup installs it on x86-64
+/// Debian).
 #[test]
 fn aarch64_neon_kernel_matches_a_scalar_reference_under_qemu() {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/test-kernel-aarch64");
@@ -563,6 +694,7 @@ fn aarch64_neon_kernel_matches_a_scalar_reference_under_qemu() {
         return;
     }
     assert!(out.status.success(), "{}: {}\n{stdout}\n{stderr}", script.display(), out.status);
-    assert!(stdout.contains(" 0 mismatching outputs"), "{stdout}");
+    // Both kernels' programs (quantized matmul, attention) ran clean.
+    assert_eq!(stdout.matches(" 0 mismatching outputs").count(), 2, "{stdout}");
     eprintln!("{stdout}");
 }

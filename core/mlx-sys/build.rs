@@ -12,9 +12,9 @@
 //!    and cuDNN at build time, which a machine that only builds does not have.
 //! 2. mlx-c: the sources inside the registry `mlx-sys` 0.7.0 package, which cargo downloads and
 //!    checksum-verifies via the tiny locked manifest in `fetch/`. Compiled with cmake against (1).
-//! 3. Weft's CPU kernels (`kernels/`): a custom MLX primitive for quantized matmul, compiled
-//!    against the same wheel's C++ headers (C++20, libstdc++), its inner loops once per
-//!    instruction set (chosen at run time).
+//! 3. Weft's CPU kernels (`kernels/`): custom MLX primitives (quantized matmul, RMSNorm, RoPE,
+//!    attention), compiled against the same wheel's C++ headers (C++20, libstdc++), their inner
+//!    loops once per instruction set (chosen at run time).
 //! 4. bindgen over `mlx/c/*.h` and `kernels/weft_kernels.h`, with `shim/weft_mlx_shim.h`
 //!    force-included to bridge the header gaps listed in that file.
 
@@ -315,10 +315,21 @@ fn main() {
     bindings.write_to_file(out.join("bindings.rs")).expect("write bindings.rs");
 }
 
-/// Compiles kernels/ into one static library: the primitive and entry points once, the inner
-/// loops (qmm_kernel.cpp) once per instruction set with its own -m flags and namespace.
+/// Compiles kernels/ into one static library: the primitives and entry points once, the inner
+/// loops (qmm_kernel.cpp, attention_kernel.cpp) once per instruction set with its own -m flags
+/// and namespace.
 fn build_kernels(dir: &Path, prefix: &Path, mlx_c: &Path, shim: &Path) {
-    for file in ["qmm_kernel.h", "qmm_kernel.cpp", "qmm_primitive.cpp", "row_ops.cpp", "weft_kernels.h"] {
+    for file in [
+        "qmm_kernel.h",
+        "qmm_kernel.cpp",
+        "qmm_primitive.cpp",
+        "row_ops.cpp",
+        "attention_kernel.h",
+        "attention_kernel.cpp",
+        "attention.cpp",
+        "thread_pool.h",
+        "weft_kernels.h",
+    ] {
         println!("cargo:rerun-if-changed={}", dir.join(file).display());
     }
     let arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
@@ -343,7 +354,10 @@ fn build_kernels(dir: &Path, prefix: &Path, mlx_c: &Path, shim: &Path) {
     let mut objects = Vec::new();
     for (isa, width, flags) in isas {
         let mut b = base();
-        b.file(dir.join("qmm_kernel.cpp")).define("WEFT_QMM_ISA", isa).define("WEFT_QMM_WIDTH", width);
+        b.file(dir.join("qmm_kernel.cpp"))
+            .file(dir.join("attention_kernel.cpp"))
+            .define("WEFT_QMM_ISA", isa)
+            .define("WEFT_QMM_WIDTH", width);
         for f in flags {
             b.flag(f);
         }
@@ -354,6 +368,7 @@ fn build_kernels(dir: &Path, prefix: &Path, mlx_c: &Path, shim: &Path) {
     let mut b = base();
     b.file(dir.join("qmm_primitive.cpp"))
         .file(dir.join("row_ops.cpp"))
+        .file(dir.join("attention.cpp"))
         .include(prefix.join("include"))
         .include(mlx_c)
         .flag("-include")

@@ -227,6 +227,42 @@ pub fn rope(
     }
 }
 
+/// `mlx fast::scaled_dot_product_attention(q, k, v, scale, mask)`: one primitive for float32
+/// q `[B, Hq, Lq, D]`, k / v `[B, Hkv, Lk, D]` (any strides) on CPU streams, with no mask, the
+/// causal mask (`Lq <= Lk`) or a boolean / additive array mask (broadcast to `[B, Hq, Lq, Lk]`);
+/// MLX's op otherwise (other dtypes, GPU streams). Online softmax over key blocks with its own
+/// vectorized exp, so the last bits differ from MLX's: fast mode only.
+pub fn sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: &crate::cache::AttentionMask) -> Result<Array> {
+    use crate::cache::AttentionMask;
+    let stream = Stream::thread_local_or_default();
+    let (mode, array): (&CStr, Option<&Array>) = match mask {
+        AttentionMask::None => (c"", None),
+        AttentionMask::Causal => (c"causal", None),
+        AttentionMask::Array(m) => (c"array", Some(m)),
+    };
+    unsafe {
+        let none = mlx_sys::mlx_array_new();
+        let mut res = mlx_sys::mlx_array_new();
+        let status = mlx_sys::weft_sdpa(
+            &mut res,
+            q.as_ptr(),
+            k.as_ptr(),
+            v.as_ptr(),
+            scale,
+            mode.as_ptr(),
+            array.map_or(none, |m| m.as_ptr()),
+            stream.as_ptr(),
+        );
+        take_result_with(res, status, "sdpa", mlx_sys::weft_sdpa_last_error)
+    }
+}
+
+/// The instruction set [`sdpa`]'s kernel uses: "avx512", "avx2" or "generic" (under the
+/// [`limit_isa`] cap, which it shares with the quantized matmul).
+pub fn sdpa_isa() -> &'static str {
+    unsafe { CStr::from_ptr(mlx_sys::weft_sdpa_isa()).to_str().unwrap_or("?") }
+}
+
 /// The array a primitive call returned, or the kernels' last error when `status` says it failed
 /// (the unused result handle is freed).
 ///

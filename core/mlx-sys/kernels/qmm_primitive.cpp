@@ -28,6 +28,7 @@
 #include "mlx/c/private/stream.h"
 
 #include "qmm_kernel.h"
+#include "thread_pool.h"
 #include "weft_kernels.h"
 
 namespace mx = mlx::core;
@@ -476,6 +477,26 @@ mx::array contiguous_rows(const mx::array& a, const mx::Stream& s) {
 
 }  // namespace
 }  // namespace weft_qmm
+
+namespace weft_kernels {
+
+void parallel_for(int chunks, void (*fn)(void*, int), void* ctx) { weft_qmm::Pool::get().run(chunks, fn, ctx); }
+
+int pool_threads() { return weft_qmm::Pool::get().threads(); }
+
+int isa_level() {
+#if defined(__x86_64__)
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                           __builtin_cpu_supports("f16c");
+  const int cap = weft_qmm::isa_cap.load(std::memory_order_relaxed);
+  if (avx512 && avx2 && cap == 0) return 0;
+  if (avx2 && cap <= 1) return 1;
+#endif
+  return 2;
+}
+
+}  // namespace weft_kernels
 
 using namespace weft_qmm;
 

@@ -64,6 +64,20 @@ int weft_swiglu_quantized_matmul(mlx_array* res, const mlx_array gate_up, const 
                                  const mlx_array scales, const mlx_array biases, int group_size,
                                  int bits, const mlx_stream stream);
 
+/* kernels/attention.cpp: mlx's fast::scaled_dot_product_attention(q, k, v, scale, mask_mode,
+ * mask) as one CPU primitive (MLX runs a graph of small ops there). q [B, Hq, Lq, D], k / v
+ * [B, Hkv, Lk, D / Dv] (Hq a multiple of Hkv; any strides), float32, on a CPU stream, with
+ * mask_mode "" (mask empty: ctx NULL), "causal" (Lq <= Lk: query i sees keys <= i + Lk - Lq) or
+ * "array" (a boolean or float mask broadcastable to [B, Hq, Lq, Lk]) take the primitive;
+ * anything else returns MLX's op. Errors through weft_sdpa_last_error(). */
+int weft_sdpa(mlx_array* res, const mlx_array queries, const mlx_array keys, const mlx_array values,
+              float scale, const char* mask_mode, const mlx_array mask, const mlx_stream stream);
+
+const char* weft_sdpa_last_error(void);
+
+/* The instruction set weft_sdpa's kernel uses ("avx512", "avx2", "generic"). */
+const char* weft_sdpa_isa(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -52,9 +52,14 @@ pub enum AttentionMask {
 }
 
 /// Fused scaled-dot-product attention over cached keys and values, with the cache-provided
-/// mask (here, below `nn`, because the caches attend too).
-pub fn sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: &AttentionMask) -> Result<Array> {
+/// mask (here, below `nn`, because the caches attend too). `fast`: the layer was loaded in fast
+/// mode on the CPU ([`crate::kernels::fast_on_cpu`]), so Weft's primitive runs
+/// ([`crate::kernels::sdpa`]); else MLX's op, bit for bit mlx-lm's.
+pub fn sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: &AttentionMask, fast: bool) -> Result<Array> {
     use mlx_rs::fast::{scaled_dot_product_attention, ScaledDotProductAttentionMask as M};
+    if fast {
+        return crate::kernels::sdpa(q, k, v, scale, mask);
+    }
     Ok(match mask {
         AttentionMask::None => scaled_dot_product_attention(q, k, v, scale, None, None)?,
         AttentionMask::Causal => scaled_dot_product_attention(q, k, v, scale, M::Causal, None)?,
@@ -71,7 +76,8 @@ pub trait AttentionCache {
     /// Stores `[B, kv_heads, L, D]` keys/values; returns all cached keys/values including them.
     fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)>;
     /// Stores this step's keys/values and attends `queries` over the whole cache with the
-    /// fused kernel. Quantized caches override it to attend on their packed form.
+    /// fused kernel ([`sdpa`]; `fast` as there). Quantized caches override it to attend on
+    /// their packed form.
     fn update_and_attend(
         &mut self,
         queries: &Array,
@@ -79,9 +85,10 @@ pub trait AttentionCache {
         values: &Array,
         scale: f32,
         mask: &AttentionMask,
+        fast: bool,
     ) -> Result<Array> {
         let (k, v) = self.update_and_fetch(keys, values)?;
-        sdpa(queries, &k, &v, scale, mask)
+        sdpa(queries, &k, &v, scale, mask, fast)
     }
     /// `(group_size, bits)` while keys and values are stored quantized (layers that read the
     /// fetched keys themselves, not through `update_and_attend`, must know).

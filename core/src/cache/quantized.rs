@@ -229,7 +229,7 @@ impl AttentionCache for QuantizedKvCache {
         Ok((dequantize_kv(&k, self.group_size, self.bits)?, dequantize_kv(&v, self.group_size, self.bits)?))
     }
 
-    fn update_and_attend(&mut self, q: &Array, k: &Array, v: &Array, scale: f32, mask: &AttentionMask) -> Result<Array> {
+    fn update_and_attend(&mut self, q: &Array, k: &Array, v: &Array, scale: f32, mask: &AttentionMask, _fast: bool) -> Result<Array> {
         let (k, v) = self.store(k, v)?;
         quantized_sdpa(q, &k, &v, scale, mask, self.group_size, self.bits)
     }
@@ -370,7 +370,7 @@ impl AttentionCache for BatchQuantizedKvCache {
         Ok((dequantize_kv(&k, self.group_size, self.bits)?, dequantize_kv(&v, self.group_size, self.bits)?))
     }
 
-    fn update_and_attend(&mut self, q: &Array, k: &Array, v: &Array, scale: f32, mask: &AttentionMask) -> Result<Array> {
+    fn update_and_attend(&mut self, q: &Array, k: &Array, v: &Array, scale: f32, mask: &AttentionMask, _fast: bool) -> Result<Array> {
         let (k, v) = self.store(k, v)?;
         quantized_sdpa(q, &k, &v, scale, mask, self.group_size, self.bits)
     }
@@ -625,8 +625,8 @@ impl AttentionCache for QuantizingKvCache {
         Ok(out)
     }
 
-    fn update_and_attend(&mut self, q: &Array, k: &Array, v: &Array, scale: f32, mask: &AttentionMask) -> Result<Array> {
-        let out = self.inner_attention().update_and_attend(q, k, v, scale, mask)?;
+    fn update_and_attend(&mut self, q: &Array, k: &Array, v: &Array, scale: f32, mask: &AttentionMask, fast: bool) -> Result<Array> {
+        let out = self.inner_attention().update_and_attend(q, k, v, scale, mask, fast)?;
         self.quantize_when_full()?;
         Ok(out)
     }

@@ -58,6 +58,8 @@ struct Attention {
     kv_heads: i32,
     rope: Rope,
     eps: f32,
+    /// Weft's attention primitive (fast mode on the CPU at load).
+    fast: bool,
 }
 
 /// The per-layer input branch of a block: `h + norm(proj(gelu(gate(h)) * input))`.
@@ -327,6 +329,7 @@ pub fn load(cfg: &ConfigReader, mut w: Weights, dtype: Dtype) -> Result<Gemma4Te
             kv_heads: n_kv,
             rope: rope_for(is_sliding, hd)?,
             eps,
+            fast: crate::kernels::fast_on_cpu(),
         };
         let wide = double_wide && first_shared > 0 && i >= first_shared;
         let inter = if wide { 2 * intermediate } else { intermediate };
@@ -432,7 +435,7 @@ impl Attention {
                     .as_ref()
                     .ok_or_else(|| Error::Mlx(format!("gemma4_text: layer {layer}'s keys are not computed yet")))?;
                 let q = self.rope.apply(&q, &kv.offset)?;
-                (sdpa(&q, &kv.keys, &kv.values, 1.0, mask)?, None)
+                (sdpa(&q, &kv.keys, &kv.values, 1.0, mask, self.fast)?, None)
             }
             KvSource::Own { k_proj, v_proj, k_norm, cache, shared } => {
                 let cache = cache::attention(caches[*cache].as_mut())?;
@@ -451,11 +454,11 @@ impl Attention {
                         return Err(Error::Unsupported(QUANTIZED_KV.into()));
                     }
                     let (keys, values) = cache.update_and_fetch(&k, &v)?;
-                    let out = sdpa(&q, &keys, &values, 1.0, mask)?;
+                    let out = sdpa(&q, &keys, &values, 1.0, mask, self.fast)?;
                     (out, Some(SharedKv { keys, values, offset }))
                 } else {
                     // The cache attends (quantized caches on their packed form, as mlx-lm).
-                    (cache.update_and_attend(&q, &k, &v, 1.0, mask)?, None)
+                    (cache.update_and_attend(&q, &k, &v, 1.0, mask, self.fast)?, None)
                 }
             }
         };

@@ -40,6 +40,8 @@ pub struct Attention {
     k_norm: Option<RmsNorm>,
     opts: AttentionOptions,
     scale: f32,
+    /// Weft's attention primitive instead of MLX's op (fast mode on the CPU at load).
+    fast: bool,
 }
 
 impl Attention {
@@ -90,7 +92,8 @@ impl Attention {
             None => (None, None),
         };
         let scale = (hd as f32).powf(-0.5);
-        Ok(Attention { proj, o_proj, logit_softcap: None, query_scaling: None, q_norm, k_norm, opts, scale })
+        let fast = crate::kernels::fast_on_cpu();
+        Ok(Attention { proj, o_proj, logit_softcap: None, query_scaling: None, q_norm, k_norm, opts, scale, fast })
     }
 
     /// Scales queries (after RoPE) by `1 + beta * ln(1 + floor(pos / original_max))`
@@ -157,7 +160,7 @@ impl Attention {
             }
             // The cache attends: full-precision caches use the fused kernel, quantized ones
             // their packed keys/values.
-            None => cache.update_and_attend(&q, &k, &v, self.scale, mask)?,
+            None => cache.update_and_attend(&q, &k, &v, self.scale, mask, self.fast)?,
         };
         let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
         self.o_proj.forward(&out)

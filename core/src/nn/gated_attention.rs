@@ -31,6 +31,8 @@ pub struct GatedAttention {
     k_norm: RmsNorm,
     opts: GatedAttentionOptions,
     scale: f32,
+    /// Weft's attention primitive (fast mode on the CPU at load).
+    fast: bool,
 }
 
 impl GatedAttention {
@@ -46,6 +48,7 @@ impl GatedAttention {
             k_norm: RmsNorm::load(w, &p("k_norm"), hd, opts.rms_norm_eps)?,
             scale: (hd as f32).powf(-0.5),
             opts,
+            fast: crate::kernels::fast_on_cpu(),
         })
     }
 
@@ -66,7 +69,7 @@ impl GatedAttention {
         let k = o.rope.apply(&k, &offset)?;
         let (k, v) = cache.update_and_fetch(&k, &v)?;
 
-        let out = sdpa(&q, &k, &v, self.scale, mask)?;
+        let out = sdpa(&q, &k, &v, self.scale, mask, self.fast)?;
         let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
         self.o_proj.forward(&out.multiply(sigmoid(&gate)?)?)
     }
