@@ -380,16 +380,23 @@ inline float scale_at(const void* p, int dtype, size_t i) {
   return half_to_float(h);
 }
 
-// Per-thread panel buffers (allocated once per thread, like rows_impl's scale buffer).
+// Per-thread panel buffers (~40 KB), allocated on a thread's first GEMM call and freed when the
+// thread exits.
 struct PanelBufs {
-  uint32_t* words;  // [KC * bits / 32][NR]: the slice's packed words, transposed
-  float* sc;        // [KC / 32][NR] scales and biases of the chunk's groups, transposed
-  float* bs;
-  float* panel;     // [KC][NR]
+  uint32_t* words = nullptr;  // [KC * bits / 32][NR]: the slice's packed words, transposed
+  float* sc = nullptr;        // [KC / 32][NR] scales and biases of the chunk's groups, transposed
+  float* bs = nullptr;
+  float* panel = nullptr;     // [KC][NR]
+  ~PanelBufs() {
+    delete[] words;
+    delete[] sc;
+    delete[] bs;
+    delete[] panel;
+  }
 };
 
-PanelBufs panel_bufs() {
-  thread_local PanelBufs b{};
+const PanelBufs& panel_bufs() {
+  thread_local PanelBufs b;
   if (!b.panel) {
     b.words = new uint32_t[size_t(KC) / 4 * NR];
     b.sc = new float[size_t(KC) / 32 * NR];
@@ -461,7 +468,7 @@ void dequant_panel(const Args& a, int n, int nc, int k0, int k1, const PanelBufs
 
 template <int BITS, int GS>
 void gemm_impl(const Args& a, int n0, int n1) {
-  const PanelBufs b = panel_bufs();
+  const PanelBufs& b = panel_bufs();
   const size_t K = size_t(a.K), N = size_t(a.N);
   for (int n = n0; n < n1; n += NR) {
     const int nc = n1 - n < NR ? n1 - n : NR;
