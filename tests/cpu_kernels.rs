@@ -1,8 +1,9 @@
 //! Fast CPU kernels (weft::kernels) against MLX's own.
 //!
 //! - The primitive against `mlx quantized_matmul` on random shapes: M = 1 and M > 1 (prefill
-//!   tiles plus a remainder), every bit width / group size / activation dtype, strided x, and
-//!   inner dimensions that need the narrower-vector tails (576 = 4.5 AVX-512 blocks at 4 bits);
+//!   tiles plus a remainder; from 16 rows the GEMM path with partial tiles and slices), every
+//!   bit width / group size / activation dtype, strided x, and inner dimensions that need the
+//!   narrower-vector tails (576 = 4.5 AVX-512 blocks at 4 bits);
 //!   5-bit codes (MLX's bit stream, fields across word boundaries) on the same shapes.
 //! - The gather form (MoE experts) against `mlx gather_qmm`, decode and sorted-prefill shapes.
 //! - The attention primitive against `mx.fast.scaled_dot_product_attention`: decode and prefill,
@@ -100,8 +101,18 @@ fn check_all_shapes() {
     for &bits in &[4, 5, 8] {
         for &group_size in &[32, 64] {
             for &dtype in &[Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
-                // M = 1 (decode); M = 7 (4 + 2 + 1-row tiles); 2 x 3 rows; M = 15 (8 + 4 + 2 + 1).
-                for (m, k, n) in [(vec![1], 576, 40), (vec![7], 192, 70), (vec![2, 3], 1536, 19), (vec![15], 256, 33)] {
+                // M = 1 (decode); M = 7 (4 + 2 + 1-row tiles); 2 x 3 rows; M = 15 (8 + 4 + 2 + 1);
+                // from GEMM_MIN_ROWS (16) the GEMM path: M = 37 (register tiles of 8 or 6 rows
+                // plus remainders), N = 45 (a partial slice), K = 576 over several K chunks;
+                // 3 x 7 rows with K = 192.
+                for (m, k, n) in [
+                    (vec![1], 576, 40),
+                    (vec![7], 192, 70),
+                    (vec![2, 3], 1536, 19),
+                    (vec![15], 256, 33),
+                    (vec![37], 576, 45),
+                    (vec![3, 7], 192, 70),
+                ] {
                     check(&m, k, n, bits, group_size, dtype, seed);
                     seed += 2;
                 }
@@ -113,7 +124,8 @@ fn check_all_shapes() {
 /// The gather form (mixture-of-experts projections) against `mlx gather_qmm` on the same
 /// stacked experts: decode's shape (x `[B, L, 1, 1, K]` broadcast against top-k ids `[B, L, k]`)
 /// and the sorted prefill shape (x `[P, 1, K]`, ids in runs of one expert, each run one kernel
-/// call), every bit width / group size, float32 and bfloat16, within the reordering bound.
+/// call; runs from 16 pairs take the GEMM path), every bit width / group size, float32 and
+/// bfloat16, within the reordering bound.
 #[test]
 fn gather_kernel_matches_mlx_gather_qmm() {
     use mlx_rs::ops::gather_qmm;
@@ -127,9 +139,12 @@ fn gather_kernel_matches_mlx_gather_qmm() {
                 let (scales, biases) = (scales.as_dtype(dtype).unwrap(), biases.as_dtype(dtype).unwrap());
                 let decode_ids: Vec<u32> = vec![4, 1, 3, 0, 2, 4, 2, 3, 1];
                 let sorted_ids: Vec<u32> = vec![0, 0, 0, 1, 3, 3, 3, 3, 3, 4, 4];
+                // Runs of 17 and 20 pairs: those calls take the GEMM path, the run of 2 does not.
+                let long_runs: Vec<u32> = [vec![1; 17], vec![2; 2], vec![4; 20]].concat();
                 let cases = [
                     (vec![1, 3, 1, 1, k], Array::from_slice(&decode_ids, &[1, 3, 3])),
                     (vec![11, 1, k], Array::from_slice(&sorted_ids, &[11])),
+                    (vec![39, 1, k], Array::from_slice(&long_runs, &[39])),
                 ];
                 for (x_shape, ids) in cases {
                     let x = random(&x_shape, seed + 1).as_dtype(dtype).unwrap();
@@ -213,12 +228,12 @@ fn kernel_rejects_mismatched_shapes_with_an_error() {
 }
 
 /// GGUF Q4_0 / Q4_1 / Q8_0 scales stay float16 in fast mode: the kernel widens them to float32
-/// exactly, so its output is bit-equal to the same call with float32 scales (M = 1 and a prefill
-/// tile shape, 4 and 8 bits).
+/// exactly, so its output is bit-equal to the same call with float32 scales (M = 1, a prefill
+/// tile shape and GEMM-path shapes, 4 and 8 bits).
 #[test]
 fn float16_scales_give_the_float32_scales_result_bit_for_bit() {
     let _cap = hold_isa();
-    for (bits, m) in [(4, 1), (4, 9), (8, 1), (8, 9)] {
+    for (bits, m) in [(4, 1), (4, 9), (8, 1), (8, 9), (4, 33), (8, 20)] {
         let (k, n) = (576, 70);
         let (wq, s, b) = quantize(&random(&[n, k], 50 + bits as u64), 32, bits).unwrap();
         let (s16, b16) = (s.as_dtype(Dtype::Float16).unwrap(), b.as_dtype(Dtype::Float16).unwrap());
@@ -236,12 +251,12 @@ fn float16_scales_give_the_float32_scales_result_bit_for_bit() {
 /// The down projection that applies SwiGLU as it reads a fused gate/up output against the
 /// separate ops (split, `silu(gate) * up`, the kernel): the kernel sums identically, so the
 /// outputs differ only by the activations' last-bit differences (exp), a few float32 ulps of
-/// the magnitude sum |a| |w|; M = 1 and a prefill shape, 4 and 8 bits; float16 input falls back
-/// to MLX's ops.
+/// the magnitude sum |a| |w|; M = 1, a prefill tile shape and GEMM-path shapes (21, 33 rows), 4, 5
+/// and 8 bits; float16 input falls back to MLX's ops.
 #[test]
 fn swiglu_down_projection_matches_the_separate_ops() {
     use weft::nn::swiglu;
-    for (bits, m) in [(4, 1), (4, 9), (8, 3)] {
+    for (bits, m) in [(4, 1), (4, 9), (8, 3), (4, 21), (5, 33)] {
         let (k, n) = (192, 70);
         let (wq, s, b) = quantize(&random(&[n, k], 80 + bits as u64), 32, bits).unwrap();
         let gate_up = random(&[1, m, 2 * k], 81 + m as u64).multiply(Array::from_f32(3.0)).unwrap();
@@ -646,7 +661,8 @@ fn the_flattened_quantized_matmul_equals_the_batched_one() {
 
 /// `Linear::concat_outputs` (projection fusion at load): dense and quantized layers of one form
 /// stack into one layer whose output is theirs concatenated, bit for bit (the fast kernel and
-/// the reference BLAS compute each output column alone); layers of different forms stay apart.
+/// the reference BLAS compute each output column alone, on the GEMM path too: 19 rows); layers of
+/// different forms stay apart.
 #[test]
 fn concatenated_linears_compute_the_parts_outputs() {
     let _cap = hold_isa();
@@ -665,7 +681,7 @@ fn concatenated_linears_compute_the_parts_outputs() {
             .collect();
         Linear::load(&mut Weights::new(tensors, None), "l", in_dim, out_dim, true).unwrap()
     };
-    for rows in [1, 5] {
+    for rows in [1, 5, 19] {
         let x = random(&[rows, in_dim], 40 + rows as u64);
         for parts in [vec![quantized(1, 64, 4), quantized(2, 32, 4), quantized(3, 32, 4)], vec![dense(4, 64), dense(5, 96)]] {
             let want: Vec<Array> = parts.iter().map(|l| l.forward(&x).unwrap()).collect();

@@ -23,8 +23,9 @@ namespace WEFT_QMM_ISA {
 namespace {
 
 constexpr int W = WEFT_QMM_WIDTH;
-// Rows of x that share one dequantized weight vector (prefill, batched decode): the
-// accumulators of all rows stay in registers (AVX2 has 16 vector registers, AVX-512 32).
+// Rows of x that share one dequantized weight vector (batched decode; from GEMM_MIN_ROWS rows
+// the GEMM path below): the accumulators of all rows stay in registers (AVX2 has 16 vector
+// registers, AVX-512 32).
 constexpr int MAX_MT = W >= 16 ? 8 : 4;
 // Output rows whose scales are converted together and whose weights stay in cache while every
 // tile of x passes over them.
@@ -317,13 +318,191 @@ void rows_impl(const Args& a, int n0, int n1) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// GEMM path (M >= GEMM_MIN_ROWS). For a slice of NR output rows and a chunk of KC elements the
+// weights are dequantized once (s * q + b, float32) into a panel laid out [k][NR], which stays
+// in L1 while every tile of MR rows of x passes over it: per k, NV vector loads of the panel,
+// MR broadcasts of x and MR * NV independent FMAs into accumulators held in registers.
+#if WEFT_QMM_WIDTH >= 16
+constexpr int GEMM_MR = 8;  // 16 of AVX-512's 32 registers accumulate
+#else
+constexpr int GEMM_MR = 6;  // 12 of 16 (AVX2, SSE2; NEON has 32)
+#endif
+constexpr int GEMM_NV = 2;
+constexpr int NR = GEMM_NV * W;
+// Elements of K per panel: KC * NR floats (16 KB at 16 lanes) fit L1 beside the tiles of x.
+// A multiple of 64, so a chunk starts on a group of either size and on a 5-bit word boundary.
+constexpr int KC = 128;
+static_assert(GEMM_CHUNK_ROWS % NR == 0, "pool chunks hold whole slices");
+
+// y[i][0..ncols) (+)= x[i] . panel for i < MR: the register tile over kc elements.
+template <int MR>
+inline void micro(const float* x, size_t ldx, const float* panel, int kc, float* y, size_t ldy,
+                  bool add, int ncols) {
+  typedef typename V<W>::f vf;
+  vf acc[MR][GEMM_NV];
+  for (int i = 0; i < MR; i++)
+    for (int v = 0; v < GEMM_NV; v++) acc[i][v] = vf{};
+  for (int k = 0; k < kc; k++) {
+    vf b[GEMM_NV];
+    for (int v = 0; v < GEMM_NV; v++) b[v] = load_f<W>(panel + size_t(k) * NR + v * W);
+    for (int i = 0; i < MR; i++) {
+      const float xv = x[i * ldx + k];
+      for (int v = 0; v < GEMM_NV; v++) acc[i][v] += b[v] * xv;
+    }
+  }
+  for (int i = 0; i < MR; i++) {
+    float* row = y + i * ldy;
+    if (ncols == NR) {
+      for (int v = 0; v < GEMM_NV; v++) {
+        vf r = acc[i][v];
+        if (add) r += load_f<W>(row + v * W);
+        __builtin_memcpy(row + v * W, &r, sizeof r);
+      }
+    } else {
+      // The last slice of a matrix whose N is not a multiple of NR.
+      float t[NR];
+      __builtin_memcpy(t, acc[i], sizeof t);
+      for (int c = 0; c < ncols; c++) row[c] = add ? row[c] + t[c] : t[c];
+    }
+  }
+}
+
+inline float scale_at(const void* p, int dtype, size_t i) {
+  if (dtype == F32) return static_cast<const float*>(p)[i];
+  const uint16_t h = static_cast<const uint16_t*>(p)[i];
+  if (dtype == BF16) {
+    uint32_t bits = uint32_t(h) << 16;
+    float f;
+    __builtin_memcpy(&f, &bits, 4);
+    return f;
+  }
+  return half_to_float(h);
+}
+
+// Per-thread panel buffers (~40 KB), allocated on a thread's first GEMM call and freed when the
+// thread exits.
+struct PanelBufs {
+  uint32_t* words = nullptr;  // [KC * bits / 32][NR]: the slice's packed words, transposed
+  float* sc = nullptr;        // [KC / 32][NR] scales and biases of the chunk's groups, transposed
+  float* bs = nullptr;
+  float* panel = nullptr;     // [KC][NR]
+  ~PanelBufs() {
+    delete[] words;
+    delete[] sc;
+    delete[] bs;
+    delete[] panel;
+  }
+};
+
+const PanelBufs& panel_bufs() {
+  thread_local PanelBufs b;
+  if (!b.panel) {
+    b.words = new uint32_t[size_t(KC) / 4 * NR];
+    b.sc = new float[size_t(KC) / 32 * NR];
+    b.bs = new float[size_t(KC) / 32 * NR];
+    b.panel = new float[size_t(KC) * NR];
+  }
+  return b;
+}
+
+// Dequantizes rows [n, n + nc) (nc <= NR; the rest of the slice is zero) over [k0, k1) into
+// b.panel. The words are transposed first so that one vector load takes the same word of NR
+// rows: every lane then shifts by the same amount and meets its own row's scale and bias.
+template <int BITS, int GS>
+void dequant_panel(const Args& a, int n, int nc, int k0, int k1, const PanelBufs& b) {
+  typedef typename V<W>::f vf;
+  typedef typename V<W>::i vi;
+  typedef typename V<W>::u vu;
+  constexpr uint32_t MASK = (1u << BITS) - 1;
+  const size_t row_words = size_t(a.K) / 32 * BITS;
+  const int w0 = k0 / 32 * BITS, nw = (k1 - k0) / 32 * BITS;
+  const size_t G = size_t(a.K) / GS;
+  const int g0 = k0 / GS, ng = (k1 - k0) / GS;
+  for (int r = 0; r < NR; r++) {
+    if (r < nc) {
+      const uint32_t* src = a.w + size_t(n + r) * row_words + w0;
+      for (int i = 0; i < nw; i++) b.words[i * NR + r] = src[i];
+      for (int g = 0; g < ng; g++) {
+        b.sc[g * NR + r] = scale_at(a.scales, a.sdtype, (n + r) * G + g0 + g);
+        b.bs[g * NR + r] = scale_at(a.biases, a.sdtype, (n + r) * G + g0 + g);
+      }
+    } else {
+      for (int i = 0; i < nw; i++) b.words[i * NR + r] = 0;
+      for (int g = 0; g < ng; g++) b.sc[g * NR + r] = b.bs[g * NR + r] = 0.0f;
+    }
+  }
+  for (int v = 0; v < GEMM_NV; v++) {
+    const uint32_t* wv = b.words + v * W;
+    float* out = b.panel + v * W;
+    auto put = [&](int k, vu code, int g) {
+      const vf q = __builtin_convertvector((vi)code, vf);
+      const vf r = q * load_f<W>(b.sc + g * NR + v * W) + load_f<W>(b.bs + g * NR + v * W);
+      __builtin_memcpy(out + size_t(k) * NR, &r, sizeof r);
+    };
+    if constexpr (BITS == 5) {
+      // A 32-element group is five words; element e sits at bit 5e of them.
+      for (int k = 0; k < k1 - k0; k += 32) {
+        vu u[5];
+        for (int i = 0; i < 5; i++) u[i] = load_u<W>(wv + (k / 32 * 5 + i) * NR);
+        const int g = k / GS;
+#pragma GCC unroll 32
+        for (int e = 0; e < 32; e++) {
+          const int bit = 5 * e, i = bit / 32, sh = bit % 32;
+          vu c = u[i] >> sh;
+          if (sh > 27) c |= u[i + 1] << (32 - sh);
+          put(k + e, c & 31u, g);
+        }
+      }
+    } else {
+      constexpr int EPU = 32 / BITS;
+      for (int i = 0; i < nw; i++) {
+        const vu u = load_u<W>(wv + i * NR);
+        const int g = i * EPU / GS;
+#pragma GCC unroll 8
+        for (int j = 0; j < EPU; j++) put(i * EPU + j, (u >> (BITS * j)) & MASK, g);
+      }
+    }
+  }
+}
+
+template <int BITS, int GS>
+void gemm_impl(const Args& a, int n0, int n1) {
+  const PanelBufs& b = panel_bufs();
+  const size_t K = size_t(a.K), N = size_t(a.N);
+  for (int n = n0; n < n1; n += NR) {
+    const int nc = n1 - n < NR ? n1 - n : NR;
+    for (int k0 = 0; k0 < a.K; k0 += KC) {
+      const int k1 = k0 + KC < a.K ? k0 + KC : a.K;
+      dequant_panel<BITS, GS>(a, n, nc, k0, k1, b);
+      const bool add = k0 > 0;
+      int m = 0;
+      auto tiles = [&](auto mr) {
+        constexpr int MR = decltype(mr)::value;
+        for (; m + MR <= a.M; m += MR)
+          micro<MR>(a.x + m * K + k0, K, b.panel, k1 - k0, a.y + m * N + n, N, add, nc);
+      };
+      tiles(Int<GEMM_MR>{});
+      tiles(Int<4>{});
+      tiles(Int<2>{});
+      tiles(Int<1>{});
+    }
+  }
+}
+
+template <int BITS, int GS>
+void dispatch(const Args& a, int n0, int n1) {
+  if (a.x && a.M >= GEMM_MIN_ROWS) gemm_impl<BITS, GS>(a, n0, n1);
+  else rows_impl<BITS, GS>(a, n0, n1);
+}
+
 void rows(const Args& a, int n0, int n1) {
-  if (a.bits == 4 && a.group_size == 32) rows_impl<4, 32>(a, n0, n1);
-  else if (a.bits == 4 && a.group_size == 64) rows_impl<4, 64>(a, n0, n1);
-  else if (a.bits == 5 && a.group_size == 32) rows_impl<5, 32>(a, n0, n1);
-  else if (a.bits == 5 && a.group_size == 64) rows_impl<5, 64>(a, n0, n1);
-  else if (a.bits == 8 && a.group_size == 32) rows_impl<8, 32>(a, n0, n1);
-  else if (a.bits == 8 && a.group_size == 64) rows_impl<8, 64>(a, n0, n1);
+  if (a.bits == 4 && a.group_size == 32) dispatch<4, 32>(a, n0, n1);
+  else if (a.bits == 4 && a.group_size == 64) dispatch<4, 64>(a, n0, n1);
+  else if (a.bits == 5 && a.group_size == 32) dispatch<5, 32>(a, n0, n1);
+  else if (a.bits == 5 && a.group_size == 64) dispatch<5, 64>(a, n0, n1);
+  else if (a.bits == 8 && a.group_size == 32) dispatch<8, 32>(a, n0, n1);
+  else if (a.bits == 8 && a.group_size == 64) dispatch<8, 64>(a, n0, n1);
 }
 
 }  // namespace

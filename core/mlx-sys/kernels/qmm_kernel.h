@@ -20,7 +20,17 @@ struct Args {
   int sdtype;
   float* y;           // [M][N] float32
   int M, N, K, bits, group_size;  // bits 4, 5 or 8; group_size 32 or 64
+  // The same activations in their own order, [M][K] float32, for the GEMM path (from
+  // GEMM_MIN_ROWS rows); null keeps every M on the per-row path.
+  const float* x;
 };
+
+// From this many rows of x (prefill) a kernel dequantizes a panel of weights once into a
+// buffer and multiplies it with register-blocked tiles of x; below it (decode, small batches)
+// each weight vector is dequantized in registers for the few rows.
+constexpr int GEMM_MIN_ROWS = 16;
+// Output rows per pool chunk in the GEMM path: a multiple of every kernel's register tile.
+constexpr int GEMM_CHUNK_ROWS = 32;
 
 // One instruction set's kernel: rows [n0, n1) of y for every m.
 using RowsFn = void (*)(const Args&, int n0, int n1);

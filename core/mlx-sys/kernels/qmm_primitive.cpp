@@ -1,8 +1,9 @@
 // An MLX Primitive for affine-quantized `x @ W^T` on the CPU (MLX's layout: packed uint32
 // weights, per-group scale and bias), its thread pool, and the extern "C" entry point Rust calls.
 // MLX's own CPU kernel is a scalar single-threaded loop; this one is SIMD (qmm_kernel.cpp),
-// splits the output rows over a small persistent pool, and in prefill dequantizes each weight
-// vector once for several rows of x.
+// splits the output rows over a small persistent pool, dequantizes each weight vector once for
+// the few rows of a batched decode step, and in prefill (GEMM_MIN_ROWS rows on) once per panel
+// for all rows.
 #include <algorithm>
 #include <cmath>
 #include <atomic>
@@ -245,17 +246,18 @@ struct PreparedX {
   const Kernel* kernel;
   const float* xp;
   const float* xsum;
+  const float* x;  // row-major, the GEMM path's input
 };
 
 // `swiglu`: x holds 2K columns, gate then up; the kernel reads silu(gate) * up (mlx-lm's
 // swiglu: gate * sigmoid(gate), then times up, each product rounded to float32).
+// `gemm_only`: every call takes the GEMM path (M >= GEMM_MIN_ROWS), which reads only the
+// row-major x: the lane order and group sums are not built.
 PreparedX prepare_x(const mx::array& x, size_t M, int K, int group_size, int bits,
-                    bool swiglu = false) {
+                    bool swiglu = false, bool gemm_only = false) {
   const int G = K / group_size;
   thread_local std::vector<float> xf, xp, xsum, gate_up;
   xf.resize(M * K);
-  xp.resize(M * K);
-  xsum.resize(M * G);
   if (swiglu) {
     gate_up.resize(M * 2 * size_t(K));
     gather_x(x, gate_up.data(), M, 2 * K);
@@ -271,6 +273,10 @@ PreparedX prepare_x(const mx::array& x, size_t M, int K, int group_size, int bit
   } else {
     gather_x(x, xf.data(), M, K);
   }
+  const Kernel& kernel = select_kernel(K, bits);
+  if (gemm_only) return {&kernel, nullptr, nullptr, xf.data()};
+  xp.resize(M * K);
+  xsum.resize(M * G);
   for (size_t m = 0; m < M; m++)
     for (int g = 0; g < G; g++) {
       float s = 0;
@@ -278,9 +284,8 @@ PreparedX prepare_x(const mx::array& x, size_t M, int K, int group_size, int bit
       for (int k = 0; k < group_size; k++) s += p[k];
       xsum[m * G + g] = s;
     }
-  const Kernel& kernel = select_kernel(K, bits);
   permute_x(xf.data(), xp.data(), int(M), K, bits, kernel.width);
-  return {&kernel, xp.data(), xsum.data()};
+  return {&kernel, xp.data(), xsum.data(), xf.data()};
 }
 
 // Where the kernel writes y: the output itself when it is float32, else a buffer that
@@ -305,6 +310,7 @@ void store_output(mx::array& out, const float* y, size_t n) {
 // Rows of y per chunk: enough chunks to balance the pool, each large enough to amortize its
 // setup.
 int chunk_rows(size_t M, int N) {
+  if (M >= size_t(GEMM_MIN_ROWS)) return GEMM_CHUNK_ROWS;
   return M >= 4 ? 64 : std::max(16, N / (Pool::get().threads() * 8));
 }
 
@@ -313,12 +319,12 @@ void compute(const mx::array& x, const mx::array& w, const mx::array& scales,
   const int K = x.shape().back() / (swiglu ? 2 : 1);
   const int N = w.shape(0);
   const size_t M = x.size() / size_t(x.shape().back());
-  const PreparedX px = prepare_x(x, M, K, group_size, bits, swiglu);
+  const PreparedX px = prepare_x(x, M, K, group_size, bits, swiglu, M >= size_t(GEMM_MIN_ROWS));
   float* y = output_f32(out, M * size_t(N));
   Job job;
   job.kernel = px.kernel;
   job.args = Args{px.xp, px.xsum, w.data<uint32_t>(), scales.data<void>(), biases.data<void>(),
-                  dtype_code(scales.dtype()), y, int(M), N, K, bits, group_size};
+                  dtype_code(scales.dtype()), y, int(M), N, K, bits, group_size, px.x};
   const int rows = chunk_rows(M, N);
   job.rows_per_chunk = rows;
   Pool::get().run((N + rows - 1) / rows, run_chunk, &job);
@@ -374,7 +380,7 @@ void compute_gather(const mx::array& x, const mx::array& w, const mx::array& sca
     }
     const Args a{px.xp + p0 * M * K, px.xsum + p0 * M * G, w0 + e[p0] * size_t(N) * words,
                  s0 + e[p0] * sbytes, b0 + e[p0] * sbytes, dtype_code(scales.dtype()), yp,
-                 int(rows), N, K, bits, group_size};
+                 int(rows), N, K, bits, group_size, px.x + p0 * M * K};
     const int step = chunk_rows(rows, N);
     for (int n0 = 0; n0 < N; n0 += step) job.pieces.push_back({a, n0, std::min(N, n0 + step)});
   }

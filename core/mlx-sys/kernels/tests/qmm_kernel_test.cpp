@@ -107,7 +107,7 @@ static int check(int M, int N, int K, int bits, int gs, int sdtype) {
   Args a{xp.data(), xsum.data(), w.data(),
          sdtype == F32 ? static_cast<const void*>(s.data()) : s16.data(),
          sdtype == F32 ? static_cast<const void*>(b.data()) : b16.data(),
-         sdtype, y.data(), M, N, K, bits, gs};
+         sdtype, y.data(), M, N, K, bits, gs, x.data()};
   // Two calls over disjoint row ranges, as the thread pool splits the work.
   WEFT_QMM_ISA::kernel.rows(a, 0, N / 3);
   WEFT_QMM_ISA::kernel.rows(a, N / 3, N);
@@ -137,7 +137,9 @@ int main() {
   for (int bits : {4, 5, 8})
     for (int gs : {32, 64})
       for (int sdtype : {int(F32), int(F16), int(BF16)})
-        for (int M : {1, 3, 9})
+        // 1 to 9 rows: the per-row path; 17 and 40: the GEMM path with remainder tiles (N = 37:
+        // a partial slice; K = 576 and 1024: several K chunks).
+        for (int M : {1, 3, 9, 17, 40})
           for (int K : {64, 576, 1024}) {
             if (K % gs) continue;
             bad += check(M, 37, K, bits, gs, sdtype);
