@@ -109,12 +109,6 @@ void to_f32(const void* src, int dtype, int n, float* dst) {
   } else {
     auto s = static_cast<const uint16_t*>(src);
     int i = 0;
-#if defined(__AVX512F__)
-    for (; i + 16 <= n; i += 16) {
-      __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i));
-      _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(h));
-    }
-#endif
 #if defined(__F16C__)
     for (; i + 8 <= n; i += 8) {
       __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
@@ -301,12 +295,19 @@ void rows_impl(const Args& a, int n0, int n1) {
       // Already float32: read in place.
       scp = const_cast<float*>(static_cast<const float*>(a.scales)) + size_t(nb0) * G;
       bsp = const_cast<float*>(static_cast<const float*>(a.biases)) + size_t(nb0) * G;
-    } else {
-      // The block's rows are contiguous: one conversion each for scales and biases (row by
-      // row, G values leave a scalar tail every row: G = 18 for K = 576).
+    } else if (nb == N_BLOCK) {
+      // Decode: the block's rows are contiguous, so one conversion each for scales and biases
+      // (row by row, G values leave a scalar tail every row: G = 18 for K = 576).
       auto off = size_t(nb0) * G * ssize;
       to_f32(static_cast<const char*>(a.scales) + off, a.sdtype, (nb1 - nb0) * G, sc_buf);
       to_f32(static_cast<const char*>(a.biases) + off, a.sdtype, (nb1 - nb0) * G, bs_buf);
+    } else {
+      // Prefill and batched decode (M >= MAX_MT): row by row, as measured fastest there.
+      for (int n = nb0; n < nb1; n++) {
+        auto off = size_t(n) * G * ssize;
+        to_f32(static_cast<const char*>(a.scales) + off, a.sdtype, G, sc_buf + (n - nb0) * G);
+        to_f32(static_cast<const char*>(a.biases) + off, a.sdtype, G, bs_buf + (n - nb0) * G);
+      }
     }
     int m = 0;
     auto tiles = [&](auto mt) {
