@@ -296,7 +296,14 @@ void rows_impl(const Args& a, int n0, int n1) {
       // Already float32: read in place.
       scp = const_cast<float*>(static_cast<const float*>(a.scales)) + size_t(nb0) * G;
       bsp = const_cast<float*>(static_cast<const float*>(a.biases)) + size_t(nb0) * G;
+    } else if (nb == N_BLOCK) {
+      // Decode: the block's rows are contiguous, so one conversion each for scales and biases
+      // (row by row, G values leave a scalar tail every row: G = 18 for K = 576).
+      auto off = size_t(nb0) * G * ssize;
+      to_f32(static_cast<const char*>(a.scales) + off, a.sdtype, (nb1 - nb0) * G, sc_buf);
+      to_f32(static_cast<const char*>(a.biases) + off, a.sdtype, (nb1 - nb0) * G, bs_buf);
     } else {
+      // Prefill and batched decode (M >= MAX_MT): row by row, as measured fastest there.
       for (int n = nb0; n < nb1; n++) {
         auto off = size_t(n) * G * ssize;
         to_f32(static_cast<const char*>(a.scales) + off, a.sdtype, G, sc_buf + (n - nb0) * G);
