@@ -19,14 +19,7 @@ extern const Kernel kernel;
 
 using namespace weft_attn;
 
-static uint64_t state = 0x9E3779B97F4A7C15ull;
-static uint32_t next_u32() {
-  state ^= state << 13;
-  state ^= state >> 7;
-  state ^= state << 17;
-  return uint32_t(state >> 32);
-}
-static float uniform() { return (next_u32() >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f; }
+#include "test_random.h"
 
 // [B, H, L, D] stored as [B, L, H, D] (a transposed view, as attention's q) when `transposed`,
 // else inside a [B, H, cap, D] buffer (a cache's slice) of cap = L + 5 rows.

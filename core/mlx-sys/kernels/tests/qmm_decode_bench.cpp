@@ -30,13 +30,7 @@ static double cpu_now() {
   return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
 }
 
-static uint64_t state = 0x9E3779B97F4A7C15ull;
-static uint32_t next_u32() {
-  state ^= state << 13;
-  state ^= state >> 7;
-  state ^= state << 17;
-  return uint32_t(state >> 32);
-}
+#include "test_random.h"
 
 int main() {
   struct Shape {

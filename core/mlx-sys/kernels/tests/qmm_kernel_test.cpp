@@ -19,14 +19,7 @@ extern const Kernel kernel;
 
 using namespace weft_qmm;
 
-static uint64_t state = 0x9E3779B97F4A7C15ull;
-static uint32_t next_u32() {
-  state ^= state << 13;
-  state ^= state >> 7;
-  state ^= state << 17;
-  return uint32_t(state >> 32);
-}
-static float uniform() { return (next_u32() >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f; }
+#include "test_random.h"
 
 // float -> float16 / bfloat16 bits (round to nearest even; the test values are normal floats).
 static uint16_t to_bf16(float f) {
