@@ -177,14 +177,11 @@ std::atomic<int> isa_cap{initial_cap()};
 
 const Kernel& select_kernel(int K, int bits) {
 #if defined(__x86_64__)
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
-  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                           __builtin_cpu_supports("f16c");
-  const int cap = isa_cap.load(std::memory_order_relaxed);
+  const int level = weft_kernels::isa_level();
   // The 16-lane kernel only when a 16-lane block fits K at least once (5-bit weights are read
   // 8 lanes at a time by every x86 kernel; the AVX-512 build runs them with its registers).
-  if (avx512 && cap == 0 && K >= 16 * (bits == 5 ? 4 : 32 / bits)) return avx512::kernel;
-  if (avx2 && cap <= 1) return avx2::kernel;
+  if (level == 0 && K >= 16 * (bits == 5 ? 4 : 32 / bits)) return avx512::kernel;
+  if (level <= 1) return avx2::kernel;
 #else
   (void)K;
   (void)bits;
