@@ -22,6 +22,7 @@ pub mod loading;
 pub mod model_store;
 pub mod models;
 pub mod nn;
+pub mod reasoning;
 pub mod sampling;
 pub mod stop;
 pub mod tokenizer;

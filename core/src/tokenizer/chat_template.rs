@@ -30,11 +30,22 @@ pub struct ChatMessage {
     /// The function a `tool` turn comes from (some templates print it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// An assistant turn's reasoning (templates that keep or drop reasoning history read it as
+    /// `reasoning_content`, Gemma 4's also as `reasoning`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        Self { role: role.into(), content: content.into(), tool_calls: Vec::new(), tool_call_id: None, name: None }
+        Self {
+            role: role.into(),
+            content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
+            reasoning_content: None,
+        }
     }
 
     /// The message as templates see it: tool calls in OpenAI's shape (`{"id", "type":
@@ -43,6 +54,10 @@ impl ChatMessage {
     fn template_value(&self) -> serde_json::Value {
         use serde_json::{json, Map, Value};
         let mut m = Map::new();
+        // transformers names reasoning `thinking` too (gpt-oss reads that), ahead of the rest.
+        if let Some(reasoning) = &self.reasoning_content {
+            m.insert("thinking".into(), Value::from(reasoning.as_str()));
+        }
         m.insert("role".into(), Value::from(self.role.as_str()));
         m.insert("content".into(), Value::from(self.content.as_str()));
         if !self.tool_calls.is_empty() {
@@ -57,6 +72,9 @@ impl ChatMessage {
         }
         if let Some(name) = &self.name {
             m.insert("name".into(), Value::from(name.as_str()));
+        }
+        if let Some(reasoning) = &self.reasoning_content {
+            m.insert("reasoning_content".into(), Value::from(reasoning.as_str()));
         }
         Value::Object(m)
     }
@@ -98,6 +116,7 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_filter("tojson", tojson);
         env.add_function("raise_exception", raise_exception);
+        env.add_test("iterable", is_iterable);
         env.add_function("strftime_now", strftime_now);
         env.add_template_owned(TEMPLATE_NAME, without_generation_tags(source))
             .map_err(|e| Error::Tokenizer(format!("invalid chat template: {e}")))?;
@@ -121,8 +140,21 @@ impl ChatTemplate {
         tools: Option<&[serde_json::Value]>,
         add_generation_prompt: bool,
     ) -> Result<String> {
+        self.render_with_kwargs(messages, tools, add_generation_prompt, &serde_json::Map::new())
+    }
+
+    /// [`ChatTemplate::render_with_tools`] with extra template variables, as transformers'
+    /// `apply_chat_template(**kwargs)` and the servers' `chat_template_kwargs` pass them
+    /// (`enable_thinking` foremost). They cannot replace the variables named above.
+    pub fn render_with_kwargs(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+        kwargs: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String> {
         let messages: Vec<serde_json::Value> = messages.iter().map(ChatMessage::template_value).collect();
-        let mut context = vec![
+        let mut context: Vec<(&str, Value)> = vec![
             ("messages", Value::from_serialize(&messages)),
             ("add_generation_prompt", Value::from(add_generation_prompt)),
             ("tools", tools.map_or(Value::from(()), Value::from_serialize)),
@@ -136,6 +168,11 @@ impl ChatTemplate {
         if let Some(eos) = &self.eos_token {
             context.push(("eos_token", Value::from(eos.as_str())));
         }
+        for (key, value) in kwargs {
+            if !context.iter().any(|(k, _)| *k == key.as_str()) {
+                context.push((key.as_str(), Value::from_serialize(value)));
+            }
+        }
         let template = self.env.get_template(TEMPLATE_NAME).map_err(|e| Error::Tokenizer(e.to_string()))?;
         template.render(Value::from_iter(context)).map_err(|e| match raised_message(&e) {
             // The template author's own words (e.g. "Conversation roles must alternate"), as is.
@@ -144,6 +181,13 @@ impl ChatTemplate {
             None => Error::Tokenizer(format!("chat template failed: {e}")),
         })
     }
+}
+
+/// Jinja2's `iterable` test: strings, sequences and mappings; not none or undefined
+/// (minijinja's own counts none, which Qwen3-Coder's `tools is iterable and tools | length`
+/// then fails on).
+fn is_iterable(value: Value) -> bool {
+    matches!(value.kind(), ValueKind::String | ValueKind::Seq | ValueKind::Map | ValueKind::Iterable)
 }
 
 fn raised_message(error: &minijinja::Error) -> Option<&str> {

@@ -7,9 +7,11 @@
 //! the `<tool_call>` JSON syntax, with calls and results written into the history as text.
 
 mod grammar;
+pub mod native;
 pub mod parser;
 pub mod prompt;
 
+pub use native::{NativeCallParser, NativeFormat};
 pub use parser::{Assembler, ToolCallParser, ToolDelta};
 pub use prompt::{check_history, render_with_tools, unknown_syntax, TemplateTools, ToolFormat};
 
