@@ -148,7 +148,9 @@ impl ConstraintFactory {
             trie = trie.with_eos_tokens(&eos);
         }
         let trie_eos = trie.eos_tokens().to_vec();
-        let env: TokEnv = Arc::new(TrieEnv { trie, tokenizer: tokenizer.clone() });
+        // The env holds the `tokenizers` tokenizer, not a `Tokenizer`: a `Tokenizer` owns the
+        // cell this factory lives in, and holding one here would be a cycle that is never freed.
+        let env: TokEnv = Arc::new(TrieEnv { trie, tokenizer: tokenizer.shared_inner() });
         let mut parsers = ParserFactory::new_simple(&env).map_err(|e| unsupported(e.to_string()))?;
         parsers.quiet();
         Ok(ConstraintFactory { parsers, env, trie_eos })
@@ -392,11 +394,11 @@ impl RowConstraint {
     }
 }
 
-/// The tokenizer environment llguidance compiles against: our trie, and our tokenizer for
+/// The tokenizer environment llguidance compiles against: our trie, and the tokenizer for
 /// canonical tokenization of forced text.
 struct TrieEnv {
     trie: TokTrie,
-    tokenizer: Tokenizer,
+    tokenizer: Arc<tokenizers::Tokenizer>,
 }
 
 impl TokenizerEnv for TrieEnv {
@@ -406,7 +408,10 @@ impl TokenizerEnv for TrieEnv {
 
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<u32> {
         match std::str::from_utf8(s) {
-            Ok(text) => self.tokenizer.encode(text, false).unwrap_or_else(|_| self.trie.greedy_tokenize(s)),
+            Ok(text) => match self.tokenizer.encode(text, false) {
+                Ok(encoding) => encoding.get_ids().to_vec(),
+                Err(_) => self.trie.greedy_tokenize(s),
+            },
             Err(_) => self.trie.greedy_tokenize(s),
         }
     }
