@@ -601,6 +601,7 @@ fn clips_too_short_for_the_tower_are_refused_at_submit() {
     let engine = Engine::start(lm(), EngineConfig::default()).unwrap();
     let spec = engine.audio().unwrap().clone();
     let min = spec.frontend.min_samples(audio::MIN_MEL_FRAMES);
+    assert_eq!(min, 385, "docs/server.md and docs/c-api.md state 385 samples");
     assert_eq!(spec.frontend.frames_for(min), audio::MIN_MEL_FRAMES);
     assert!(spec.frontend.frames_for(min - 1) < audio::MIN_MEL_FRAMES);
     let mut r = audio_request(c, 4);
