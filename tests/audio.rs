@@ -535,3 +535,82 @@ fn bad_audio_requests_are_clear_errors() {
     // The engine still serves after refusals.
     assert_eq!(support::collect(&engine.submit_channel(audio_request(c, 16)).unwrap().1).tokens, support::ids(&c["tokens"]));
 }
+
+/// A PCM16 mono WAV whose header claims `rate` Hz (any u32: the byte rate wraps as a crafted
+/// file's would), holding `samples` samples of a ramp.
+fn crafted_wav(rate: u32, samples: usize) -> Vec<u8> {
+    let data: Vec<i16> = (0..samples).map(|i| (i % 2000) as i16 * 8).collect();
+    let mut v = pcm16_wav(&data, 8000, 1);
+    v[24..28].copy_from_slice(&rate.to_le_bytes());
+    v[28..32].copy_from_slice(&rate.wrapping_mul(2).to_le_bytes());
+    v
+}
+
+/// issue 27: sizes derived from media headers are bounded before anything is allocated from
+/// them. A 592-byte WAV claiming 4 294 967 295 Hz made the resampler allocate ~880 GB (the
+/// process aborted); 1 MHz and 4 MHz clips took 13 s / 1 GB and 56 s / 3.9 GB; a 0 Hz header
+/// panicked inside symphonia. Each is now an invalid request, at once.
+#[test]
+fn absurd_sample_rates_are_refused_before_any_allocation() {
+    let wav = crafted_wav(u32::MAX, 274);
+    assert_eq!(wav.len(), 592);
+    for (rate, samples) in [(u32::MAX, 274), (1_000_000, 500_000), (4_000_000, 2_000_000), (0, 274), (999, 274), (384_001, 274)] {
+        let bytes = crafted_wav(rate, samples);
+        let t = std::time::Instant::now();
+        let e = audio::load_clip(&bytes, None).expect_err("refused").to_string();
+        assert!(t.elapsed().as_millis() < 500, "{rate} Hz took {:?}", t.elapsed());
+        assert!(e.starts_with("invalid request: audio:") && e.contains(&format!("sample rate is {rate} Hz")), "{rate} Hz: {e}");
+        assert!(e.contains("1000..=384000 Hz"), "{e}");
+    }
+    // The bounds themselves, and every standard rate, decode.
+    for rate in [1_000, 8_000, 11_025, 22_050, 44_100, 48_000, 88_200, 96_000, 176_400, 192_000, 352_800, 384_000] {
+        let got = audio::load_clip(&crafted_wav(rate, rate as usize / 10), None).unwrap_or_else(|e| panic!("{rate} Hz: {e}"));
+        assert_eq!(got.len(), 1600, "{rate} Hz: 0.1 s at 16 kHz");
+    }
+    // A rate in range whose ratio to 16 kHz needs an oversized filter.
+    let e = audio::load_clip(&crafted_wav(383_999, 1000), None).unwrap_err().to_string();
+    assert!(e.contains("bounded filter"), "{e}");
+    // Other header fields symphonia would divide by or allocate from.
+    let mut zero_channels = crafted_wav(16_000, 100);
+    zero_channels[22..24].copy_from_slice(&0u16.to_le_bytes());
+    assert!(audio::load_clip(&zero_channels, None).unwrap_err().to_string().contains("0 channels"));
+    let mut zero_block = crafted_wav(16_000, 100);
+    zero_block[32..34].copy_from_slice(&0u16.to_le_bytes());
+    assert!(audio::load_clip(&zero_block, None).unwrap_err().to_string().contains("block size 0"));
+    let mut adpcm = crafted_wav(16_000, 100);
+    adpcm[20..22].copy_from_slice(&2u16.to_le_bytes());
+    assert!(audio::load_clip(&adpcm, None).unwrap_err().to_string().contains("format tag 0x0002"));
+    // A LIST chunk claiming 4 GB in a short file (symphonia would allocate it up front).
+    let mut list = crafted_wav(16_000, 100);
+    let data = list.split_off(36);
+    list.extend_from_slice(b"LIST");
+    list.extend_from_slice(&u32::MAX.to_le_bytes());
+    list.extend_from_slice(b"INFO");
+    list.extend_from_slice(&data);
+    let e = audio::load_clip(&list, None).unwrap_err().to_string();
+    assert!(e.contains("\"LIST\" claims 4294967295 bytes"), "{e}");
+}
+
+/// issue 27: a clip too short for the tower's mel frames is an invalid request at submit (it
+/// was a failed row, "1 mel frames", a 500 on HTTP); one just long enough runs.
+#[test]
+fn clips_too_short_for_the_tower_are_refused_at_submit() {
+    use weft::engine::{Engine, EngineConfig};
+    let g = engine_golden();
+    let c = engine_case(&g, "tones-44k-stereo");
+    let engine = Engine::start(lm(), EngineConfig::default()).unwrap();
+    let spec = engine.audio().unwrap().clone();
+    let min = spec.frontend.min_samples(audio::MIN_MEL_FRAMES);
+    assert_eq!(min, 385, "docs/server.md and docs/c-api.md state 385 samples");
+    assert_eq!(spec.frontend.frames_for(min), audio::MIN_MEL_FRAMES);
+    assert!(spec.frontend.frames_for(min - 1) < audio::MIN_MEL_FRAMES);
+    let mut r = audio_request(c, 4);
+    r.audio = vec![pcm16_wav(&vec![100i16; 200], 16_000, 1)];
+    let e = engine.submit_channel(r).err().expect("refused").to_string();
+    assert!(e.starts_with("invalid request: audio[0]: the clip is too short: 200 samples"), "{e}");
+    assert!(e.contains(&format!("at least {min} samples")), "{e}");
+    let mut r = audio_request(c, 4);
+    r.audio = vec![pcm16_wav(&vec![100i16; min], 16_000, 1)];
+    let out = support::collect(&engine.submit_channel(r).unwrap().1);
+    assert_eq!((out.error, out.tokens.len()), (None, 4), "a clip of {min} samples");
+}

@@ -540,3 +540,106 @@ fn audio_through_the_c_abi() {
         .expect("running the C media test");
     assert_pass(&out, "media_test.c");
 }
+
+/// A PCM16 mono WAV of a ramp whose header claims `rate` Hz (the byte rate wraps as a crafted
+/// file's would).
+fn crafted_wav(rate: u32, samples: usize) -> Vec<u8> {
+    let data_len = (samples * 2) as u32;
+    let mut v = Vec::with_capacity(44 + samples * 2);
+    v.extend_from_slice(b"RIFF");
+    v.extend_from_slice(&(36 + data_len).to_le_bytes());
+    v.extend_from_slice(b"WAVEfmt ");
+    v.extend_from_slice(&16u32.to_le_bytes());
+    v.extend_from_slice(&1u16.to_le_bytes()); // PCM
+    v.extend_from_slice(&1u16.to_le_bytes()); // mono
+    v.extend_from_slice(&rate.to_le_bytes());
+    v.extend_from_slice(&rate.wrapping_mul(2).to_le_bytes());
+    v.extend_from_slice(&2u16.to_le_bytes());
+    v.extend_from_slice(&16u16.to_le_bytes());
+    v.extend_from_slice(b"data");
+    v.extend_from_slice(&data_len.to_le_bytes());
+    for i in 0..samples {
+        v.extend_from_slice(&((i % 2000) as i16 * 8).to_le_bytes());
+    }
+    v
+}
+
+/// The hostile clips of issue 27 and the message part each must be refused with.
+fn hardening_cases_file() -> PathBuf {
+    use base64::Engine as _;
+    let exploit = crafted_wav(u32::MAX, 274);
+    assert_eq!(exploit.len(), 592);
+    let cases = [
+        ("sample rate is 4294967295 Hz", exploit),
+        ("sample rate is 1000000 Hz", crafted_wav(1_000_000, 200_000)),
+        ("sample rate is 4000000 Hz", crafted_wav(4_000_000, 800_000)),
+        ("sample rate is 0 Hz", crafted_wav(0, 274)),
+        ("the clip is too short: 200 samples", crafted_wav(16_000, 200)),
+    ];
+    let text: String = cases
+        .iter()
+        .map(|(want, wav)| format!("{want}\tdata:audio/wav;base64,{}\n", base64::engine::general_purpose::STANDARD.encode(wav)))
+        .collect();
+    let path = work_dir().join("hardening_cases.txt");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// hardening_test.c's arguments after the program: the tiny GGUF, its context, the audio model,
+/// the clips, the mode.
+fn hardening_args<'a>(cmd: &'a mut Command, mode: &str) -> &'a mut Command {
+    let gguf = repo_root().join("goldens/gguf/llama-q4_1.gguf");
+    let context = weft::gguf::GgufHeader::read(&gguf).unwrap().get_u64("llama.context_length").unwrap();
+    cmd.arg(gguf)
+        .arg(context.to_string())
+        .arg(repo_root().join("goldens/models/gemma4-audio-lm"))
+        .arg(hardening_cases_file())
+        .arg(mode)
+}
+
+/// issue 27 through the C ABI (ffi/tests/c/hardening_test.c): a 592-byte WAV claiming
+/// 4 294 967 295 Hz (it aborted the host: the resampler allocated ~880 GB), 1 MHz and 4 MHz clips
+/// (seconds and gigabytes each), a 0 Hz header (a symphonia panic with its backtrace on the host's
+/// stderr), a clip too short for the tower, a pathological regex, `kv_group_size: 3` and a
+/// prompt at the context length are each refused with WEFT_ERR_INVALID_ARGUMENT and a message,
+/// quickly; the host exits normally and nothing panics.
+#[test]
+fn hostile_media_and_limits_through_the_c_abi() {
+    let exe = build(&repo_root().join("ffi/tests/c/hardening_test.c"), Lang::C, Link::Dynamic);
+    let mut cmd = kernels(runs_from_rpath(Command::new(&exe)), "exact");
+    let out = hardening_args(&mut cmd, "full").output().expect("running the C hardening test");
+    assert_pass(&out, "hardening_test.c");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "a panic reached the host's stderr:\n{stderr}");
+}
+
+/// The same driver under memcheck: no errors, no definite leaks (an engine that served a
+/// constrained request leaked its tokenizer's constraint factory, ~0.55 MB, through an `Arc`
+/// cycle).
+#[test]
+fn hardening_driver_under_valgrind() {
+    if Command::new("valgrind").arg("--version").output().is_err() {
+        panic!("valgrind is not installed (apt-get install valgrind); the C ABI memcheck test needs it");
+    }
+    let exe = build(&repo_root().join("ffi/tests/c/hardening_test.c"), Lang::C, Link::Dynamic);
+    let log = work_dir().join("valgrind-hardening.log");
+    let mut cmd = kernels(runs_from_rpath(Command::new("valgrind")), "exact");
+    cmd.args([
+        "--tool=memcheck",
+        "--error-exitcode=99",
+        "--leak-check=full",
+        "--show-leak-kinds=definite",
+        "--errors-for-leak-kinds=definite",
+        "--num-callers=30",
+    ])
+    .arg(format!("--log-file={}", log.display()))
+    .arg(&exe);
+    let out = hardening_args(&mut cmd, "valgrind").output().expect("running the C hardening test");
+    let report = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("PASS hardening_test"),
+        "valgrind run failed:\n{}\n--- valgrind log ---\n{report}",
+        show(&out)
+    );
+    assert!(report.contains("ERROR SUMMARY: 0 errors"), "valgrind reported errors:\n{report}");
+}

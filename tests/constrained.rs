@@ -270,3 +270,50 @@ fn default_model_json_schema() {
     assert!(v["city"].is_string() && v["country"].is_string() && v["population_millions"].is_number(), "{v}");
     assert_eq!(v.as_object().unwrap().len(), 3, "{v}");
 }
+
+
+/// issue 27: a regex whose counted repetitions multiply out to millions (`(a{1000}){1000}`)
+/// was accepted at submit and failed mid-generation seconds later (a 500 on HTTP); it is
+/// refused at submit, at once, as an invalid request, alone or as a JSON schema `pattern`.
+/// Nested repetitions of a sane size still run.
+#[test]
+fn pathological_regexes_are_refused_at_submit() {
+    let e = engine("llama-fp32");
+    let schema = json!({"type": "object", "properties": {"id": {"type": "string", "pattern": "^(x{300}){300}$"}}});
+    for (c, field, size) in [
+        (Constraint::Regex("(a{1000}){1000}".into()), "regex", 1_000_000),
+        (Constraint::Regex("a{1000000}".into()), "regex", 1_000_000),
+        (Constraint::Regex("((ab|c){1000}d){100}".into()), "regex", 300_100),
+        (Constraint::JsonSchema(schema), "json_schema", 90_002),
+    ] {
+        let shown = format!("{c:?}");
+        let t = std::time::Instant::now();
+        match e.submit_channel(constrained(vec![1], 10, c)) {
+            Err(Error::InvalidRequest(m)) => {
+                assert!(m.starts_with(field) && m.contains(&format!("about {size} elements")), "{shown}: {m}");
+                assert!(m.contains("at most 50000"), "{shown}: {m}");
+            }
+            Err(other) => panic!("{shown}: {other}"),
+            Ok(_) => panic!("{shown}: accepted"),
+        }
+        assert!(t.elapsed().as_millis() < 500, "{shown}: {:?}", t.elapsed());
+    }
+    let out = run(&e, constrained(vec![1, 2, 3], 12, Constraint::Regex("(a{10}b){10}".into())));
+    assert!(regex::Regex::new("^(a{10}b){0,10}a{0,10}$").unwrap().is_match(&out.text), "{:?}", out.text);
+}
+
+/// issue 27: a tokenizer's constraint factory (its token trie, ~0.5 MB here per model) is freed
+/// with the last clone of the tokenizer; it held a clone itself, a cycle that leaked it with
+/// every engine that served a constrained request.
+#[test]
+fn the_constraint_factory_is_freed_with_its_tokenizer() {
+    let loaded = tiny_with_tokenizer("llama-fp32");
+    let tokenizer = loaded.tokenizer.clone().unwrap();
+    let engine = Engine::start(loaded, EngineConfig::default()).unwrap();
+    run(&engine, constrained(vec![1, 2, 3], 6, Constraint::Regex("[ab]{6}".into())));
+    let factory = std::sync::Arc::downgrade(&tokenizer.constraint_factory().unwrap());
+    assert!(factory.upgrade().is_some());
+    drop(engine);
+    drop(tokenizer);
+    assert!(factory.upgrade().is_none(), "the constraint factory outlived every tokenizer and engine");
+}

@@ -458,3 +458,111 @@ fn missing_or_unknown_parts_are_named() {
     let msg = load_err(&g.write(&dir, "fewer-blocks.gguf"));
     assert!(msg.contains("blk.1.") && msg.contains("block_count"), "{msg}");
 }
+
+/// Weft reads GGUF tensors itself (read-only); for files of MLX's types they must be what MLX's
+/// own reader gives, tensor for tensor: same names, shapes and values (quantized triples
+/// included; scale dtypes may differ, values may not).
+#[test]
+fn gguf_tensors_equal_mlx_readers_tensors() {
+    for name in GGUF_GOLDENS {
+        let path = gguf_path(name);
+        let mlx = mlx_rs::io::GgufFile::load(&path).unwrap().arrays().unwrap();
+        let ours: std::collections::HashMap<String, mlx_rs::Array> =
+            loading::gguf_tensors(&path, loading::GgufWeights::Native).unwrap().into_iter().collect();
+        assert_eq!(ours.len(), mlx.len(), "{name}: tensor count");
+        for (tensor, want) in mlx.iter() {
+            let got = ours.get(&tensor.to_string()).unwrap_or_else(|| panic!("{name}: no {tensor}"));
+            assert_eq!(got.shape(), want.shape(), "{name}: {tensor} shape");
+            if want.dtype() == mlx_rs::Dtype::Uint32 {
+                assert_eq!(got.dtype(), mlx_rs::Dtype::Uint32, "{name}: {tensor}");
+                assert_eq!(got.as_slice::<u32>(), want.as_slice::<u32>(), "{name}: {tensor} codes");
+            } else {
+                let f = |a: &mlx_rs::Array| a.as_dtype(mlx_rs::Dtype::Float32).unwrap().as_slice::<f32>().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert!(f(got) == f(want), "{name}: {tensor} values differ");
+            }
+        }
+    }
+}
+
+/// This thread's effective capabilities without CAP_DAC_OVERRIDE / CAP_DAC_READ_SEARCH while
+/// alive (Linux capabilities are per thread): as root, permission bits then bind as they do
+/// for any user, so a 0444 file cannot be opened for writing.
+struct NoDacOverride(Option<[CapData; 2]>);
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+impl NoDacOverride {
+    fn new() -> Self {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return NoDacOverride(None);
+        }
+        const VERSION_3: u32 = 0x2008_0522;
+        const DAC: u32 = (1 << 1) | (1 << 2); // CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+        let mut header = CapHeader { version: VERSION_3, pid: 0 };
+        let mut saved = [CapData::default(); 2];
+        // SAFETY: capget/capset with a v3 header and two data structs, for this thread (pid 0).
+        unsafe {
+            assert_eq!(libc::syscall(libc::SYS_capget, &mut header, saved.as_mut_ptr()), 0, "capget");
+            let mut dropped = saved;
+            dropped[0].effective &= !DAC;
+            assert_eq!(libc::syscall(libc::SYS_capset, &mut header, dropped.as_ptr()), 0, "capset");
+        }
+        NoDacOverride(Some(saved))
+    }
+}
+
+impl Drop for NoDacOverride {
+    fn drop(&mut self) {
+        if let Some(saved) = self.0 {
+            let mut header = CapHeader { version: 0x2008_0522, pid: 0 };
+            // SAFETY: as in `new`; restores this thread's effective set.
+            unsafe { libc::syscall(libc::SYS_capset, &mut header, saved.as_ptr()) };
+        }
+    }
+}
+
+/// issue 27: a GGUF the process may only read (mode 0444 in a 0555 directory: an app bundle, a
+/// read-only mount) loads, and generates exactly what the writable copy does. MLX's GGUF reader
+/// opened the file read-write ("gguf_init failed"); as root the test drops this thread's DAC
+/// override so the permission bits bind (checked: opening the file for writing fails).
+#[test]
+fn read_only_gguf_loads_like_a_writable_one() {
+    use std::os::unix::fs::PermissionsExt;
+    for name in ["llama-q4_0", "llama-f16"] {
+        let tmp = TempDir::new(&format!("ro-{name}"));
+        let dir = tmp.0.join("bundle");
+        std::fs::create_dir(&dir).unwrap();
+        let path = dir.join("model.gguf");
+        std::fs::copy(gguf_path(name), &path).unwrap();
+        let run = |path: &Path| {
+            let loaded = loading::load(path).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let opts = GenerateOptions { max_tokens: 8, capture_first_logits: 16, ..GenerateOptions::default() };
+            let out = generate(loaded.model.as_ref(), None, &[1, 5, 9, 2], &opts, |_| true).unwrap();
+            (out.tokens, out.first_logits.iter().map(|v| v.to_bits()).collect::<Vec<_>>())
+        };
+        let writable = run(&path);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o444)).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o555)).unwrap();
+        let read_only = {
+            let _dac = NoDacOverride::new();
+            let e = std::fs::OpenOptions::new().read(true).write(true).open(&path).expect_err("the copy is writable");
+            assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "{name}");
+            run(&path)
+        };
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(read_only, writable, "{name}: the read-only load differs");
+    }
+}

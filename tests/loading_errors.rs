@@ -149,9 +149,35 @@ fn prompt_longer_than_the_context_is_rejected() {
     let opts = GenerateOptions { max_tokens: 4, ..GenerateOptions::default() };
     let e = generate(loaded.model.as_ref(), None, &[1; 9], &opts, |_| true).unwrap_err();
     assert!(e.to_string().contains("context of 8"), "{e}");
+    // A prompt exactly at the context leaves no room for a token (issue 27).
+    let e = generate(loaded.model.as_ref(), None, &[1; 8], &opts, |_| true).unwrap_err();
+    assert!(matches!(e, Error::InvalidRequest(_)) && e.to_string().contains("context of 8 leaves no room"), "{e}");
     // Within the context, generation stops at the limit with "length".
     let out = generate(loaded.model.as_ref(), None, &[1; 6], &opts, |_| true).unwrap();
     assert_eq!(out.tokens.len(), 2);
+    let out = generate(loaded.model.as_ref(), None, &[1; 7], &opts, |_| true).unwrap();
+    assert_eq!(out.tokens.len(), 1);
+}
+
+/// issue 27: through the engine, a prompt at the context is refused at submit and one a token
+/// shorter ends with "length" after one token: prompt + completion never pass the context.
+#[test]
+fn engine_prompts_never_run_past_the_context() {
+    use weft::engine::{Engine, EngineConfig};
+    use weft::generate::FinishReason;
+    let tmp = copy_model("llama-fp32");
+    edit_config(tmp.path(), |c| c["max_position_embeddings"] = json!(8));
+    let engine = Engine::start(loading::load(tmp.path()).unwrap(), EngineConfig::default()).unwrap();
+    match engine.submit_channel(greedy(vec![1; 8], 4)) {
+        Err(Error::InvalidRequest(m)) => assert!(m.contains("context of 8"), "{m}"),
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+    for len in 1..8 {
+        let out = collect(&engine.submit_channel(greedy(vec![1; len], 16)).unwrap().1);
+        assert_eq!(out.error, None);
+        assert_eq!(out.finish, Some(FinishReason::Length), "{len}-token prompt");
+        assert_eq!(out.usage.prompt_tokens + out.usage.completion_tokens, 8, "{len}-token prompt: total tokens");
+    }
 }
 
 #[test]

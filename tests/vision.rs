@@ -276,3 +276,45 @@ fn pan_and_scan_prompts_match_mlx_vlm_tokens_alone_and_batched() {
     }
     assert_eq!(collect(&text).finals, 1);
 }
+
+/// A PNG signature and IHDR chunk claiming `width x height` RGB8, and a scrap of image data.
+fn png_header(width: u32, height: u32) -> Vec<u8> {
+    fn crc32(bytes: &[u8]) -> u32 {
+        let mut c = 0xffff_ffffu32;
+        for &b in bytes {
+            c ^= b as u32;
+            for _ in 0..8 {
+                c = if c & 1 != 0 { 0xedb8_8320 ^ (c >> 1) } else { c >> 1 };
+            }
+        }
+        !c
+    }
+    let mut ihdr = width.to_be_bytes().to_vec();
+    ihdr.extend_from_slice(&height.to_be_bytes());
+    ihdr.extend_from_slice(&[8, 2, 0, 0, 0]);
+    let mut v = b"\x89PNG\r\n\x1a\n".to_vec();
+    // IHDR, then the start of an IDAT (the decoder reads the header up to the first IDAT).
+    for (name, body) in [(&b"IHDR"[..], ihdr), (&b"IDAT"[..], vec![0x78, 0x9c, 0, 0])] {
+        let chunk = [name, &body[..]].concat();
+        v.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        v.extend_from_slice(&chunk);
+        v.extend_from_slice(&crc32(&chunk).to_be_bytes());
+    }
+    v
+}
+
+/// issue 27: an image's size is checked from its header before any pixel buffer is allocated:
+/// a 49-byte PNG claiming 20000 x 20000 (1.2 GB of RGB) or a 100000-pixel side is an invalid
+/// request naming the limits, at once.
+#[test]
+fn image_sizes_are_checked_from_the_header() {
+    for (w, h) in [(20_000, 20_000), (100_000, 1), (1, 40_000), (0, 5)] {
+        let t = std::time::Instant::now();
+        let e = preprocess::decode(&png_header(w, h)).expect_err("refused").to_string();
+        assert!(t.elapsed().as_millis() < 200, "{w}x{h}: {:?}", t.elapsed());
+        assert!(e.starts_with("invalid request: image:"), "{w}x{h}: {e}");
+        if w > 0 {
+            assert!(e.contains("32768") && e.contains(&preprocess::MAX_PIXELS.to_string()), "{w}x{h}: {e}");
+        }
+    }
+}

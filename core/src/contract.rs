@@ -759,6 +759,11 @@ pub fn parse_engine_options(v: &Value, spelling: Spelling) -> Result<EngineOptio
     // Which bit widths MLX quantizes to is the engine's check (EngineConfig::validate).
     config.kv_bits = f.int("kv_bits", 1, 16)?.map(|b| b as i32);
     if let Some(n) = f.int("kv_group_size", 1, 4096)? {
+        // MLX quantizes in groups of 32, 64 or 128 only; refused here even without kv_bits,
+        // so a wrong value never waits to fail until KV quantization is turned on.
+        if ![32, 64, 128].contains(&n) {
+            return Err(f.err("kv_group_size", "32, 64 or 128", &Value::from(n)));
+        }
         config.kv_group_size = n as i32;
     }
     if let Some(n) = f.usize("quantized_kv_start", 0, u64::MAX)? {
@@ -1105,6 +1110,7 @@ mod tests {
             (json!({"prompt_cache_bytes": -1}), "prompt_cache_bytes must be an integer >= 0, got -1"),
             (json!({"kv_bits": 0}), "kv_bits must be an integer in [1, 16], got 0"),
             (json!({"kv_group_size": 0}), "kv_group_size must be an integer in [1, 4096], got 0"),
+            (json!({"kv_group_size": 3}), "kv_group_size must be 32, 64 or 128, got 3"),
             (json!({"quantized_kv_start": 1.5}), "quantized_kv_start must be an integer >= 0, got 1.5"),
             (json!({"cache_limit_bytes": -1}), "cache_limit_bytes must be an integer >= 0, got -1"),
             (json!({"clear_cache_every_steps": "often"}), "clear_cache_every_steps must be an integer >= 0"),

@@ -101,10 +101,13 @@ pub fn validate_prompt_ids(info: &crate::models::ModelInfo, prompt: &[u32]) -> R
         )));
     }
     if let Some(ctx) = info.max_position_embeddings {
-        if prompt.len() > ctx {
+        // A prompt that fills the context leaves no position for the first generated token.
+        if prompt.len() >= ctx {
             return Err(Error::InvalidRequest(format!(
-                "the prompt has {} tokens, more than the model's context of {ctx}",
-                prompt.len()
+                "the prompt has {} tokens; the model's context of {ctx} leaves no room for output \
+                 (at most {} prompt tokens)",
+                prompt.len(),
+                ctx.saturating_sub(1)
             )));
         }
     }

@@ -260,6 +260,26 @@ impl MelFrontend {
         &self.cfg
     }
 
+    /// Frames [`MelFrontend::features`] makes of a clip of `samples` samples (0: too short).
+    pub fn frames_for(&self, samples: usize) -> usize {
+        let c = &self.cfg;
+        let mult = c.pad_to_multiple_of.max(1);
+        let total = self.frame_length / 2 + samples.min(c.max_samples).div_ceil(mult) * mult;
+        let unfold = self.frame_length + 1;
+        if total < unfold { 0 } else { (total - unfold) / self.hop_length + 1 }
+    }
+
+    /// The fewest samples that make at least `frames` frames (`max_samples` if none do).
+    pub fn min_samples(&self, frames: usize) -> usize {
+        // `frames_for` never decreases with the length: binary search.
+        let (mut lo, mut hi) = (0, self.cfg.max_samples);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if self.frames_for(mid) >= frames { hi = mid } else { lo = mid + 1 }
+        }
+        lo
+    }
+
     /// Features of one mono clip at `config().sampling_rate`.
     pub fn features(&self, samples: &[f32]) -> Result<MelFeatures> {
         let c = &self.cfg;
@@ -288,7 +308,9 @@ impl MelFrontend {
         let frames = (total - unfold) / self.hop_length + 1;
         let bins = c.feature_size;
         let n_freq = self.fft_length / 2 + 1;
-        let mut data = vec![0f32; frames * bins];
+        let mut data = Vec::new();
+        super::decode::reserve(&mut data, frames * bins)?;
+        data.resize(frames * bins, 0f32);
         let mut valid = vec![false; frames];
         let (mut re, mut im) = (vec![0f64; self.fft_length], vec![0f64; self.fft_length]);
         let mut mag = vec![0f64; n_freq];

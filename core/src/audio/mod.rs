@@ -21,14 +21,22 @@ use crate::{Error, Result};
 pub const SAMPLE_RATE: u32 = 16_000;
 /// Longest clip accepted (the extractor's `max_length` of 480 000 samples; 750 soft tokens).
 pub const MAX_SECONDS: f64 = 30.0;
+/// Lowest source sample rate accepted (Hz).
+pub const MIN_SAMPLE_RATE: u32 = 1_000;
+/// Highest source sample rate accepted (Hz): a header's rate sizes the decoded clip (30 s of it)
+/// and the resampler's work, so it is bounded before anything is allocated from it.
+pub const MAX_SAMPLE_RATE: u32 = 384_000;
+/// Mel frames the Gemma 4 audio tower needs at least (its two stride-2 convolutions).
+pub const MIN_MEL_FRAMES: usize = 3;
 
 /// Decodes `bytes` (WAV / MP3 / FLAC / Ogg Vorbis), downmixes to mono and resamples to 16 kHz,
-/// as the reference's `load_audio(file, sr=16000)`. Clips over [`MAX_SECONDS`], empty clips and
-/// unsupported formats are `InvalidRequest` errors that say so.
+/// as the reference's `load_audio(file, sr=16000)`. Clips over [`MAX_SECONDS`], sample rates
+/// outside [`MIN_SAMPLE_RATE`]..=[`MAX_SAMPLE_RATE`] (or that the resampler cannot take, see
+/// [`resample`]), empty clips and unsupported formats are `InvalidRequest` errors that say so.
 pub fn load_clip(bytes: &[u8], format_hint: Option<&str>) -> Result<Vec<f32>> {
     // Decoding stops a little past the limit; the exact check is on the 16 kHz length.
     let mono = decode_mono(bytes, format_hint, MAX_SECONDS + 1.0)?;
-    let samples = resample(&mono.samples, mono.sample_rate, SAMPLE_RATE);
+    let samples = resample(&mono.samples, mono.sample_rate, SAMPLE_RATE)?;
     let max = (MAX_SECONDS * SAMPLE_RATE as f64) as usize;
     if samples.len() > max {
         return Err(Error::InvalidRequest(format!(
@@ -49,6 +57,30 @@ pub struct AudioSpec {
     pub frontend: std::sync::Arc<MelFrontend>,
     pub tokens: AudioTokens,
     pub max_clips: usize,
+    /// Mel frames a clip must have for the tower (shorter clips are refused at submit).
+    pub min_frames: usize,
+}
+
+impl AudioSpec {
+    /// A clip's features, refused as an invalid request when the tower could not take them
+    /// (too few frames).
+    pub fn features(&self, samples: &[f32]) -> Result<MelFeatures> {
+        let mel = self.frontend.features(samples)?;
+        if mel.frames < self.min_frames {
+            let need = self.frontend.min_samples(self.min_frames);
+            return Err(Error::InvalidRequest(format!(
+                "audio: the clip is too short: {} samples at {} Hz ({:.1} ms) make {} mel frame(s), the audio \
+                 tower needs {} (at least {need} samples, {:.1} ms)",
+                samples.len(),
+                SAMPLE_RATE,
+                samples.len() as f64 * 1000.0 / SAMPLE_RATE as f64,
+                mel.frames,
+                self.min_frames,
+                need as f64 * 1000.0 / SAMPLE_RATE as f64
+            )));
+        }
+        Ok(mel)
+    }
 }
 
 impl std::fmt::Debug for AudioSpec {

@@ -87,10 +87,14 @@ impl Constraint {
                 if !schema.is_object() && !schema.is_boolean() {
                     return Err(bad("a JSON schema must be an object"));
                 }
+                check_schema_patterns(schema).map_err(|why| bad(&why))?;
                 TopLevelGrammar::from_json_schema(compact(schema.clone()))
             }
             Constraint::JsonObject => TopLevelGrammar::from_json_schema(compact(serde_json::json!({"type": "object"}))),
-            Constraint::Regex(rx) => TopLevelGrammar::from_regex(rx),
+            Constraint::Regex(rx) => {
+                check_regex_size(rx).map_err(|why| bad(&why))?;
+                TopLevelGrammar::from_regex(rx)
+            }
             Constraint::Lark(lark) | Constraint::Triggered(Triggered { lark, .. }) => {
                 if lark.trim().is_empty() {
                     return Err(bad("the grammar is empty"));
@@ -105,6 +109,58 @@ impl Constraint {
                 TopLevelGrammar::from_regex(&format!("(?:{})", alternatives.join("|")))
             }
         })
+    }
+}
+
+/// Largest expansion of a regular expression's counted repetitions accepted (see
+/// [`check_regex_size`]).
+pub const MAX_REGEX_EXPANSION: u64 = 50_000;
+
+/// Refuses a regex whose counted repetitions multiply out past [`MAX_REGEX_EXPANSION`]
+/// (`(a{1000}){1000}` is a million): llguidance compiles it lazily, accepts it, and then spends
+/// seconds per token unrolling it until its lexer runs out of fuel mid-generation. The size
+/// counts literal bytes and classes as written, times each enclosing `{n}` / `{m,n}` bound
+/// (`*` and `+` count once: loops cost nothing to unroll). A regex this parser cannot read is
+/// left to llguidance's own error.
+fn check_regex_size(rx: &str) -> std::result::Result<(), String> {
+    let Ok(hir) = regex_syntax::ParserBuilder::new().build().parse(rx) else { return Ok(()) };
+    let size = expansion(&hir);
+    if size > MAX_REGEX_EXPANSION {
+        return Err(format!(
+            "the regular expression expands to about {size} elements through its counted repetitions \
+             ({{n}}, {{m,n}}); at most {MAX_REGEX_EXPANSION} are accepted"
+        ));
+    }
+    Ok(())
+}
+
+fn expansion(h: &regex_syntax::hir::Hir) -> u64 {
+    use regex_syntax::hir::HirKind;
+    match h.kind() {
+        HirKind::Empty | HirKind::Look(_) | HirKind::Class(_) => 1,
+        HirKind::Literal(lit) => lit.0.len() as u64,
+        HirKind::Capture(c) => expansion(&c.sub),
+        HirKind::Repetition(r) => (r.max.unwrap_or(r.min).max(1) as u64).saturating_mul(expansion(&r.sub)),
+        HirKind::Concat(parts) | HirKind::Alternation(parts) => {
+            parts.iter().fold(0u64, |n, p| n.saturating_add(expansion(p)))
+        }
+    }
+}
+
+/// [`check_regex_size`] on every `pattern` of a JSON schema.
+fn check_schema_patterns(v: &Value) -> std::result::Result<(), String> {
+    match v {
+        Value::Object(map) => {
+            for (k, x) in map {
+                match (k.as_str(), x) {
+                    ("pattern", Value::String(rx)) => check_regex_size(rx).map_err(|why| format!("pattern {rx:?}: {why}"))?,
+                    _ => check_schema_patterns(x)?,
+                }
+            }
+            Ok(())
+        }
+        Value::Array(items) => items.iter().try_for_each(check_schema_patterns),
+        _ => Ok(()),
     }
 }
 
@@ -148,7 +204,9 @@ impl ConstraintFactory {
             trie = trie.with_eos_tokens(&eos);
         }
         let trie_eos = trie.eos_tokens().to_vec();
-        let env: TokEnv = Arc::new(TrieEnv { trie, tokenizer: tokenizer.clone() });
+        // The env holds the `tokenizers` tokenizer, not a `Tokenizer`: a `Tokenizer` owns the
+        // cell this factory lives in, and holding one here would be a cycle that is never freed.
+        let env: TokEnv = Arc::new(TrieEnv { trie, tokenizer: tokenizer.shared_inner() });
         let mut parsers = ParserFactory::new_simple(&env).map_err(|e| unsupported(e.to_string()))?;
         parsers.quiet();
         Ok(ConstraintFactory { parsers, env, trie_eos })
@@ -392,11 +450,11 @@ impl RowConstraint {
     }
 }
 
-/// The tokenizer environment llguidance compiles against: our trie, and our tokenizer for
+/// The tokenizer environment llguidance compiles against: our trie, and the tokenizer for
 /// canonical tokenization of forced text.
 struct TrieEnv {
     trie: TokTrie,
-    tokenizer: Tokenizer,
+    tokenizer: Arc<tokenizers::Tokenizer>,
 }
 
 impl TokenizerEnv for TrieEnv {
@@ -406,7 +464,10 @@ impl TokenizerEnv for TrieEnv {
 
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<u32> {
         match std::str::from_utf8(s) {
-            Ok(text) => self.tokenizer.encode(text, false).unwrap_or_else(|_| self.trie.greedy_tokenize(s)),
+            Ok(text) => match self.tokenizer.encode(text, false) {
+                Ok(encoding) => encoding.get_ids().to_vec(),
+                Err(_) => self.trie.greedy_tokenize(s),
+            },
             Err(_) => self.trie.greedy_tokenize(s),
         }
     }

@@ -255,7 +255,7 @@ pub fn attach_audio(
             Error::InvalidRequest(format!("audio[{i}]: {why}"))
         };
         let samples = crate::audio::load_clip(bytes, None).map_err(at)?;
-        let mel = spec.frontend.features(&samples).map_err(at)?;
+        let mel = spec.features(&samples).map_err(at)?;
         let soft_tokens = t.soft_token_count(samples.len(), crate::audio::SAMPLE_RATE);
         clips.push(PreparedAudio { start: 0, mel, soft_tokens, hash: crate::audio::samples_hash(&samples) });
     }

@@ -1,8 +1,9 @@
-//! GGUF checkpoints: architecture config from the metadata, tensors through MLX's own GGUF reader
-//! (Q4_0 / Q4_1 / Q8_0 arrive as MLX affine-quantized triples), renamed to the Hugging Face
-//! layout our architectures load, with llama.cpp's q/k row permutation undone.
+//! GGUF checkpoints: architecture config from the metadata, tensors read here ([`read_tensors`],
+//! the file opened and mapped read-only, so read-only files and mounts load; Q4_0 / Q4_1 / Q8_0
+//! arrive as MLX affine-quantized triples, as MLX's own reader gives them), renamed to the
+//! Hugging Face layout our architectures load, with llama.cpp's q/k row permutation undone.
 //!
-//! Files with other block types are read here ([`repacked_arrays`]): in [`GgufWeights::Native`]
+//! Files with other block types ([`repacked_arrays`]): in [`GgufWeights::Native`]
 //! mode the types with a lossless affine form stay quantized (`super::gguf_affine`: Q5_0/Q5_1 →
 //! 5-bit, Q4_K → 4-bit, Q5_K → 5-bit, all group 32), Q6_K is rounded to 8-bit group 32 with the
 //! fast CPU kernels (float32 otherwise), the rest are expanded to float32; in
@@ -40,19 +41,7 @@ pub fn load(path: &Path, weights: GgufWeights) -> Result<LoadedModel> {
     check_tensor_extents(&header, path)?;
     check_tensor_names(&header, &arch, config["num_hidden_layers"].as_u64().unwrap_or(0))?;
 
-    let native = header.tensors.iter().all(|t| SUPPORTED_TENSOR_TYPES.contains(&t.ggml_type()));
-    let raw = if native {
-        let file = mlx_rs::io::GgufFile::load(path)
-            .map_err(|e| Error::ModelLoad(format!("reading GGUF tensors from {}: {e}", path.display())))?;
-        let arrays = file
-            .arrays()
-            .map_err(|e| Error::ModelLoad(format!("reading GGUF tensors from {}: {e}", path.display())))?;
-        arrays.into_iter().map(|(name, a)| (name.to_string(), a)).collect::<Vec<_>>()
-    } else {
-        repacked_arrays(&header, path, weights)?
-    };
-
-    let mut raw = raw;
+    let mut raw = read_tensors(&header, path, weights)?;
     take_rope_factors(&mut raw, &mut config)?;
 
     let heads = config["num_attention_heads"].as_i64().unwrap_or(0) as i32;
@@ -126,6 +115,14 @@ pub fn load(path: &Path, weights: GgufWeights) -> Result<LoadedModel> {
         defaults: GenerationDefaults::default(),
         source: path.to_path_buf(),
     })
+}
+
+/// [`read_tensors`] of a file whose header and tensor extents check out.
+pub(super) fn tensors(path: &Path, weights: GgufWeights) -> Result<Vec<(String, Array)>> {
+    let header = GgufHeader::read(path)?;
+    header.check_supported_tensor_types()?;
+    check_tensor_extents(&header, path)?;
+    read_tensors(&header, path, weights)
 }
 
 /// A config.json equivalent for the architectures we implement, from `<arch>.*` metadata.
@@ -369,9 +366,20 @@ fn check_tensor_names(h: &GgufHeader, arch: &str, layers: u64) -> Result<()> {
     Ok(())
 }
 
-/// The tensors of a file holding types MLX cannot read: matrices of a type with a lossless
-/// affine form as MLX quantized triples (`name`, `*.scales`, `*.biases`, as MLX's own reader names
-/// them) in `Native` mode, everything else expanded to float32 by [`dequantize`].
+/// Every tensor of a GGUF file, read here (a read-only open and mapping: MLX's own GGUF reader
+/// opens the file read-write, which fails on a read-only file, mount or app bundle), under the
+/// names MLX's reader gives them. Files whose types MLX reads (F32, F16, Q4_0, Q4_1, Q8_0) come
+/// out as that reader gives them, whatever `weights` says: Q4_0 / Q4_1 / Q8_0 matrices as MLX
+/// quantized triples (`name`, `*.scales`, `*.biases`), the rest as floats. Other files follow
+/// `weights` ([`repacked_arrays`]).
+fn read_tensors(h: &GgufHeader, path: &Path, weights: GgufWeights) -> Result<Vec<(String, Array)>> {
+    let native = h.tensors.iter().all(|t| SUPPORTED_TENSOR_TYPES.contains(&t.ggml_type()));
+    repacked_arrays(h, path, if native { GgufWeights::Native } else { weights })
+}
+
+/// The tensors of a file: matrices of a type with a lossless affine form as MLX quantized
+/// triples (`name`, `*.scales`, `*.biases`, as MLX's own reader names them) in `Native` mode,
+/// everything else expanded to float32 by [`dequantize`].
 fn repacked_arrays(h: &GgufHeader, path: &Path, weights: GgufWeights) -> Result<Vec<(String, Array)>> {
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     // SAFETY: read-only mapping of a model file we do not modify; extents were checked.

@@ -41,7 +41,7 @@ impl std::fmt::Debug for LoadedModel {
 }
 
 /// How a GGUF file holding block types MLX's reader lacks (K-quants, Q5_0, ...) is loaded.
-/// Files of F32/F16/Q4_0/Q4_1/Q8_0 only go through MLX's reader either way.
+/// Files of F32/F16/Q4_0/Q4_1/Q8_0 only are read as MLX's reader reads them either way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum GgufWeights {
     /// Types with a lossless MLX affine form (Q4_0/1, Q5_0/1, Q8_0, Q4_K, Q5_K) stay quantized
@@ -67,6 +67,13 @@ impl std::str::FromStr for GgufWeights {
 
 /// The environment variable choosing [`GgufWeights`] for [`load`].
 pub const GGUF_WEIGHTS_ENV: &str = "WEFT_GGUF_WEIGHTS";
+
+/// A GGUF file's tensors as [`load`] reads them (opened read-only), under their GGUF names;
+/// quantized matrices as MLX triples (`name`, `name.scales`, `name.biases`). For a file of
+/// F32/F16/Q4_0/Q4_1/Q8_0 tensors, the values MLX's own GGUF reader gives.
+pub fn gguf_tensors(path: &Path, weights: GgufWeights) -> Result<Vec<(String, Array)>> {
+    gguf_model::tensors(path, weights)
+}
 
 /// Loads a model from a directory (config.json + safetensors) or a `.gguf` file; GGUF weights as
 /// `WEFT_GGUF_WEIGHTS` says (`native`, the default, or `dequantize`).

@@ -561,8 +561,9 @@ impl Gemma4AudioTower {
         if invalid.len() != b || invalid.iter().any(|r| r.len() != t) {
             return Err(Error::InvalidRequest("audio tower: the mask does not match the features".into()));
         }
-        if t < 3 {
-            return Err(Error::InvalidRequest(format!("audio tower: {t} mel frames; at least 3 are needed")));
+        if t < crate::audio::MIN_MEL_FRAMES {
+            let min = crate::audio::MIN_MEL_FRAMES;
+            return Err(Error::InvalidRequest(format!("audio tower: {t} mel frames; at least {min} are needed")));
         }
         let x = features.expand_dims(-1)?;
         let (x, m) = self.sscp[0].forward(&x, invalid)?;
@@ -673,14 +674,19 @@ impl Gemma4Audio {
         }
         let frontend = std::sync::Arc::new(crate::audio::MelFrontend::new(mel)?);
         let tokens = crate::audio::AudioTokens::from_config(cfg);
-        let spec = crate::audio::AudioSpec { frontend: frontend.clone(), tokens, max_clips: crate::audio::MAX_CLIPS };
+        let spec = crate::audio::AudioSpec {
+            frontend: frontend.clone(),
+            tokens,
+            max_clips: crate::audio::MAX_CLIPS,
+            min_frames: crate::audio::MIN_MEL_FRAMES,
+        };
         Ok(Gemma4Audio { tower, frontend, tokens, spec })
     }
 
     /// Audio bytes (WAV / MP3 / FLAC / Ogg Vorbis, at most 30 s) -> soft tokens.
     pub fn prepare_clip(&self, bytes: &[u8], format_hint: Option<&str>) -> Result<AudioClip> {
         let wav = crate::audio::load_clip(bytes, format_hint)?;
-        let mel = self.frontend.features(&wav)?;
+        let mel = self.spec.features(&wav)?;
         let soft = self.tower.encode_clip(&mel)?;
         soft.eval()?;
         Ok(AudioClip {

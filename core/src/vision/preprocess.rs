@@ -206,13 +206,26 @@ pub struct Rgb8 {
 
 /// Largest decoded image accepted (pixels), so a small file cannot expand into gigabytes.
 pub const MAX_PIXELS: u64 = 64 << 20;
+/// Longest side accepted (pixels): the resize's per-axis coefficient tables grow with it, so a
+/// 1 x 64M-pixel strip is refused rather than resized.
+pub const MAX_SIDE: u32 = 32_768;
 
 /// Decodes PNG / JPEG / WebP bytes to RGB (transparency composited onto white).
 pub fn decode(bytes: &[u8]) -> Result<Rgb8> {
     decode_with(bytes, true)
 }
 
+/// A buffer of `n` elements of `T` (zeroed), or an error, not an abort, when memory runs out.
+pub(crate) fn try_zeroed<T: Clone + Default>(n: usize) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| Error::Capacity(format!("image: out of memory for {n} values")))?;
+    v.resize(n, T::default());
+    Ok(v)
+}
+
 /// [`decode`]; `on_white: false` drops the alpha channel instead (PIL `convert("RGB")`).
+/// The size is checked from the header (at most [`MAX_SIDE`] a side and [`MAX_PIXELS`] in
+/// all) before any pixel buffer is allocated.
 pub fn decode_with(bytes: &[u8], on_white: bool) -> Result<Rgb8> {
     let format = image::guess_format(bytes)
         .map_err(|_| Error::InvalidRequest("image: not a PNG, JPEG or WebP file".into()))?;
@@ -222,15 +235,35 @@ pub fn decode_with(bytes: &[u8], on_white: bool) -> Result<Rgb8> {
     let mut reader = image::ImageReader::with_format(std::io::Cursor::new(bytes), format);
     let mut limits = image::Limits::default();
     limits.max_alloc = Some(MAX_PIXELS * 8);
+    limits.max_image_width = Some(MAX_SIDE);
+    limits.max_image_height = Some(MAX_SIDE);
     reader.limits(limits);
-    let img = reader.decode().map_err(|e| Error::InvalidRequest(format!("image: cannot decode: {e}")))?;
-    let (w, h) = (img.width() as u64, img.height() as u64);
+    let too_big = |w: u64, h: u64| {
+        Error::InvalidRequest(format!("image: {w}x{h} pixels (at most {MAX_SIDE} a side and {MAX_PIXELS} in all)"))
+    };
+    let decoder = reader.into_decoder().map_err(|e| match e {
+        image::ImageError::Limits(_) => Error::InvalidRequest(format!(
+            "image: larger than the limits ({e}; at most {MAX_SIDE} pixels a side and {MAX_PIXELS} in all)"
+        )),
+        e => Error::InvalidRequest(format!("image: cannot decode: {e}")),
+    })?;
+    let (w, h) = image::ImageDecoder::dimensions(&decoder);
+    let (w, h) = (w as u64, h as u64);
     if w == 0 || h == 0 || w * h > MAX_PIXELS {
-        return Err(Error::InvalidRequest(format!("image: {w}x{h} pixels (at most {MAX_PIXELS} in all)")));
+        return Err(too_big(w, h));
+    }
+    let img = image::DynamicImage::from_decoder(decoder)
+        .map_err(|e| Error::InvalidRequest(format!("image: cannot decode: {e}")))?;
+    if (img.width() as u64, img.height() as u64) != (w, h) {
+        return Err(Error::InvalidRequest("image: the decoded size differs from the header's".into()));
     }
     let data = if on_white && img.color().has_alpha() {
         let rgba = img.to_rgba8();
-        rgba.pixels().flat_map(|p| composite_on_white(p.0)).collect()
+        let mut data = try_zeroed::<u8>(rgba.len() / 4 * 3)?;
+        for (out, p) in data.chunks_exact_mut(3).zip(rgba.pixels()) {
+            out.copy_from_slice(&composite_on_white(p.0));
+        }
+        data
     } else {
         img.to_rgb8().into_raw()
     };
