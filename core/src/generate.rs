@@ -21,6 +21,10 @@ pub enum FinishReason {
     /// `max_tokens` or the context limit.
     Length,
     Cancelled,
+    /// A request with tools stopped (any stop, or its call limit) after making calls: what
+    /// OpenAI calls a `tool_calls` finish and Anthropic `tool_use`.
+    #[serde(rename = "tool_calls")]
+    ToolCalls,
 }
 
 impl FinishReason {
@@ -29,6 +33,7 @@ impl FinishReason {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
             FinishReason::Cancelled => "cancelled",
+            FinishReason::ToolCalls => "tool_calls",
         }
     }
 }

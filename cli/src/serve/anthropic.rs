@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 use weft::engine::{Event, Input, Request, StopCause, Usage};
 use weft::generate::FinishReason;
 use weft::tokenizer::{ChatMessage, ToolCall};
-use weft::tools::{Assembler, ToolChoice, ToolDelta, ToolSpec, Tools};
+use weft::tools::{ToolChoice, ToolDelta, ToolSpec, Tools};
 
 use super::errors::{json_response, ApiError, ErrorKind, Protocol};
 use super::openai::MessageImages;
@@ -295,7 +295,6 @@ async fn messages_inner(
             state: Arc::clone(state),
             id,
             prompt_tokens: prompt_len,
-            calls: Assembler::default(),
             block: 0,
             in_text: true,
         };
@@ -308,7 +307,7 @@ async fn messages_inner(
     }
 
     let (text, finish_reason, stop, usage, calls) = collect(generation).await?;
-    let (stop_reason, stop_sequence) = stop_reason(finish_reason, stop.as_ref(), calls.len());
+    let (stop_reason, stop_sequence) = stop_reason(finish_reason, stop.as_ref());
     let mut content = Vec::new();
     if !text.is_empty() || calls.is_empty() {
         content.push(json!({"type": "text", "text": text}));
@@ -367,11 +366,11 @@ async fn collect(mut g: Generation) -> Result<Collected, ApiError> {
 }
 
 /// Anthropic's `(stop_reason, stop_sequence)` for how the engine finished.
-fn stop_reason(reason: FinishReason, stop: Option<&StopCause>, calls: usize) -> (&'static str, Value) {
+fn stop_reason(reason: FinishReason, stop: Option<&StopCause>) -> (&'static str, Value) {
     match (reason, stop) {
         (FinishReason::Length, _) => ("max_tokens", Value::Null),
-        (_, Some(StopCause::StopString { stop })) if calls == 0 => ("stop_sequence", json!(stop)),
-        _ if calls > 0 => ("tool_use", Value::Null),
+        (FinishReason::ToolCalls, _) => ("tool_use", Value::Null),
+        (_, Some(StopCause::StopString { stop })) => ("stop_sequence", json!(stop)),
         _ => ("end_turn", Value::Null),
     }
 }
@@ -380,8 +379,6 @@ struct MessageEncoder {
     state: Arc<AppState>,
     id: String,
     prompt_tokens: usize,
-    /// The calls streamed so far (to send what the end adds).
-    calls: Assembler,
     /// The open content block's index, and whether it is text (else a tool_use).
     block: usize,
     in_text: bool,
@@ -419,7 +416,6 @@ impl MessageEncoder {
     fn tool_deltas(&mut self, deltas: &[ToolDelta]) -> String {
         let mut out = String::new();
         for d in deltas {
-            self.calls.apply(d);
             match d {
                 ToolDelta::Start { id, name, .. } => {
                     out += &self.stop_block();
@@ -472,11 +468,10 @@ impl StreamEncoder for MessageEncoder {
         match ev {
             Event::Token { text, tool_calls, .. } => self.text_delta(text) + &self.tool_deltas(tool_calls),
             Event::Done { finish_reason: FinishReason::Cancelled, .. } => stream_error(&cancelled_error()),
-            Event::Done { finish_reason, stop, text, usage, tool_calls, .. } => {
-                let (stop_reason, stop_sequence) = stop_reason(*finish_reason, stop.as_ref(), tool_calls.len());
-                let catch_up = self.calls.catch_up(tool_calls);
+            Event::Done { finish_reason, stop, text, usage, tool_deltas, .. } => {
+                let (stop_reason, stop_sequence) = stop_reason(*finish_reason, stop.as_ref());
                 self.text_delta(text)
-                    + &self.tool_deltas(&catch_up)
+                    + &self.tool_deltas(tool_deltas)
                     + &self.stop_block()
                     + &sse_event(
                         "message_delta",

@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use weft::engine::{Event, Input, Request, TokenLogprobs, Usage};
 use weft::generate::FinishReason;
 use weft::tokenizer::ChatMessage;
-use weft::tools::{Assembler, ToolCall, ToolDelta, Tools};
+use weft::tools::{ToolCall, ToolDelta, Tools};
 
 use super::errors::{json_response, ApiError, ErrorKind, Protocol};
 use super::params::{self, get, opt_bool, opt_count, opt_int, opt_str, Object};
@@ -54,11 +54,7 @@ pub fn usage_json(u: &Usage) -> Value {
 }
 
 fn finish_str(r: FinishReason) -> &'static str {
-    match r {
-        FinishReason::Stop => "stop",
-        FinishReason::Length => "length",
-        FinishReason::Cancelled => "cancelled",
-    }
+    r.as_str()
 }
 
 /// Why a generation produced no normal ending, as the error a client sees.
@@ -181,14 +177,6 @@ fn tool_delta_json(d: &ToolDelta) -> Value {
             json!({"index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""}})
         }
         ToolDelta::Arguments { index, fragment } => json!({"index": index, "function": {"arguments": fragment}}),
-    }
-}
-
-/// `finish_reason`: a normal stop after calls is `tool_calls`.
-fn chat_finish_str(r: FinishReason, calls: usize) -> &'static str {
-    match r {
-        FinishReason::Stop if calls > 0 => "tool_calls",
-        r => finish_str(r),
     }
 }
 
@@ -429,7 +417,6 @@ async fn chat_inner(state: &Arc<AppState>, req: axum::extract::Request, arrived:
             id,
             include_usage,
             logprobs: logprobs.is_some(),
-            calls: Assembler::default(),
         };
         return Ok(sse_response(Body::from_stream(EventStream::new(generation, encoder))));
     }
@@ -455,7 +442,7 @@ async fn chat_inner(state: &Arc<AppState>, req: axum::extract::Request, arrived:
                 "index": 0,
                 "message": message,
                 "logprobs": logprobs_json,
-                "finish_reason": chat_finish_str(done.finish_reason, done.tool_calls.len()),
+                "finish_reason": finish_str(done.finish_reason),
             }],
             "usage": usage_json(&done.usage),
         }),
@@ -515,8 +502,6 @@ struct ChatEncoder {
     id: String,
     include_usage: bool,
     logprobs: bool,
-    /// The calls streamed so far (to send what the end adds).
-    calls: Assembler,
 }
 
 impl ChatEncoder {
@@ -538,10 +523,9 @@ impl ChatEncoder {
 
 impl ChatEncoder {
     /// One chunk per call delta (OpenAI sends one tool call piece per chunk).
-    fn tool_chunks(&mut self, deltas: &[ToolDelta]) -> String {
+    fn tool_chunks(&self, deltas: &[ToolDelta]) -> String {
         let mut out = String::new();
         for d in deltas {
-            self.calls.apply(d);
             out += &sse_data(&self.chunk(json!({"tool_calls": [tool_delta_json(d)]}), Value::Null, None));
         }
         out
@@ -571,10 +555,10 @@ impl StreamEncoder for ChatEncoder {
                 out + &self.tool_chunks(tool_calls)
             }
             Event::Done { finish_reason: FinishReason::Cancelled, .. } => stream_error(&cancelled_error()),
-            Event::Done { finish_reason, usage, text, tool_calls, .. } => {
+            Event::Done { finish_reason, usage, text, tool_deltas, .. } => {
                 let mut tail = if text.is_empty() { String::new() } else { sse_data(&self.chunk(json!({"content": text}), Value::Null, None)) };
-                tail += &self.tool_chunks(&self.calls.catch_up(tool_calls));
-                let last = self.chunk(json!({}), Value::Null, Some(chat_finish_str(*finish_reason, tool_calls.len())));
+                tail += &self.tool_chunks(tool_deltas);
+                let last = self.chunk(json!({}), Value::Null, Some(finish_str(*finish_reason)));
                 tail + &stream_tail(&self.state, &self.id, "chat.completion.chunk", &last, self.include_usage.then_some(usage))
             }
             Event::Error { message } => stream_error(&engine_error(message)),

@@ -86,6 +86,7 @@ impl EngineCore {
             text: String::new(),
             usage,
             first_logits: Vec::new(),
+            tool_deltas: Vec::new(),
             tool_calls: Vec::new(),
         });
         self.executor.finished += 1;

@@ -106,6 +106,7 @@ mod tests {
             text: String::new(),
             usage: Usage::default(),
             first_logits: Vec::new(),
+            tool_deltas: Vec::new(),
             tool_calls: Vec::new(),
         }
     }

@@ -18,6 +18,7 @@ mod lockstep;
 mod media;
 mod memory;
 mod prompt_cache;
+mod queue;
 mod row;
 mod scheduler;
 mod single;
@@ -30,6 +31,7 @@ pub use lockstep::{follow, FollowerSinks, LockstepCore, LockstepOptions, RankSta
 pub use media::{attach_audio, attach_images, PreparedAudio, PreparedImage};
 pub use memory::{release_free_heap, use_single_heap_arena, MemoryPolicy};
 pub use prompt_cache::PromptCache;
+pub use queue::{EventQueue, FlowQueue, Next, PAUSE_AT, RESUME_AT};
 pub use scheduler::Scheduler;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -129,7 +131,7 @@ pub struct Usage {
     pub cached_tokens: usize,
 }
 
-/// What ended a request that finished with [`FinishReason::Stop`].
+/// What ended a request that finished with [`FinishReason::Stop`] or [`FinishReason::ToolCalls`].
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StopCause {
@@ -139,6 +141,9 @@ pub enum StopCause {
     StopString { stop: String },
     /// The request's constraint is complete: its grammar allows nothing more.
     Constraint,
+    /// The request's tool-call limit was reached (a named or required `tool_choice`, or
+    /// `parallel_tool_calls: false`, ends after the first complete call).
+    ToolCallLimit,
 }
 
 /// A request's stream: tokens, then exactly one `Done` or `Error`, on every path (normal end,
@@ -151,17 +156,21 @@ pub enum Event {
     /// when the request asked for them. With tools, text that is part of a tool call is not in
     /// `text`: it arrives as `tool_calls` deltas (a call's start, then argument fragments).
     Token { token_id: u32, text: String, logprobs: Option<TokenLogprobs>, tool_calls: Vec<ToolDelta> },
-    /// The request finished. `text` is the output text still held back when it ended (empty
-    /// when cancelled or cut by a stop string); the full output is the concatenation of every
-    /// `Token`'s text and this. `stop` says which stop ended a `Stop` finish. `tool_calls`:
-    /// every call the output made, complete (what the deltas assemble to, plus anything the
-    /// end released); a `Stop` finish with calls is OpenAI's `tool_calls` finish.
+    /// The request finished. Everything the end released is here, so a face forwards it as
+    /// the last delta and derives nothing: `text` is the output text still held back when it
+    /// ended (empty when cancelled or cut by a stop string; the full output is every `Token`'s
+    /// text and this), `tool_deltas` the tool-call pieces the end released (every `Token`'s
+    /// `tool_calls` and these assemble to `tool_calls`). `finish_reason` is
+    /// [`FinishReason::ToolCalls`] when a request with tools stopped after making calls;
+    /// `stop` says which stop ended a `Stop` or `ToolCalls` finish. `tool_calls`: every call
+    /// the output made, complete.
     Done {
         finish_reason: FinishReason,
         stop: Option<StopCause>,
         text: String,
         usage: Usage,
         first_logits: Vec<f32>,
+        tool_deltas: Vec<ToolDelta>,
         tool_calls: Vec<ToolCall>,
     },
     Error { message: String },
