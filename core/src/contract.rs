@@ -114,26 +114,8 @@ fn invalid(message: impl Into<String>) -> Error {
     Error::InvalidRequest(message.into())
 }
 
-/// A JSON value as messages show it: its JSON text, shortened when long.
-pub fn show(v: &Value) -> String {
-    let s = v.to_string();
-    if s.chars().count() > 40 {
-        format!("{}… ({})", s.chars().take(40).collect::<String>(), kind(v))
-    } else {
-        s
-    }
-}
-
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
+// How messages show a value: below the engine (tools' checks use it too).
+pub use crate::error::show;
 
 /// The known key closest to `key` (ignoring case, `_` and `-`), for typos like `max_tokens`
 /// in a camelCase face or `temprature`.

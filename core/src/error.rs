@@ -124,6 +124,28 @@ impl Error {
     }
 }
 
+/// A JSON value as error messages show it: its JSON text, shortened when long.
+pub fn show(v: &serde_json::Value) -> String {
+    let s = v.to_string();
+    if s.chars().count() > 40 {
+        format!("{}… ({})", s.chars().take(40).collect::<String>(), json_kind(v))
+    } else {
+        s
+    }
+}
+
+/// What kind of JSON value `v` is, as messages name it ("a string", "an array"...).
+pub fn json_kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,7 +5,7 @@ use super::faults::Faults;
 use super::memory::{mlx_memory, release_cached_memory};
 use super::scheduler::{projected_kv_bytes_for, Load, Scheduler};
 use super::{EngineConfig, EngineStats, Event, RequestId, Submission};
-use crate::generate::FinishReason;
+use crate::stop::FinishReason;
 use crate::loading::LoadedModel;
 
 pub struct EngineCore {

@@ -199,7 +199,7 @@ pub fn attach_images(
     let counts: Vec<Vec<usize>> =
         views.iter().map(|v| v.iter().map(|px| spec.tokens_for(px.height, px.width)).collect()).collect();
     if let Some(prompt) = expanded_text_prompt(&sub.request, spec, &counts, tokenizer)? {
-        crate::generate::validate_prompt_ids(info, &prompt)?;
+        crate::prefill::validate_prompt_ids(info, &prompt)?;
         sub.prompt = prompt;
     }
     let flat: Vec<usize> = counts.concat();

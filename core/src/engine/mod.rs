@@ -22,7 +22,7 @@ mod queue;
 mod row;
 mod scheduler;
 mod single;
-pub(crate) use single::generate_one;
+pub use single::{run_single, SingleRow};
 
 pub use self::core::EngineCore;
 pub use events::EventSink;
@@ -44,7 +44,7 @@ use parking_lot::Mutex;
 use crate::cache::KvQuantization;
 pub use crate::constrain::Constraint;
 use crate::constrain::RowConstraint;
-use crate::generate::FinishReason;
+pub use crate::stop::FinishReason;
 use crate::loading::LoadedModel;
 use crate::models::ModelInfo;
 use crate::sampling::SamplingParams;
@@ -676,7 +676,7 @@ pub fn check_request(
 
 /// The prompt against the vocabulary, the context and the engine's whole KV budget.
 pub(super) fn check_prompt(request: &Request, prompt: &[u32], info: &ModelInfo, config: &EngineConfig) -> Result<()> {
-    crate::generate::validate_prompt_ids(info, prompt)?;
+    crate::prefill::validate_prompt_ids(info, prompt)?;
     if let Some(budget) = config.kv_budget_bytes {
         let need = scheduler::projected_kv_bytes_for(info, config.kv_quantization().as_ref(), prompt.len(), request.max_tokens);
         if need > budget {

@@ -142,14 +142,14 @@ fn check_schema(schema: &Value, path: &str) -> Result<(), String> {
         if schema.is_boolean() {
             return Ok(());
         }
-        return Err(format!("`{path}` must be a JSON Schema (an object), got {}", crate::contract::show(schema)));
+        return Err(format!("`{path}` must be a JSON Schema (an object), got {}", crate::error::show(schema)));
     };
     const TYPES: &[&str] = &["object", "array", "string", "number", "integer", "boolean", "null"];
     match obj.get("type") {
         None => {}
         Some(Value::String(t)) if TYPES.contains(&t.as_str()) => {}
         Some(Value::Array(ts)) if ts.iter().all(|t| t.as_str().is_some_and(|t| TYPES.contains(&t))) => {}
-        Some(t) => return Err(format!("`{path}.type` must be a JSON Schema type name, got {}", crate::contract::show(t))),
+        Some(t) => return Err(format!("`{path}.type` must be a JSON Schema type name, got {}", crate::error::show(t))),
     }
     if let Some(props) = obj.get("properties") {
         let props = props.as_object().ok_or_else(|| format!("`{path}.properties` must be an object"))?;
