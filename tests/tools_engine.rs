@@ -64,6 +64,7 @@ fn text_of(evs: &[Event]) -> (Vec<u32>, String) {
                 text.push_str(t);
             }
             Event::Done { text: t, .. } => text.push_str(t),
+            Event::Started { .. } => {}
             Event::Error { message } => panic!("{message}"),
         }
     }

@@ -141,7 +141,7 @@ pub fn generate(
     let mut first_token_at: Option<Instant> = None;
     let mut on_token = on_token;
     run_single(model, tokenizer, row, |event| {
-        if first_token_at.is_none() {
+        if first_token_at.is_none() && !matches!(event, Event::Started { .. }) {
             first_token_at = Some(Instant::now());
             out.ttft_s = start.elapsed().as_secs_f64();
         }

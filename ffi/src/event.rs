@@ -517,6 +517,10 @@ impl Delivery {
 }
 
 fn deliver(cb: &Callback, id: u64, ev: &Event, bufs: &mut Buffers) {
+    // The C event has no kind for admission (DONE carries the same counts): not delivered.
+    if matches!(ev, Event::Started { .. }) {
+        return;
+    }
     let empty: *const c_char = c"".as_ptr();
     let mut e = weft_event {
         request_id: id,
@@ -595,6 +599,7 @@ fn deliver(cb: &Callback, id: u64, ev: &Event, bufs: &mut Buffers) {
             e.completion_tokens = sat(usage.completion_tokens);
             e.cached_tokens = sat(usage.cached_tokens);
         }
+        Event::Started { .. } => {}
         Event::Error { message } => {
             e.kind = WEFT_EVENT_ERROR;
             (e.message, e.message_len) = nul_terminated(&mut bufs.message, message);

@@ -881,6 +881,8 @@ fn on_event(row: &Row, ev: &Event) -> bool {
             st.end = Some(End::Done);
             flush_end(&mut st, row.serial);
         }
+        // Chunks are tokens; the counts come with the completion's usage.
+        Event::Started { .. } => {}
         Event::Error { message } => {
             st.end = Some(End::Failed(failure(message)));
             flush_end(&mut st, row.serial);

@@ -70,8 +70,9 @@ pub struct AppState {
     pub model_id: String,
     pub model: ServedModel,
     pub defaults: Defaults,
-    /// `--chat-template`, replacing the model's own.
-    pub chat_template: Option<ChatTemplate>,
+    /// `--chat-template`, replacing the model's own: every chat request carries it to the
+    /// engine, which renders with it (`Request::chat_template`).
+    pub chat_template: Option<Arc<ChatTemplate>>,
     pub access: Access,
     pub limits: Limits,
     prompt_bound: PromptBound,
@@ -104,7 +105,7 @@ impl AppState {
             model_id: model.id.clone(),
             model,
             defaults,
-            chat_template,
+            chat_template: chat_template.map(Arc::new),
             access,
             limits,
             prompt_bound,
@@ -194,31 +195,6 @@ impl AppState {
         ids.map_err(ApiError::from_engine)
     }
 
-    /// A conversation with optional tools: the prompt ids, and the tools with the call syntax
-    /// (and forced-call opening) the engine parses the output with. Bad tool history (a
-    /// result without its call) and templates that cannot show tools are 400s naming the
-    /// field. Call through [`AppState::blocking`].
-    pub fn tokenize_chat(
-        &self,
-        messages: &[ChatMessage],
-        tools: Option<weft::tools::Tools>,
-    ) -> Result<(Vec<u32>, Option<weft::tools::Tools>), ApiError> {
-        use weft::tools::{check_history, render_with_tools, unknown_syntax, TemplateTools};
-        check_history(messages).map_err(|e| ApiError::field(&e.param, e.message))?;
-        let Some(mut tools) = tools else { return Ok((self.tokenize_messages(messages)?, None)) };
-        let tokenizer = self.tokenizer()?;
-        let template = self.chat_template.as_ref().or(tokenizer.chat_template()).ok_or_else(|| {
-            ApiError::field("tools", "`tools` needs a model with a chat template; this model has none")
-        })?;
-        if TemplateTools::detect(template.source()) == TemplateTools::Unknown {
-            let e = unknown_syntax();
-            return Err(ApiError::field(&e.param, e.message));
-        }
-        let text = render_with_tools(template, messages, &mut tools).map_err(ApiError::from_engine)?;
-        let ids = tokenizer.encode(&text, false).map_err(ApiError::from_engine)?;
-        Ok((ids, Some(tools)))
-    }
-
     /// Raw text, encoded as the tokenizer encodes a sequence (special tokens added per its config).
     /// Call through [`AppState::blocking`].
     pub fn tokenize_prompt(&self, text: &str) -> Result<Vec<u32>, ApiError> {
@@ -287,6 +263,7 @@ impl AppState {
                     counter.fetch_add(1, Ordering::Relaxed);
                     m.request_duration.observe(now - arrived);
                 }
+                Event::Started { .. } => {}
                 Event::Error { .. } => {
                     m.finished_error.fetch_add(1, Ordering::Relaxed);
                     m.request_duration.observe(now - arrived);

@@ -48,11 +48,24 @@ pub use crate::stop::FinishReason;
 use crate::loading::LoadedModel;
 use crate::models::ModelInfo;
 use crate::sampling::SamplingParams;
-use crate::tokenizer::{ChatMessage, Tokenizer};
+use crate::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 use crate::tools::{ToolCall, ToolDelta, Tools};
 use crate::{Error, Result};
 
 pub type RequestId = u64;
+
+/// The most top alternatives a request may ask for with its log-probabilities (OpenAI's
+/// limit): the one place every face's check reads it from.
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// The one rule (and message) for a requested number of top alternatives; `key` names the
+/// field as the caller wrote it.
+pub fn check_top_logprobs(k: usize, key: &str) -> Result<()> {
+    if k > MAX_TOP_LOGPROBS {
+        return Err(Error::field(key, format!("{key} must be an integer in [0, {MAX_TOP_LOGPROBS}], got {k}")));
+    }
+    Ok(())
+}
 
 /// What to generate from.
 #[derive(Debug, Clone)]
@@ -95,6 +108,9 @@ pub struct Request {
     /// conversation) holds the model's audio token once per clip, where the chat template puts
     /// it; [`attach_audio`] expands each to `boa + audio x n + eoa` as the reference processor does.
     pub audio: Vec<Vec<u8>>,
+    /// Renders `Input::Messages` with this template instead of the engine's override
+    /// ([`EngineConfig::chat_template`]) or the model's own.
+    pub chat_template: Option<Arc<ChatTemplate>>,
 }
 
 impl Request {
@@ -111,6 +127,7 @@ impl Request {
             constraint: None,
             images: Vec::new(),
             audio: Vec::new(),
+            chat_template: None,
         }
     }
 }
@@ -146,11 +163,16 @@ pub enum StopCause {
     ToolCallLimit,
 }
 
-/// A request's stream: tokens, then exactly one `Done` or `Error`, on every path (normal end,
-/// cancellation, a consumer that went away or panicked, a failed step, shutdown, a dead engine
-/// thread).
+/// A request's stream: `Started` once admitted, tokens, then exactly one `Done` or `Error`, on
+/// every path (normal end, cancellation, a consumer that went away or panicked, a failed step,
+/// shutdown, a dead engine thread). A request that fails or is cancelled before admission gets
+/// no `Started`.
 #[derive(Debug, Clone)]
 pub enum Event {
+    /// The request was admitted: its prompt (rendered, tokenized, media expanded) has
+    /// `prompt_tokens` tokens, `cached_tokens` of them served from the prompt cache. What a face
+    /// reports before the first token (Anthropic's `message_start` usage) comes from here.
+    Started { prompt_tokens: usize, cached_tokens: usize },
     /// One generated token and the text it releases (possibly empty: text that may still turn
     /// out to be part of a stop string, or half a character, is held back). `logprobs` is set
     /// when the request asked for them. With tools, text that is part of a tool call is not in
@@ -178,7 +200,7 @@ pub enum Event {
 
 impl Event {
     pub fn is_final(&self) -> bool {
-        !matches!(self, Event::Token { .. })
+        !matches!(self, Event::Token { .. } | Event::Started { .. })
     }
 }
 
@@ -250,6 +272,9 @@ pub struct EngineConfig {
     pub memory: MemoryPolicy,
     /// Deliberate failures, for tests of the final-event guarantee; `None` reads `WEFT_FAULTS`.
     pub faults: Option<Faults>,
+    /// Renders every conversation with this template instead of the model's own (a request's
+    /// [`Request::chat_template`] still wins); `None` keeps the model's.
+    pub chat_template: Option<Arc<ChatTemplate>>,
 }
 
 impl Default for EngineConfig {
@@ -265,6 +290,7 @@ impl Default for EngineConfig {
             quantized_kv_start: 0,
             memory: MemoryPolicy::default(),
             faults: None,
+            chat_template: None,
         }
     }
 }
@@ -634,7 +660,8 @@ pub fn check_request(
         (Input::Messages(messages), tools) => {
             crate::tools::check_history(messages)?;
             let tokenizer = need_tokenizer()?;
-            match (tools, tokenizer.chat_template()) {
+            let template = request.chat_template.as_deref().or(config.chat_template.as_deref()).or(tokenizer.chat_template());
+            match (tools, template) {
                 (Some(_), None) => {
                     return Err(crate::tools::ToolsError::new("tools", "tools need a model with a chat template; this model has none").into())
                 }
@@ -654,8 +681,8 @@ pub fn check_request(
             None
         }
     };
-    if request.logprobs.is_some_and(|k| k > 20) {
-        return Err(Error::InvalidRequest("top logprobs must be at most 20".into()));
+    if let Some(k) = request.logprobs {
+        check_top_logprobs(k, "top_logprobs")?;
     }
     if request.max_tokens == 0 {
         return Err(Error::InvalidRequest("max_tokens must be at least 1".into()));
@@ -693,9 +720,13 @@ pub(super) fn check_prompt(request: &Request, prompt: &[u32], info: &ModelInfo, 
 
 fn compile_constraint(c: &Constraint, tokenizer: Option<&Tokenizer>) -> Result<RowConstraint> {
     let tokenizer = tokenizer.ok_or_else(|| {
-        Error::InvalidRequest(format!("{}: constrained output needs a model with a tokenizer", c.field()))
+        Error::field(c.field(), format!("{}: constrained output needs a model with a tokenizer", c.field()))
     })?;
-    crate::constrain::compile(c, tokenizer)
+    // The constraint's own field names what a schema or grammar that does not compile is about.
+    crate::constrain::compile(c, tokenizer).map_err(|e| match e {
+        Error::InvalidRequest(message) => Error::Field { key: c.field().to_string(), message },
+        other => other,
+    })
 }
 
 /// The costly half of [`prepare`]: renders the chat template (with tools) or tokenizes the
@@ -716,11 +747,19 @@ pub fn finish_prepare(
     let prompt = match prompt {
         Some(ids) => ids,
         None => {
+            // The template: the request's override, the engine's, else the model's own.
+            let override_template = request.chat_template.clone().or_else(|| config.chat_template.clone());
             let prompt = match (&request.input, &mut request.tools) {
-                (Input::Messages(messages), None) => need_tokenizer()?.apply_chat_template(messages, true)?,
+                (Input::Messages(messages), None) => {
+                    let tokenizer = need_tokenizer()?;
+                    match &override_template {
+                        Some(t) => tokenizer.encode(&t.render(messages, true)?, false)?,
+                        None => tokenizer.apply_chat_template(messages, true)?,
+                    }
+                }
                 (Input::Messages(messages), Some(tools)) => {
                     let tokenizer = need_tokenizer()?;
-                    let template = tokenizer.chat_template().ok_or_else(|| {
+                    let template = override_template.as_deref().or(tokenizer.chat_template()).ok_or_else(|| {
                         crate::tools::ToolsError::new("tools", "tools need a model with a chat template; this model has none")
                     })?;
                     let text = crate::tools::render_with_tools(template, messages, tools)?;

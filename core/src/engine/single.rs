@@ -79,6 +79,7 @@ pub fn run_single(
                     on_event(Event::Done { finish_reason, stop, text, usage, first_logits, tool_deltas, tool_calls });
                     return Ok(());
                 }
+                Event::Started { .. } => {}
                 Event::Error { message } => return Err(Error::Mlx(message)),
             }
         }

@@ -11,7 +11,7 @@ pub mod parser;
 pub mod prompt;
 
 pub use parser::{Assembler, ToolCallParser, ToolDelta};
-pub use prompt::{check_history, render_with_tools, unknown_syntax, TemplateTools, ToolFormat};
+pub use prompt::{check_history, check_role, render_with_tools, unknown_syntax, TemplateTools, ToolFormat, ROLES};
 
 use serde_json::Value;
 
@@ -81,7 +81,7 @@ impl std::fmt::Display for ToolsError {
 
 impl From<ToolsError> for Error {
     fn from(e: ToolsError) -> Self {
-        Error::InvalidRequest(e.message)
+        Error::Field { key: e.param, message: e.message }
     }
 }
 

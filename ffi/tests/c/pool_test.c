@@ -5,6 +5,7 @@
  * from /proc/self/task while the requests run, stays within a small bound over its count
  * before the first submit. Prints PASS or FAIL lines.
  *   pool_test <model dir> */
+#define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
 #include <pthread.h>
 #include <stdio.h>

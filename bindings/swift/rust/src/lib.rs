@@ -388,6 +388,7 @@ fn deliver(sink: &SendSink, flag: &RowFlag, ev: &Event) -> bool {
                 usage.cached_tokens as u64,
             )
         }
+        Event::Started { .. } => {}
         Event::Error { message } => sink.0.on_error("GENERATION_FAILED".into(), message.clone()),
     }
     !flag.cancelled.load(Ordering::Relaxed)
