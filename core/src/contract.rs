@@ -321,7 +321,7 @@ fn parse_media(
                     )))
                 }
             };
-            bytes.map_err(|e| invalid(format!("{at}: {}", e.to_string().trim_start_matches("invalid request: "))))
+            bytes.map_err(|e| invalid(format!("{at}: {}", e.message())))
         })
         .collect()
 }

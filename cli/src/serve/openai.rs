@@ -263,7 +263,7 @@ impl MessageImages {
             return Err(ApiError::field(at, format!("at most {} images per request", self.max)));
         }
         let bytes = weft::vision::source::image_from_url(url)
-            .map_err(|e| ApiError::field(at, format!("`{at}`: {}", e.to_string().trim_start_matches("invalid request: "))))?;
+            .map_err(|e| ApiError::field(at, format!("`{at}`: {}", e.message())))?;
         self.bytes.push(bytes);
         Ok(())
     }
@@ -293,7 +293,7 @@ impl MessageAudio {
         if self.bytes.len() >= self.max {
             return Err(ApiError::field(at, format!("at most {} audio clips per request", self.max)));
         }
-        let bad = |e: weft::Error| ApiError::field(at, format!("`{at}`: {}", e.to_string().trim_start_matches("invalid request: ")));
+        let bad = |e: weft::Error| ApiError::field(at, format!("`{at}`: {}", e.message()));
         let bytes = if kind == "input_audio" {
             let o = v.and_then(Value::as_object).ok_or_else(|| ApiError::field(at, format!("`{at}` must be an object {{data, format}}")))?;
             let data = o.get("data").and_then(Value::as_str).ok_or_else(|| ApiError::field(at, format!("`{at}.data` must be a base64 string")))?;

@@ -301,8 +301,11 @@ fn expanded_text_prompt(
                 return Err(Error::InvalidRequest("images together with tools are not supported yet".into()));
             }
             let tok = tokenizer.ok_or_else(|| Error::InvalidRequest("images in messages need a tokenizer".into()))?;
-            let template = tok
-                .chat_template()
+            // The template finish_prepare rendered with (its override, else the model's).
+            let template = request
+                .chat_template
+                .as_deref()
+                .or(tok.chat_template())
                 .ok_or_else(|| Error::Tokenizer("this model has no chat template; pass a raw prompt".into()))?;
             (template.render(messages, true)?, false)
         }

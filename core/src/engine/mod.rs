@@ -747,8 +747,10 @@ pub fn finish_prepare(
     let prompt = match prompt {
         Some(ids) => ids,
         None => {
-            // The template: the request's override, the engine's, else the model's own.
+            // The template: the request's override, the engine's, else the model's own. Kept on
+            // the request, so the image step's rendering (media.rs) uses the same one.
             let override_template = request.chat_template.clone().or_else(|| config.chat_template.clone());
+            request.chat_template = override_template.clone();
             let prompt = match (&request.input, &mut request.tools) {
                 (Input::Messages(messages), None) => {
                     let tokenizer = need_tokenizer()?;
