@@ -491,6 +491,18 @@ fn a_dead_engine_thread_is_reported_to_c_and_every_request_ends_once() {
     assert_pass(&out, "fault_test.c with WEFT_FAULTS=driver-panic@6");
 }
 
+/// Thousands of outstanding requests are delivered by the engine's small delivery pool
+/// (ffi/tests/c/pool_test.c): the thread count stays bounded, each request's events in order.
+#[test]
+fn many_outstanding_requests_use_a_bounded_number_of_threads() {
+    let exe = build(&repo_root().join("ffi/tests/c/pool_test.c"), Lang::C, Link::Dynamic);
+    let out = kernels(runs_from_rpath(Command::new(&exe)), "fast")
+        .arg(tiny_model_dir(MODEL))
+        .output()
+        .expect("running the C pool test");
+    assert_pass(&out, "pool_test.c");
+}
+
 #[test]
 fn constrained_output_through_the_c_abi() {
     let source = repo_root().join("ffi/tests/c/constrained_test.c");

@@ -85,6 +85,7 @@ fn single_and_batched_generation_match_mlx_lm() {
             match rx.recv_timeout(std::time::Duration::from_secs(300)).expect("final event") {
                 Event::Token { token_id, .. } => got.push(token_id),
                 Event::Done { .. } => break,
+                Event::Started { .. } => {}
                 Event::Error { message } => panic!("row {i}: {message}"),
             }
         }

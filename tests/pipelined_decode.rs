@@ -153,6 +153,7 @@ fn run(engine: &Engine, rows: &[Row]) -> Vec<Output> {
                         out.finish = Some(finish_reason);
                         return out;
                     }
+                    Event::Started { .. } => {}
                     Event::Error { message } => {
                         out.error = Some(message);
                         return out;

@@ -84,6 +84,7 @@ fn greedy(prompt: Vec<u32>, max_tokens: usize, capture: usize) -> Request {
         constraint: None,
         images: Vec::new(),
         audio: Vec::new(),
+        chat_template: None,
     }
 }
 
@@ -97,6 +98,7 @@ fn collect(rx: &std::sync::mpsc::Receiver<Event>) -> (Vec<u32>, Vec<f32>) {
                 assert_eq!(tokens.len(), usage.completion_tokens);
                 return (tokens, first_logits);
             }
+            Event::Started { .. } => {}
             Event::Error { message } => panic!("request failed: {message}"),
         }
     }

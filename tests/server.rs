@@ -793,6 +793,64 @@ mod fuzz {
     }
 }
 
+/// One request path: the server hands image chats to the engine as messages like every other
+/// chat, so `--chat-template` applies to them too (here a template that writes three extra
+/// words before the turns: the prompt grows by 3 tokens over the model's own template's 19).
+#[test]
+fn chat_template_applies_to_image_requests() {
+    let png = std::fs::read(goldens_dir().join("vision").join("a.png")).unwrap();
+    let b64 = base64_encode(&png);
+    let body = serde_json::json!({
+        "max_tokens": 2, "temperature": 0, "ignore_eos": true,
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "t2 t17 t93 "},
+            {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{b64}")}},
+            {"type": "text", "text": " t44 t0 t301 t12 t77 t250 t5 t33"}]}]
+    })
+    .to_string();
+    let model = goldens_dir().join("models").join("gemma3-vision");
+    let prompt_tokens = |extra: &[&str]| {
+        let server = Server::start(&model, Fast, extra);
+        let (status, _, raw) = exchange(&server.addr, "POST", "/v1/chat/completions", &[("Content-Type", "application/json")], body.as_bytes());
+        let v: serde_json::Value = serde_json::from_slice(&raw).unwrap();
+        assert_eq!(status, 200, "{v}");
+        v["usage"]["prompt_tokens"].as_u64().unwrap()
+    };
+    assert_eq!(prompt_tokens(&[]), 19);
+    let template = "t7 t7 t7 {% for m in messages %}{{ m['content'] }}{% endfor %}";
+    assert_eq!(prompt_tokens(&["--chat-template", template]), 22, "--chat-template renders the image request");
+}
+
+/// One set of request-validation rules and messages across both HTTP APIs: a bad role gets the
+/// same message (and field) on /v1/chat/completions and /v1/messages, and `top_logprobs: 21`
+/// the same 400 on /v1/chat/completions and /v1/completions (it was clamped there).
+#[test]
+fn one_set_of_validation_messages_across_endpoints() {
+    let server = Server::start(&tiny_model(), Fast, &[]);
+    let post = |path: &str, b: serde_json::Value| {
+        let (status, _, raw) = exchange(&server.addr, "POST", path, &[("Content-Type", "application/json")], b.to_string().as_bytes());
+        let v: serde_json::Value = serde_json::from_slice(&raw).unwrap();
+        (status, v)
+    };
+    let bad_role = serde_json::json!([{"role": "wizard", "content": "hi"}]);
+    let (status, oai) = post("/v1/chat/completions", serde_json::json!({"max_tokens": 2, "messages": bad_role}));
+    assert_eq!(status, 400, "{oai}");
+    let (status, ant) = post("/v1/messages", serde_json::json!({"model": "m", "max_tokens": 2, "messages": bad_role}));
+    assert_eq!(status, 400, "{ant}");
+    let message = oai["error"]["message"].as_str().unwrap();
+    assert_eq!(message, ant["error"]["message"].as_str().unwrap(), "the same message on both APIs");
+    assert!(message.contains("messages[0].role") && message.contains("wizard"), "{message}");
+    assert_eq!(oai["error"]["param"], "messages[0].role");
+
+    let ask = serde_json::json!([{"role": "user", "content": "hi"}]);
+    let (status, chat) = post("/v1/chat/completions", serde_json::json!({"max_tokens": 2, "messages": ask, "logprobs": true, "top_logprobs": 21}));
+    assert_eq!(status, 400, "{chat}");
+    let (status, legacy) = post("/v1/completions", serde_json::json!({"max_tokens": 2, "prompt": "hi", "logprobs": true, "top_logprobs": 21}));
+    assert_eq!(status, 400, "top_logprobs 21 is refused, not clamped: {legacy}");
+    assert_eq!(chat["error"]["message"], legacy["error"]["message"]);
+    assert_eq!((chat["error"]["param"].as_str(), legacy["error"]["param"].as_str()), (Some("top_logprobs"), Some("top_logprobs")));
+}
+
 /// Gemma 3 vision (goldens/models/gemma3-vision, word-level tokenizer "t<id>", a template that
 /// writes the turns' text): an OpenAI image_url part gives mlx-vlm's greedy tokens for that
 /// image; a remote URL and an image for a text-only model are 400s; /v1/models says vision.
@@ -891,6 +949,19 @@ fn gemma4_image_parts_through_both_endpoints() {
             {"type": "text", "text": " t44 t0 t201 t12 t77 t150 t5 t33"}]}]
     }));
     assert_eq!(v["usage"]["input_tokens"], case["prompt_ids"].as_array().unwrap().len(), "{v}");
+    // Streamed: message_start's usage is the engine's count too (its Started event), not 0.
+    let (status, _, raw) = exchange(&server.addr, "POST", "/v1/messages", &[("Content-Type", "application/json")], serde_json::json!({
+        "model": "m", "max_tokens": 4, "temperature": 0, "stream": true,
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "t2 t17 t93 "},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64}},
+            {"type": "text", "text": " t44 t0 t201 t12 t77 t150 t5 t33"}]}]
+    }).to_string().as_bytes());
+    assert_eq!(status, 200);
+    let sse = String::from_utf8_lossy(&raw);
+    let start = sse.lines().find_map(|l| l.strip_prefix("data: ").filter(|d| d.contains("\"message_start\""))).expect("message_start");
+    let start: serde_json::Value = serde_json::from_str(start).unwrap();
+    assert_eq!(start["message"]["usage"]["input_tokens"], case["prompt_ids"].as_array().unwrap().len(), "{start}");
     // Up to the first EOS (id 1, which ends the turn here), spacing aside.
     let until_eos: String = want.iter().take_while(|t| *t != "t1").map(String::as_str).collect();
     assert!(until_eos.len() > 10);

@@ -64,6 +64,7 @@ fn text_of(evs: &[Event]) -> (Vec<u32>, String) {
                 text.push_str(t);
             }
             Event::Done { text: t, .. } => text.push_str(t),
+            Event::Started { .. } => {}
             Event::Error { message } => panic!("{message}"),
         }
     }
@@ -95,15 +96,15 @@ fn named_call_streams_as_deltas_and_leaves_other_rows_alone() {
             }
         }
     }
-    let Some(Event::Done { tool_calls, usage, text, .. }) = called.last() else { panic!("no Done: {called:?}") };
+    let Some(Event::Done { tool_calls, tool_deltas, usage, text, finish_reason, .. }) = called.last() else { panic!("no Done: {called:?}") };
+    assert_eq!(*finish_reason, FinishReason::ToolCalls, "a stop after calls is a tool_calls finish");
     assert_eq!(usage.completion_tokens, tokens, "one Token event per generated token");
     assert_eq!(text, "");
     assert_eq!(tool_calls.len(), 1);
     assert_eq!(tool_calls[0].name, "get_weather");
     assert!(!tool_calls[0].arguments.is_empty());
-    for d in asm.catch_up(tool_calls) {
-        asm.apply(&d);
-    }
+    // Done carries what the end released: every Token's and Done's deltas give the calls.
+    tool_deltas.iter().for_each(|d| asm.apply(d));
     assert_eq!(&asm.calls, tool_calls, "deltas assemble to the final calls");
 }
 
@@ -359,7 +360,7 @@ fn auto_calls_end_to_end_and_golden_rows_stay_exact() {
     }
     let single = events(single);
     let Some(Event::Done { tool_calls, finish_reason, text, .. }) = single.last() else { panic!("{single:?}") };
-    assert_eq!((*finish_reason, text.as_str()), (FinishReason::Stop, ""), "{single:?}");
+    assert_eq!((*finish_reason, text.as_str()), (FinishReason::ToolCalls, ""), "{single:?}");
     assert_eq!(tool_calls.len(), 1, "parallel_tool_calls false: one call");
     assert_valid_calls(tool_calls, "auto");
     let (_, streamed) = text_of(&single);
@@ -399,7 +400,8 @@ fn required_parallel_end_to_end() {
     assert!(complete.len() >= 2, "ignore_eos: the grammar goes on with more calls: {tool_calls:?}");
     assert_valid_calls(&complete, "required parallel");
     let one = events(one);
-    let Some(Event::Done { tool_calls, finish_reason, .. }) = one.last() else { panic!("{one:?}") };
-    assert_eq!((*finish_reason, tool_calls.len()), (FinishReason::Stop, 1), "{one:?}");
+    let Some(Event::Done { tool_calls, finish_reason, stop, .. }) = one.last() else { panic!("{one:?}") };
+    assert_eq!((*finish_reason, tool_calls.len()), (FinishReason::ToolCalls, 1), "{one:?}");
+    assert_eq!(*stop, Some(weft::engine::StopCause::ToolCallLimit), "parallel_tool_calls false: the call limit ended it");
     assert_valid_calls(tool_calls, "required single");
 }

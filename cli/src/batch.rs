@@ -90,6 +90,7 @@ impl Collector {
                             r.prompt_tokens = usage.prompt_tokens;
                             r.text.push_str(&text);
                         }
+                        Event::Started { .. } => {}
                         Event::Error { message } => r.error = Some(message),
                     }
                 }

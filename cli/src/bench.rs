@@ -180,6 +180,7 @@ fn run_once(engine: &mut Collector, args: &BenchArgs, batch: usize, gen: usize, 
             constraint: (i < args.constrained).then(|| bench_constraint(&args.constraint)),
             images: Vec::new(),
             audio: Vec::new(),
+            chat_template: None,
         })?;
     }
     let mut peak_kv = 0u64;

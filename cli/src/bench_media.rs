@@ -37,6 +37,7 @@ fn first_token(rx: &Receiver<Event>, since: Instant) -> Result<f64> {
     loop {
         match rx.recv().map_err(|_| Error::Mlx("the engine dropped a request".into()))? {
             Event::Token { .. } => return Ok(since.elapsed().as_secs_f64() * 1000.0),
+            Event::Started { .. } => {}
             Event::Error { message } => return Err(Error::Mlx(message)),
             Event::Done { .. } => return Err(Error::Mlx("a request ended before its first token".into())),
         }
@@ -47,6 +48,7 @@ fn drain(rx: &Receiver<Event>) -> Result<usize> {
     for ev in rx.iter() {
         match ev {
             Event::Done { usage, .. } => return Ok(usage.prompt_tokens),
+            Event::Started { .. } => {}
             Event::Error { message } => return Err(Error::Mlx(message)),
             Event::Token { .. } => {}
         }

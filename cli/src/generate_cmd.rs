@@ -159,6 +159,7 @@ fn run_rows(args: GenerateArgs, loaded: weft::loading::LoadedModel, opts: Genera
             constraint: None,
             images: Vec::new(),
             audio: Vec::new(),
+            chat_template: None,
         })?;
     }
     engine.run_to_completion();

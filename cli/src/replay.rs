@@ -104,6 +104,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
                 constraint: None,
                 images: Vec::new(),
                 audio: Vec::new(),
+                chat_template: None,
             };
             engine.submit(req).map_err(|e| Error::InvalidRequest(format!("row {:?}: {e}", ins.id)))?;
             ids.push(ins.id.clone());

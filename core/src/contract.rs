@@ -101,8 +101,8 @@ pub const ENGINE_OPTION_FIELDS: &[&str] = &[
     "wired_limit_bytes",
 ];
 
-/// The most top alternatives a request may ask for (OpenAI's limit).
-pub const MAX_TOP_LOGPROBS: u64 = 20;
+/// The most top alternatives a request may ask for (the engine's one limit).
+pub const MAX_TOP_LOGPROBS: u64 = crate::engine::MAX_TOP_LOGPROBS as u64;
 
 /// The largest token id (ids are `u32`).
 const MAX_TOKEN_ID: u64 = u32::MAX as u64;
@@ -114,26 +114,8 @@ fn invalid(message: impl Into<String>) -> Error {
     Error::InvalidRequest(message.into())
 }
 
-/// A JSON value as messages show it: its JSON text, shortened when long.
-pub fn show(v: &Value) -> String {
-    let s = v.to_string();
-    if s.chars().count() > 40 {
-        format!("{}… ({})", s.chars().take(40).collect::<String>(), kind(v))
-    } else {
-        s
-    }
-}
-
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
+// How messages show a value: below the engine (tools' checks use it too).
+pub use crate::error::show;
 
 /// The known key closest to `key` (ignoring case, `_` and `-`), for typos like `max_tokens`
 /// in a camelCase face or `temprature`.
@@ -290,7 +272,7 @@ pub fn parse_request(v: &Value, spelling: Spelling) -> Result<Request> {
         invalid(message)
     })?;
     req.tools = tools;
-    req.constraint = parse_constraint_fields(&f)?;
+    req.constraint = parse_constraint_fields(&f).map_err(|(_, e)| e)?;
     req.images = parse_images(&f)?;
     req.audio = parse_audio(&f)?;
     Ok(req)
@@ -339,7 +321,7 @@ fn parse_media(
                     )))
                 }
             };
-            bytes.map_err(|e| invalid(format!("{at}: {}", e.to_string().trim_start_matches("invalid request: "))))
+            bytes.map_err(|e| invalid(format!("{at}: {}", e.message())))
         })
         .collect()
 }
@@ -453,10 +435,7 @@ fn generation_fields(f: &Fields) -> std::result::Result<GenerationFields, FieldE
     let at = |field: &'static str| {
         move |e: Error| FieldError {
             key: f.name(field),
-            message: match e {
-                Error::InvalidRequest(m) => m,
-                other => other.to_string(),
-            },
+            message: e.message(),
         }
     };
     // Capped so the engine's KV projection (prompt + max_tokens) cannot overflow.
@@ -497,14 +476,16 @@ fn generation_fields(f: &Fields) -> std::result::Result<GenerationFields, FieldE
 
 /// Constraint fields of a request object by the contract's rules, other keys ignored: for
 /// faces that parse the rest of the request themselves (the HTTP server).
+/// Errors are [`Error::Field`]s naming the field at fault.
 pub fn parse_constraint(v: &Value, spelling: Spelling) -> Result<Option<Constraint>> {
     let Value::Object(map) = v else { return Err(invalid(format!("the request must be an object, got {}", show(v)))) };
     parse_constraint_fields(&Fields { map, spelling, aliases: &[] })
+        .map_err(|(key, e)| Error::Field { key, message: e.message() })
 }
 
 /// The constraint fields; at most one may be given (`response_format` of type `text` counts as
-/// none).
-fn parse_constraint_fields(f: &Fields) -> Result<Option<Constraint>> {
+/// none). An error comes with the key of the field at fault.
+fn parse_constraint_fields(f: &Fields) -> std::result::Result<Option<Constraint>, (String, Error)> {
     let fields = ["response_format", "json_schema", "regex", "grammar", "choice"];
     let mut found = Vec::new();
     for field in fields {
@@ -512,6 +493,22 @@ fn parse_constraint_fields(f: &Fields) -> Result<Option<Constraint>> {
             continue;
         }
         let name = f.name(field);
+        let c = parse_one_constraint(f, field, &name).map_err(|e| (name.clone(), e))?;
+        if let Some(c) = c {
+            found.push((name, c));
+        }
+    }
+    if found.len() > 1 {
+        let names: Vec<&str> = found.iter().map(|(n, _)| n.as_str()).collect();
+        let all: Vec<String> = fields.iter().map(|k| f.name(k)).collect();
+        let e = invalid(format!("at most one of {} may be given, got {}", all.join(", "), names.join(" and ")));
+        return Err((found[1].0.clone(), e));
+    }
+    Ok(found.pop().map(|(_, c)| c))
+}
+
+fn parse_one_constraint(f: &Fields, field: &str, name: &str) -> Result<Option<Constraint>> {
+    {
         let c = match field {
             "response_format" => parse_response_format(f)?,
             "json_schema" => {
@@ -545,16 +542,8 @@ fn parse_constraint_fields(f: &Fields) -> Result<Option<Constraint>> {
                 Some(Constraint::Choice(choices))
             }
         };
-        if let Some(c) = c {
-            found.push((name, c));
-        }
+        Ok(c)
     }
-    if found.len() > 1 {
-        let names: Vec<&str> = found.iter().map(|(n, _)| n.as_str()).collect();
-        let all: Vec<String> = fields.iter().map(|k| f.name(k)).collect();
-        return Err(invalid(format!("at most one of {} may be given, got {}", all.join(", "), names.join(" and "))));
-    }
-    Ok(found.pop().map(|(_, c)| c))
 }
 
 /// OpenAI's `response_format`: `{"type": "text"}`, `{"type": "json_object"}` or

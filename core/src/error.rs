@@ -19,6 +19,11 @@ pub enum Error {
     /// A request that can never be served as given (bad ids, prompt too long, bad params).
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    /// A request field the caller got wrong: `key` names it as the caller's wire format does
+    /// (HTTP's `param`, e.g. `messages[2].role`), `message` says what is wrong, naming it too.
+    /// Faces report the key from here; none parses it out of a message.
+    #[error("invalid request: {message}")]
+    Field { key: String, message: String },
     /// A request that can never fit the engine's limits (e.g. more KV than the whole budget).
     #[error("over capacity: {0}")]
     Capacity(String),
@@ -41,6 +46,35 @@ pub enum Error {
 impl Error {
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io { path: path.into(), source }
+    }
+
+    /// A bad value of request field `key`.
+    pub fn field(key: impl Into<String>, message: impl Into<String>) -> Self {
+        Error::Field { key: key.into(), message: message.into() }
+    }
+
+    /// The request field at fault, when the error is about one.
+    pub fn field_key(&self) -> Option<&str> {
+        match self {
+            Error::Field { key, .. } => Some(key),
+            _ => None,
+        }
+    }
+
+    /// The message without the kind's prefix (what a face shows after its own context).
+    pub fn message(&self) -> String {
+        match self {
+            Error::InvalidRequest(m)
+            | Error::Capacity(m)
+            | Error::Tokenizer(m)
+            | Error::ModelLoad(m)
+            | Error::Unsupported(m)
+            | Error::Mlx(m)
+            | Error::Download(m)
+            | Error::EngineFailed(m) => m.clone(),
+            Error::Field { message, .. } => message.clone(),
+            other => other.to_string(),
+        }
     }
 }
 
@@ -106,7 +140,7 @@ impl Error {
         match self {
             Error::ModelLoad(_) | Error::Io { .. } | Error::Download(_) => ErrorCode::ModelLoad,
             Error::Unsupported(_) => ErrorCode::Unsupported,
-            Error::Tokenizer(_) | Error::InvalidRequest(_) => ErrorCode::InvalidArgument,
+            Error::Tokenizer(_) | Error::InvalidRequest(_) | Error::Field { .. } => ErrorCode::InvalidArgument,
             Error::Capacity(_) => ErrorCode::Capacity,
             Error::Shutdown => ErrorCode::EngineClosed,
             Error::EngineFailed(_) => ErrorCode::EngineFailed,
@@ -121,6 +155,28 @@ impl Error {
             Error::Tokenizer(_) | Error::Mlx(_) => ErrorCode::ModelLoad,
             other => other.code(),
         }
+    }
+}
+
+/// A JSON value as error messages show it: its JSON text, shortened when long.
+pub fn show(v: &serde_json::Value) -> String {
+    let s = v.to_string();
+    if s.chars().count() > 40 {
+        format!("{}… ({})", s.chars().take(40).collect::<String>(), json_kind(v))
+    } else {
+        s
+    }
+}
+
+/// What kind of JSON value `v` is, as messages name it ("a string", "an array"...).
+pub fn json_kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
     }
 }
 

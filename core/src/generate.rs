@@ -1,37 +1,22 @@
 //! Single-sequence generation with mlx-lm's conventions: the prompt minus its last token is
 //! prefilled in chunks of `prefill_step_size` (cache evaluated after each), then the last token
 //! produces the first logits, and decode is pipelined one step ahead. The loop itself is the
-//! engine's ([`generate`] runs the prompt as the executor's one row); this module holds the
-//! options, results and the helpers both share.
+//! engine's ([`generate`] runs the prompt as the executor's one row, [`run_single`]); this
+//! module holds the options and results. The helpers both share (prefill, host reads, prompt
+//! checks) live below the engine, in [`crate::prefill`].
 
-use mlx_rs::transforms::eval;
-use mlx_rs::Array;
+use std::time::Instant;
 
-use crate::cache::{KvCache, KvQuantization};
+use crate::cache::KvQuantization;
+use crate::engine::{run_single, Event, Input, Request, SingleRow};
 use crate::models::LanguageModel;
 use crate::sampling::SamplingParams;
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum FinishReason {
-    /// EOS / stop token or stop string.
-    Stop,
-    /// `max_tokens` or the context limit.
-    Length,
-    Cancelled,
-}
-
-impl FinishReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FinishReason::Stop => "stop",
-            FinishReason::Length => "length",
-            FinishReason::Cancelled => "cancelled",
-        }
-    }
-}
+// Below the engine (it uses them too); re-exported here, where they were first.
+pub use crate::prefill::{as_f32_slice, prefill, read_token, validate_prompt_ids};
+pub use crate::stop::FinishReason;
 
 #[derive(Debug, Clone)]
 pub struct GenerateOptions {
@@ -89,63 +74,6 @@ pub fn validate_prompt(model: &dyn LanguageModel, prompt: &[u32]) -> Result<()> 
     validate_prompt_ids(model.info(), prompt)
 }
 
-/// [`validate_prompt`] from the model's shape facts alone.
-pub fn validate_prompt_ids(info: &crate::models::ModelInfo, prompt: &[u32]) -> Result<()> {
-    if prompt.is_empty() {
-        return Err(Error::InvalidRequest("the prompt is empty".into()));
-    }
-    if let Some(&bad) = prompt.iter().find(|&&t| t as i64 >= info.vocab_size as i64) {
-        return Err(Error::InvalidRequest(format!(
-            "prompt token id {bad} is outside the vocabulary (size {})",
-            info.vocab_size
-        )));
-    }
-    if let Some(ctx) = info.max_position_embeddings {
-        // A prompt that fills the context leaves no position for the first generated token.
-        if prompt.len() >= ctx {
-            return Err(Error::InvalidRequest(format!(
-                "the prompt has {} tokens; the model's context of {ctx} leaves no room for output \
-                 (at most {} prompt tokens)",
-                prompt.len(),
-                ctx.saturating_sub(1)
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// Reads a one-element token array (argmax yields uint32).
-pub fn read_token(a: &Array) -> Result<u32> {
-    a.eval()?;
-    a.try_item_cast::<u32>().map_err(|e| Error::Mlx(format!("reading a token: {e}")))
-}
-
-/// Host view of an evaluated float32 array.
-pub fn as_f32_slice(a: &Array) -> Result<&[f32]> {
-    a.try_as_slice::<f32>().map_err(|e| Error::Mlx(format!("reading logits: {e}")))
-}
-
-fn tokens_array(ids: &[u32]) -> Array {
-    let v: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
-    Array::from_slice(&v, &[1, v.len() as i32])
-}
-
-/// Runs the prompt through the model except its last token, in chunks, materializing the cache.
-/// (Caches made by `cache::quantizing` quantize themselves along the way.)
-pub fn prefill(
-    model: &dyn LanguageModel,
-    caches: &mut [Box<dyn KvCache>],
-    prompt_without_last: &[u32],
-    step: usize,
-) -> Result<()> {
-    for chunk in prompt_without_last.chunks(step.max(1)) {
-        model.forward(&tokens_array(chunk), caches)?;
-        let state: Vec<Array> = caches.iter().flat_map(|c| c.state()).collect();
-        eval(&state)?;
-    }
-    Ok(())
-}
-
 /// Generates from `prompt`. `on_token` sees each token as it is produced; returning `false`
 /// cancels. The tokenizer, when given, provides streamed text and stop-string matching.
 ///
@@ -186,5 +114,54 @@ pub fn generate(
             decode_s: 0.0,
         });
     }
-    crate::engine::generate_one(model, tokenizer, prompt, max_tokens, opts, on_token)
+    let start = Instant::now();
+    let request = Request {
+        max_tokens,
+        sampling: opts.sampling.clone(),
+        stop: opts.stop_strings.clone(),
+        capture_first_logits: opts.capture_first_logits,
+        ..Request::new(Input::Tokens(prompt.to_vec()))
+    };
+    let row = SingleRow {
+        prompt,
+        request,
+        stop_token_ids: opts.stop_token_ids.clone(),
+        prefill_step_size: opts.prefill_step_size,
+        kv_quantization: opts.kv_quantization,
+    };
+    let mut out = Generation {
+        tokens: Vec::new(),
+        text: String::new(),
+        finish_reason: FinishReason::Length,
+        prompt_tokens: prompt.len(),
+        first_logits: Vec::new(),
+        ttft_s: 0.0,
+        decode_s: 0.0,
+    };
+    let mut first_token_at: Option<Instant> = None;
+    let mut on_token = on_token;
+    run_single(model, tokenizer, row, |event| {
+        if first_token_at.is_none() && !matches!(event, Event::Started { .. }) {
+            first_token_at = Some(Instant::now());
+            out.ttft_s = start.elapsed().as_secs_f64();
+        }
+        match event {
+            Event::Token { token_id, text, .. } => {
+                out.tokens.push(token_id);
+                out.text.push_str(&text);
+                on_token(TokenEvent { token_id, text: &text })
+            }
+            Event::Done { finish_reason, text, first_logits, .. } => {
+                out.text.push_str(&text);
+                out.finish_reason = finish_reason;
+                out.first_logits = first_logits;
+                if let Some(t) = first_token_at {
+                    out.decode_s = t.elapsed().as_secs_f64();
+                }
+                true
+            }
+            _ => true,
+        }
+    })?;
+    Ok(out)
 }

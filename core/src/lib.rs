@@ -2,8 +2,9 @@
 //!
 //! Layers, bottom-up: [`loading`] (configs, weights, GGUF) → [`nn`] shared layers →
 //! [`models`] one file per architecture → [`cache`] KV caches behind one trait →
-//! [`sampling`] → [`generate`] single-sequence generation → [`engine`] continuous batching
-//! (the API bindings and the server wrap). Tokenization and chat templates live in
+//! [`sampling`] → [`prefill`] prompt checks, chunked prefill and host reads → [`engine`]
+//! continuous batching → [`generate`] single-sequence generation on the engine's executor (the
+//! API bindings and the server wrap the engine). Tokenization and chat templates live in
 //! [`tokenizer`]; the default model is fetched by [`model_store`]. [`contract`] is the one
 //! schema and validation of requests and engine options that every face parses with.
 
@@ -22,6 +23,7 @@ pub mod loading;
 pub mod model_store;
 pub mod models;
 pub mod nn;
+pub mod prefill;
 pub mod reasoning;
 pub mod sampling;
 pub mod stop;

@@ -65,36 +65,37 @@ impl SamplingParams {
 
     /// Rejects values no sampler can honour, naming the field.
     pub fn validate(&self, vocab_size: usize) -> Result<()> {
-        let bad = |m: String| Err(Error::InvalidRequest(m));
+        // Each error names its field (structured, for faces that report it: HTTP's `param`).
+        let bad = |key: &str, m: String| Err(Error::field(key, m));
         if !self.temperature.is_finite() || self.temperature < 0.0 {
-            return bad(format!("temperature must be a finite number >= 0, got {}", self.temperature));
+            return bad("temperature", format!("temperature must be a finite number >= 0, got {}", self.temperature));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return bad(format!("top_p must be in (0, 1], got {}", self.top_p));
+            return bad("top_p", format!("top_p must be in (0, 1], got {}", self.top_p));
         }
         if !(0.0..=1.0).contains(&self.min_p) {
-            return bad(format!("min_p must be in [0, 1], got {}", self.min_p));
+            return bad("min_p", format!("min_p must be in [0, 1], got {}", self.min_p));
         }
         if let Some(p) = self.repetition_penalty {
             if !p.is_finite() || p <= 0.0 {
-                return bad(format!("repetition_penalty must be > 0, got {p}"));
+                return bad("repetition_penalty", format!("repetition_penalty must be > 0, got {p}"));
             }
         }
         for (name, p) in [("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)] {
             if p.is_some_and(|p| !p.is_finite()) {
-                return bad(format!("{name} must be a finite number"));
+                return bad(name, format!("{name} must be a finite number"));
             }
         }
         // mlx-lm slices `tokens[-context_size:]`, so 0 would silently mean "the whole history".
         if self.penalty_context == 0 && self.has_penalties() {
-            return bad("penalty_context must be >= 1 when a repetition, presence or frequency penalty is set".into());
+            return bad("penalty_context", "penalty_context must be >= 1 when a repetition, presence or frequency penalty is set".into());
         }
         for &(id, b) in &self.logit_bias {
             if id as usize >= vocab_size {
-                return bad(format!("logit_bias token id {id} is outside the vocabulary (size {vocab_size})"));
+                return bad("logit_bias", format!("logit_bias token id {id} is outside the vocabulary (size {vocab_size})"));
             }
             if !b.is_finite() && b != f32::NEG_INFINITY {
-                return bad(format!("logit_bias for token {id} must be a number"));
+                return bad("logit_bias", format!("logit_bias for token {id} must be a number"));
             }
         }
         Ok(())

@@ -4,6 +4,33 @@
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use crate::Result;
 
+/// Why a request (or a single-sequence generation) ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FinishReason {
+    /// EOS / stop token or stop string.
+    Stop,
+    /// `max_tokens` or the context limit.
+    Length,
+    Cancelled,
+    /// A request with tools stopped (any stop, or its call limit) after making calls: what
+    /// OpenAI calls a `tool_calls` finish and Anthropic `tool_use`.
+    #[serde(rename = "tool_calls")]
+    ToolCalls,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Cancelled => "cancelled",
+            FinishReason::ToolCalls => "tool_calls",
+        }
+    }
+}
+
+
 #[derive(Debug, Clone, Default)]
 pub struct StopMatcher {
     stops: Vec<String>,

@@ -1,14 +1,15 @@
 //! Delivering engine events to C callbacks.
 
 use std::ffi::{c_char, c_void};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::collections::VecDeque;
-use std::sync::{Arc, Condvar, Mutex};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
-use weft::engine::{Event, RowFlow, Sink, StopCause};
+use weft::engine::{Event, EventQueue, Next, RowFlow, Sink, StopCause};
 use weft::generate::FinishReason;
-use weft::tools::{Assembler, ToolCall, ToolDelta};
+use weft::tools::{ToolCall, ToolDelta};
 
 use crate::IN_CALLBACK;
 
@@ -193,11 +194,13 @@ pub struct weft_event {
     pub tool_calls_len: usize,
 }
 
-/// Receives a request's events, in order, on a delivery thread the library runs for that
-/// request (never on the thread that called weft_submit, never on the engine's thread). Different
-/// requests' callbacks may run at the same time on different threads. It must return (not
-/// longjmp or throw). A slow callback holds back only its own request: the engine parks that
-/// row while its undelivered events pile up and lets it continue once the callback catches up.
+/// Receives a request's events, in order, on one of a small pool of delivery threads the
+/// library runs per engine (never on the thread that called weft_submit, never on the engine's
+/// thread). One request's callbacks never overlap and come in order; different requests'
+/// callbacks may run at the same time on different pool threads. It must return (not longjmp
+/// or throw). A slow callback holds back its own request and occupies one pool thread: the
+/// engine parks that row while its undelivered events pile up and lets it continue once the
+/// callback catches up, and the other requests are delivered by the other pool threads.
 /// From inside it you may call weft_cancel, weft_submit, weft_engine_stats, weft_last_error and
 /// the version/status functions, but not weft_engine_shutdown or weft_engine_free.
 pub type weft_event_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, event: *const weft_event)>;
@@ -207,32 +210,11 @@ pub(crate) struct Callback {
     pub user_data: *mut c_void,
 }
 
-// SAFETY: the C contract says callbacks run on a library-owned delivery thread; the caller
-// guarantees user_data may be used there.
+// SAFETY: the C contract says callbacks run on library-owned delivery threads; the caller
+// guarantees user_data may be used there. One request's callback is called by one pool thread
+// at a time (its mailbox is scheduled once), so sharing the pointer pair is sound.
 unsafe impl Send for Callback {}
-
-/// The request id, published by weft_submit once `Engine::submit` returns it. Events may be
-/// queued before that, so the delivery thread waits for it before the first callback.
-#[derive(Default)]
-pub(crate) struct IdSlot {
-    id: Mutex<u64>,
-    ready: Condvar,
-}
-
-impl IdSlot {
-    pub fn publish(&self, id: u64) {
-        *self.id.lock().unwrap_or_else(|e| e.into_inner()) = id;
-        self.ready.notify_all();
-    }
-
-    fn wait(&self) -> u64 {
-        let mut id = self.id.lock().unwrap_or_else(|e| e.into_inner());
-        while *id == 0 {
-            id = self.ready.wait(id).unwrap_or_else(|e| e.into_inner());
-        }
-        *id
-    }
-}
+unsafe impl Sync for Callback {}
 
 /// Buffers reused across a request's events (NUL-terminated copies of text / message).
 #[derive(Default)]
@@ -246,9 +228,11 @@ struct Buffers {
     tool_strings: Vec<Vec<u8>>,
     tool_deltas: Vec<weft_tool_delta>,
     tool_calls: Vec<weft_tool_call>,
-    /// The calls as delivered so far, for the pieces DONE must still release.
-    assembled: Assembler,
 }
+
+// SAFETY: the raw pointers point into the buffers' own allocations; only the pool thread
+// delivering the request's event uses them.
+unsafe impl Send for Buffers {}
 
 impl Buffers {
     /// A NUL-terminated copy of `s` that lives until the next event.
@@ -264,7 +248,6 @@ impl Buffers {
     fn set_deltas(&mut self, deltas: &[ToolDelta]) {
         let empty: *const c_char = c"".as_ptr();
         for d in deltas {
-            self.assembled.apply(d);
             let mut out = weft_tool_delta {
                 kind: 0,
                 index: 0,
@@ -309,121 +292,235 @@ fn nul_terminated(buf: &mut Vec<u8>, s: &str) -> (*const c_char, usize) {
     (buf.as_ptr().cast(), s.len())
 }
 
-/// Undelivered events at which the row is paused, and the level at which it resumes: deep
-/// enough that a callback keeping up never pauses its row, shallow enough to bound memory.
-const PAUSE_AT: usize = 64;
-const RESUME_AT: usize = 16;
+/// Delivery threads per engine at most: enough that a few blocked callbacks do not hold back
+/// the rest, few enough that thousands of outstanding requests cost no more threads.
+const MAX_THREADS: usize = 8;
+/// Events one pool thread delivers for a request before giving others a turn.
+const BATCH: usize = 32;
 
-/// Events between the engine thread (producer) and one request's delivery thread.
+/// An engine's delivery pool: requests with events waiting (their mailboxes) queue for the
+/// pool's threads, which start on demand up to [`MAX_THREADS`]. A mailbox is scheduled at most
+/// once at a time, so one request's events are delivered in order and never concurrently.
 #[derive(Default)]
-struct Queue {
-    state: Mutex<QueueState>,
-    ready: Condvar,
+pub(crate) struct Pool {
+    state: Mutex<PoolState>,
+    /// Wakes idle pool threads (work, or stopping).
+    work: Condvar,
+    /// Wakes `drain_and_stop` when the last outstanding request got its final event.
+    drained: Condvar,
 }
 
 #[derive(Default)]
-struct QueueState {
-    events: VecDeque<Event>,
-    /// The engine dropped the sink: no more events will come.
-    closed: bool,
-    /// Delivering failed inside the library: the sink cancels the row.
-    failed: bool,
+struct PoolState {
+    run: VecDeque<Arc<Mailbox>>,
+    threads: Vec<JoinHandle<()>>,
+    idle: usize,
+    /// Requests accepted and not yet delivered their final event.
+    outstanding: usize,
+    stopping: bool,
 }
 
-impl Queue {
-    fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
+/// One request's side of the pool: its event queue (with the row's flow control, from the
+/// engine), its callback and its reused buffers.
+struct Mailbox {
+    queue: EventQueue,
+    cb: Callback,
+    /// The request id, published by weft_submit once `Engine::submit` returned it; 0 before.
+    /// Events may be queued before that: nothing is delivered until it is set.
+    id: AtomicU64,
+    scheduled: AtomicBool,
+    finished: AtomicBool,
+    bufs: Mutex<Buffers>,
 }
 
-/// Marks the queue closed when the engine drops the sink, so the delivery thread never waits
-/// for events that cannot come.
-struct Producer(Arc<Queue>);
+/// The engine's sink for one request: queues the event and schedules the request's mailbox;
+/// dropping it (the engine is done with the request) closes the queue and schedules it too.
+struct PoolSink {
+    inner: Option<Sink>,
+    mailbox: Arc<Mailbox>,
+    pool: Arc<Pool>,
+}
 
-impl Drop for Producer {
+impl Drop for PoolSink {
     fn drop(&mut self) {
-        self.0.lock().closed = true;
-        self.0.ready.notify_all();
+        drop(self.inner.take());
+        Pool::schedule(&self.pool, &self.mailbox);
     }
 }
 
-/// A request's sink for the engine, and what starts its delivery thread once the request is
-/// accepted (events queue up meanwhile).
+/// A submitted request's handle on its mailbox: publish its id once the engine accepted it,
+/// or abandon it when the engine refused it.
 pub(crate) struct Delivery {
-    queue: Arc<Queue>,
-    flow: RowFlow,
+    mailbox: Arc<Mailbox>,
+    pool: Arc<Pool>,
 }
 
-impl Delivery {
-    pub fn new() -> (Delivery, Sink) {
-        let queue = Arc::new(Queue::default());
-        let flow = RowFlow::new();
-        let producer = Producer(Arc::clone(&queue));
-        let pause = flow.clone();
-        let sink: Sink = Box::new(move |ev: &Event| {
-            let q = &producer.0;
-            let mut state = q.lock();
-            state.events.push_back(ev.clone());
-            if state.events.len() >= PAUSE_AT && !ev.is_final() {
-                pause.pause();
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Pool {
+    /// A mailbox for a new request: the sink and flow to submit with. Fails only when the pool
+    /// has no thread and none can be started.
+    pub fn register(self: &Arc<Self>, cb: Callback) -> std::io::Result<(Delivery, Sink, RowFlow)> {
+        let (queue, sink) = EventQueue::new();
+        let flow = queue.flow();
+        let mailbox = Arc::new(Mailbox {
+            queue,
+            cb,
+            id: AtomicU64::new(0),
+            scheduled: AtomicBool::new(false),
+            finished: AtomicBool::new(false),
+            bufs: Mutex::new(Buffers::default()),
+        });
+        {
+            let mut st = lock(&self.state);
+            if st.threads.is_empty() {
+                self.spawn(&mut st)?;
             }
-            let keep_going = !state.failed;
-            drop(state);
-            q.ready.notify_one();
+            st.outstanding += 1;
+        }
+        let pool_sink = PoolSink { inner: Some(sink), mailbox: Arc::clone(&mailbox), pool: Arc::clone(self) };
+        let mut pool_sink = pool_sink;
+        let sink: Sink = Box::new(move |ev: &Event| {
+            let keep_going = pool_sink.inner.as_mut().is_some_and(|s| s(ev));
+            Pool::schedule(&pool_sink.pool, &pool_sink.mailbox);
             keep_going
         });
-        (Delivery { queue, flow }, sink)
+        Ok((Delivery { mailbox, pool: Arc::clone(self) }, sink, flow))
     }
 
-    pub fn flow(&self) -> RowFlow {
-        self.flow.clone()
+    fn spawn(self: &Arc<Self>, st: &mut PoolState) -> std::io::Result<()> {
+        let pool = Arc::clone(self);
+        let t = std::thread::Builder::new().name("weft-events".into()).spawn(move || pool.work())?;
+        st.threads.push(t);
+        Ok(())
     }
 
-    /// Starts the thread that calls `cb` with each event until the final one.
-    pub fn spawn(self, cb: Callback, slot: Arc<IdSlot>) -> std::io::Result<JoinHandle<()>> {
-        std::thread::Builder::new()
-            .name("weft-events".into())
-            .spawn(move || self.run(cb, &slot))
+    /// Queues `mb` for a pool thread unless it is queued or running already, or its id is not
+    /// published yet (publishing schedules it).
+    fn schedule(self: &Arc<Self>, mb: &Arc<Mailbox>) {
+        if mb.id.load(Ordering::SeqCst) == 0 || mb.finished.load(Ordering::SeqCst) {
+            return;
+        }
+        if mb.scheduled.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let mut st = lock(&self.state);
+        st.run.push_back(Arc::clone(mb));
+        if st.idle == 0 && st.threads.len() < MAX_THREADS && !st.stopping {
+            // Best effort: the threads already running deliver it otherwise.
+            let _ = self.spawn(&mut st);
+        }
+        drop(st);
+        self.work.notify_one();
     }
 
-    fn run(self, cb: Callback, slot: &IdSlot) {
-        let id = slot.wait();
-        let mut bufs = Buffers::default();
+    fn work(self: Arc<Self>) {
         loop {
-            let ev = {
-                let mut state = self.queue.lock();
+            let mb = {
+                let mut st = lock(&self.state);
                 loop {
-                    if let Some(ev) = state.events.pop_front() {
-                        if state.events.len() <= RESUME_AT {
-                            self.flow.resume();
-                        }
-                        break ev;
+                    if let Some(mb) = st.run.pop_front() {
+                        break mb;
                     }
-                    if state.closed {
+                    if st.stopping {
                         return;
                     }
-                    state = self.queue.ready.wait(state).unwrap_or_else(|e| e.into_inner());
+                    st.idle += 1;
+                    st = self.work.wait(st).unwrap_or_else(|e| e.into_inner());
+                    st.idle -= 1;
                 }
             };
+            self.run(&mb);
+        }
+    }
+
+    /// Delivers up to [`BATCH`] of `mb`'s events, then lets it be scheduled again.
+    fn run(self: &Arc<Self>, mb: &Arc<Mailbox>) {
+        let id = mb.id.load(Ordering::SeqCst);
+        for _ in 0..BATCH {
+            let ev = match mb.queue.try_next() {
+                Next::Event(ev) => ev,
+                Next::Empty => break,
+                Next::Closed => return self.finished(mb),
+            };
+            let mut bufs = lock(&mb.bufs);
             // The callback is C (an unwind out of it aborts); the Rust around it must not unwind.
-            let delivered = catch_unwind(AssertUnwindSafe(|| deliver(&cb, id, &ev, &mut bufs)));
+            let delivered = catch_unwind(AssertUnwindSafe(|| deliver(&mb.cb, id, &ev, &mut bufs)));
+            drop(bufs);
             if let Err(payload) = delivered {
                 eprintln!(
                     "weft: internal error delivering an event of request {id}: {}",
                     crate::status::panic_message(&*payload)
                 );
                 // Cancels the row (C cancels through weft_cancel); its final event still comes.
-                self.queue.lock().failed = true;
-                self.flow.resume();
+                mb.queue.cancel();
             }
             if ev.is_final() {
-                return;
+                return self.finished(mb);
             }
         }
+        mb.scheduled.store(false, Ordering::SeqCst);
+        if mb.queue.has_pending() {
+            Pool::schedule(self, mb);
+        }
+    }
+
+    /// `mb` got its final event (or its queue closed): it is never scheduled again.
+    fn finished(&self, mb: &Mailbox) {
+        if mb.finished.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let mut st = lock(&self.state);
+        st.outstanding -= 1;
+        if st.outstanding == 0 {
+            self.drained.notify_all();
+        }
+    }
+
+    /// Waits until every accepted request got its final event (the engine has been dropped,
+    /// so each has one queued), then stops and joins the pool's threads.
+    pub fn drain_and_stop(&self) {
+        let mut st = lock(&self.state);
+        while st.outstanding > 0 {
+            st = self.drained.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        st.stopping = true;
+        let threads = std::mem::take(&mut st.threads);
+        drop(st);
+        self.work.notify_all();
+        for t in threads {
+            let _ = t.join();
+        }
+        lock(&self.state).stopping = false;
+    }
+
+    /// Live delivery threads (tests and stats).
+    #[allow(dead_code)]
+    pub fn threads(&self) -> usize {
+        lock(&self.state).threads.len()
+    }
+}
+
+impl Delivery {
+    /// The engine accepted the request as `id`: its events may now be delivered.
+    pub fn publish(self, id: u64) {
+        self.mailbox.id.store(id, Ordering::SeqCst);
+        Pool::schedule(&self.pool, &self.mailbox);
+    }
+
+    /// The engine refused the request: it gets no events.
+    pub fn abandon(self) {
+        self.pool.finished(&self.mailbox);
     }
 }
 
 fn deliver(cb: &Callback, id: u64, ev: &Event, bufs: &mut Buffers) {
+    // The C event has no kind for admission (DONE carries the same counts): not delivered.
+    if matches!(ev, Event::Started { .. }) {
+        return;
+    }
     let empty: *const c_char = c"".as_ptr();
     let mut e = weft_event {
         request_id: id,
@@ -474,10 +571,9 @@ fn deliver(cb: &Callback, id: u64, ev: &Event, bufs: &mut Buffers) {
                 }
             }
         }
-        Event::Done { finish_reason, usage, text, stop, tool_calls, .. } => {
+        Event::Done { finish_reason, usage, text, stop, tool_deltas, tool_calls, .. } => {
             e.kind = WEFT_EVENT_DONE;
-            let released = bufs.assembled.catch_up(tool_calls);
-            bufs.set_deltas(&released);
+            bufs.set_deltas(tool_deltas);
             bufs.set_calls(tool_calls);
             (e.text, e.text_len) = nul_terminated(&mut bufs.text, text);
             match stop {
@@ -490,10 +586,11 @@ fn deliver(cb: &Callback, id: u64, ev: &Event, bufs: &mut Buffers) {
                     (e.stop_string, e.stop_string_len) = nul_terminated(&mut bufs.stop, stop);
                 }
                 Some(StopCause::Constraint) => e.stop_kind = WEFT_STOP_CONSTRAINT,
-                None => {}
+                // The call limit: documented as WEFT_STOP_NONE ("the call itself ended it").
+                Some(StopCause::ToolCallLimit) | None => {}
             }
             e.finish_reason = match finish_reason {
-                FinishReason::Stop if !tool_calls.is_empty() => WEFT_FINISH_TOOL_CALLS,
+                FinishReason::ToolCalls => WEFT_FINISH_TOOL_CALLS,
                 FinishReason::Stop => WEFT_FINISH_STOP,
                 FinishReason::Length => WEFT_FINISH_LENGTH,
                 FinishReason::Cancelled => WEFT_FINISH_CANCELLED,
@@ -502,6 +599,7 @@ fn deliver(cb: &Callback, id: u64, ev: &Event, bufs: &mut Buffers) {
             e.completion_tokens = sat(usage.completion_tokens);
             e.cached_tokens = sat(usage.cached_tokens);
         }
+        Event::Started { .. } => {}
         Event::Error { message } => {
             e.kind = WEFT_EVENT_ERROR;
             (e.message, e.message_len) = nul_terminated(&mut bufs.message, message);

@@ -21,8 +21,7 @@ mod status;
 use std::cell::Cell;
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
-use std::thread::JoinHandle;
+use std::sync::{Arc, RwLock};
 
 use weft::engine::Engine;
 use weft::model_store::ModelStore;
@@ -70,9 +69,9 @@ pub struct weft_engine {
     engine: RwLock<Option<Engine>>,
     /// The highest request id handed out so far (the engine issues ids 1, 2, 3, ...).
     max_issued: AtomicU64,
-    /// Requests' delivery threads (finished ones are pruned on submit, the rest joined at
-    /// shutdown so no callback runs after it).
-    deliveries: Mutex<Vec<JoinHandle<()>>>,
+    /// Delivers every request's events to its callback on a few threads (drained and joined
+    /// at shutdown, so no callback runs after it).
+    pool: Arc<event::Pool>,
 }
 
 // C calls the functions on one handle from many threads at once.
@@ -99,12 +98,9 @@ impl weft_engine {
     fn shutdown(&self) {
         let engine = self.engine.write().unwrap_or_else(|e| e.into_inner()).take();
         // The engine delivers every outstanding request's final event into its queue as it
-        // stops; then the delivery threads drain their queues and end.
+        // stops; then the delivery pool drains every queue and its threads end.
         drop(engine);
-        let threads = std::mem::take(&mut *self.deliveries.lock().unwrap_or_else(|e| e.into_inner()));
-        for t in threads {
-            let _ = t.join();
-        }
+        self.pool.drain_and_stop();
     }
 }
 
@@ -214,7 +210,7 @@ pub extern "C" fn weft_engine_new(options_json: *const c_char, out_engine: *mut 
         let handle = Box::new(weft_engine {
             engine: RwLock::new(Some(engine)),
             max_issued: AtomicU64::new(0),
-            deliveries: Mutex::new(Vec::new()),
+            pool: Arc::new(event::Pool::default()),
         });
         // SAFETY: as above.
         unsafe { *out_engine = Box::into_raw(handle) };
@@ -309,32 +305,28 @@ pub extern "C" fn weft_submit(
             return Err(Failure::invalid(format!("{F}: on_event is NULL")));
         };
         let request = json::parse_request(text)?;
-        let slot = Arc::new(event::IdSlot::default());
-        let (delivery, sink) = event::Delivery::new();
-        // The delivery thread is registered under the engine's read lock, so a concurrent
-        // shutdown (write lock) either refuses this submit or joins the thread.
-        let id = e.with(|engine| {
-            let id = engine
-                .submit_with_flow(request, sink, delivery.flow())
-                .map_err(|err| from_engine_error(&err, false))?;
-            let thread = delivery.spawn(event::Callback { func, user_data }, Arc::clone(&slot)).map_err(|err| {
-                engine.cancel(id);
-                Failure::new(WEFT_ERR_INTERNAL, format!("{F}: cannot start a delivery thread: {err}"))
-            })?;
-            let mut threads = e.deliveries.lock().unwrap_or_else(|e| e.into_inner());
-            threads.retain(|t| !t.is_finished());
-            threads.push(thread);
-            Ok(id)
+        let (delivery, sink, flow) = e.pool.register(event::Callback { func, user_data }).map_err(|err| {
+            Failure::new(WEFT_ERR_INTERNAL, format!("{F}: cannot start an event delivery thread: {err}"))
         })?;
-        // Everything here happens before the first callback: the delivery thread waits for the
-        // id to be published (so *out_request_id may live in memory that the final callback
-        // frees).
+        // Submitted under the engine's read lock: a concurrent shutdown (write lock) either
+        // refuses this submit or drains its events (the pool waits for this request's final
+        // event, which it delivers once the id below is published).
+        let submitted = e.with(|engine| engine.submit_with_flow(request, sink, flow).map_err(|err| from_engine_error(&err, false)));
+        let id = match submitted {
+            Ok(id) => id,
+            Err(f) => {
+                delivery.abandon();
+                return Err(f);
+            }
+        };
+        // Everything here happens before the first callback: nothing is delivered until the id
+        // is published (so *out_request_id may live in memory that the final callback frees).
         if !out_request_id.is_null() {
             // SAFETY: checked non-NULL; a writable uint64_t per the contract.
             unsafe { *out_request_id = id };
         }
         e.max_issued.fetch_max(id, Ordering::SeqCst);
-        slot.publish(id);
+        delivery.publish(id);
         Ok(())
     })
 }

@@ -39,6 +39,10 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 GREEDY = {"temperature": 0}
 MAX = 24
+# A stop string the call's tail ('"}}' and the closing tag) is a prefix of: the engine holds the
+# tail back until the grammar ends the row, so the last argument piece comes with its final
+# event, which the server must still stream.
+HOLD = '"}}\n</tool_call>!'
 
 
 def oai():
@@ -103,6 +107,17 @@ class OpenAITools(unittest.TestCase):
         streamed = chat(messages=history, tools=[WEATHER, TIME], tool_choice="none", stream=True)
         text, calls, finish = streamed_calls(streamed)
         self.assertEqual((text, calls, finish), (answer, [], r.choices[0].finish_reason))
+
+    def test_arguments_completed_only_at_the_end_are_streamed(self):
+        kw = dict(messages=ASK, tools=[WEATHER], tool_choice=NAMED, stop=[HOLD], max_tokens=40)
+        r = chat(**kw)
+        self.assertEqual(r.choices[0].finish_reason, "tool_calls")
+        (call,) = r.choices[0].message.tool_calls
+        self.assertIsInstance(json.loads(call.function.arguments)["city"], str)
+        text, calls, finish = streamed_calls(chat(stream=True, **kw))
+        self.assertEqual((text, finish), ("", "tool_calls"))
+        self.assertEqual([c["arguments"] for c in calls], [call.function.arguments],
+                         "the streamed deltas concatenate to the final arguments")
 
     def test_required_is_a_valid_call(self):
         # Enforced by the grammar: a call of one of the tools, arguments valid for its schema;
@@ -198,6 +213,21 @@ class AnthropicTools(unittest.TestCase):
         self.assertIn(answer.stop_reason, ("end_turn", "max_tokens"))
         self.assertEqual([b.type for b in answer.content], ["text"])
         self.assertTrue(answer.content[0].text.strip())
+
+    def test_arguments_completed_only_at_the_end_are_streamed(self):
+        choice = {"type": "tool", "name": "get_weather"}
+        kw = dict(model=MODEL_ID, max_tokens=40, tools=self.TOOLS, messages=ASK, extra_body=GREEDY,
+                  tool_choice=choice, stop_sequences=[HOLD])
+        m = claude().messages.create(**kw)
+        self.assertEqual(m.stop_reason, "tool_use")
+        (use,) = [b for b in m.content if b.type == "tool_use"]
+        with claude().messages.stream(**kw) as s:
+            events = list(s)
+            final = s.get_final_message()
+        partial = "".join(e.delta.partial_json for e in events
+                          if e.type == "content_block_delta" and e.delta.type == "input_json_delta")
+        self.assertEqual(json.loads(partial), use.input, "the input_json_deltas concatenate to the final input")
+        self.assertEqual(final.stop_reason, "tool_use")
 
     def test_any_is_a_valid_call(self):
         m = self.create(messages=ASK, tool_choice={"type": "any", "disable_parallel_tool_use": True})

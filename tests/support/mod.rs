@@ -119,6 +119,7 @@ pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
         constraint: None,
         images: Vec::new(),
         audio: Vec::new(),
+        chat_template: None,
     }
 }
 
@@ -161,6 +162,7 @@ impl Outcome {
                 assert_eq!(self.tokens.len(), usage.completion_tokens, "one Token event per generated token");
                 self.finals += 1;
             }
+            Event::Started { .. } => {}
             Event::Error { message } => {
                 self.error = Some(message.clone());
                 self.finals += 1;

@@ -27,7 +27,7 @@ use napi::{sys, Env, JsDeferred, JsValue, Task};
 use napi_derive::napi;
 use parking_lot::Mutex;
 
-use weft::engine::{CheckedRequest, Event, RowFlow, Submitter};
+use weft::engine::{CheckedRequest, Event, FlowQueue, RowFlow, Submitter};
 use weft::generate::FinishReason as WeftFinish;
 
 use crate::js::{Fail, JsRef, Raw, Res};
@@ -587,12 +587,18 @@ impl Engine {
     /// here too, a text or messages prompt by the preparer thread once it is tokenized.
     fn start(&self, env: sys::napi_env, options: Option<sys::napi_value>, stream: bool) -> Res<Generation> {
         let params = options::generate_params(env, options)?;
+        let flow = RowFlow::new();
         let row = Arc::new(Row {
-            state: Mutex::new(RowState::new(stream, params.request.logprobs.is_some(), params.request.tools.is_some())),
+            state: Mutex::new(RowState::new(
+                stream,
+                params.request.logprobs.is_some(),
+                params.request.tools.is_some(),
+                flow.clone(),
+            )),
             cancelled: AtomicBool::new(false),
             id: AtomicU64::new(0),
             serial: NEXT_SERIAL.fetch_add(1, Ordering::Relaxed),
-            flow: RowFlow::new(),
+            flow,
         });
         {
             let guard = self.shared.engine.lock();
@@ -697,15 +703,16 @@ enum End {
 struct RowState {
     /// Queue chunks for `next()` (generate) or only accumulate (complete).
     stream: bool,
-    queue: VecDeque<Chunk>,
+    /// The engine's bounded queue: its watermarks pause the row while chunks wait unread.
+    queue: FlowQueue<Chunk>,
     /// Pending promises, oldest first. Non-empty only while `queue` is empty.
     waiters: VecDeque<Waiter>,
     text: String,
     token_ids: Vec<u32>,
     /// Per generated token, when the request asked for log-probabilities.
     logprobs: Option<Vec<TokenLogprobs>>,
-    /// The calls as streamed so far, when the request offered tools.
-    tool_calls: Option<weft::tools::Assembler>,
+    /// The request offered tools (chunks and the completion carry calls).
+    tools: bool,
     /// Done's calls, once the engine finished the row.
     final_calls: Vec<weft::tools::ToolCall>,
     /// The final event, once the engine sent it and until it is handed to JavaScript.
@@ -718,15 +725,15 @@ struct RowState {
 }
 
 impl RowState {
-    fn new(stream: bool, logprobs: bool, tools: bool) -> Self {
+    fn new(stream: bool, logprobs: bool, tools: bool, flow: RowFlow) -> Self {
         RowState {
             stream,
-            queue: VecDeque::new(),
+            queue: FlowQueue::new(flow),
             waiters: VecDeque::new(),
             text: String::new(),
             token_ids: Vec::new(),
             logprobs: logprobs.then(Vec::new),
-            tool_calls: tools.then(weft::tools::Assembler::default),
+            tools,
             final_calls: Vec::new(),
             end: None,
             summary: None,
@@ -740,7 +747,7 @@ impl RowState {
             text: self.text.clone(),
             token_ids: self.token_ids.clone(),
             finish_reason: match finish {
-                WeftFinish::Stop if !self.final_calls.is_empty() => FinishReason::ToolCalls,
+                WeftFinish::ToolCalls => FinishReason::ToolCalls,
                 WeftFinish::Stop => FinishReason::Stop,
                 WeftFinish::Length => FinishReason::Length,
                 WeftFinish::Cancelled => FinishReason::Cancelled,
@@ -751,7 +758,7 @@ impl RowState {
                 cached_tokens: usage.cached_tokens as u32,
             },
             logprobs: self.logprobs.clone(),
-            tool_calls: self.tool_calls.as_ref().map(|_| self.final_calls.iter().map(tool_call).collect()),
+            tool_calls: self.tools.then(|| self.final_calls.iter().map(tool_call).collect()),
         })
     }
 }
@@ -760,18 +767,16 @@ fn tool_call(c: &weft::tools::ToolCall) -> ToolCall {
     ToolCall { id: c.id.clone(), name: c.name.clone(), arguments: c.arguments.clone() }
 }
 
-/// The deltas as JS pieces (applied to `asm`, which tracks what was streamed); `None` if empty.
-fn tool_deltas(asm: Option<&mut weft::tools::Assembler>, deltas: &[weft::tools::ToolDelta]) -> Option<Vec<ToolCallDelta>> {
+/// The deltas as JS pieces (for a request with tools); `None` if empty.
+fn tool_deltas(tools: bool, deltas: &[weft::tools::ToolDelta]) -> Option<Vec<ToolCallDelta>> {
     use weft::tools::ToolDelta;
-    let asm = asm?;
-    if deltas.is_empty() {
+    if !tools || deltas.is_empty() {
         return None;
     }
     Some(
         deltas
             .iter()
             .map(|d| {
-                asm.apply(d);
                 match d {
                     ToolDelta::Start { index, id, name } => {
                         ToolCallDelta { index: *index as u32, id: Some(id.clone()), name: Some(name.clone()), arguments: None }
@@ -792,13 +797,11 @@ struct Row {
     /// The engine's request id once the row is queued; 0 while the preparer tokenizes it.
     id: AtomicU64,
     serial: u64,
-    /// Paused while `PAUSE_AT` chunks wait unread, so an iterator nobody advances parks its
+    /// Paused by the state's queue while chunks wait unread, so an iterator nobody advances parks its
     /// row in the engine instead of buffering without bound; resumed as `next()` drains it.
     flow: RowFlow,
 }
 
-const PAUSE_AT: usize = 64;
-const RESUME_AT: usize = 16;
 
 /// A resolved `next()` value: `{ done: false, value: chunk }` or `{ done: true, value }`.
 enum Step {
@@ -855,30 +858,31 @@ fn on_event(row: &Row, ev: &Event) -> bool {
             if let (Some(all), Some(lp)) = (st.logprobs.as_mut(), &lp) {
                 all.push(lp.clone());
             }
-            let pieces = tool_deltas(st.tool_calls.as_mut(), tool_calls);
+            let pieces = tool_deltas(st.tools, tool_calls);
             if st.stream {
                 let (logprob, top_logprobs) = match lp {
                     Some(lp) => (Some(lp.logprob), Some(lp.top_logprobs)),
                     None => (None, None),
                 };
                 let chunk = Chunk { text: text.clone(), token_id: Some(*token_id), logprob, top_logprobs, tool_calls: pieces };
-                push_chunk(&mut st, row, chunk);
+                push_chunk(&mut st, chunk);
             }
         }
-        Event::Done { finish_reason, usage, text, tool_calls, .. } => {
+        Event::Done { finish_reason, usage, text, tool_deltas: released, tool_calls, .. } => {
             st.text.push_str(text);
-            // Pieces only the end released (a call completed by the last text).
-            let released = st.tool_calls.as_ref().map(|a| a.catch_up(tool_calls)).unwrap_or_default();
-            let pieces = tool_deltas(st.tool_calls.as_mut(), &released);
+            // The pieces the end released (a call completed by the last text) come with Done.
+            let pieces = tool_deltas(st.tools, released);
             if st.stream && (!text.is_empty() || pieces.is_some()) {
                 let chunk = Chunk { text: text.clone(), token_id: None, logprob: None, top_logprobs: None, tool_calls: pieces };
-                push_chunk(&mut st, row, chunk);
+                push_chunk(&mut st, chunk);
             }
             st.final_calls = tool_calls.clone();
             st.summary = Some((*finish_reason, *usage));
             st.end = Some(End::Done);
             flush_end(&mut st, row.serial);
         }
+        // Chunks are tokens; the counts come with the completion's usage.
+        Event::Started { .. } => {}
         Event::Error { message } => {
             st.end = Some(End::Failed(failure(message)));
             flush_end(&mut st, row.serial);
@@ -888,7 +892,7 @@ fn on_event(row: &Row, ev: &Event) -> bool {
 }
 
 /// Hands a chunk to a waiting `next()` or queues it (pausing the row when the queue is deep).
-fn push_chunk(st: &mut RowState, row: &Row, chunk: Chunk) {
+fn push_chunk(st: &mut RowState, chunk: Chunk) {
     match st.waiters.pop_front() {
         Some(Waiter::Next(d)) => d.resolve(Box::new(move |_| Ok(Step::Chunk(chunk)))),
         Some(other) => {
@@ -896,10 +900,7 @@ fn push_chunk(st: &mut RowState, row: &Row, chunk: Chunk) {
             st.waiters.push_front(other);
         }
         None => {
-            st.queue.push_back(chunk);
-            if st.queue.len() >= PAUSE_AT {
-                row.flow.pause();
-            }
+            st.queue.push(chunk, false);
         }
     }
 }
@@ -1009,10 +1010,7 @@ impl Generation {
         if returning {
             st.queue.clear();
         }
-        if let Some(chunk) = st.queue.pop_front() {
-            if st.queue.len() <= RESUME_AT {
-                self.row.flow.resume();
-            }
+        if let Some(chunk) = st.queue.pop() {
             return Ok(Raw(PromiseRaw::resolve(env, Step::Chunk(chunk))?.raw()));
         }
         if st.delivered {

@@ -66,6 +66,25 @@ test('a named call: finishReason tool_calls, deltas assemble to the result, no t
   assert.deepEqual(s.calls.map((c) => [c.name, c.arguments]), r.toolCalls.map((c) => [c.name, c.arguments]))
 })
 
+test('arguments that complete only at the end arrive in the last chunk', async () => {
+  // The stop string holds back the call's tail ('"}}' and the closing tag are a prefix of it)
+  // until the grammar ends the row: the engine's final event releases the last argument piece,
+  // which the binding forwards as a last chunk without a token.
+  const toolChoice = { type: 'function', function: { name: 'get_weather' } }
+  const chunks = []
+  const generation = engine.generate({ messages, maxTokens: 40, tools: [weather], toolChoice, stop: ['"}}\n</tool_call>!'] })
+  for await (const chunk of generation) chunks.push(chunk)
+  const { summary } = generation
+  assert.equal(summary.finishReason, 'tool_calls')
+  assert.equal(summary.toolCalls.length, 1)
+  const last = chunks.at(-1)
+  assert.equal(last.tokenId ?? null, null, 'the end\'s own chunk')
+  const tail = (last.toolCalls ?? []).map((d) => d.arguments ?? '').join('')
+  assert.ok(tail.length > 0, 'the last chunk carries argument text')
+  const streamed = chunks.flatMap((c) => c.toolCalls ?? []).map((d) => d.arguments ?? '').join('')
+  assert.equal(streamed, summary.toolCalls[0].arguments, 'the deltas concatenate to the final arguments')
+})
+
 test('required between two tools, and the call back in the history', async () => {
   const s = await stream({ messages, maxTokens: 40, tools: [weather, clock], toolChoice: 'required', parallelToolCalls: false })
   assert.equal(s.summary.finishReason, 'tool_calls')

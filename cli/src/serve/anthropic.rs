@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 use weft::engine::{Event, Input, Request, StopCause, Usage};
 use weft::generate::FinishReason;
 use weft::tokenizer::{ChatMessage, ToolCall};
-use weft::tools::{Assembler, ToolChoice, ToolDelta, ToolSpec, Tools};
+use weft::tools::{ToolChoice, ToolDelta, ToolSpec, Tools};
 
 use super::errors::{json_response, ApiError, ErrorKind, Protocol};
 use super::openai::MessageImages;
@@ -96,9 +96,18 @@ fn conversation(state: &AppState, body: &Object, mut images: Option<&mut Message
         let param = format!("messages.{i}");
         let m = m.as_object().ok_or_else(|| ApiError::field(&param, format!("`{param}` must be an object")))?;
         let role = match get(m, "role").and_then(Value::as_str) {
-            Some(r @ ("user" | "assistant")) => r,
-            Some(other) => {
-                return Err(ApiError::field(&param, format!("`{param}.role` must be user or assistant, got {other:?}")))
+            // The engine's one rule and message for roles (the same as /v1/chat/completions).
+            Some(r) => {
+                weft::tools::check_role(r, &format!("messages[{i}].role")).map_err(|e| ApiError::field(&e.param, e.message))?;
+                // Anthropic's protocol: the system prompt is the `system` field, tool results
+                // are user blocks.
+                if !matches!(r, "user" | "assistant") {
+                    return Err(ApiError::field(
+                        &param,
+                        format!("`{param}.role` {r:?} is not a turn role on /v1/messages (user or assistant; the system prompt goes in `system`)"),
+                    ));
+                }
+                r
             }
             None => return Err(ApiError::field(&param, format!("`{param}.role` is required"))),
         };
@@ -264,7 +273,7 @@ async fn messages_inner(
     }
     // Anthropic has temperature, top_p, top_k and stop_sequences; the rest keep the server
     // defaults.
-    let mut request = Request::new(Input::Tokens(Vec::new()));
+    let mut request = Request::new(Input::Messages(Vec::new()));
     params::generation(&body, &params::ANTHROPIC, "max_tokens", &state.defaults, &mut request)?;
     state.limits.check_max_tokens(request.max_tokens, "max_tokens")?;
     let stream = opt_bool(&body, "stream")?.unwrap_or(false);
@@ -275,17 +284,12 @@ async fn messages_inner(
         return Err(ApiError::field("tools", "`tools` together with images is not supported yet".to_string()));
     }
     state.check_prompt_bytes(messages.iter().map(|m| m.content.len()).sum())?;
-    let (generation, prompt_len) = state
+    // The engine renders the conversation (with the server's --chat-template, tools and image
+    // markers), tokenizes it and checks it: one request path for every face.
+    let chat_template = state.chat_template.clone();
+    let generation = state
         .blocking(move |state| {
-            if !images.is_empty() {
-                // The engine renders and expands the image markers (weft::engine::attach_images);
-                // the prompt length is known once it has (message_start reports 0).
-                weft::tools::check_history(&messages).map_err(|e| ApiError::field(&e.param, e.message))?;
-                return Ok((state.start(Request { input: Input::Messages(messages), images, ..request }, arrived)?, 0));
-            }
-            let (prompt, tools) = state.tokenize_chat(&messages, tools)?;
-            let len = prompt.len();
-            Ok((state.start(Request { input: Input::Tokens(prompt), tools, ..request }, arrived)?, len))
+            state.start(Request { input: Input::Messages(messages), tools, images, chat_template, ..request }, arrived)
         })
         .await?;
     let id = state.new_id("msg_");
@@ -294,8 +298,6 @@ async fn messages_inner(
         let encoder = MessageEncoder {
             state: Arc::clone(state),
             id,
-            prompt_tokens: prompt_len,
-            calls: Assembler::default(),
             block: 0,
             in_text: true,
         };
@@ -308,7 +310,7 @@ async fn messages_inner(
     }
 
     let (text, finish_reason, stop, usage, calls) = collect(generation).await?;
-    let (stop_reason, stop_sequence) = stop_reason(finish_reason, stop.as_ref(), calls.len());
+    let (stop_reason, stop_sequence) = stop_reason(finish_reason, stop.as_ref());
     let mut content = Vec::new();
     if !text.is_empty() || calls.is_empty() {
         content.push(json!({"type": "text", "text": text}));
@@ -360,6 +362,7 @@ async fn collect(mut g: Generation) -> Result<Collected, ApiError> {
                 text.push_str(&tail);
                 return Ok((text, finish_reason, stop, usage, tool_calls));
             }
+            Some(Event::Started { .. }) => {}
             Some(Event::Error { message }) => return Err(engine_error(&message)),
             None => return Err(engine_error("the engine stopped")),
         }
@@ -367,11 +370,11 @@ async fn collect(mut g: Generation) -> Result<Collected, ApiError> {
 }
 
 /// Anthropic's `(stop_reason, stop_sequence)` for how the engine finished.
-fn stop_reason(reason: FinishReason, stop: Option<&StopCause>, calls: usize) -> (&'static str, Value) {
+fn stop_reason(reason: FinishReason, stop: Option<&StopCause>) -> (&'static str, Value) {
     match (reason, stop) {
         (FinishReason::Length, _) => ("max_tokens", Value::Null),
-        (_, Some(StopCause::StopString { stop })) if calls == 0 => ("stop_sequence", json!(stop)),
-        _ if calls > 0 => ("tool_use", Value::Null),
+        (FinishReason::ToolCalls, _) => ("tool_use", Value::Null),
+        (_, Some(StopCause::StopString { stop })) => ("stop_sequence", json!(stop)),
         _ => ("end_turn", Value::Null),
     }
 }
@@ -379,9 +382,6 @@ fn stop_reason(reason: FinishReason, stop: Option<&StopCause>, calls: usize) -> 
 struct MessageEncoder {
     state: Arc<AppState>,
     id: String,
-    prompt_tokens: usize,
-    /// The calls streamed so far (to send what the end adds).
-    calls: Assembler,
     /// The open content block's index, and whether it is text (else a tool_use).
     block: usize,
     in_text: bool,
@@ -419,7 +419,6 @@ impl MessageEncoder {
     fn tool_deltas(&mut self, deltas: &[ToolDelta]) -> String {
         let mut out = String::new();
         for d in deltas {
-            self.calls.apply(d);
             match d {
                 ToolDelta::Start { id, name, .. } => {
                     out += &self.stop_block();
@@ -449,34 +448,39 @@ fn stream_error(e: &ApiError) -> String {
 }
 
 impl StreamEncoder for MessageEncoder {
+    /// `message_start` waits for the engine's `Started`: its usage is the prompt as the engine
+    /// rendered and tokenized it (images and audio expanded).
     fn start(&mut self) -> String {
-        let message = json!({
-            "id": self.id,
-            "type": "message",
-            "role": "assistant",
-            "model": self.state.model_id,
-            "content": [],
-            "stop_reason": null,
-            "stop_sequence": null,
-            "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 0},
-        });
-        sse_event("message_start", &json!({"type": "message_start", "message": message}))
-            + &sse_event(
-                "content_block_start",
-                &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
-            )
-            + &sse_event("ping", &json!({"type": "ping"}))
+        String::new()
     }
 
     fn event(&mut self, ev: &Event) -> String {
         match ev {
+            Event::Started { prompt_tokens, cached_tokens } => {
+                let usage = Usage { prompt_tokens: *prompt_tokens, completion_tokens: 0, cached_tokens: *cached_tokens };
+                let message = json!({
+                    "id": self.id,
+                    "type": "message",
+                    "role": "assistant",
+                    "model": self.state.model_id,
+                    "content": [],
+                    "stop_reason": null,
+                    "stop_sequence": null,
+                    "usage": usage_json(&usage),
+                });
+                sse_event("message_start", &json!({"type": "message_start", "message": message}))
+                    + &sse_event(
+                        "content_block_start",
+                        &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+                    )
+                    + &sse_event("ping", &json!({"type": "ping"}))
+            }
             Event::Token { text, tool_calls, .. } => self.text_delta(text) + &self.tool_deltas(tool_calls),
             Event::Done { finish_reason: FinishReason::Cancelled, .. } => stream_error(&cancelled_error()),
-            Event::Done { finish_reason, stop, text, usage, tool_calls, .. } => {
-                let (stop_reason, stop_sequence) = stop_reason(*finish_reason, stop.as_ref(), tool_calls.len());
-                let catch_up = self.calls.catch_up(tool_calls);
+            Event::Done { finish_reason, stop, text, usage, tool_deltas, .. } => {
+                let (stop_reason, stop_sequence) = stop_reason(*finish_reason, stop.as_ref());
                 self.text_delta(text)
-                    + &self.tool_deltas(&catch_up)
+                    + &self.tool_deltas(tool_deltas)
                     + &self.stop_block()
                     + &sse_event(
                         "message_delta",

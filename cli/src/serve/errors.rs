@@ -125,6 +125,8 @@ impl ApiError {
     pub fn from_engine(e: weft::Error) -> Self {
         use weft::ErrorCode as C;
         match (e.code(), e) {
+            // The engine's structured field errors carry the key: no message is parsed.
+            (C::InvalidArgument, weft::Error::Field { key, message }) => Self::field(&key, message),
             (C::InvalidArgument | C::Capacity, weft::Error::InvalidRequest(m) | weft::Error::Capacity(m) | weft::Error::Tokenizer(m)) => {
                 Self::invalid(m)
             }

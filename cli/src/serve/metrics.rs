@@ -66,8 +66,9 @@ pub struct Metrics {
     pub prompt_tokens: AtomicU64,
     pub cached_prompt_tokens: AtomicU64,
     pub completion_tokens: AtomicU64,
-    /// Finished generations by reason: stop, length, cancelled, error.
+    /// Finished generations by reason: stop, tool_calls, length, cancelled, error.
     pub finished_stop: AtomicU64,
+    pub finished_tool_calls: AtomicU64,
     pub finished_length: AtomicU64,
     pub finished_cancelled: AtomicU64,
     pub finished_error: AtomicU64,
@@ -89,6 +90,7 @@ impl Metrics {
             cached_prompt_tokens: AtomicU64::new(0),
             completion_tokens: AtomicU64::new(0),
             finished_stop: AtomicU64::new(0),
+            finished_tool_calls: AtomicU64::new(0),
             finished_length: AtomicU64::new(0),
             finished_cancelled: AtomicU64::new(0),
             finished_error: AtomicU64::new(0),
@@ -134,6 +136,7 @@ impl Metrics {
         }
         let finished: Vec<(String, f64)> = [
             ("stop", &self.finished_stop),
+            ("tool_calls", &self.finished_tool_calls),
             ("length", &self.finished_length),
             ("cancelled", &self.finished_cancelled),
             ("error", &self.finished_error),

@@ -255,6 +255,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
         quantized_kv_start: args.kv.quantized_kv_start,
         memory: args.memory.policy(),
         faults: None,
+        // --chat-template goes with each request (Request::chat_template): it needs the
+        // loaded tokenizer's special tokens.
+        ..EngineConfig::default()
     };
     let engine = match &ranks {
         Some(r) if r.group.rank() > 0 => {

@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use weft::engine::{Event, Input, Request, TokenLogprobs, Usage};
 use weft::generate::FinishReason;
 use weft::tokenizer::ChatMessage;
-use weft::tools::{Assembler, ToolCall, ToolDelta, Tools};
+use weft::tools::{ToolCall, ToolDelta, Tools};
 
 use super::errors::{json_response, ApiError, ErrorKind, Protocol};
 use super::params::{self, get, opt_bool, opt_count, opt_int, opt_str, Object};
@@ -54,11 +54,7 @@ pub fn usage_json(u: &Usage) -> Value {
 }
 
 fn finish_str(r: FinishReason) -> &'static str {
-    match r {
-        FinishReason::Stop => "stop",
-        FinishReason::Length => "length",
-        FinishReason::Cancelled => "cancelled",
-    }
+    r.as_str()
 }
 
 /// Why a generation produced no normal ending, as the error a client sees.
@@ -109,16 +105,10 @@ fn chat_messages(
                 Some(Value::String(r)) => r.as_str(),
                 _ => return Err(ApiError::field(&param, format!("`{param}.role` must be a string"))),
             };
-            let role = match role {
-                "developer" => "system",
-                "system" | "user" | "assistant" | "tool" => role,
-                other => {
-                    return Err(ApiError::field(
-                        &param,
-                        format!("`{param}.role` must be system, developer, user, assistant or tool, got {other:?}"),
-                    ))
-                }
-            };
+            // `developer` is OpenAI's newer name for `system`; the rest is the engine's one rule
+            // (the same message as /v1/messages).
+            let role = if role == "developer" { "system" } else { role };
+            weft::tools::check_role(role, &format!("{param}.role")).map_err(|e| ApiError::field(&e.param, e.message))?;
             let content = content_text(get(m, "content"), &param, images.as_deref_mut(), audio.as_deref_mut())?;
             let mut message = ChatMessage::new(role, content);
             if role == "assistant" {
@@ -181,14 +171,6 @@ fn tool_delta_json(d: &ToolDelta) -> Value {
             json!({"index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""}})
         }
         ToolDelta::Arguments { index, fragment } => json!({"index": index, "function": {"arguments": fragment}}),
-    }
-}
-
-/// `finish_reason`: a normal stop after calls is `tool_calls`.
-fn chat_finish_str(r: FinishReason, calls: usize) -> &'static str {
-    match r {
-        FinishReason::Stop if calls > 0 => "tool_calls",
-        r => finish_str(r),
     }
 }
 
@@ -281,7 +263,7 @@ impl MessageImages {
             return Err(ApiError::field(at, format!("at most {} images per request", self.max)));
         }
         let bytes = weft::vision::source::image_from_url(url)
-            .map_err(|e| ApiError::field(at, format!("`{at}`: {}", e.to_string().trim_start_matches("invalid request: "))))?;
+            .map_err(|e| ApiError::field(at, format!("`{at}`: {}", e.message())))?;
         self.bytes.push(bytes);
         Ok(())
     }
@@ -311,7 +293,7 @@ impl MessageAudio {
         if self.bytes.len() >= self.max {
             return Err(ApiError::field(at, format!("at most {} audio clips per request", self.max)));
         }
-        let bad = |e: weft::Error| ApiError::field(at, format!("`{at}`: {}", e.to_string().trim_start_matches("invalid request: ")));
+        let bad = |e: weft::Error| ApiError::field(at, format!("`{at}`: {}", e.message()));
         let bytes = if kind == "input_audio" {
             let o = v.and_then(Value::as_object).ok_or_else(|| ApiError::field(at, format!("`{at}` must be an object {{data, format}}")))?;
             let data = o.get("data").and_then(Value::as_str).ok_or_else(|| ApiError::field(at, format!("`{at}.data` must be a base64 string")))?;
@@ -343,8 +325,8 @@ impl MessageAudio {
 fn chat_logprobs(body: &Object) -> Result<Option<usize>, ApiError> {
     let on = opt_bool(body, "logprobs")?.unwrap_or(false);
     let top = opt_count(body, "top_logprobs", 0)?;
-    if top.is_some_and(|k| k > 20) {
-        return Err(ApiError::field("top_logprobs", "`top_logprobs` must be between 0 and 20"));
+    if let Some(k) = top {
+        weft::engine::check_top_logprobs(k, "top_logprobs").map_err(ApiError::from_engine)?;
     }
     match (on, top) {
         (true, k) => Ok(Some(k.unwrap_or(0))),
@@ -371,11 +353,11 @@ fn stream_flags(body: &Object) -> Result<(bool, bool), ApiError> {
 fn engine_request(
     state: &AppState,
     body: &Object,
-    prompt: Vec<u32>,
+    input: Input,
     logprobs: Option<usize>,
 ) -> Result<Request, ApiError> {
     let vocab = state.engine.model_info().vocab_size as usize;
-    let mut r = Request::new(Input::Tokens(prompt));
+    let mut r = Request::new(input);
     let max_tokens_key = if get(body, "max_completion_tokens").is_some() { "max_completion_tokens" } else { "max_tokens" };
     params::generation(body, &params::OPENAI, max_tokens_key, &state.defaults, &mut r)?;
     state.limits.check_max_tokens(r.max_tokens, max_tokens_key)?;
@@ -403,23 +385,16 @@ async fn chat_inner(state: &Arc<AppState>, req: axum::extract::Request, arrived:
     }
     state.check_prompt_bytes(messages.iter().map(|m| m.content.len()).sum())?;
     // Field checks before tokenizing: a bad request costs no tokenizer time.
-    let request = engine_request(state, &body, Vec::new(), logprobs)?;
+    let request = engine_request(state, &body, Input::Messages(Vec::new()), logprobs)?;
     let constraint = params::constraint_field(&body);
+    // The engine renders the conversation (with the server's --chat-template, tools, image and
+    // audio markers), tokenizes it and checks it: one request path for every face.
+    let chat_template = state.chat_template.clone();
     let generation = state
         .blocking(move |state| {
-            if !images.is_empty() {
-                // The engine renders the conversation and expands each image marker as the
-                // model's processor does (weft::engine::attach_images).
-                weft::tools::check_history(&messages).map_err(|e| ApiError::field(&e.param, e.message))?;
-                return state
-                    .start(Request { input: Input::Messages(messages), images, audio, ..request }, arrived)
-                    .map_err(|e| params::constraint_error(e, constraint));
-            }
-            // Audio tokens in the rendered prompt are expanded by weft::engine::attach_audio.
-            let (prompt, tools) = state.tokenize_chat(&messages, tools)?;
             state
-                .start(Request { input: Input::Tokens(prompt), tools, audio, ..request }, arrived)
-                .map_err(|e| params::constraint_error(e, constraint))
+                .start(Request { input: Input::Messages(messages), tools, images, audio, chat_template, ..request }, arrived)
+                .map_err(|e| params::constraint_param(e, constraint))
         })
         .await?;
     let id = state.new_id("chatcmpl-");
@@ -429,7 +404,6 @@ async fn chat_inner(state: &Arc<AppState>, req: axum::extract::Request, arrived:
             id,
             include_usage,
             logprobs: logprobs.is_some(),
-            calls: Assembler::default(),
         };
         return Ok(sse_response(Body::from_stream(EventStream::new(generation, encoder))));
     }
@@ -455,7 +429,7 @@ async fn chat_inner(state: &Arc<AppState>, req: axum::extract::Request, arrived:
                 "index": 0,
                 "message": message,
                 "logprobs": logprobs_json,
-                "finish_reason": chat_finish_str(done.finish_reason, done.tool_calls.len()),
+                "finish_reason": finish_str(done.finish_reason),
             }],
             "usage": usage_json(&done.usage),
         }),
@@ -492,6 +466,7 @@ async fn collect(mut g: Generation, state: &AppState, logprobs: bool) -> Result<
                 text.push_str(&tail);
                 return Ok(Collected { text, finish_reason, usage, chat_logprobs, tokens, tool_calls });
             }
+            Some(Event::Started { .. }) => {}
             Some(Event::Error { message }) => return Err(engine_error(&message)),
             None => return Err(engine_error("the engine stopped")),
         }
@@ -515,8 +490,6 @@ struct ChatEncoder {
     id: String,
     include_usage: bool,
     logprobs: bool,
-    /// The calls streamed so far (to send what the end adds).
-    calls: Assembler,
 }
 
 impl ChatEncoder {
@@ -538,10 +511,9 @@ impl ChatEncoder {
 
 impl ChatEncoder {
     /// One chunk per call delta (OpenAI sends one tool call piece per chunk).
-    fn tool_chunks(&mut self, deltas: &[ToolDelta]) -> String {
+    fn tool_chunks(&self, deltas: &[ToolDelta]) -> String {
         let mut out = String::new();
         for d in deltas {
-            self.calls.apply(d);
             out += &sse_data(&self.chunk(json!({"tool_calls": [tool_delta_json(d)]}), Value::Null, None));
         }
         out
@@ -571,12 +543,13 @@ impl StreamEncoder for ChatEncoder {
                 out + &self.tool_chunks(tool_calls)
             }
             Event::Done { finish_reason: FinishReason::Cancelled, .. } => stream_error(&cancelled_error()),
-            Event::Done { finish_reason, usage, text, tool_calls, .. } => {
+            Event::Done { finish_reason, usage, text, tool_deltas, .. } => {
                 let mut tail = if text.is_empty() { String::new() } else { sse_data(&self.chunk(json!({"content": text}), Value::Null, None)) };
-                tail += &self.tool_chunks(&self.calls.catch_up(tool_calls));
-                let last = self.chunk(json!({}), Value::Null, Some(chat_finish_str(*finish_reason, tool_calls.len())));
+                tail += &self.tool_chunks(tool_deltas);
+                let last = self.chunk(json!({}), Value::Null, Some(finish_str(*finish_reason)));
                 tail + &stream_tail(&self.state, &self.id, "chat.completion.chunk", &last, self.include_usage.then_some(usage))
             }
+            Event::Started { .. } => String::new(),
             Event::Error { message } => stream_error(&engine_error(message)),
         }
     }
@@ -630,10 +603,17 @@ fn completion_prompt(body: &Object) -> Result<Prompt, ApiError> {
 fn completion_logprobs(body: &Object) -> Result<Option<usize>, ApiError> {
     match get(body, "logprobs") {
         None | Some(Value::Bool(false)) => Ok(None),
-        Some(Value::Bool(true)) => Ok(Some(opt_count(body, "top_logprobs", 0)?.unwrap_or(0).min(20))),
+        Some(Value::Bool(true)) => {
+            let k = opt_count(body, "top_logprobs", 0)?.unwrap_or(0);
+            weft::engine::check_top_logprobs(k, "top_logprobs").map_err(ApiError::from_engine)?;
+            Ok(Some(k))
+        }
         Some(_) => match opt_int(body, "logprobs")? {
-            Some(k) if (0..=20).contains(&k) => Ok(Some(k as usize)),
-            _ => Err(ApiError::field("logprobs", "`logprobs` must be an integer between 0 and 20")),
+            Some(k) if k >= 0 => {
+                weft::engine::check_top_logprobs(k as usize, "logprobs").map_err(ApiError::from_engine)?;
+                Ok(Some(k as usize))
+            }
+            _ => Err(ApiError::field("logprobs", format!("logprobs must be an integer in [0, {}]", weft::engine::MAX_TOP_LOGPROBS))),
         },
     }
 }
@@ -660,7 +640,7 @@ async fn completions_inner(
     if let Prompt::Text(text) = &prompt {
         state.check_prompt_bytes(text.len())?;
     }
-    let request = engine_request(state, &body, Vec::new(), logprobs)?;
+    let request = engine_request(state, &body, Input::Tokens(Vec::new()), logprobs)?;
     let constraint = params::constraint_field(&body);
     let (generation, prompt_text) = state
         .blocking(move |state| {
@@ -676,7 +656,7 @@ async fn completions_inner(
             };
             let generation = state
                 .start(Request { input: Input::Tokens(ids), ..request }, arrived)
-                .map_err(|e| params::constraint_error(e, constraint))?;
+                .map_err(|e| params::constraint_param(e, constraint))?;
             Ok((generation, text))
         })
         .await?;
@@ -793,6 +773,7 @@ impl StreamEncoder for CompletionEncoder {
                 let last = self.chunk("", Value::Null, Some(finish_str(*finish_reason)));
                 tail + &stream_tail(&self.state, &self.id, "text_completion", &last, self.include_usage.then_some(usage))
             }
+            Event::Started { .. } => String::new(),
             Event::Error { message } => stream_error(&engine_error(message)),
         }
     }

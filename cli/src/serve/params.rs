@@ -174,19 +174,9 @@ pub fn generation(
 }
 
 /// What only the model can decide about the sampling fields (logit-bias ids against the
-/// vocabulary), checked before the prompt is tokenized; the engine's message starts with the
-/// field at fault, which becomes the `param`.
+/// vocabulary), checked before the prompt is tokenized; the engine names the field at fault.
 pub fn check_sampling(request: &Request, vocab_size: usize) -> Result<(), ApiError> {
-    request.sampling.validate(vocab_size).map_err(|e| {
-        let message = match e {
-            weft::Error::InvalidRequest(m) => m,
-            other => other.to_string(),
-        };
-        match GENERATION_FIELDS.iter().find(|f| message.starts_with(*f)) {
-            Some(field) => ApiError::field(field, message),
-            None => ApiError::invalid(message),
-        }
-    })
+    request.sampling.validate(vocab_size).map_err(ApiError::from_engine)
 }
 
 /// `n` (and `best_of`): only one choice per request.
@@ -209,14 +199,7 @@ pub fn constraint(m: &Object) -> Result<Option<(&'static str, Constraint)>, ApiE
     let body = Value::Object(m.clone());
     match weft::contract::parse_constraint(&body, weft::contract::Spelling::Snake) {
         Ok(c) => Ok(c.map(|c| (given.unwrap_or("response_format"), c))),
-        Err(e) => {
-            let message = match e {
-                weft::Error::InvalidRequest(m) => m,
-                other => other.to_string(),
-            };
-            let param = CONSTRAINT_FIELDS.iter().copied().find(|k| message.starts_with(k)).or(given).unwrap_or("response_format");
-            Err(ApiError::field(param, message))
-        }
+        Err(e) => Err(constraint_param(ApiError::from_engine(e), given)),
     }
 }
 
@@ -225,13 +208,13 @@ pub fn constraint_field(m: &Object) -> Option<&'static str> {
     CONSTRAINT_FIELDS.iter().copied().find(|k| get(m, k).is_some())
 }
 
-/// A refused submit names the constraint field when the engine's message is about it (a schema
-/// or grammar that does not compile, or accepts nothing).
-pub fn constraint_error(mut e: ApiError, param: Option<&'static str>) -> ApiError {
-    let about_constraint = CONSTRAINT_FIELDS.iter().any(|k| e.message.starts_with(k));
-    if let (Some(param), None, true) = (param, &e.param, about_constraint) {
-        if e.kind == ErrorKind::InvalidRequest {
-            e.param = Some(param.to_string());
+/// The engine names a constraint by its kind (`json_schema` for a schema); the request may have
+/// given it as `response_format`, which is then the `param` (the key is structured: no message
+/// is parsed).
+pub fn constraint_param(mut e: ApiError, given: Option<&'static str>) -> ApiError {
+    if let (Some(given), Some(param)) = (given, e.param.as_deref()) {
+        if param != given && CONSTRAINT_FIELDS.contains(&param) {
+            e.param = Some(given.to_string());
         }
     }
     e

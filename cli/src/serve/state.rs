@@ -1,16 +1,14 @@
 //! What every handler shares (the engine, the served model's names, defaults, metrics) and the
 //! bridge from the engine's per-request sink (called on the engine thread) to async handlers.
 //!
-//! A request's events cross into tokio through a channel: the sink never blocks the engine
-//! thread, and once the handler is gone (client disconnect) the send fails, the sink returns
-//! `false` and the engine evicts the row. A [`RowGuard`] also cancels the row explicitly when
-//! its handler or stream is dropped, which covers a request still queued or prefilling (no
-//! event yet to fail on).
+//! A request's events cross into tokio through the engine's [`EventQueue`] (the one every face
+//! drains): the sink never blocks the engine thread and wakes the response's task. A
+//! [`RowGuard`] cancels the row when its handler or stream is dropped (client disconnect),
+//! which also covers a request still queued or prefilling.
 //!
-//! Back-pressure, as the C ABI and Node do it: the channel counts events not yet taken by the
-//! response; at [`PAUSE_AT`] the row is paused ([`RowFlow`]: parked in the engine while the
-//! rest of the batch goes on), and it resumes once the client has read down to [`RESUME_AT`].
-//! A client that stops reading holds a bounded number of events, and only its own row waits.
+//! Back-pressure is the queue's: a response that falls behind has its row paused (parked in
+//! the engine while the rest of the batch goes on) until it catches up, so a client that stops
+//! reading holds a bounded number of events, and only its own row waits.
 //!
 //! Tokenization, chat-template rendering and the engine's `submit` run on tokio's blocking
 //! pool ([`AppState::blocking`]), never on the workers that serve connections.
@@ -20,12 +18,11 @@ use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
-use tokio::sync::mpsc;
-use weft::engine::{Engine, Event, Request, RequestId, RowFlow};
+use weft::engine::{Engine, Event, EventQueue, Next, Request, RequestId};
 use weft::generate::FinishReason;
 use weft::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 
@@ -33,10 +30,6 @@ use super::errors::{ApiError, ErrorKind};
 use super::limits::{Limits, PromptBound};
 use super::metrics::Metrics;
 use super::security::{HostPolicy, OriginPolicy};
-
-/// Undelivered events at which a stream's row is paused, and the count it resumes at.
-pub const PAUSE_AT: usize = 64;
-pub const RESUME_AT: usize = 16;
 
 /// The served model's names and how strictly requests must name it.
 #[derive(Debug, Clone)]
@@ -77,8 +70,9 @@ pub struct AppState {
     pub model_id: String,
     pub model: ServedModel,
     pub defaults: Defaults,
-    /// `--chat-template`, replacing the model's own.
-    pub chat_template: Option<ChatTemplate>,
+    /// `--chat-template`, replacing the model's own: every chat request carries it to the
+    /// engine, which renders with it (`Request::chat_template`).
+    pub chat_template: Option<Arc<ChatTemplate>>,
     pub access: Access,
     pub limits: Limits,
     prompt_bound: PromptBound,
@@ -111,7 +105,7 @@ impl AppState {
             model_id: model.id.clone(),
             model,
             defaults,
-            chat_template,
+            chat_template: chat_template.map(Arc::new),
             access,
             limits,
             prompt_bound,
@@ -201,31 +195,6 @@ impl AppState {
         ids.map_err(ApiError::from_engine)
     }
 
-    /// A conversation with optional tools: the prompt ids, and the tools with the call syntax
-    /// (and forced-call opening) the engine parses the output with. Bad tool history (a
-    /// result without its call) and templates that cannot show tools are 400s naming the
-    /// field. Call through [`AppState::blocking`].
-    pub fn tokenize_chat(
-        &self,
-        messages: &[ChatMessage],
-        tools: Option<weft::tools::Tools>,
-    ) -> Result<(Vec<u32>, Option<weft::tools::Tools>), ApiError> {
-        use weft::tools::{check_history, render_with_tools, unknown_syntax, TemplateTools};
-        check_history(messages).map_err(|e| ApiError::field(&e.param, e.message))?;
-        let Some(mut tools) = tools else { return Ok((self.tokenize_messages(messages)?, None)) };
-        let tokenizer = self.tokenizer()?;
-        let template = self.chat_template.as_ref().or(tokenizer.chat_template()).ok_or_else(|| {
-            ApiError::field("tools", "`tools` needs a model with a chat template; this model has none")
-        })?;
-        if TemplateTools::detect(template.source()) == TemplateTools::Unknown {
-            let e = unknown_syntax();
-            return Err(ApiError::field(&e.param, e.message));
-        }
-        let text = render_with_tools(template, messages, &mut tools).map_err(ApiError::from_engine)?;
-        let ids = tokenizer.encode(&text, false).map_err(ApiError::from_engine)?;
-        Ok((ids, Some(tools)))
-    }
-
     /// Raw text, encoded as the tokenizer encodes a sequence (special tokens added per its config).
     /// Call through [`AppState::blocking`].
     pub fn tokenize_prompt(&self, text: &str) -> Result<Vec<u32>, ApiError> {
@@ -265,9 +234,9 @@ impl AppState {
     /// Call through [`AppState::blocking`] (the engine tokenizes stop strings and validates).
     pub fn start(self: &Arc<Self>, request: Request, arrived: Instant) -> Result<Generation, ApiError> {
         self.check_open()?;
-        let (tx, rx) = mpsc::unbounded_channel();
-        let backlog = Arc::new(Backlog { undelivered: Mutex::new(0), flow: RowFlow::new() });
-        let sink_backlog = Arc::clone(&backlog);
+        let waker = Arc::new(WakeSlot::default());
+        let wake = Arc::clone(&waker);
+        let (queue, mut queue_sink) = EventQueue::with_notify(move || wake.wake());
         let state = Arc::clone(self);
         let mut last_token: Option<Instant> = None;
         let sink = Box::new(move |ev: &Event| {
@@ -287,54 +256,44 @@ impl AppState {
                     m.completion_tokens.fetch_add(usage.completion_tokens as u64, Ordering::Relaxed);
                     let counter = match finish_reason {
                         FinishReason::Stop => &m.finished_stop,
+                        FinishReason::ToolCalls => &m.finished_tool_calls,
                         FinishReason::Length => &m.finished_length,
                         FinishReason::Cancelled => &m.finished_cancelled,
                     };
                     counter.fetch_add(1, Ordering::Relaxed);
                     m.request_duration.observe(now - arrived);
                 }
+                Event::Started { .. } => {}
                 Event::Error { .. } => {
                     m.finished_error.fetch_add(1, Ordering::Relaxed);
                     m.request_duration.observe(now - arrived);
                 }
             }
-            sink_backlog.sent(|| tx.send(ev.clone()).is_ok(), ev.is_final())
+            queue_sink(ev)
         });
-        let id = self.engine.submit_with_flow(request, sink, backlog.flow.clone()).map_err(ApiError::from_engine)?;
+        let id = self.engine.submit_with_flow(request, sink, queue.flow()).map_err(ApiError::from_engine)?;
         self.in_flight.lock().unwrap_or_else(|p| p.into_inner()).insert(id);
         self.metrics.in_flight.fetch_add(1, Ordering::Relaxed);
-        Ok(Generation { rx, backlog, guard: RowGuard { state: Arc::clone(self), id, finished: false } })
+        Ok(Generation { queue, waker, guard: RowGuard { state: Arc::clone(self), id, finished: false } })
     }
 }
 
-/// Events sent to a request's channel and not yet taken by its response. Counting and the
-/// pause / resume decisions share one lock, so a pause can never come after the drain that
-/// should have undone it (which would park the row for good).
-struct Backlog {
-    undelivered: Mutex<usize>,
-    flow: RowFlow,
-}
+/// The waker of the task reading a [`Generation`], woken by the queue's producer.
+#[derive(Default)]
+struct WakeSlot(Mutex<Option<Waker>>);
 
-impl Backlog {
-    /// On the engine thread: `send` the event and pause the row once [`PAUSE_AT`] wait unread.
-    fn sent(&self, send: impl FnOnce() -> bool, is_final: bool) -> bool {
-        let mut n = self.undelivered.lock().unwrap_or_else(|p| p.into_inner());
-        if !send() {
-            return false;
+impl WakeSlot {
+    fn set(&self, w: &Waker) {
+        let mut slot = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if !slot.as_ref().is_some_and(|old| old.will_wake(w)) {
+            *slot = Some(w.clone());
         }
-        *n += 1;
-        if *n >= PAUSE_AT && !is_final {
-            self.flow.pause();
-        }
-        true
     }
 
-    /// On the response side, per event taken.
-    fn taken(&self) {
-        let mut n = self.undelivered.lock().unwrap_or_else(|p| p.into_inner());
-        *n = n.saturating_sub(1);
-        if *n <= RESUME_AT {
-            self.flow.resume();
+    fn wake(&self) {
+        let w = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(w) = w {
+            w.wake();
         }
     }
 }
@@ -385,40 +344,36 @@ fn release_heap_when_settled(state: Arc<AppState>) {
 
 /// One request's events, in order: tokens, then exactly one `Done` or `Error`.
 pub struct Generation {
-    rx: mpsc::UnboundedReceiver<Event>,
-    backlog: Arc<Backlog>,
+    queue: EventQueue,
+    waker: Arc<WakeSlot>,
     guard: RowGuard,
 }
 
 impl Generation {
     /// The next event; `None` after the final one (or if the engine went away without one).
     pub async fn next(&mut self) -> Option<Event> {
-        if self.guard.finished {
-            return None;
-        }
-        let ev = self.rx.recv().await;
-        self.note(&ev);
-        ev
+        std::future::poll_fn(|cx| self.poll_next(cx)).await
     }
 
     fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Event>> {
         if self.guard.finished {
             return Poll::Ready(None);
         }
-        let ev = std::task::ready!(self.rx.poll_recv(cx));
-        self.note(&ev);
-        Poll::Ready(ev)
-    }
-
-    fn note(&mut self, ev: &Option<Event>) {
-        if ev.is_some() {
-            self.backlog.taken();
-        }
-        match ev {
-            Some(e) if e.is_final() => self.guard.finished = true,
-            Some(_) => {}
+        // Registered before looking, so an event queued in between wakes this task.
+        self.waker.set(cx.waker());
+        match self.queue.try_next() {
+            Next::Event(ev) => {
+                if ev.is_final() {
+                    self.guard.finished = true;
+                }
+                Poll::Ready(Some(ev))
+            }
+            Next::Empty => Poll::Pending,
             // The engine dropped the sink without a final event (it is gone): nothing to cancel.
-            None => self.guard.finished = true,
+            Next::Closed => {
+                self.guard.finished = true;
+                Poll::Ready(None)
+            }
         }
     }
 }

@@ -5,7 +5,7 @@ use super::faults::Faults;
 use super::memory::{mlx_memory, release_cached_memory};
 use super::scheduler::{projected_kv_bytes_for, Load, Scheduler};
 use super::{EngineConfig, EngineStats, Event, RequestId, Submission};
-use crate::generate::FinishReason;
+use crate::stop::FinishReason;
 use crate::loading::LoadedModel;
 
 pub struct EngineCore {
@@ -86,6 +86,7 @@ impl EngineCore {
             text: String::new(),
             usage,
             first_logits: Vec::new(),
+            tool_deltas: Vec::new(),
             tool_calls: Vec::new(),
         });
         self.executor.finished += 1;

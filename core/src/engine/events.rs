@@ -88,7 +88,7 @@ mod tests {
 
     use super::*;
     use crate::engine::Usage;
-    use crate::generate::FinishReason;
+    use crate::stop::FinishReason;
 
     fn recorder() -> (Sink, Arc<Mutex<Vec<Event>>>) {
         let seen = Arc::new(Mutex::new(Vec::new()));
@@ -106,6 +106,7 @@ mod tests {
             text: String::new(),
             usage: Usage::default(),
             first_logits: Vec::new(),
+            tool_deltas: Vec::new(),
             tool_calls: Vec::new(),
         }
     }

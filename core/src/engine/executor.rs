@@ -32,9 +32,10 @@ use super::faults::Faults;
 use super::media::{self, RowMedia};
 use super::prompt_cache::PromptCache;
 use super::row::{Parked, Prefilling, Row};
-use super::{RequestId, Submission};
+use super::{Event, RequestId, Submission};
 use crate::cache::{self, KvCache, KvQuantization};
-use crate::generate::{as_f32_slice, prefill, FinishReason};
+use crate::prefill::{as_f32_slice, prefill};
+use crate::stop::FinishReason;
 use crate::models::LanguageModel;
 use crate::nn::last_position;
 use crate::sampling::{draw_rows, Sampler};
@@ -230,6 +231,9 @@ impl<M: ModelHandle> Executor<M> {
             None => (cache::quantizing(self.model.get().make_caches(), self.kv.as_ref()), 0),
         };
         row.cached_tokens = done;
+        // What the face reports before the first token; a consumer already gone is seen at the
+        // row's first token.
+        let _ = row.sink.token(&Event::Started { prompt_tokens: row.prompt.len(), cached_tokens: done });
         self.prefilling.push_back(Prefilling { row, caches, done });
     }
 

@@ -199,7 +199,7 @@ pub fn attach_images(
     let counts: Vec<Vec<usize>> =
         views.iter().map(|v| v.iter().map(|px| spec.tokens_for(px.height, px.width)).collect()).collect();
     if let Some(prompt) = expanded_text_prompt(&sub.request, spec, &counts, tokenizer)? {
-        crate::generate::validate_prompt_ids(info, &prompt)?;
+        crate::prefill::validate_prompt_ids(info, &prompt)?;
         sub.prompt = prompt;
     }
     let flat: Vec<usize> = counts.concat();
@@ -301,8 +301,11 @@ fn expanded_text_prompt(
                 return Err(Error::InvalidRequest("images together with tools are not supported yet".into()));
             }
             let tok = tokenizer.ok_or_else(|| Error::InvalidRequest("images in messages need a tokenizer".into()))?;
-            let template = tok
-                .chat_template()
+            // The template finish_prepare rendered with (its override, else the model's).
+            let template = request
+                .chat_template
+                .as_deref()
+                .or(tok.chat_template())
                 .ok_or_else(|| Error::Tokenizer("this model has no chat template; pass a raw prompt".into()))?;
             (template.render(messages, true)?, false)
         }

@@ -18,10 +18,11 @@ mod lockstep;
 mod media;
 mod memory;
 mod prompt_cache;
+mod queue;
 mod row;
 mod scheduler;
 mod single;
-pub(crate) use single::generate_one;
+pub use single::{run_single, SingleRow};
 
 pub use self::core::EngineCore;
 pub use events::EventSink;
@@ -30,6 +31,7 @@ pub use lockstep::{follow, FollowerSinks, LockstepCore, LockstepOptions, RankSta
 pub use media::{attach_audio, attach_images, PreparedAudio, PreparedImage};
 pub use memory::{release_free_heap, use_single_heap_arena, MemoryPolicy};
 pub use prompt_cache::PromptCache;
+pub use queue::{EventQueue, FlowQueue, Next, PAUSE_AT, RESUME_AT};
 pub use scheduler::Scheduler;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -42,15 +44,28 @@ use parking_lot::Mutex;
 use crate::cache::KvQuantization;
 pub use crate::constrain::Constraint;
 use crate::constrain::RowConstraint;
-use crate::generate::FinishReason;
+pub use crate::stop::FinishReason;
 use crate::loading::LoadedModel;
 use crate::models::ModelInfo;
 use crate::sampling::SamplingParams;
-use crate::tokenizer::{ChatMessage, Tokenizer};
+use crate::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 use crate::tools::{ToolCall, ToolDelta, Tools};
 use crate::{Error, Result};
 
 pub type RequestId = u64;
+
+/// The most top alternatives a request may ask for with its log-probabilities (OpenAI's
+/// limit): the one place every face's check reads it from.
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// The one rule (and message) for a requested number of top alternatives; `key` names the
+/// field as the caller wrote it.
+pub fn check_top_logprobs(k: usize, key: &str) -> Result<()> {
+    if k > MAX_TOP_LOGPROBS {
+        return Err(Error::field(key, format!("{key} must be an integer in [0, {MAX_TOP_LOGPROBS}], got {k}")));
+    }
+    Ok(())
+}
 
 /// What to generate from.
 #[derive(Debug, Clone)]
@@ -93,6 +108,9 @@ pub struct Request {
     /// conversation) holds the model's audio token once per clip, where the chat template puts
     /// it; [`attach_audio`] expands each to `boa + audio x n + eoa` as the reference processor does.
     pub audio: Vec<Vec<u8>>,
+    /// Renders `Input::Messages` with this template instead of the engine's override
+    /// ([`EngineConfig::chat_template`]) or the model's own.
+    pub chat_template: Option<Arc<ChatTemplate>>,
 }
 
 impl Request {
@@ -109,6 +127,7 @@ impl Request {
             constraint: None,
             images: Vec::new(),
             audio: Vec::new(),
+            chat_template: None,
         }
     }
 }
@@ -129,7 +148,7 @@ pub struct Usage {
     pub cached_tokens: usize,
 }
 
-/// What ended a request that finished with [`FinishReason::Stop`].
+/// What ended a request that finished with [`FinishReason::Stop`] or [`FinishReason::ToolCalls`].
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StopCause {
@@ -139,29 +158,41 @@ pub enum StopCause {
     StopString { stop: String },
     /// The request's constraint is complete: its grammar allows nothing more.
     Constraint,
+    /// The request's tool-call limit was reached (a named or required `tool_choice`, or
+    /// `parallel_tool_calls: false`, ends after the first complete call).
+    ToolCallLimit,
 }
 
-/// A request's stream: tokens, then exactly one `Done` or `Error`, on every path (normal end,
-/// cancellation, a consumer that went away or panicked, a failed step, shutdown, a dead engine
-/// thread).
+/// A request's stream: `Started` once admitted, tokens, then exactly one `Done` or `Error`, on
+/// every path (normal end, cancellation, a consumer that went away or panicked, a failed step,
+/// shutdown, a dead engine thread). A request that fails or is cancelled before admission gets
+/// no `Started`.
 #[derive(Debug, Clone)]
 pub enum Event {
+    /// The request was admitted: its prompt (rendered, tokenized, media expanded) has
+    /// `prompt_tokens` tokens, `cached_tokens` of them served from the prompt cache. What a face
+    /// reports before the first token (Anthropic's `message_start` usage) comes from here.
+    Started { prompt_tokens: usize, cached_tokens: usize },
     /// One generated token and the text it releases (possibly empty: text that may still turn
     /// out to be part of a stop string, or half a character, is held back). `logprobs` is set
     /// when the request asked for them. With tools, text that is part of a tool call is not in
     /// `text`: it arrives as `tool_calls` deltas (a call's start, then argument fragments).
     Token { token_id: u32, text: String, logprobs: Option<TokenLogprobs>, tool_calls: Vec<ToolDelta> },
-    /// The request finished. `text` is the output text still held back when it ended (empty
-    /// when cancelled or cut by a stop string); the full output is the concatenation of every
-    /// `Token`'s text and this. `stop` says which stop ended a `Stop` finish. `tool_calls`:
-    /// every call the output made, complete (what the deltas assemble to, plus anything the
-    /// end released); a `Stop` finish with calls is OpenAI's `tool_calls` finish.
+    /// The request finished. Everything the end released is here, so a face forwards it as
+    /// the last delta and derives nothing: `text` is the output text still held back when it
+    /// ended (empty when cancelled or cut by a stop string; the full output is every `Token`'s
+    /// text and this), `tool_deltas` the tool-call pieces the end released (every `Token`'s
+    /// `tool_calls` and these assemble to `tool_calls`). `finish_reason` is
+    /// [`FinishReason::ToolCalls`] when a request with tools stopped after making calls;
+    /// `stop` says which stop ended a `Stop` or `ToolCalls` finish. `tool_calls`: every call
+    /// the output made, complete.
     Done {
         finish_reason: FinishReason,
         stop: Option<StopCause>,
         text: String,
         usage: Usage,
         first_logits: Vec<f32>,
+        tool_deltas: Vec<ToolDelta>,
         tool_calls: Vec<ToolCall>,
     },
     Error { message: String },
@@ -169,7 +200,7 @@ pub enum Event {
 
 impl Event {
     pub fn is_final(&self) -> bool {
-        !matches!(self, Event::Token { .. })
+        !matches!(self, Event::Token { .. } | Event::Started { .. })
     }
 }
 
@@ -241,6 +272,9 @@ pub struct EngineConfig {
     pub memory: MemoryPolicy,
     /// Deliberate failures, for tests of the final-event guarantee; `None` reads `WEFT_FAULTS`.
     pub faults: Option<Faults>,
+    /// Renders every conversation with this template instead of the model's own (a request's
+    /// [`Request::chat_template`] still wins); `None` keeps the model's.
+    pub chat_template: Option<Arc<ChatTemplate>>,
 }
 
 impl Default for EngineConfig {
@@ -256,6 +290,7 @@ impl Default for EngineConfig {
             quantized_kv_start: 0,
             memory: MemoryPolicy::default(),
             faults: None,
+            chat_template: None,
         }
     }
 }
@@ -625,7 +660,8 @@ pub fn check_request(
         (Input::Messages(messages), tools) => {
             crate::tools::check_history(messages)?;
             let tokenizer = need_tokenizer()?;
-            match (tools, tokenizer.chat_template()) {
+            let template = request.chat_template.as_deref().or(config.chat_template.as_deref()).or(tokenizer.chat_template());
+            match (tools, template) {
                 (Some(_), None) => {
                     return Err(crate::tools::ToolsError::new("tools", "tools need a model with a chat template; this model has none").into())
                 }
@@ -645,8 +681,8 @@ pub fn check_request(
             None
         }
     };
-    if request.logprobs.is_some_and(|k| k > 20) {
-        return Err(Error::InvalidRequest("top logprobs must be at most 20".into()));
+    if let Some(k) = request.logprobs {
+        check_top_logprobs(k, "top_logprobs")?;
     }
     if request.max_tokens == 0 {
         return Err(Error::InvalidRequest("max_tokens must be at least 1".into()));
@@ -667,7 +703,7 @@ pub fn check_request(
 
 /// The prompt against the vocabulary, the context and the engine's whole KV budget.
 pub(super) fn check_prompt(request: &Request, prompt: &[u32], info: &ModelInfo, config: &EngineConfig) -> Result<()> {
-    crate::generate::validate_prompt_ids(info, prompt)?;
+    crate::prefill::validate_prompt_ids(info, prompt)?;
     if let Some(budget) = config.kv_budget_bytes {
         let need = scheduler::projected_kv_bytes_for(info, config.kv_quantization().as_ref(), prompt.len(), request.max_tokens);
         if need > budget {
@@ -684,9 +720,13 @@ pub(super) fn check_prompt(request: &Request, prompt: &[u32], info: &ModelInfo, 
 
 fn compile_constraint(c: &Constraint, tokenizer: Option<&Tokenizer>) -> Result<RowConstraint> {
     let tokenizer = tokenizer.ok_or_else(|| {
-        Error::InvalidRequest(format!("{}: constrained output needs a model with a tokenizer", c.field()))
+        Error::field(c.field(), format!("{}: constrained output needs a model with a tokenizer", c.field()))
     })?;
-    crate::constrain::compile(c, tokenizer)
+    // The constraint's own field names what a schema or grammar that does not compile is about.
+    crate::constrain::compile(c, tokenizer).map_err(|e| match e {
+        Error::InvalidRequest(message) => Error::Field { key: c.field().to_string(), message },
+        other => other,
+    })
 }
 
 /// The costly half of [`prepare`]: renders the chat template (with tools) or tokenizes the
@@ -707,11 +747,21 @@ pub fn finish_prepare(
     let prompt = match prompt {
         Some(ids) => ids,
         None => {
+            // The template: the request's override, the engine's, else the model's own. Kept on
+            // the request, so the image step's rendering (media.rs) uses the same one.
+            let override_template = request.chat_template.clone().or_else(|| config.chat_template.clone());
+            request.chat_template = override_template.clone();
             let prompt = match (&request.input, &mut request.tools) {
-                (Input::Messages(messages), None) => need_tokenizer()?.apply_chat_template(messages, true)?,
+                (Input::Messages(messages), None) => {
+                    let tokenizer = need_tokenizer()?;
+                    match &override_template {
+                        Some(t) => tokenizer.encode(&t.render(messages, true)?, false)?,
+                        None => tokenizer.apply_chat_template(messages, true)?,
+                    }
+                }
                 (Input::Messages(messages), Some(tools)) => {
                     let tokenizer = need_tokenizer()?;
-                    let template = tokenizer.chat_template().ok_or_else(|| {
+                    let template = override_template.as_deref().or(tokenizer.chat_template()).ok_or_else(|| {
                         crate::tools::ToolsError::new("tools", "tools need a model with a chat template; this model has none")
                     })?;
                     let text = crate::tools::render_with_tools(template, messages, tools)?;

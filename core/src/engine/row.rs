@@ -8,7 +8,8 @@ use super::media::RowMedia;
 use super::{Event, EventSink, RequestId, RowFlow, StopCause, Submission, TokenLogprobs, Usage};
 use crate::cache::KvCache;
 use crate::constrain::RowConstraint;
-use crate::generate::{as_f32_slice, FinishReason};
+use crate::prefill::as_f32_slice;
+use crate::stop::FinishReason;
 use crate::sampling::Sampler;
 use crate::stop::{StopMatcher, TextStream};
 use crate::tokenizer::Tokenizer;
@@ -118,6 +119,7 @@ impl Row {
                 let parsed = parser.push(&text);
                 if self.finish.is_none() && self.tool_call_limit.is_some_and(|n| parser.completed_calls() >= n) {
                     self.finish = Some(FinishReason::Stop);
+                    self.stop = Some(StopCause::ToolCallLimit);
                 }
                 (parsed.text, parsed.deltas)
             }
@@ -141,14 +143,23 @@ impl Row {
             Ok(text) => text,
             Err(e) => return self.fail(format!("decoding the final text failed: {e}")),
         };
-        // The parser's own tail; deltas it releases here are in `tool_calls` (complete calls).
-        let tool_calls = match &mut self.tool_parser {
+        // The parser's own tail: the pieces it releases here go out with `Done`, so the
+        // streamed deltas always assemble to the final calls.
+        let (tool_deltas, tool_calls) = match &mut self.tool_parser {
             Some(parser) if reason != FinishReason::Cancelled => {
-                text = parser.push(&text).text;
-                text.push_str(&parser.finish().text);
-                parser.calls().to_vec()
+                let pushed = parser.push(&text);
+                let tail = parser.finish();
+                text = pushed.text + &tail.text;
+                let mut deltas = pushed.deltas;
+                deltas.extend(tail.deltas);
+                (deltas, parser.calls().to_vec())
             }
-            _ => Vec::new(),
+            _ => (Vec::new(), Vec::new()),
+        };
+        // A request with tools that stopped after making calls: a `tool_calls` finish.
+        let reason = match reason {
+            FinishReason::Stop if !tool_calls.is_empty() => FinishReason::ToolCalls,
+            other => other,
         };
         let usage = Usage {
             prompt_tokens: self.prompt.len(),
@@ -156,8 +167,8 @@ impl Row {
             cached_tokens: self.cached_tokens,
         };
         let first_logits = std::mem::take(&mut self.first_logits);
-        let stop = if reason == FinishReason::Stop { self.stop.take() } else { None };
-        self.sink.close(Event::Done { finish_reason: reason, stop, text, usage, first_logits, tool_calls });
+        let stop = if matches!(reason, FinishReason::Stop | FinishReason::ToolCalls) { self.stop.take() } else { None };
+        self.sink.close(Event::Done { finish_reason: reason, stop, text, usage, first_logits, tool_deltas, tool_calls });
     }
 
     /// Sends the final event this row has earned: its error if it failed, else `Done`.

@@ -3,46 +3,48 @@
 //! machine's stop ids, stop strings and length limit) instead of keeping a second one.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use parking_lot::Mutex;
 
 use super::executor::Executor;
-use super::{Event, EventSink, Input, Request, Submission};
-use crate::generate::{FinishReason, GenerateOptions, Generation, TokenEvent};
+use super::{Event, EventSink, Request, Submission};
+use crate::cache::KvQuantization;
 use crate::models::LanguageModel;
+use crate::stop::FinishReason;
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 
-/// Runs `prompt` (already validated, `max_tokens` already clipped to the context and > 0) as
-/// the only row of an executor over the borrowed model. Events are buffered by the row's sink
-/// and handed to `on_token` here, on the caller's thread; `on_token` returning `false` cancels.
-pub(crate) fn generate_one(
+/// A prompt to run alone ([`run_single`]): already validated, `request.max_tokens` already
+/// clipped to the context and > 0.
+pub struct SingleRow<'a> {
+    pub prompt: &'a [u32],
+    pub request: Request,
+    pub stop_token_ids: Vec<u32>,
+    pub prefill_step_size: usize,
+    pub kv_quantization: Option<KvQuantization>,
+}
+
+/// Runs `row` as the only row of an executor over the borrowed model, on the caller's thread.
+/// Events are buffered by the row's sink and handed to `on_event` here; `on_event` returning
+/// `false` for a token cancels (later tokens are dropped; the `Done` says `Cancelled`). Returns
+/// after the final event: `Ok` after `Done`, the error after `Error`.
+pub fn run_single(
     model: &dyn LanguageModel,
     tokenizer: Option<&Tokenizer>,
-    prompt: &[u32],
-    max_tokens: usize,
-    opts: &GenerateOptions,
-    mut on_token: impl FnMut(TokenEvent) -> bool,
-) -> Result<Generation> {
+    row: SingleRow,
+    mut on_event: impl FnMut(Event) -> bool,
+) -> Result<()> {
     const ID: u64 = 1;
-    let start = Instant::now();
-    let mut executor = Executor::new(model, tokenizer.cloned(), opts.prefill_step_size, 0)
-        .with_kv_quantization(opts.kv_quantization);
+    let SingleRow { prompt, request, stop_token_ids, prefill_step_size, kv_quantization } = row;
+    let mut executor =
+        Executor::new(model, tokenizer.cloned(), prefill_step_size, 0).with_kv_quantization(kv_quantization);
     let events: Arc<Mutex<Vec<Event>>> = Arc::default();
     let sink_events = Arc::clone(&events);
-    let request = Request {
-        max_tokens,
-        sampling: opts.sampling.clone(),
-        stop: opts.stop_strings.clone(),
-        capture_first_logits: opts.capture_first_logits,
-        ..Request::new(Input::Tokens(prompt.to_vec()))
-    };
     let sub = Submission {
         id: ID,
         prompt: prompt.to_vec(),
         request,
-        stop_token_ids: opts.stop_token_ids.clone(),
+        stop_token_ids,
         sink: EventSink::new(Box::new(move |e: &Event| {
             sink_events.lock().push(e.clone());
             true
@@ -54,16 +56,6 @@ pub(crate) fn generate_one(
     };
     executor.admit(sub, 0);
 
-    let mut out = Generation {
-        tokens: Vec::new(),
-        text: String::new(),
-        finish_reason: FinishReason::Length,
-        prompt_tokens: prompt.len(),
-        first_logits: Vec::new(),
-        ttft_s: 0.0,
-        decode_s: 0.0,
-    };
-    let mut first_token_at: Option<Instant> = None;
     let mut cancelled = false;
     loop {
         executor.prefill_step();
@@ -74,29 +66,20 @@ pub(crate) fn generate_one(
             return Err(Error::Mlx("the row ended without a final event".into()));
         }
         for event in arrived {
-            if first_token_at.is_none() {
-                first_token_at = Some(Instant::now());
-                out.ttft_s = start.elapsed().as_secs_f64();
-            }
             match event {
                 Event::Token { .. } if cancelled => {}
-                Event::Token { token_id, text, .. } => {
-                    out.tokens.push(token_id);
-                    out.text.push_str(&text);
-                    if !on_token(TokenEvent { token_id, text: &text }) {
+                Event::Token { .. } => {
+                    if !on_event(event) {
                         cancelled = true;
                         executor.cancel(ID);
                     }
                 }
-                Event::Done { finish_reason, text, first_logits, .. } => {
-                    out.text.push_str(&text);
-                    out.finish_reason = if cancelled { FinishReason::Cancelled } else { finish_reason };
-                    out.first_logits = first_logits;
-                    if let Some(t) = first_token_at {
-                        out.decode_s = t.elapsed().as_secs_f64();
-                    }
-                    return Ok(out);
+                Event::Done { finish_reason, stop, text, usage, first_logits, tool_deltas, tool_calls } => {
+                    let finish_reason = if cancelled { FinishReason::Cancelled } else { finish_reason };
+                    on_event(Event::Done { finish_reason, stop, text, usage, first_logits, tool_deltas, tool_calls });
+                    return Ok(());
                 }
+                Event::Started { .. } => {}
                 Event::Error { message } => return Err(Error::Mlx(message)),
             }
         }

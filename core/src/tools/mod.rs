@@ -13,7 +13,7 @@ pub mod prompt;
 
 pub use native::{NativeCallParser, NativeFormat};
 pub use parser::{Assembler, ToolCallParser, ToolDelta};
-pub use prompt::{check_history, render_with_tools, unknown_syntax, TemplateTools, ToolFormat};
+pub use prompt::{check_history, check_role, render_with_tools, unknown_syntax, TemplateTools, ToolFormat, ROLES};
 
 use serde_json::Value;
 
@@ -83,7 +83,7 @@ impl std::fmt::Display for ToolsError {
 
 impl From<ToolsError> for Error {
     fn from(e: ToolsError) -> Self {
-        Error::InvalidRequest(e.message)
+        Error::Field { key: e.param, message: e.message }
     }
 }
 
@@ -144,14 +144,14 @@ fn check_schema(schema: &Value, path: &str) -> Result<(), String> {
         if schema.is_boolean() {
             return Ok(());
         }
-        return Err(format!("`{path}` must be a JSON Schema (an object), got {}", crate::contract::show(schema)));
+        return Err(format!("`{path}` must be a JSON Schema (an object), got {}", crate::error::show(schema)));
     };
     const TYPES: &[&str] = &["object", "array", "string", "number", "integer", "boolean", "null"];
     match obj.get("type") {
         None => {}
         Some(Value::String(t)) if TYPES.contains(&t.as_str()) => {}
         Some(Value::Array(ts)) if ts.iter().all(|t| t.as_str().is_some_and(|t| TYPES.contains(&t))) => {}
-        Some(t) => return Err(format!("`{path}.type` must be a JSON Schema type name, got {}", crate::contract::show(t))),
+        Some(t) => return Err(format!("`{path}.type` must be a JSON Schema type name, got {}", crate::error::show(t))),
     }
     if let Some(props) = obj.get("properties") {
         let props = props.as_object().ok_or_else(|| format!("`{path}.properties` must be an object"))?;

@@ -535,8 +535,8 @@ enum ObjOutcome {
     NotACall,
 }
 
-/// Rebuilds calls from deltas (what a streaming client does); used by faces that also need
-/// the whole calls, and by tests.
+/// Rebuilds calls from deltas (what a streaming client does; tests check the engine's events
+/// with it).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Assembler {
     pub calls: Vec<ToolCall>,
@@ -556,25 +556,6 @@ impl Assembler {
                 }
             }
         }
-    }
-
-    /// The deltas that take what was applied so far to `done` (the final calls): calls not
-    /// yet started and argument text not yet sent.
-    pub fn catch_up(&self, done: &[ToolCall]) -> Vec<ToolDelta> {
-        let mut deltas = Vec::new();
-        for (index, call) in done.iter().enumerate() {
-            let sent = match self.calls.get(index) {
-                Some(seen) => seen.arguments.len(),
-                None => {
-                    deltas.push(ToolDelta::Start { index, id: call.id.clone(), name: call.name.clone() });
-                    0
-                }
-            };
-            if call.arguments.len() > sent && call.arguments.is_char_boundary(sent) {
-                deltas.push(ToolDelta::Arguments { index, fragment: call.arguments[sent..].to_string() });
-            }
-        }
-        deltas
     }
 }
 
@@ -693,20 +674,5 @@ mod tests {
         let mut p = ToolCallParser::with_opening(ToolFormat::Hermes, "<tool_call>\n{\"name\": \"");
         assert_eq!(p.push("g\", \"arguments\": {}}</tool_call>").deltas.len(), 2);
         assert_eq!(p.calls()[0].name, "g");
-    }
-
-    #[test]
-    fn catch_up_sends_what_is_missing() {
-        let mut asm = Assembler::default();
-        asm.apply(&ToolDelta::Start { index: 0, id: "a".into(), name: "f".into() });
-        asm.apply(&ToolDelta::Arguments { index: 0, fragment: "{\"x\"".into() });
-        let done = vec![
-            ToolCall { id: "a".into(), name: "f".into(), arguments: "{\"x\": 1}".into() },
-            ToolCall { id: "b".into(), name: "g".into(), arguments: "{}".into() },
-        ];
-        for d in asm.catch_up(&done) {
-            asm.apply(&d);
-        }
-        assert_eq!(asm.calls, done);
     }
 }

@@ -51,6 +51,7 @@ impl TemplateTools {
 pub fn check_history(messages: &[ChatMessage]) -> Result<(), ToolsError> {
     let mut ids = std::collections::HashSet::new();
     for (i, m) in messages.iter().enumerate() {
+        check_role(&m.role, &format!("messages[{i}].role"))?;
         for call in &m.tool_calls {
             ids.insert(call.id.as_str());
         }
@@ -69,6 +70,19 @@ pub fn check_history(messages: &[ChatMessage]) -> Result<(), ToolsError> {
         }
     }
     Ok(())
+}
+
+/// The roles a conversation's messages may have (OpenAI's `developer` is a face's alias of
+/// `system`, mapped before this check).
+pub const ROLES: &[&str] = &["system", "user", "assistant", "tool"];
+
+/// The one rule for a message's role, with one message on every face; `key` names the field
+/// as the caller wrote it (`messages[2].role`).
+pub fn check_role(role: &str, key: &str) -> Result<(), ToolsError> {
+    if ROLES.contains(&role) {
+        return Ok(());
+    }
+    Err(ToolsError::new(key, format!("{key} must be one of {}, got {role:?}", ROLES.join(", "))))
 }
 
 /// Renders `messages` with `tools` (generation prompt added, then the opening of a forced

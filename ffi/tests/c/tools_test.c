@@ -30,6 +30,7 @@ typedef struct {
   int n_final;
   int done, finish, stop_kind, bad; /* bad: a malformed delta (wrong order, NULL string, overflow) */
   int deltas_on_plain_token;        /* a TOKEN with tool_deltas_len 0 but a non-NULL pointer */
+  size_t args_at_done;              /* argument bytes DONE's own tool_deltas carried */
 } row;
 
 static void copy(char *dst, size_t cap, const char *s, size_t n, int *bad) {
@@ -73,6 +74,8 @@ static void on_event(void *user_data, const weft_event *ev) {
   }
   if (ev->kind == WEFT_EVENT_TOKEN && ev->tool_calls_len != 0) r->bad = 1;
   if (ev->kind == WEFT_EVENT_DONE) {
+    for (i = 0; i < ev->tool_deltas_len; i++)
+      if (ev->tool_deltas[i].kind == WEFT_TOOL_DELTA_ARGUMENTS) r->args_at_done += ev->tool_deltas[i].arguments_len;
     r->finish = ev->finish_reason;
     r->stop_kind = ev->stop_kind;
     if (ev->tool_calls_len > MAX_CALLS || (ev->tool_calls_len == 0) != (ev->tool_calls == NULL)) r->bad = 1;
@@ -187,6 +190,19 @@ int main(int argc, char **argv) {
              args_are(r.final[0].arguments, "{\"tz\":\"utc\"}", "{\"tz\":\"cet\"}")),
         "required: a call of one of the tools, arguments valid for it", r.final[0].arguments);
   check(assembles(&r) && r.text_len == 0, "required: the deltas assemble to the final calls, no text", NULL);
+
+  /* Arguments that complete only at the end: the stop string holds back the call's tail ("}}
+   * and the closing tag are a prefix of it) until the constraint ends the row, so DONE itself
+   * carries the last argument piece; the deltas still assemble to DONE's calls. */
+  check(run(engine,
+            "{" ASK ", \"max_tokens\": 40, \"tools\": [" WEATHER "], "
+            "\"stop\": [\"\\\"}}\\n</tool_call>!\"], "
+            "\"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"get_weather\"}}}",
+            &r) == 0,
+        "held-back named request accepted", weft_last_error());
+  check(r.done == 1 && r.finish == WEFT_FINISH_TOOL_CALLS && r.n_final == 1, "held back: DONE with the call", NULL);
+  check(r.args_at_done > 0, "held back: DONE's own tool_deltas carry the last argument piece", NULL);
+  check(assembles(&r), "held back: the deltas (DONE's included) assemble to the final arguments", r.streamed[0].arguments);
 
   /* max_tokens inside the call: length, and what was delivered still assembles to DONE's calls. */
   check(run(engine,

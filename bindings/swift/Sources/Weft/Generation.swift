@@ -107,9 +107,10 @@ final class RowState: @unchecked Sendable {
     /// Set by `completion()`: the row runs to the end whether or not anyone reads the stream.
     private var unbounded = false
 
-    /// Unread chunks at which the row is paused, and at which it resumes.
-    static let highWater = 256
-    static let lowWater = 64
+    /// Unread chunks at which the row is paused, and at which it resumes: the engine's own
+    /// watermarks (the ones every face uses).
+    static let highWater = Int(flow_pause_at())
+    static let lowWater = Int(flow_resume_at())
 
     init(logprobs: Bool = false) {
         self.logprobs = logprobs ? [] : nil

@@ -12,6 +12,28 @@ final class ToolTests: XCTestCase {
         parameters: #"{"type": "object", "properties": {"unit": {"enum": ["c", "f"]}}, "required": ["unit"], "additionalProperties": false}"#
     )
 
+    /// The stop string holds back the call's tail ('"}}' and the closing tag are a prefix of it)
+    /// until the grammar ends the row: the engine's final event releases the last argument
+    /// piece, and the stream still delivers it.
+    func testArgumentsCompletedOnlyAtTheEndAreStreamed() async throws {
+        let path = repoRoot.appendingPathComponent("goldens/gguf/llama-q4_1.gguf").path
+        let engine = try Engine(options: .init(model: path))
+        let options = GenerateOptions(maxTokens: 40, stop: ["\"}}\n</tool_call>!"], tools: [weather], toolChoice: .function("get_weather"))
+        let generation = engine.generate(messages: [.user("What is the weather in Oslo?")], options: options)
+        var streamed = ""
+        for try await chunk in generation {
+            for delta in chunk.toolCalls {
+                if case let .arguments(_, fragment) = delta {
+                    streamed += fragment
+                }
+            }
+        }
+        let done = try await generation.completion()
+        XCTAssertEqual(done.finishReason, .toolCalls)
+        let call = try XCTUnwrap(done.toolCalls.first)
+        XCTAssertEqual(streamed, call.arguments, "the streamed fragments concatenate to the final arguments")
+    }
+
     func testRequiredCallStreamsDeltasThatAssembleToTheCompletion() async throws {
         let path = repoRoot.appendingPathComponent("goldens/gguf/llama-q4_1.gguf").path
         let engine = try Engine(options: .init(model: path))

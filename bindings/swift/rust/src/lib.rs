@@ -22,7 +22,7 @@ use parking_lot::Mutex;
 use weft::contract::{self, Spelling};
 use weft::engine::{Event, Request, RowFlow};
 use weft::generate::FinishReason;
-use weft::tools::{Assembler, ToolDelta};
+use weft::tools::ToolDelta;
 
 #[swift_bridge::bridge]
 mod ffi {
@@ -35,6 +35,10 @@ mod ffi {
         type RustError;
 
         fn load_engine(options_json: String) -> Result<RustEngine, RustError>;
+        /// The engine's flow-control watermarks (weft::engine::PAUSE_AT / RESUME_AT): unread
+        /// chunks at which a row is paused, and at which it resumes.
+        fn flow_pause_at() -> u64;
+        fn flow_resume_at() -> u64;
 
         fn model_path(self: &RustEngine) -> String;
         fn model_type(self: &RustEngine) -> String;
@@ -170,6 +174,14 @@ fn parse_json(text: &str) -> Result<serde_json::Value, RustError> {
 }
 
 /// `options_json`: the engine options, camelCase (`weft::contract::parse_engine_options`).
+fn flow_pause_at() -> u64 {
+    weft::engine::PAUSE_AT as u64
+}
+
+fn flow_resume_at() -> u64 {
+    weft::engine::RESUME_AT as u64
+}
+
 fn load_engine(options_json: String) -> Result<RustEngine, RustError> {
     let options = contract::parse_engine_options(&parse_json(&options_json)?, Spelling::Camel)?;
     let config = options.config;
@@ -239,9 +251,7 @@ impl RustEngine {
         let id = {
             let guard = self.shared.engine.lock();
             let engine = guard.as_ref().ok_or_else(RustError::closed)?;
-            // The calls as streamed so far: the pieces Done still has to release.
-            let mut streamed = Assembler::default();
-            let sink = Box::new(move |ev: &Event| deliver(&sink, &flag, &mut streamed, ev));
+            let sink = Box::new(move |ev: &Event| deliver(&sink, &flag, ev));
             engine.submit_with_flow(request, sink, flow.clone())?
         };
         Ok(RustRow { id, flag: row, flow, shared: Arc::clone(&self.shared) })
@@ -332,9 +342,8 @@ unsafe impl Send for SendSink {}
 const NO_TOKEN: u32 = u32::MAX;
 
 /// Hands tool-call pieces to Swift (they belong to the next `on_token`).
-fn send_deltas(sink: &SendSink, streamed: &mut Assembler, deltas: &[ToolDelta]) {
+fn send_deltas(sink: &SendSink, deltas: &[ToolDelta]) {
     for d in deltas {
-        streamed.apply(d);
         match d {
             ToolDelta::Start { index, id, name } => sink.0.on_tool_start(*index as u32, id.clone(), name.clone()),
             ToolDelta::Arguments { index, fragment } => sink.0.on_tool_arguments(*index as u32, fragment.clone()),
@@ -343,10 +352,10 @@ fn send_deltas(sink: &SendSink, streamed: &mut Assembler, deltas: &[ToolDelta]) 
 }
 
 /// The engine's sink: runs on the engine thread and never blocks on Swift.
-fn deliver(sink: &SendSink, flag: &RowFlag, streamed: &mut Assembler, ev: &Event) -> bool {
+fn deliver(sink: &SendSink, flag: &RowFlag, ev: &Event) -> bool {
     match ev {
         Event::Token { token_id, text, logprobs, tool_calls } => {
-            send_deltas(sink, streamed, tool_calls);
+            send_deltas(sink, tool_calls);
             let logprob = match logprobs {
                 Some(lp) => {
                     for &(t, l) in &lp.top {
@@ -358,17 +367,16 @@ fn deliver(sink: &SendSink, flag: &RowFlag, streamed: &mut Assembler, ev: &Event
             };
             sink.0.on_token(*token_id, text.clone(), logprob)
         }
-        Event::Done { finish_reason, usage, text, tool_calls, .. } => {
-            let released = streamed.catch_up(tool_calls);
-            send_deltas(sink, streamed, &released);
-            if !text.is_empty() || !released.is_empty() {
+        Event::Done { finish_reason, usage, text, tool_deltas, tool_calls, .. } => {
+            send_deltas(sink, tool_deltas);
+            if !text.is_empty() || !tool_deltas.is_empty() {
                 sink.0.on_token(NO_TOKEN, text.clone(), f64::NAN);
             }
             for c in tool_calls {
                 sink.0.on_tool_call(c.id.clone(), c.name.clone(), c.arguments.clone());
             }
             let reason = match finish_reason {
-                FinishReason::Stop if !tool_calls.is_empty() => 3,
+                FinishReason::ToolCalls => 3,
                 FinishReason::Stop => 0,
                 FinishReason::Length => 1,
                 FinishReason::Cancelled => 2,
@@ -380,6 +388,7 @@ fn deliver(sink: &SendSink, flag: &RowFlag, streamed: &mut Assembler, ev: &Event
                 usage.cached_tokens as u64,
             )
         }
+        Event::Started { .. } => {}
         Event::Error { message } => sink.0.on_error("GENERATION_FAILED".into(), message.clone()),
     }
     !flag.cancelled.load(Ordering::Relaxed)
