@@ -22,6 +22,7 @@ use serde_json::{Map, Value};
 
 use crate::engine::{Constraint, EngineConfig, Input, Request};
 use crate::tokenizer::ChatMessage;
+use crate::vision::source::LocalMedia;
 use crate::{Error, Result};
 
 /// How a face spells keys, and so how messages name them.
@@ -99,6 +100,7 @@ pub const ENGINE_OPTION_FIELDS: &[&str] = &[
     "clear_cache_every_steps",
     "memory_limit_bytes",
     "wired_limit_bytes",
+    "local_media",
 ];
 
 /// The most top alternatives a request may ask for (OpenAI's limit).
@@ -243,7 +245,15 @@ impl<'a> Fields<'a> {
 }
 
 /// A generation request. `spelling`: how the caller spells keys (and how messages name them).
+/// Local media paths are read as [`LocalMedia::Any`] allows; [`parse_request_with`] takes the
+/// engine's policy.
 pub fn parse_request(v: &Value, spelling: Spelling) -> Result<Request> {
+    parse_request_with(v, spelling, &LocalMedia::Any)
+}
+
+/// [`parse_request`], local media paths (`images`, `audio`) read as `local` allows (the
+/// engine's [`EngineConfig::local_media`]).
+pub fn parse_request_with(v: &Value, spelling: Spelling, local: &LocalMedia) -> Result<Request> {
     let f = Fields::new(v, "the request", &REQUEST_FIELDS, spelling)?;
 
     let given: Vec<&str> = ["prompt", "messages", "prompt_ids"].into_iter().filter(|k| f.get(k).is_some()).collect();
@@ -291,22 +301,22 @@ pub fn parse_request(v: &Value, spelling: Spelling) -> Result<Request> {
     })?;
     req.tools = tools;
     req.constraint = parse_constraint_fields(&f)?;
-    req.images = parse_images(&f)?;
-    req.audio = parse_audio(&f)?;
+    req.images = parse_images(&f, local)?;
+    req.audio = parse_audio(&f, local)?;
     Ok(req)
 }
 
 /// `images`: encoded image files in prompt order, each a string (a `data:` URL or a local
 /// file path; remote URLs are refused) or `{ "base64": "..." }`.
-fn parse_images(f: &Fields) -> Result<Vec<Vec<u8>>> {
-    use crate::vision::source::{base64_bytes, image_from_url, MAX_IMAGES};
-    parse_media(f, "images", "images", MAX_IMAGES, image_from_url, base64_bytes)
+fn parse_images(f: &Fields, local: &LocalMedia) -> Result<Vec<Vec<u8>>> {
+    use crate::vision::source::{base64_bytes, image_from_url_with, MAX_IMAGES};
+    parse_media(f, "images", "images", MAX_IMAGES, |u| image_from_url_with(u, local), base64_bytes)
 }
 
 /// `audio`: encoded audio clips (WAV / MP3 / FLAC / Ogg) in prompt order, spelled as `images`.
-fn parse_audio(f: &Fields) -> Result<Vec<Vec<u8>>> {
-    use crate::vision::source::{audio_base64, audio_from_url, MAX_CLIPS};
-    parse_media(f, "audio", "audio clips", MAX_CLIPS, audio_from_url, audio_base64)
+fn parse_audio(f: &Fields, local: &LocalMedia) -> Result<Vec<Vec<u8>>> {
+    use crate::vision::source::{audio_base64, audio_from_url_with, MAX_CLIPS};
+    parse_media(f, "audio", "audio clips", MAX_CLIPS, |u| audio_from_url_with(u, local), audio_base64)
 }
 
 fn parse_media(
@@ -314,7 +324,7 @@ fn parse_media(
     key: &str,
     what: &str,
     max: usize,
-    from_url: fn(&str) -> Result<Vec<u8>>,
+    from_url: impl Fn(&str) -> Result<Vec<u8>>,
     from_base64: fn(&str) -> Result<Vec<u8>>,
 ) -> Result<Vec<Vec<u8>>> {
     let Some(v) = f.get(key) else { return Ok(Vec::new()) };
@@ -771,6 +781,9 @@ pub fn parse_engine_options(v: &Value, spelling: Spelling) -> Result<EngineOptio
     }
     m.memory_limit_bytes = f.usize("memory_limit_bytes", 1, u64::MAX)?;
     m.wired_limit_bytes = f.usize("wired_limit_bytes", 0, u64::MAX)?;
+    if let Some(v) = f.get("local_media") {
+        config.local_media = LocalMedia::from_json(v, &f.name("local_media"))?;
+    }
     Ok(EngineOptions { model, config })
 }
 

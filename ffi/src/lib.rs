@@ -308,7 +308,9 @@ pub extern "C" fn weft_submit(
         let Some(func) = on_event else {
             return Err(Failure::invalid(format!("{F}: on_event is NULL")));
         };
-        let request = json::parse_request(text)?;
+        // Local media paths are read as the engine's `local_media` option allows.
+        let local = e.with(|engine| Ok(engine.config().local_media.clone()))?;
+        let request = json::parse_request(text, &local)?;
         let slot = Arc::new(event::IdSlot::default());
         let (delivery, sink) = event::Delivery::new();
         // The delivery thread is registered under the engine's read lock, so a concurrent

@@ -241,6 +241,8 @@ pub struct EngineConfig {
     pub memory: MemoryPolicy,
     /// Deliberate failures, for tests of the final-event guarantee; `None` reads `WEFT_FAULTS`.
     pub faults: Option<Faults>,
+    /// Which local files requests may name as images / audio (default: any readable file).
+    pub local_media: crate::vision::source::LocalMedia,
 }
 
 impl Default for EngineConfig {
@@ -256,6 +258,7 @@ impl Default for EngineConfig {
             quantized_kv_start: 0,
             memory: MemoryPolicy::default(),
             faults: None,
+            local_media: Default::default(),
         }
     }
 }
