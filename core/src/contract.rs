@@ -1104,6 +1104,30 @@ mod tests {
     }
 
     #[test]
+    fn local_media_is_an_engine_option_applied_at_parse() {
+        let dir = std::env::temp_dir().join(format!("weft-contract-media-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("a.png");
+        std::fs::write(&file, b"png").unwrap();
+        let opts = |v: Value, sp| parse_engine_options(&v, sp).map(|o| o.config.local_media);
+        assert_eq!(opts(json!({}), Snake).unwrap(), LocalMedia::Any, "the library default");
+        assert_eq!(opts(json!({"local_media": "deny"}), Snake).unwrap(), LocalMedia::Deny);
+        let dirs = opts(json!({"localMedia": {"dirs": [dir]}}), Camel).unwrap();
+        assert_eq!(dirs, LocalMedia::dirs(&[&dir]).unwrap());
+        let e = opts(json!({"localMedia": "everything"}), Camel).unwrap_err().to_string();
+        assert!(e.contains("localMedia must be \"any\", \"deny\" or"), "{e}");
+
+        let request = json!({"prompt": "x", "images": [file]});
+        assert_eq!(parse_request(&request, Snake).unwrap().images, vec![b"png".to_vec()]);
+        assert_eq!(parse_request_with(&request, Snake, &dirs).unwrap().images, vec![b"png".to_vec()]);
+        let e = parse_request_with(&request, Snake, &LocalMedia::Deny).unwrap_err().to_string();
+        assert!(e.contains("images[0]: image: local media paths are not allowed"), "{e}");
+        let e = parse_request_with(&json!({"prompt": "x", "audio": ["/etc/passwd"]}), Snake, &dirs).unwrap_err().to_string();
+        assert!(e.contains("audio[0]: audio: the local path is not a readable file inside an allowed media dir"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn engine_option_errors_name_the_field_and_the_value() {
         let cases: Vec<(Value, &str)> = vec![
             (json!("x"), "the engine options must be an object, got \"x\""),

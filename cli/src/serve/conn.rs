@@ -54,7 +54,13 @@ impl std::error::Error for BodyTimeout {}
 
 /// Accepts until `stop` turns true, then asks every connection to finish its request in
 /// progress and close, and returns once all have.
-pub async fn serve(mut listener: LimitedListener, app: Router, timeouts: Timeouts, refused: Arc<str>, stop: watch::Receiver<bool>) {
+pub async fn serve(
+    mut listener: LimitedListener,
+    app: Router,
+    timeouts: Timeouts,
+    refused: Arc<str>,
+    stop: watch::Receiver<bool>,
+) {
     // Every connection task holds a receiver; `closed()` resolves once all are gone.
     let (all_closed_tx, all_closed_rx) = watch::channel(());
     let mut stopping = stop.clone();
@@ -77,7 +83,13 @@ pub async fn serve(mut listener: LimitedListener, app: Router, timeouts: Timeout
     all_closed_tx.closed().await;
 }
 
-async fn connection(accepted: Accepted, app: Router, timeouts: Timeouts, refused: Arc<str>, mut stop: watch::Receiver<bool>) {
+async fn connection(
+    accepted: Accepted,
+    app: Router,
+    timeouts: Timeouts,
+    refused: Arc<str>,
+    mut stop: watch::Receiver<bool>,
+) {
     let (stream, overflow) = match accepted {
         Accepted::Counted(s) => (s, false),
         Accepted::Overflow(s) => (s, true),
@@ -133,7 +145,11 @@ struct Activity {
 
 impl Activity {
     fn new() -> Self {
-        Activity { in_progress: AtomicUsize::new(0), received: AtomicBool::new(false), idle_since: Mutex::new(Instant::now()) }
+        Activity {
+            in_progress: AtomicUsize::new(0),
+            received: AtomicBool::new(false),
+            idle_since: Mutex::new(Instant::now()),
+        }
     }
 
     fn begin(self: &Arc<Self>) -> InProgress {
@@ -201,7 +217,11 @@ impl AsyncWrite for WatchedStream {
         Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
     }
 
-    fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
     }
 

@@ -8,6 +8,8 @@
 //! - [`params`], [`errors`]: request fields and each protocol's error JSON
 //! - [`security`]: CORS origins, the `Host` allowlist, the API key
 //! - [`limits`]: body size, message count, `max_tokens`, connections, over-context prompts
+//! - [`conn`]: serving connections through hyper: header, body and keep-alive timeouts,
+//!   `/health` past the connection cap
 //!
 //! One tokio runtime (two workers: HTTP work is light next to the engine's own thread) serves
 //! every connection; all generation goes through one [`weft::engine::Engine`].
@@ -645,6 +647,16 @@ mod tests {
         assert_eq!(parse_gb("300KB"), Ok(300_000));
         assert!(parse_gb("0").is_err());
         assert!(parse_bytes("12 parsecs").is_err());
+    }
+
+    #[test]
+    fn timeouts_parse_as_seconds() {
+        assert_eq!(parse_seconds("10"), Ok(10.0));
+        assert_eq!(parse_seconds("2.5s"), Ok(2.5));
+        assert_eq!(parse_seconds("0"), Ok(0.0));
+        assert!(parse_seconds("-1").is_err() && parse_seconds("soon").is_err() && parse_seconds("inf").is_err());
+        assert_eq!(timeout(0.0), None);
+        assert_eq!(timeout(1.5), Some(Duration::from_millis(1500)));
     }
 
     #[test]
