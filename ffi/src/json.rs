@@ -55,4 +55,14 @@ mod tests {
         assert!(err(parse_options("nul")).contains("malformed JSON"));
         assert!(err(parse_options(r#"{"max_batchh":2}"#)).contains("unknown field \"max_batchh\""));
     }
+
+    #[test]
+    fn local_media_policy_applies_to_requests() {
+        use weft::vision::source::LocalMedia;
+        let o = parse_options(r#"{"local_media":"deny"}"#).unwrap();
+        assert_eq!(o.config.local_media, LocalMedia::Deny);
+        assert_eq!(parse_options("{}").unwrap().config.local_media, LocalMedia::Any);
+        let m = err(parse_request(r#"{"prompt":"a","images":["/etc/passwd"]}"#, &o.config.local_media));
+        assert!(m.contains("images[0]: image: local media paths are not allowed"), "{m}");
+    }
 }
