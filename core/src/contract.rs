@@ -22,6 +22,7 @@ use serde_json::{Map, Value};
 
 use crate::engine::{Constraint, EngineConfig, Input, Request};
 use crate::tokenizer::ChatMessage;
+use crate::vision::source::LocalMedia;
 use crate::{Error, Result};
 
 /// How a face spells keys, and so how messages name them.
@@ -99,6 +100,7 @@ pub const ENGINE_OPTION_FIELDS: &[&str] = &[
     "clear_cache_every_steps",
     "memory_limit_bytes",
     "wired_limit_bytes",
+    "local_media",
 ];
 
 /// The most top alternatives a request may ask for (the engine's one limit).
@@ -225,7 +227,15 @@ impl<'a> Fields<'a> {
 }
 
 /// A generation request. `spelling`: how the caller spells keys (and how messages name them).
+/// Local media paths are read as [`LocalMedia::Any`] allows; [`parse_request_with`] takes the
+/// engine's policy.
 pub fn parse_request(v: &Value, spelling: Spelling) -> Result<Request> {
+    parse_request_with(v, spelling, &LocalMedia::Any)
+}
+
+/// [`parse_request`], local media paths (`images`, `audio`) read as `local` allows (the
+/// engine's [`EngineConfig::local_media`]).
+pub fn parse_request_with(v: &Value, spelling: Spelling, local: &LocalMedia) -> Result<Request> {
     let f = Fields::new(v, "the request", &REQUEST_FIELDS, spelling)?;
 
     let given: Vec<&str> = ["prompt", "messages", "prompt_ids"].into_iter().filter(|k| f.get(k).is_some()).collect();
@@ -273,22 +283,22 @@ pub fn parse_request(v: &Value, spelling: Spelling) -> Result<Request> {
     })?;
     req.tools = tools;
     req.constraint = parse_constraint_fields(&f).map_err(|(_, e)| e)?;
-    req.images = parse_images(&f)?;
-    req.audio = parse_audio(&f)?;
+    req.images = parse_images(&f, local)?;
+    req.audio = parse_audio(&f, local)?;
     Ok(req)
 }
 
 /// `images`: encoded image files in prompt order, each a string (a `data:` URL or a local
 /// file path; remote URLs are refused) or `{ "base64": "..." }`.
-fn parse_images(f: &Fields) -> Result<Vec<Vec<u8>>> {
-    use crate::vision::source::{base64_bytes, image_from_url, MAX_IMAGES};
-    parse_media(f, "images", "images", MAX_IMAGES, image_from_url, base64_bytes)
+fn parse_images(f: &Fields, local: &LocalMedia) -> Result<Vec<Vec<u8>>> {
+    use crate::vision::source::{base64_bytes, image_from_url_with, MAX_IMAGES};
+    parse_media(f, "images", "images", MAX_IMAGES, |u| image_from_url_with(u, local), base64_bytes)
 }
 
 /// `audio`: encoded audio clips (WAV / MP3 / FLAC / Ogg) in prompt order, spelled as `images`.
-fn parse_audio(f: &Fields) -> Result<Vec<Vec<u8>>> {
-    use crate::vision::source::{audio_base64, audio_from_url, MAX_CLIPS};
-    parse_media(f, "audio", "audio clips", MAX_CLIPS, audio_from_url, audio_base64)
+fn parse_audio(f: &Fields, local: &LocalMedia) -> Result<Vec<Vec<u8>>> {
+    use crate::vision::source::{audio_base64, audio_from_url_with, MAX_CLIPS};
+    parse_media(f, "audio", "audio clips", MAX_CLIPS, |u| audio_from_url_with(u, local), audio_base64)
 }
 
 fn parse_media(
@@ -296,7 +306,7 @@ fn parse_media(
     key: &str,
     what: &str,
     max: usize,
-    from_url: fn(&str) -> Result<Vec<u8>>,
+    from_url: impl Fn(&str) -> Result<Vec<u8>>,
     from_base64: fn(&str) -> Result<Vec<u8>>,
 ) -> Result<Vec<Vec<u8>>> {
     let Some(v) = f.get(key) else { return Ok(Vec::new()) };
@@ -765,6 +775,9 @@ pub fn parse_engine_options(v: &Value, spelling: Spelling) -> Result<EngineOptio
     }
     m.memory_limit_bytes = f.usize("memory_limit_bytes", 1, u64::MAX)?;
     m.wired_limit_bytes = f.usize("wired_limit_bytes", 0, u64::MAX)?;
+    if let Some(v) = f.get("local_media") {
+        config.local_media = LocalMedia::from_json(v, &f.name("local_media"))?;
+    }
     Ok(EngineOptions { model, config })
 }
 
@@ -1082,6 +1095,30 @@ mod tests {
             .unwrap()
             .config;
         assert_eq!((c.max_batch, c.memory.clear_cache_every_steps, c.memory.wired_limit_bytes), (5, 0, Some(9)));
+    }
+
+    #[test]
+    fn local_media_is_an_engine_option_applied_at_parse() {
+        let dir = std::env::temp_dir().join(format!("weft-contract-media-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("a.png");
+        std::fs::write(&file, b"png").unwrap();
+        let opts = |v: Value, sp| parse_engine_options(&v, sp).map(|o| o.config.local_media);
+        assert_eq!(opts(json!({}), Snake).unwrap(), LocalMedia::Any, "the library default");
+        assert_eq!(opts(json!({"local_media": "deny"}), Snake).unwrap(), LocalMedia::Deny);
+        let dirs = opts(json!({"localMedia": {"dirs": [dir]}}), Camel).unwrap();
+        assert_eq!(dirs, LocalMedia::dirs(&[&dir]).unwrap());
+        let e = opts(json!({"localMedia": "everything"}), Camel).unwrap_err().to_string();
+        assert!(e.contains("localMedia must be \"any\", \"deny\" or"), "{e}");
+
+        let request = json!({"prompt": "x", "images": [file]});
+        assert_eq!(parse_request(&request, Snake).unwrap().images, vec![b"png".to_vec()]);
+        assert_eq!(parse_request_with(&request, Snake, &dirs).unwrap().images, vec![b"png".to_vec()]);
+        let e = parse_request_with(&request, Snake, &LocalMedia::Deny).unwrap_err().to_string();
+        assert!(e.contains("images[0]: image: local media paths are not allowed"), "{e}");
+        let e = parse_request_with(&json!({"prompt": "x", "audio": ["/etc/passwd"]}), Snake, &dirs).unwrap_err().to_string();
+        assert!(e.contains("audio[0]: audio: the local path is not a readable file inside an allowed media dir"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

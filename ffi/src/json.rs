@@ -20,8 +20,8 @@ pub(crate) fn parse_options(text: &str) -> FfiResult<EngineOptions> {
 }
 
 /// `weft_submit`'s request.
-pub(crate) fn parse_request(text: &str) -> FfiResult<Request> {
-    contract::parse_request(&parse_json(text)?, Spelling::Snake).map_err(|e| from_engine_error(&e, false))
+pub(crate) fn parse_request(text: &str, local: &weft::vision::source::LocalMedia) -> FfiResult<Request> {
+    contract::parse_request_with(&parse_json(text)?, Spelling::Snake, local).map_err(|e| from_engine_error(&e, false))
 }
 
 #[cfg(test)]
@@ -35,20 +35,34 @@ mod tests {
         f.message
     }
 
+    fn parse_request_any(text: &str) -> FfiResult<Request> {
+        parse_request(text, &Default::default())
+    }
+
     // The contract's own tests cover every field; these check the text layer and the status.
     #[test]
     fn text_is_parsed_and_errors_are_invalid_argument() {
-        let r = parse_request(r#"{"prompt_ids":[1,2],"max_tokens":4,"logprobs":true,"top_logprobs":2}"#).unwrap();
+        let r = parse_request_any(r#"{"prompt_ids":[1,2],"max_tokens":4,"logprobs":true,"top_logprobs":2}"#).unwrap();
         assert_eq!((r.max_tokens, r.logprobs), (4, Some(2)));
         let o = parse_options(r#"{"model":"m","max_batch":2,"memory_limit_bytes":1000}"#).unwrap();
         assert_eq!((o.config.max_batch, o.config.memory.memory_limit_bytes), (2, Some(1000)));
         assert!(parse_options("{}").unwrap().model.is_none());
 
-        assert!(err(parse_request("{")).starts_with("invalid request: malformed JSON"));
-        assert!(err(parse_request("[]")).contains("the request must be an object, got []"));
-        assert!(err(parse_request(r#"{"prompt":"a","maxTokens":1}"#)).contains("did you mean max_tokens?"));
-        assert!(err(parse_request(r#"{"prompt":"a","max_tokens":"7"}"#)).contains("max_tokens must be an integer"));
+        assert!(err(parse_request_any("{")).starts_with("invalid request: malformed JSON"));
+        assert!(err(parse_request_any("[]")).contains("the request must be an object, got []"));
+        assert!(err(parse_request_any(r#"{"prompt":"a","maxTokens":1}"#)).contains("did you mean max_tokens?"));
+        assert!(err(parse_request_any(r#"{"prompt":"a","max_tokens":"7"}"#)).contains("max_tokens must be an integer"));
         assert!(err(parse_options("nul")).contains("malformed JSON"));
         assert!(err(parse_options(r#"{"max_batchh":2}"#)).contains("unknown field \"max_batchh\""));
+    }
+
+    #[test]
+    fn local_media_policy_applies_to_requests() {
+        use weft::vision::source::LocalMedia;
+        let o = parse_options(r#"{"local_media":"deny"}"#).unwrap();
+        assert_eq!(o.config.local_media, LocalMedia::Deny);
+        assert_eq!(parse_options("{}").unwrap().config.local_media, LocalMedia::Any);
+        let m = err(parse_request(r#"{"prompt":"a","images":["/etc/passwd"]}"#, &o.config.local_media));
+        assert!(m.contains("images[0]: image: local media paths are not allowed"), "{m}");
     }
 }

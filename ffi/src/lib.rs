@@ -304,7 +304,9 @@ pub extern "C" fn weft_submit(
         let Some(func) = on_event else {
             return Err(Failure::invalid(format!("{F}: on_event is NULL")));
         };
-        let request = json::parse_request(text)?;
+        // Local media paths are read as the engine's `local_media` option allows.
+        let local = e.with(|engine| Ok(engine.config().local_media.clone()))?;
+        let request = json::parse_request(text, &local)?;
         let (delivery, sink, flow) = e.pool.register(event::Callback { func, user_data }).map_err(|err| {
             Failure::new(WEFT_ERR_INTERNAL, format!("{F}: cannot start an event delivery thread: {err}"))
         })?;

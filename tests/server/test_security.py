@@ -192,19 +192,28 @@ class Limits(unittest.TestCase):
         held = [socket.create_connection((HOST, PORT), timeout=10) for _ in range(8)]
         try:
             time.sleep(0.3)  # let the server accept them all
-            extra = socket.create_connection((HOST, PORT), timeout=10)
-            extra.sendall(f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{PORT}\r\n\r\n".encode())
-            resp = http.client.HTTPResponse(extra)
-            resp.begin()
-            body = json.loads(resp.read())
-            extra.close()
-            self.assertEqual(resp.status, 429, body)
+
+            auth = "".join(f"{k}: {v}\r\n" for k, v in auth_headers().items())
+
+            def past_the_cap(path):
+                extra = socket.create_connection((HOST, PORT), timeout=10)
+                extra.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{PORT}\r\n{auth}\r\n".encode())
+                resp = http.client.HTTPResponse(extra)
+                resp.begin()
+                body = json.loads(resp.read())
+                extra.close()
+                return resp.status, body
+
+            status, body = past_the_cap("/v1/models")
+            self.assertEqual(status, 429, body)
             self.assertIn("--max-connections", body["error"]["message"])
+            # /health is still answered past the cap (issue 27).
+            self.assertEqual(past_the_cap("/health"), (200, {"status": "ok", "model": MODEL_ID}))
         finally:
             for s in held:
                 s.close()
         deadline = time.monotonic() + 10
-        while request("GET", "/health")[0] != 200:
+        while request("GET", "/v1/models")[0] != 200:
             self.assertLess(time.monotonic(), deadline, "connections not released")
             time.sleep(0.1)
 

@@ -586,7 +586,9 @@ impl Engine {
     /// Checks the request here (cheap: bad options fail at once); a token-id prompt is queued
     /// here too, a text or messages prompt by the preparer thread once it is tokenized.
     fn start(&self, env: sys::napi_env, options: Option<sys::napi_value>, stream: bool) -> Res<Generation> {
-        let params = options::generate_params(env, options)?;
+        // Local media paths are read as the engine's `localMedia` option allows.
+        let local = self.shared.engine.lock().as_ref().ok_or_else(Fail::closed)?.config().local_media.clone();
+        let params = options::generate_params(env, options, &local)?;
         let flow = RowFlow::new();
         let row = Arc::new(Row {
             state: Mutex::new(RowState::new(

@@ -103,13 +103,17 @@ pub struct GenerateParams {
     pub signal: Option<sys::napi_value>,
 }
 
-pub fn generate_params(env: sys::napi_env, options: Option<sys::napi_value>) -> Res<GenerateParams> {
+pub fn generate_params(
+    env: sys::napi_env,
+    options: Option<sys::napi_value>,
+    local: &weft::vision::source::LocalMedia,
+) -> Res<GenerateParams> {
     let Some(options) = options.filter(|&o| !matches!(js::type_of(env, o), Ok(ValueType::Undefined | ValueType::Null)))
     else {
         return Err(Fail::arg("generate options are required: pass { messages }, { prompt } or { promptIds }"));
     };
     let value = to_json(env, options, "generate options", 0, &["signal"])?;
-    let request = contract::parse_request(&value, Spelling::Camel)?;
+    let request = contract::parse_request_with(&value, Spelling::Camel, local)?;
 
     let is_object = js::type_of(env, options)? == ValueType::Object && !js::is_array(env, options)?;
     let signal = if is_object { Some(js::get(env, options, "signal")?) } else { None };

@@ -40,6 +40,11 @@ pub async fn count_tokens(State(state): State<Arc<AppState>>, req: axum::extract
         let body = params::read_body(req, state.limits.body_bytes).await?;
         state.check_model(body.get("model"))?;
         let messages = conversation(&state, &body, None)?;
+        // As /v1/messages: text that cannot fit the context is refused before it is tokenized,
+        // and one count at a time takes a blocking thread from request preparation.
+        state.check_prompt_bytes(messages.iter().map(|m| m.content.len()).sum())?;
+        static COUNTING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+        let _turn = COUNTING.acquire().await.map_err(|_| ApiError::new(ErrorKind::Unavailable, "shutting down"))?;
         let prompt = state.blocking(move |state| state.tokenize_messages(&messages)).await?;
         Ok::<_, ApiError>(json_response(StatusCode::OK, &json!({"input_tokens": prompt.len()})))
     }

@@ -30,6 +30,8 @@ pub enum ErrorKind {
     MethodNotAllowed,
     /// 413: request body larger than the server accepts.
     TooLarge,
+    /// 408: the request body did not arrive within `--read-timeout`.
+    Timeout,
     /// 429: more connections open than `--max-connections`.
     TooManyRequests,
     /// 503: the server is shutting down.
@@ -76,6 +78,7 @@ impl ApiError {
             ErrorKind::NotFound => StatusCode::NOT_FOUND,
             ErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorKind::Timeout => StatusCode::REQUEST_TIMEOUT,
             ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -87,7 +90,7 @@ impl ApiError {
         match protocol {
             Protocol::OpenAi => {
                 let kind = match self.kind {
-                    ErrorKind::InvalidRequest | ErrorKind::TooLarge | ErrorKind::MethodNotAllowed => {
+                    ErrorKind::InvalidRequest | ErrorKind::TooLarge | ErrorKind::MethodNotAllowed | ErrorKind::Timeout => {
                         "invalid_request_error"
                     }
                     ErrorKind::Authentication => "authentication_error",
@@ -101,7 +104,9 @@ impl ApiError {
             }
             Protocol::Anthropic => {
                 let kind = match self.kind {
-                    ErrorKind::InvalidRequest | ErrorKind::MethodNotAllowed => "invalid_request_error",
+                    ErrorKind::InvalidRequest | ErrorKind::MethodNotAllowed | ErrorKind::Timeout => {
+                        "invalid_request_error"
+                    }
                     ErrorKind::Authentication => "authentication_error",
                     ErrorKind::Forbidden => "permission_error",
                     ErrorKind::TooManyRequests => "rate_limit_error",

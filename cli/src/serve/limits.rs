@@ -2,7 +2,6 @@
 //! open connections, and prompts that can never fit the context (refused from their byte
 //! length, before tokenizing them).
 
-use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -83,70 +82,78 @@ impl PromptBound {
 /// loopback autotuning lets one stalled client park megabytes in the kernel.
 const SEND_BUFFER_BYTES: usize = 128 << 10;
 
-/// A listener that holds at most `limit` connections open; one more is answered with a 429
-/// JSON error and closed, without reading its request.
+/// Connections served past the cap, for `/health` only (each answers one request, under the
+/// header timeout, then closes). Beyond these too, a connection gets the 429 unread.
+pub const HEALTH_RESERVE: usize = 32;
+
+/// A listener that holds at most `limit` connections open. Past that, up to [`HEALTH_RESERVE`]
+/// more are accepted to answer `/health` (and 429 to anything else, see [`super::conn`]); one
+/// more still is answered with a 429 JSON error and closed, without reading its request.
 pub struct LimitedListener {
     inner: TcpListener,
     open: Arc<AtomicUsize>,
+    overflow: Arc<AtomicUsize>,
     limit: usize,
     refused_body: Arc<str>,
     refused: u64,
 }
 
+/// An accepted connection: within the cap, or past it (served for `/health` only).
+pub enum Accepted {
+    Counted(CountedStream),
+    Overflow(CountedStream),
+}
+
 impl LimitedListener {
-    pub fn new(inner: TcpListener, limit: usize, refused_body: String) -> Self {
+    pub fn new(inner: TcpListener, limit: usize, refused_body: Arc<str>) -> Self {
         LimitedListener {
             inner,
             open: Arc::new(AtomicUsize::new(0)),
+            overflow: Arc::new(AtomicUsize::new(0)),
             limit: limit.max(1),
-            refused_body: refused_body.into(),
+            refused_body,
             refused: 0,
         }
     }
-}
 
-impl axum::serve::Listener for LimitedListener {
-    type Io = CountedStream;
-    type Addr = std::net::SocketAddr;
-
-    fn accept(&mut self) -> impl Future<Output = (Self::Io, Self::Addr)> + Send {
-        async move {
-            loop {
-                let (stream, addr) = match self.inner.accept().await {
-                    Ok(c) => c,
-                    Err(e) => {
-                        // Out of file descriptors and the like: back off instead of spinning.
-                        eprintln!("weft serve: accept failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                if self.open.fetch_add(1, Ordering::SeqCst) >= self.limit {
-                    self.open.fetch_sub(1, Ordering::SeqCst);
-                    // Said once, then every 1000th: a refusing sidecar should not be silent,
-                    // nor flood its log.
-                    if self.refused % 1000 == 0 {
-                        eprintln!(
-                            "weft serve: {} open connections, refusing more (--max-connections); {} refused so far",
-                            self.limit,
-                            self.refused + 1
-                        );
-                    }
-                    self.refused += 1;
-                    tokio::spawn(refuse(stream, Arc::clone(&self.refused_body)));
+    pub async fn accept(&mut self) -> Accepted {
+        loop {
+            let stream = match self.inner.accept().await {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    eprintln!("weft serve: accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
+            };
+            let counted = |stream: TcpStream, open: &Arc<AtomicUsize>| {
                 let _ = stream.set_nodelay(true);
                 // The kernel's share of what a non-reading client holds; the rest of the
                 // bound is the stream's own (see state.rs, back-pressure).
                 let _ = socket2::SockRef::from(&stream).set_send_buffer_size(SEND_BUFFER_BYTES);
-                return (CountedStream { inner: stream, open: Arc::clone(&self.open) }, addr);
+                CountedStream { inner: stream, open: Arc::clone(open) }
+            };
+            if self.open.fetch_add(1, Ordering::SeqCst) < self.limit {
+                return Accepted::Counted(counted(stream, &self.open));
             }
+            self.open.fetch_sub(1, Ordering::SeqCst);
+            // Said once, then every 1000th: a refusing sidecar should not be silent, nor flood
+            // its log.
+            if self.refused % 1000 == 0 {
+                eprintln!(
+                    "weft serve: {} open connections, refusing more (--max-connections); {} refused so far",
+                    self.limit,
+                    self.refused + 1
+                );
+            }
+            self.refused += 1;
+            if self.overflow.fetch_add(1, Ordering::SeqCst) < HEALTH_RESERVE {
+                return Accepted::Overflow(counted(stream, &self.overflow));
+            }
+            self.overflow.fetch_sub(1, Ordering::SeqCst);
+            tokio::spawn(refuse(stream, Arc::clone(&self.refused_body)));
         }
-    }
-
-    fn local_addr(&self) -> io::Result<Self::Addr> {
-        self.inner.local_addr()
     }
 }
 

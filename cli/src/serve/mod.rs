@@ -8,11 +8,14 @@
 //! - [`params`], [`errors`]: request fields and each protocol's error JSON
 //! - [`security`]: CORS origins, the `Host` allowlist, the API key
 //! - [`limits`]: body size, message count, `max_tokens`, connections, over-context prompts
+//! - [`conn`]: serving connections through hyper: header, body and keep-alive timeouts,
+//!   `/health` past the connection cap
 //!
 //! One tokio runtime (two workers: HTTP work is light next to the engine's own thread) serves
 //! every connection; all generation goes through one [`weft::engine::Engine`].
 
 mod anthropic;
+mod conn;
 mod errors;
 mod limits;
 mod metrics;
@@ -38,6 +41,7 @@ use clap::Args;
 use serde_json::json;
 use weft::engine::{Engine, EngineConfig};
 use weft::tokenizer::ChatTemplate;
+use weft::vision::source::LocalMedia;
 use weft::{Error, Result};
 
 use errors::{json_response, ApiError, ErrorKind, Protocol};
@@ -95,9 +99,18 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub memory: crate::common::MemoryArgs,
     /// Require this key as `Authorization: Bearer KEY` or `x-api-key: KEY` (all but /health).
-    /// Default: $WEFT_API_KEY, else none.
-    #[arg(long)]
+    /// Default: $WEFT_API_KEY, else none. Visible to other local users in the process list:
+    /// prefer --api-key-file or $WEFT_API_KEY.
+    #[arg(long, conflicts_with = "api_key_file")]
     pub api_key: Option<String>,
+    /// Read the API key from this file (its contents, surrounding whitespace trimmed).
+    #[arg(long)]
+    pub api_key_file: Option<PathBuf>,
+    /// A directory whose files requests may name as local image / audio paths (`file://` URLs
+    /// or plain paths); repeatable. Without it, local paths are refused: requests send media
+    /// as `data:` URLs.
+    #[arg(long = "allowed-media-dir", value_name = "DIR")]
+    pub allowed_media_dirs: Vec<PathBuf>,
     /// Browser origins allowed (CORS), comma-separated: exact origins, `local` (the default:
     /// loopback pages and app schemes), `null`, or `*` (any). Default: $WEFT_ALLOWED_ORIGINS,
     /// else `local`. Requests from other origins get 403.
@@ -116,9 +129,22 @@ pub struct ServeArgs {
     /// Largest `max_tokens` a request may ask for (default: no ceiling beyond the context).
     #[arg(long)]
     pub max_tokens_limit: Option<usize>,
-    /// Connections open at once; one more gets a 429 and is closed.
+    /// Connections open at once; one more gets a 429 and is closed (`/health` is still
+    /// answered on a few connections past the cap).
     #[arg(long, default_value_t = 512)]
     pub max_connections: usize,
+    /// Seconds a request's head (request line and headers) may take to arrive; the connection
+    /// is closed beyond. 0 = no limit.
+    #[arg(long, default_value_t = 10.0, value_parser = parse_seconds)]
+    pub header_timeout: f64,
+    /// Seconds a request's body may take to arrive, counted from its head; 408 beyond.
+    /// 0 = no limit.
+    #[arg(long, default_value_t = 600.0, value_parser = parse_seconds)]
+    pub read_timeout: f64,
+    /// Seconds a connection with no request in progress stays open waiting for the next one
+    /// (a response being streamed is in progress). 0 = until --header-timeout.
+    #[arg(long, default_value_t = 5.0, value_parser = parse_seconds)]
+    pub keep_alive_timeout: f64,
     /// Answer 404 when a request names a model other than the served one (default: accept any
     /// name and echo the served id).
     #[arg(long)]
@@ -182,6 +208,18 @@ fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
     parse_size(s, 1.0)
 }
 
+fn parse_seconds(s: &str) -> std::result::Result<f64, String> {
+    match s.trim().trim_end_matches('s').parse::<f64>() {
+        Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
+        _ => Err(format!("expected a number of seconds (0 = no limit), got {s:?}")),
+    }
+}
+
+/// Seconds → a timeout, 0 = none.
+fn timeout(seconds: f64) -> Option<Duration> {
+    (seconds > 0.0).then(|| Duration::from_secs_f64(seconds))
+}
+
 fn parse_gb(s: &str) -> std::result::Result<u64, String> {
     match parse_size(s, 1e9)? {
         0 => Err("the KV budget must be positive".into()),
@@ -228,6 +266,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if args.max_tokens == 0 {
         return Err(Error::InvalidRequest("--max-tokens must be at least 1".into()));
     }
+    // Flags that can be wrong are checked before the model loads.
+    api_key(&args)?;
+    local_media_policy(&args.allowed_media_dirs)?;
     // A server idles between bursts: what it freed must be able to leave its RSS.
     weft::engine::use_single_heap_arena();
     let path = resolve_model_path(args.model.model.as_deref())?;
@@ -255,6 +296,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         quantized_kv_start: args.kv.quantized_kv_start,
         memory: args.memory.policy(),
         faults: None,
+        local_media: local_media_policy(&args.allowed_media_dirs)?,
         // --chat-template goes with each request (Request::chat_template): it needs the
         // loaded tokenizer's special tokens.
         ..EngineConfig::default()
@@ -277,7 +319,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         path: std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone()).to_string_lossy().into_owned(),
         strict: args.strict_model,
     };
-    let api_key = args.api_key.clone().or_else(|| std::env::var("WEFT_API_KEY").ok()).filter(|k| !k.is_empty());
+    let api_key = api_key(&args)?;
     let from_env = |flag: &[String], var: &str| -> Vec<String> {
         if !flag.is_empty() {
             return flag.to_vec();
@@ -324,6 +366,31 @@ pub fn run(args: ServeArgs) -> Result<()> {
     result
 }
 
+/// The API key: `--api-key-file` (trimmed), `--api-key`, else `$WEFT_API_KEY`; empty = none.
+fn api_key(args: &ServeArgs) -> Result<Option<String>> {
+    let key = match (&args.api_key_file, &args.api_key) {
+        (Some(_), Some(_)) => return Err(Error::InvalidRequest("give --api-key or --api-key-file, not both".into())),
+        (Some(file), None) => {
+            let text = std::fs::read_to_string(file).map_err(|e| Error::io(file.clone(), e))?;
+            let key = text.trim().to_string();
+            if key.is_empty() {
+                return Err(Error::InvalidRequest(format!("--api-key-file {}: the file is empty", file.display())));
+            }
+            Some(key)
+        }
+        (None, key) => key.clone().or_else(|| std::env::var("WEFT_API_KEY").ok()),
+    };
+    Ok(key.filter(|k| !k.is_empty()))
+}
+
+/// `--allowed-media-dir`: none = local media paths refused; each directory must exist.
+fn local_media_policy(dirs: &[PathBuf]) -> Result<LocalMedia> {
+    if dirs.is_empty() {
+        return Ok(LocalMedia::Deny);
+    }
+    LocalMedia::dirs(dirs)
+}
+
 async fn serve(state: Arc<AppState>, args: &ServeArgs, info: bool) -> Result<()> {
     // An IPv6 address needs brackets before the port.
     let addr = if args.host.contains(':') && !args.host.starts_with('[') {
@@ -350,7 +417,8 @@ async fn serve(state: Arc<AppState>, args: &ServeArgs, info: bool) -> Result<()>
     )
     .body(Protocol::OpenAi)
     .to_string();
-    let listener = LimitedListener::new(listener, state.limits.connections, refused);
+    let refused: Arc<str> = refused.into();
+    let listener = LimitedListener::new(listener, state.limits.connections, Arc::clone(&refused));
     let signals = Signals::new();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let grace = Duration::from_secs_f64(args.shutdown_timeout.max(0.0));
@@ -359,10 +427,12 @@ async fn serve(state: Arc<AppState>, args: &ServeArgs, info: bool) -> Result<()>
     println!("listening on http://{local}");
 
     let app = router(Arc::clone(&state));
-    let mut graceful = stop_rx.clone();
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-        let _ = graceful.wait_for(|stop| *stop).await;
-    });
+    let timeouts = conn::Timeouts {
+        header: timeout(args.header_timeout),
+        read: timeout(args.read_timeout),
+        keep_alive: timeout(args.keep_alive_timeout),
+    };
+    let server = conn::serve(listener, app, timeouts, refused, stop_rx.clone());
     // Connections that stay open after their rows were cancelled (a client not reading) must
     // not keep the process alive.
     let mut deadline = stop_rx;
@@ -371,7 +441,7 @@ async fn serve(state: Arc<AppState>, args: &ServeArgs, info: bool) -> Result<()>
         tokio::time::sleep(grace + Duration::from_secs(5)).await;
     };
     tokio::select! {
-        r = server => r.map_err(|e| Error::io("http server", e)),
+        _ = server => Ok(()),
         _ = hard_stop => {
             eprintln!("weft serve: connections still open after the shutdown timeout; exiting");
             Ok(())
@@ -580,6 +650,16 @@ mod tests {
         assert_eq!(parse_gb("300KB"), Ok(300_000));
         assert!(parse_gb("0").is_err());
         assert!(parse_bytes("12 parsecs").is_err());
+    }
+
+    #[test]
+    fn timeouts_parse_as_seconds() {
+        assert_eq!(parse_seconds("10"), Ok(10.0));
+        assert_eq!(parse_seconds("2.5s"), Ok(2.5));
+        assert_eq!(parse_seconds("0"), Ok(0.0));
+        assert!(parse_seconds("-1").is_err() && parse_seconds("soon").is_err() && parse_seconds("inf").is_err());
+        assert_eq!(timeout(0.0), None);
+        assert_eq!(timeout(1.5), Some(Duration::from_millis(1500)));
     }
 
     #[test]

@@ -247,6 +247,8 @@ pub struct MessageImages {
     pub marker: String,
     pub bytes: Vec<Vec<u8>>,
     pub max: usize,
+    /// Which local paths may be read (`--allowed-media-dir`).
+    local: weft::vision::source::LocalMedia,
 }
 
 impl MessageImages {
@@ -254,7 +256,8 @@ impl MessageImages {
     pub fn for_model(state: &AppState) -> Option<MessageImages> {
         let spec = state.engine.vision()?;
         let marker = spec.marker_token_id().and_then(|id| state.engine.tokenizer()?.id_to_token(id))?;
-        Some(MessageImages { marker, bytes: Vec::new(), max: spec.max_images })
+        let local = state.engine.config().local_media.clone();
+        Some(MessageImages { marker, bytes: Vec::new(), max: spec.max_images, local })
     }
 
     /// Adds an image from a `data:` URL or local path (a remote URL is a 400).
@@ -262,7 +265,7 @@ impl MessageImages {
         if self.bytes.len() >= self.max {
             return Err(ApiError::field(at, format!("at most {} images per request", self.max)));
         }
-        let bytes = weft::vision::source::image_from_url(url)
+        let bytes = weft::vision::source::image_from_url_with(url, &self.local)
             .map_err(|e| ApiError::field(at, format!("`{at}`: {}", e.message())))?;
         self.bytes.push(bytes);
         Ok(())
@@ -274,6 +277,7 @@ pub struct MessageAudio {
     pub marker: String,
     pub bytes: Vec<Vec<u8>>,
     pub max: usize,
+    local: weft::vision::source::LocalMedia,
 }
 
 /// Formats `input_audio.format` may name (what the decoder reads).
@@ -284,7 +288,8 @@ impl MessageAudio {
     pub fn for_model(state: &AppState) -> Option<MessageAudio> {
         let spec = state.engine.audio()?;
         let marker = state.engine.tokenizer()?.id_to_token(spec.tokens.audio_token_id)?;
-        Some(MessageAudio { marker, bytes: Vec::new(), max: spec.max_clips })
+        let local = state.engine.config().local_media.clone();
+        Some(MessageAudio { marker, bytes: Vec::new(), max: spec.max_clips, local })
     }
 
     /// Adds a clip from an OpenAI `input_audio` part (`{data: base64, format}`) or an
@@ -314,7 +319,7 @@ impl MessageAudio {
             if url.is_empty() {
                 return Err(ApiError::field(at, format!("`{at}` needs a string `url`")));
             }
-            weft::vision::source::audio_from_url(url).map_err(bad)?
+            weft::vision::source::audio_from_url_with(url, &self.local).map_err(bad)?
         };
         self.bytes.push(bytes);
         Ok(())

@@ -32,15 +32,30 @@ pub async fn read_body(req: axum::extract::Request, limit: usize) -> Result<Obje
         .get(axum::http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
+    // A client waiting for `100 Continue` has sent nothing yet: reading the body would send it
+    // the go-ahead for a body that is refused anyway.
+    let expects_continue = req
+        .headers()
+        .get(axum::http::header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
     let too_large = || ApiError::new(ErrorKind::TooLarge, format!("the request body is larger than {limit} bytes"));
     let mut stream = req.into_body().into_data_stream();
     if declared.is_some_and(|n| n > limit as u64) {
-        drain(&mut stream).await;
+        if !expects_continue {
+            drain(&mut stream).await;
+        }
         return Err(too_large());
     }
-    let mut bytes = Vec::with_capacity(declared.unwrap_or(0) as usize);
+    let mut bytes = Vec::with_capacity(declared.unwrap_or(0).min(limit as u64) as usize);
     while let Some(chunk) = next_chunk(&mut stream).await {
-        let chunk = chunk.map_err(|e| ApiError::invalid(format!("cannot read the request body: {e}")))?;
+        let chunk = chunk.map_err(|e| {
+            use std::error::Error as _;
+            if e.source().is_some_and(|s| s.is::<super::conn::BodyTimeout>()) {
+                ApiError::new(ErrorKind::Timeout, e.to_string())
+            } else {
+                ApiError::invalid(format!("cannot read the request body: {e}"))
+            }
+        })?;
         if bytes.len() + chunk.len() > limit {
             drain(&mut stream).await;
             return Err(too_large());

