@@ -26,10 +26,11 @@ use super::gguf_affine::{affine_bits, repack, requantize_q6_k};
 use super::gguf_dequant::{block_geometry, dequantize};
 use super::{build_model, push_unique, GenerationDefaults, GgufWeights, LoadedModel};
 use crate::gguf::{GgmlType, GgufHeader, SUPPORTED_TENSOR_TYPES};
+use crate::nn::LayerOptions;
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 
-pub fn load(path: &Path, weights: GgufWeights) -> Result<LoadedModel> {
+pub fn load(path: &Path, weights: GgufWeights, layers: &LayerOptions) -> Result<LoadedModel> {
     let header = GgufHeader::read(path)?;
     header.check_supported_tensor_types()?;
     let arch = header
@@ -49,7 +50,7 @@ pub fn load(path: &Path, weights: GgufWeights) -> Result<LoadedModel> {
             .map_err(|e| Error::ModelLoad(format!("reading GGUF tensors from {}: {e}", path.display())))?;
         arrays.into_iter().map(|(name, a)| (name.to_string(), a)).collect::<Vec<_>>()
     } else {
-        repacked_arrays(&header, path, weights)?
+        repacked_arrays(&header, path, weights, layers)?
     };
 
     let mut raw = raw;
@@ -65,7 +66,7 @@ pub fn load(path: &Path, weights: GgufWeights) -> Result<LoadedModel> {
     // The fast CPU kernels read float16 scales and biases as GGUF stores them (lossless), which
     // saves a fifth of a 4-bit layer's bytes per step. MLX's own kernel is slow with them and
     // the embedding's scales set the activation dtype, so those are cast to float32.
-    let half_scales = crate::nn::keeps_half_scales()?;
+    let half_scales = layers.keeps_half_scales();
     let mut quantization = serde_json::Map::new();
     let mut tensors = HashMap::with_capacity(raw.len());
     for (name, array) in raw {
@@ -106,7 +107,7 @@ pub fn load(path: &Path, weights: GgufWeights) -> Result<LoadedModel> {
     if !tensors.contains_key("lm_head.weight") && arch != "minicpm" {
         config["tie_word_embeddings"] = json!(true);
     }
-    let model = build_model(&config, tensors)?;
+    let model = build_model(&config, tensors, layers)?;
 
     // A GGUF without tokenizer metadata (e.g. a bare test checkpoint) still runs on token ids.
     let tokenizer = match header.get_str("tokenizer.ggml.model") {
@@ -120,6 +121,7 @@ pub fn load(path: &Path, weights: GgufWeights) -> Result<LoadedModel> {
         eos.push(id as u32);
     }
     Ok(LoadedModel {
+        constraints: Default::default(),
         model,
         tokenizer,
         eos_token_ids: eos,
@@ -372,14 +374,14 @@ fn check_tensor_names(h: &GgufHeader, arch: &str, layers: u64) -> Result<()> {
 /// The tensors of a file holding types MLX cannot read: matrices of a type with a lossless
 /// affine form as MLX quantized triples (`name`, `*.scales`, `*.biases`, as MLX's own reader names
 /// them) in `Native` mode, everything else expanded to float32 by [`dequantize`].
-fn repacked_arrays(h: &GgufHeader, path: &Path, weights: GgufWeights) -> Result<Vec<(String, Array)>> {
+fn repacked_arrays(h: &GgufHeader, path: &Path, weights: GgufWeights, layers: &LayerOptions) -> Result<Vec<(String, Array)>> {
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     // SAFETY: read-only mapping of a model file we do not modify; extents were checked.
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
     // Weft's fast CPU kernels take 4, 5 and 8 bits: Q6_K is rounded to 8 bits there (lossy, so
     // only in fast mode: exact mode keeps its float32 expansion).
-    let fast = crate::kernels::cpu_kernels()? == crate::kernels::CpuKernels::Fast && crate::default_device() == "cpu";
-    let half_scales = crate::nn::keeps_half_scales()?;
+    let fast = layers.fast_on_cpu();
+    let half_scales = layers.keeps_half_scales();
     let mut out = Vec::with_capacity(h.tensors.len());
     for t in &h.tensors {
         let (block, block_bytes) = block_geometry(t.ggml_type())
