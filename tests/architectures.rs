@@ -11,7 +11,6 @@ mod support;
 use serde_json::{json, Value};
 use support::*;
 use weft::engine::{Engine, EngineConfig};
-use weft::loading;
 
 /// Golden name = model dir.
 const ARCHS: &[&str] = &["granite", "minicpm", "smollm3", "phi3", "gemma2", "ministral3", "mistral3", "gemma4_text", "gemma4_text-kv"];
@@ -20,7 +19,7 @@ const ARCHS: &[&str] = &["granite", "minicpm", "smollm3", "phi3", "gemma2", "min
 fn single_sequence_tokens_and_first_logits_are_exact() {
     for name in ARCHS {
         let g = golden(name);
-        let loaded = loading::load(&tiny_model_dir(name)).unwrap();
+        let loaded = support::load_exact(&tiny_model_dir(name)).unwrap();
         // mistral3 is a wrapper: its text model is a ministral3.
         let want_type = match *name {
             "mistral3" => "ministral3",
@@ -36,8 +35,8 @@ fn single_sequence_tokens_and_first_logits_are_exact() {
 fn batch_generate_goldens_match_through_the_engine() {
     for name in ARCHS {
         let g = golden(name);
-        let single = loading::load(&tiny_model_dir(name)).unwrap();
-        let engine = Engine::start(loading::load(&tiny_model_dir(name)).unwrap(), EngineConfig::default()).unwrap();
+        let single = support::load_exact(&tiny_model_dir(name)).unwrap();
+        let engine = Engine::start(support::load_exact(&tiny_model_dir(name)).unwrap(), EngineConfig::default()).unwrap();
         // gemma4_text: mlx-lm's own batched first logprobs differ from its single-sequence
         // ones by up to 1.2e-5 on these prompts (left padding changes the attention sums);
         // gemma4_batch_first_logprobs_equal_mlx_lm_batched checks Weft's against mlx-lm's.
@@ -89,7 +88,7 @@ fn gemma2_soft_caps_change_the_model() {
     let case = &golden("gemma2")["single"][2];
     let tmp = copy_model("gemma2");
     edit_config(tmp.path(), |v| v["final_logit_softcapping"] = json!(1e6));
-    let loaded = loading::load(tmp.path()).unwrap();
+    let loaded = support::load_exact(tmp.path()).unwrap();
     let opts = GenerateOptions { max_tokens: 1, capture_first_logits: 256, ..Default::default() };
     let out = generate(loaded.model.as_ref(), None, &ids(&case["prompt_ids"]), &opts, |_| true).unwrap();
     assert!(bit_diffs(&out.first_logits, &floats(&case["first_logits"])) > 200);
@@ -148,7 +147,7 @@ fn ministral3_query_scaling_and_mistral3_layouts() {
     mlx_rs::Array::save_safetensors(&renamed, None::<&std::collections::HashMap<String, String>>, &out).unwrap();
     drop(renamed);
     std::fs::rename(&out, &path).unwrap();
-    let loaded = loading::load(tmp.path()).unwrap();
+    let loaded = support::load_exact(tmp.path()).unwrap();
     assert_single_cases_exact("mistral3 (Hugging Face layout)", loaded.model.as_ref(), &golden("mistral3"));
 }
 
@@ -161,12 +160,12 @@ fn granite_minicpm_phi3_and_gemma2_gguf_files_load_the_same_models() {
     // its golden model has query_pre_attn_scalar = head_dim, which llama.cpp assumes.
     for (name, golden_name) in [("granite", "granite"), ("minicpm", "minicpm"), ("phi3", "phi3"), ("gemma2", "gemma2-gguf")] {
         let path = goldens_dir().join("gguf").join(format!("{name}-f32.gguf"));
-        let loaded = loading::load(&path).unwrap();
+        let loaded = support::load_exact(&path).unwrap();
         assert_eq!(loaded.model.info().model_type, name);
         assert_single_cases_exact(&format!("{name} (GGUF)"), loaded.model.as_ref(), &golden(golden_name));
     }
     // The safetensors form of gemma2-gguf matches its goldens too (it is not in ARCHS).
-    let loaded = loading::load(&tiny_model_dir("gemma2-gguf")).unwrap();
+    let loaded = support::load_exact(&tiny_model_dir("gemma2-gguf")).unwrap();
     assert_single_cases_exact("gemma2-gguf", loaded.model.as_ref(), &golden("gemma2-gguf"));
 }
 
@@ -176,7 +175,7 @@ fn granite_minicpm_phi3_and_gemma2_gguf_files_load_the_same_models() {
 fn gemma4_batch_first_logprobs_equal_mlx_lm_batched() {
     for name in ["gemma4_text", "gemma4_text-kv"] {
         let g = golden(name);
-        let engine = Engine::start(loading::load(&tiny_model_dir(name)).unwrap(), EngineConfig::default()).unwrap();
+        let engine = Engine::start(support::load_exact(&tiny_model_dir(name)).unwrap(), EngineConfig::default()).unwrap();
         for batch in g["batch"].as_array().unwrap() {
             let rows = batch["rows"].as_array().unwrap();
             let streams: Vec<_> = rows
@@ -203,7 +202,7 @@ fn gemma4_batch_first_logprobs_equal_mlx_lm_batched() {
 
 #[test]
 fn gemma4_caches_only_the_layers_that_own_keys_and_values() {
-    let loaded = loading::load(&tiny_model_dir("gemma4_text")).unwrap();
+    let loaded = support::load_exact(&tiny_model_dir("gemma4_text")).unwrap();
     // Layers [S, S, F | S, S, F]: the last three read layers 1, 1 and 2's keys.
     assert_eq!(loaded.model.make_caches().len(), 3);
     let info = loaded.model.info();
@@ -229,10 +228,10 @@ fn gemma4_caches_only_the_layers_that_own_keys_and_values() {
 fn gemma4_refuses_a_quantized_kv_cache_and_unsupported_options() {
     let dir = tiny_model_dir("gemma4_text");
     let config = || EngineConfig { kv_bits: Some(8), kv_group_size: 32, ..Default::default() };
-    let err = Engine::start(loading::load(&dir).unwrap(), config()).err().expect("kv_bits refused").to_string();
+    let err = Engine::start(support::load_exact(&dir).unwrap(), config()).err().expect("kv_bits refused").to_string();
     assert!(err.contains("kv_bits") && err.contains("KV-shared"), "{err}");
     use weft::generate::{generate, GenerateOptions};
-    let loaded = loading::load(&dir).unwrap();
+    let loaded = support::load_exact(&dir).unwrap();
     let opts = GenerateOptions {
         kv_quantization: weft::cache::KvQuantization::from_options(Some(4), 32, 0),
         ..Default::default()
@@ -240,7 +239,7 @@ fn gemma4_refuses_a_quantized_kv_cache_and_unsupported_options() {
     let err = generate(loaded.model.as_ref(), None, &[3, 4], &opts, |_| true).unwrap_err().to_string();
     assert!(err.contains("kv_bits"), "{err}");
     // Without KV sharing (the 31B shape) the full layers' caches quantize as in any model.
-    let engine = Engine::start(loading::load(&tiny_model_dir("gemma4_text-kv")).unwrap(), config()).unwrap();
+    let engine = Engine::start(support::load_exact(&tiny_model_dir("gemma4_text-kv")).unwrap(), config()).unwrap();
     let out = collect(&engine.submit_channel(greedy(vec![5; 12], 6)).unwrap().1);
     assert_eq!((out.error, out.tokens.len()), (None, 6));
     let cases: Vec<(Box<dyn Fn(&mut Value)>, &str)> = vec![
@@ -276,7 +275,7 @@ fn gemma4_options_the_trajectories_depend_on() {
     let case = &golden("gemma4_text")["single"][2];
     let tmp = copy_model("gemma4_text");
     edit_config(tmp.path(), |v| v["final_logit_softcapping"] = Value::Null);
-    let loaded = loading::load(tmp.path()).unwrap();
+    let loaded = support::load_exact(tmp.path()).unwrap();
     let opts = GenerateOptions { max_tokens: 1, capture_first_logits: 256, ..Default::default() };
     let out = generate(loaded.model.as_ref(), None, &ids(&case["prompt_ids"]), &opts, |_| true).unwrap();
     assert!(bit_diffs(&out.first_logits, &floats(&case["first_logits"])) > 200);
@@ -303,7 +302,7 @@ fn gemma4_multimodal_form_and_hugging_face_layout_load_the_text_model() {
     mlx_rs::Array::save_safetensors(&renamed, None::<&std::collections::HashMap<String, String>>, &out).unwrap();
     drop(renamed);
     std::fs::rename(&out, &path).unwrap();
-    let loaded = loading::load(tmp.path()).unwrap();
+    let loaded = support::load_exact(tmp.path()).unwrap();
     assert_eq!(loaded.model.info().model_type, "gemma4_text");
     assert_single_cases_exact("gemma4 (Hugging Face layout)", loaded.model.as_ref(), &golden("gemma4_text"));
 }
@@ -311,7 +310,7 @@ fn gemma4_multimodal_form_and_hugging_face_layout_load_the_text_model() {
 #[test]
 fn gemma4_bfloat16_single_sequence_is_exact() {
     // Released checkpoints are bfloat16: every Python-float scale rounds as mlx-lm rounds it.
-    let loaded = loading::load(&tiny_model_dir("gemma4_text-bf16")).unwrap();
+    let loaded = support::load_exact(&tiny_model_dir("gemma4_text-bf16")).unwrap();
     assert_eq!(loaded.model.info().activation_dtype, mlx_rs::Dtype::Bfloat16);
     assert_single_cases_exact("gemma4_text-bf16", loaded.model.as_ref(), &golden("gemma4_text-bf16"));
 }

@@ -101,8 +101,8 @@ fn extractor_settings_come_from_the_checkpoints_processor_config() {
     // frames / 16 ms hop, 125-7600 Hz, preemphasis 0.97, mel_floor 0.01, input scale 0.5}}.
     let g = golden_tensors();
     let want = Array::load_safetensors(goldens().join("audio/extractor.safetensors")).unwrap();
-    let changed = weft::loading::load(&goldens().join("models/gemma4-audio-lm-fe")).unwrap();
-    let plain = weft::loading::load(&goldens().join("models/gemma4-audio-lm")).unwrap();
+    let changed = support::load_exact(&goldens().join("models/gemma4-audio-lm-fe")).unwrap();
+    let plain = support::load_exact(&goldens().join("models/gemma4-audio-lm")).unwrap();
     let frontend = |m: &weft::loading::LoadedModel| m.model.audio().expect("an audio tower").spec().frontend.clone();
     let (fe, default) = (frontend(&changed), frontend(&plain));
     // Gemma4Audio::load reads the directory the same way.
@@ -345,7 +345,7 @@ fn greedy_with_audio(model: &dyn weft::models::LanguageModel, ids: &[u32], col: 
 fn greedy_tokens_of_an_audio_prompt_match_mlx_vlm() {
     let lm: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(goldens().join("audio_lm.json")).unwrap()).unwrap();
-    let loaded = weft::loading::load(&goldens().join(lm["text_model"].as_str().unwrap())).unwrap();
+    let loaded = support::load_exact(&goldens().join(lm["text_model"].as_str().unwrap())).unwrap();
     let ids: Vec<u32> = serde_json::from_value(lm["prompt_ids"].clone()).unwrap();
     let want: Vec<u32> = serde_json::from_value(lm["tokens"].clone()).unwrap();
     let want_first: Vec<f32> = serde_json::from_value(lm["first_logprobs"].clone()).unwrap();
@@ -415,7 +415,7 @@ fn engine_case<'a>(g: &'a serde_json::Value, name: &str) -> &'a serde_json::Valu
 }
 
 fn lm() -> weft::loading::LoadedModel {
-    weft::loading::load(&goldens().join(engine_golden()["model"].as_str().unwrap())).unwrap()
+    support::load_exact(&goldens().join(engine_golden()["model"].as_str().unwrap())).unwrap()
 }
 
 /// The caller's form: one audio token per clip (the engine expands it).
@@ -510,7 +510,7 @@ fn bad_audio_requests_are_clear_errors() {
     let c = engine_case(&g, "tones-44k-stereo");
     let err = |engine: &Engine, r: weft::engine::Request| engine.submit_channel(r).err().expect("refused").to_string();
     // A model without an audio tower.
-    let text_only = Engine::start(weft::loading::load(&goldens().join("models/gemma4_text")).unwrap(), EngineConfig::default()).unwrap();
+    let text_only = Engine::start(support::load_exact(&goldens().join("models/gemma4_text")).unwrap(), EngineConfig::default()).unwrap();
     assert!(text_only.audio().is_none());
     let e = err(&text_only, audio_request(c, 4));
     assert!(e.contains("no audio tower"), "{e}");

@@ -14,7 +14,7 @@ use tokenizer_support::{tiny_tokenizer_gguf, TempDir};
 use weft::engine::{Constraint, Engine, EngineConfig, Input, Request, StopCause};
 use weft::generate::FinishReason;
 use weft::gguf::GgufHeader;
-use weft::loading::{self, LoadedModel};
+use weft::loading::LoadedModel;
 use weft::sampling::SamplingParams;
 use weft::tokenizer::Tokenizer;
 use weft::Error;
@@ -24,7 +24,7 @@ fn tiny_with_tokenizer(name: &str) -> LoadedModel {
     let dir = TempDir::new("constrained-tok");
     let path = tiny_tokenizer_gguf("gpt2").write(&dir.path("tok.gguf"));
     let tokenizer = Tokenizer::from_gguf(&GgufHeader::read(path).unwrap()).unwrap();
-    let mut model = loading::load(&tiny_model_dir(name)).unwrap();
+    let mut model = support::load_exact(&tiny_model_dir(name)).unwrap();
     model.tokenizer = Some(tokenizer);
     model
 }
@@ -222,7 +222,7 @@ fn bad_constraints_fail_at_submit_and_other_rows_go_on() {
     assert_eq!(out.tokens, solo.tokens, "the running row equals its single-sequence run");
     assert!(g["batch"].is_array());
     // A model without a tokenizer cannot be constrained.
-    let bare = Engine::start(loading::load(&tiny_model_dir("qwen3")).unwrap(), EngineConfig::default()).unwrap();
+    let bare = Engine::start(support::load_exact(&tiny_model_dir("qwen3")).unwrap(), EngineConfig::default()).unwrap();
     match bare.submit_channel(constrained(vec![1], 4, Constraint::JsonObject)) {
         Err(Error::InvalidRequest(m)) => assert!(m.contains("tokenizer"), "{m}"),
         other => panic!("{:?}", other.map(|_| ())),
@@ -250,7 +250,7 @@ fn sampled_constrained_rows_are_valid_and_seeded() {
 #[test]
 fn default_model_json_schema() {
     let Some(path) = default_model() else { return };
-    let e = Engine::start(loading::load(&path).unwrap(), EngineConfig::default()).unwrap();
+    let e = Engine::start(support::load_exact(&path).unwrap(), EngineConfig::default()).unwrap();
     let schema = json!({
         "type": "object",
         "properties": {"city": {"type": "string", "maxLength": 40}, "country": {"type": "string", "maxLength": 40},

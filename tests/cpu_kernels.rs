@@ -18,7 +18,8 @@ use mlx_rs::ops::{abs, dequantize, quantize, quantized_matmul};
 use mlx_rs::{Array, Dtype};
 use support::*;
 use weft::generate::{generate, GenerateOptions};
-use weft::kernels::{self, with_cpu_kernels, CpuKernels};
+use weft::kernels::{self, CpuKernels};
+use weft::loading::LoadOptions;
 use weft::loading;
 
 fn random(shape: &[i32], seed: u64) -> Array {
@@ -464,17 +465,51 @@ fn sdpa_primitive_falls_back_and_reports_bad_input() {
 }
 
 #[test]
-fn mode_parses_and_scopes_to_the_loading_thread() {
+fn mode_parses() {
     assert_eq!("exact".parse::<CpuKernels>().unwrap(), CpuKernels::Exact);
     assert_eq!("fast".parse::<CpuKernels>().unwrap(), CpuKernels::Fast);
     assert!("quick".parse::<CpuKernels>().is_err());
-    let outer = kernels::cpu_kernels().unwrap();
-    with_cpu_kernels(CpuKernels::Fast, || {
-        assert_eq!(kernels::cpu_kernels().unwrap(), CpuKernels::Fast);
-        with_cpu_kernels(CpuKernels::Exact, || assert_eq!(kernels::cpu_kernels().unwrap(), CpuKernels::Exact));
-        assert_eq!(kernels::cpu_kernels().unwrap(), CpuKernels::Fast);
-    });
-    assert_eq!(kernels::cpu_kernels().unwrap(), outer);
+    assert_eq!(CpuKernels::default(), CpuKernels::Fast);
+}
+
+/// The mode is a value each model keeps: two engines in one process, one loaded exact and one
+/// fast, run side by side (their requests in flight together). The exact one gives mlx-lm's
+/// goldens bit for bit; the fast one stays within the KL bound of it and is not bit-equal
+/// (its kernels really ran), whatever the other engine was loaded with.
+#[test]
+fn two_engines_in_one_process_keep_their_kernel_modes() {
+    use weft::engine::{Engine, EngineConfig};
+    let name = "llama-4bit";
+    let path = tiny_model_dir(name);
+    let load = |mode| loading::load_with(&path, &loading::LoadOptions::default().with_cpu_kernels(mode)).unwrap();
+    let (exact, fast) = (load(CpuKernels::Exact), load(CpuKernels::Fast));
+    let vocab = exact.model.info().vocab_size as usize;
+    let g = golden(name);
+    let cases = g["single"].as_array().unwrap();
+    let step = cases[0]["prefill_step_size"].as_u64().unwrap() as usize;
+    let config = EngineConfig { prefill_step_size: step, ..EngineConfig::default() };
+    let (exact, fast) = (Engine::start(exact, config.clone()).unwrap(), Engine::start(fast, config).unwrap());
+    let request = |case: &serde_json::Value| {
+        let want = ids(&case["tokens"]);
+        weft::engine::Request { capture_first_logits: vocab, ..greedy(ids(&case["prompt_ids"]), want.len()) }
+    };
+    let same_step: Vec<_> = cases.iter().filter(|c| c["prefill_step_size"].as_u64() == Some(step as u64)).collect();
+    let streams: Vec<_> = same_step
+        .iter()
+        .map(|c| (exact.submit_channel(request(c)).unwrap().1, fast.submit_channel(request(c)).unwrap().1))
+        .collect();
+    let mut fast_differs = false;
+    for (case, (e, f)) in same_step.iter().zip(&streams) {
+        let (e, f) = (collect(e), collect(f));
+        let what = format!("{name}: {}-token prompt", ids(&case["prompt_ids"]).len());
+        assert_eq!(e.tokens, ids(&case["tokens"]), "{what}: exact engine tokens vs mlx-lm");
+        assert_eq!(bit_diffs(&e.first_logits, &floats(&case["first_logits"])), 0, "{what}: exact engine logits");
+        let d = kl(&e.first_logits, &f.first_logits);
+        assert!(d < KL_BOUND, "{what}: KL(exact || fast) = {d:e}");
+        fast_differs |= bit_diffs(&e.first_logits, &f.first_logits) > 0;
+    }
+    assert!(!same_step.is_empty());
+    assert!(fast_differs, "the fast engine computed exactly what the exact one did: its kernels did not run");
 }
 
 
@@ -487,8 +522,8 @@ const KL_BOUND: f64 = 1e-4;
 /// Runs every golden single case of a model in both modes: first-step KL under the bound, and
 /// greedy agreement with the golden trajectory reported.
 fn compare_modes(name: &str, path: &std::path::Path, cases: &[(Vec<u32>, Vec<u32>)]) {
-    let exact = with_cpu_kernels(CpuKernels::Exact, || loading::load(path)).unwrap();
-    let fast = with_cpu_kernels(CpuKernels::Fast, || loading::load(path)).unwrap();
+    let exact = loading::load_with(path, &LoadOptions::default().with_cpu_kernels(CpuKernels::Exact)).unwrap();
+    let fast = loading::load_with(path, &LoadOptions::default().with_cpu_kernels(CpuKernels::Fast)).unwrap();
     let vocab = exact.model.info().vocab_size as usize;
     let (mut agree, mut total, mut worst) = (0, 0, 0.0f64);
     for (prompt, want) in cases {
@@ -543,13 +578,12 @@ fn fast_mode_with_fused_float_projections_stays_close_on_tiny_float_models() {
 #[test]
 fn fused_quantized_projections_give_the_separate_layers_logits() {
     let _cap = hold_isa();
-    use weft::nn::with_fused_projections;
     let mut models: Vec<(String, std::path::PathBuf)> = vec![("llama-4bit".into(), tiny_model_dir("llama-4bit"))];
     if let Some(p) = default_model() {
         models.push(("smollm2 (Q4_1 GGUF)".into(), p));
     }
     for (name, path) in models {
-        let load = |fuse| with_cpu_kernels(CpuKernels::Fast, || with_fused_projections(fuse, || loading::load(&path))).unwrap();
+        let load = |fuse| loading::load_with(&path, &LoadOptions { fuse_projections: Some(fuse), ..LoadOptions::default() }).unwrap();
         let (fused, separate) = (load(true), load(false));
         let vocab = fused.model.info().vocab_size as usize;
         for prompt in [vec![1u32, 2, 3, 4, 5, 6, 7], vec![9u32]] {
@@ -580,15 +614,15 @@ fn fast_mode_next_token_distribution_stays_close_on_the_default_model() {
     compare_modes("smollm2 (Q4_1 GGUF)", &path, &cases);
 }
 
-/// The dequantize + dense matmul path (the GPU default from 8 rows, `WEFT_DEQUANTIZE_ROWS`),
+/// The dequantize + dense matmul path (the GPU default from 512 rows, `LoadOptions::dequantize_rows`),
 /// forced from one row here on the CPU: the same weight values summed in another order, so the
 /// next-token distribution stays within the same bound of MLX's quantized matmul.
 #[test]
 fn dequantize_matmul_path_stays_close_to_quantized_matmul() {
     for name in ["llama-4bit", "qwen3_5-4bit"] {
         let path = tiny_model_dir(name);
-        let exact = with_cpu_kernels(CpuKernels::Exact, || loading::load(&path)).unwrap();
-        let dense = with_cpu_kernels(CpuKernels::Exact, || weft::nn::with_dequantize_rows(1, || loading::load(&path))).unwrap();
+        let exact = loading::load_with(&path, &exact_options()).unwrap();
+        let dense = loading::load_with(&path, &LoadOptions { dequantize_rows: Some(1), ..exact_options() }).unwrap();
         let vocab = exact.model.info().vocab_size as usize;
         for (prompt, want) in golden_cases(name).iter().take(3) {
             let opts = GenerateOptions { max_tokens: want.len(), capture_first_logits: vocab, ..GenerateOptions::default() };
@@ -605,7 +639,7 @@ fn dequantize_matmul_path_stays_close_to_quantized_matmul() {
 /// it on the dense product of the dequantized weight (each computed here independently).
 #[test]
 fn quantized_linear_switches_to_dequantize_from_the_row_count() {
-    use weft::nn::{with_dequantize_rows, Linear, QmmPath, QuantConfig, Weights};
+    use weft::nn::{LayerOptions, Linear, QmmPath, QuantConfig, Weights};
     let (out_dim, in_dim) = (96, 256);
     let (wq, s, b) = quantize(&random(&[out_dim, in_dim], 11), 64, 4).unwrap();
     let load = || {
@@ -614,8 +648,9 @@ fn quantized_linear_switches_to_dequantize_from_the_row_count() {
             .map(|(k, v)| (k.to_string(), v))
             .collect();
         let quant = QuantConfig::from_json(&serde_json::json!({"group_size": 64, "bits": 4})).unwrap();
-        let mut w = Weights::new(tensors, Some(quant));
-        with_cpu_kernels(CpuKernels::Exact, || with_dequantize_rows(4, || Linear::load(&mut w, "l", in_dim, out_dim, false))).unwrap()
+        let options = LayerOptions::new(CpuKernels::Exact, Some(4), None, None).unwrap();
+        let mut w = Weights::new(tensors, Some(quant)).with_options(options);
+        Linear::load(&mut w, "l", in_dim, out_dim, false).unwrap()
     };
     let layer = load();
     assert!(matches!(&layer, Linear::Quantized { path: QmmPath::DequantizeFrom { rows: 4 }, .. }));
@@ -666,13 +701,14 @@ fn the_flattened_quantized_matmul_equals_the_batched_one() {
 #[test]
 fn concatenated_linears_compute_the_parts_outputs() {
     let _cap = hold_isa();
-    use weft::nn::{Linear, QuantConfig, Weights};
+    use weft::nn::{LayerOptions, Linear, QuantConfig, Weights};
     let in_dim = 256;
     let quantized = |seed: u64, out_dim: i32, bits: i32| {
         let (wq, s, b) = quantize(&random(&[out_dim, in_dim], seed), 32, bits).unwrap();
         let tensors = [("l.weight", wq), ("l.scales", s), ("l.biases", b)].into_iter().map(|(k, v)| (k.to_string(), v)).collect();
         let quant = QuantConfig::from_json(&serde_json::json!({"group_size": 32, "bits": bits})).unwrap();
-        with_cpu_kernels(CpuKernels::Fast, || Linear::load(&mut Weights::new(tensors, Some(quant)), "l", in_dim, out_dim, false)).unwrap()
+        let fast = LayerOptions::new(CpuKernels::Fast, None, None, None).unwrap();
+        Linear::load(&mut Weights::new(tensors, Some(quant)).with_options(fast), "l", in_dim, out_dim, false).unwrap()
     };
     let dense = |seed: u64, out_dim: i32| {
         let tensors = [("l.weight", random(&[out_dim, in_dim], seed)), ("l.bias", random(&[out_dim], seed + 100))]

@@ -16,8 +16,13 @@ use serde_json::{json, Value};
 use support::*;
 use weft::distributed::Group;
 use weft::generate::{generate, GenerateOptions};
-use weft::nn::pipeline::{stage_layers, with_pipeline};
-use weft::nn::tensor_parallel::with_tensor_parallel;
+use weft::nn::pipeline::stage_layers;
+use weft::nn::Parallel;
+
+/// This rank's part of the model at `dir` split as `parallel`, in exact mode (goldens).
+fn load_split(parallel: Parallel, dir: &std::path::Path) -> weft::Result<weft::loading::LoadedModel> {
+    weft::loading::load_with(dir, &weft::loading::LoadOptions { parallel: Some(parallel), ..exact_options() })
+}
 
 /// Set in a rank's environment: the rank entry point below runs only there.
 const RANK_ENV: &str = "WEFT_TEST_DISTRIBUTED_RANK";
@@ -41,8 +46,8 @@ fn rank_entry() {
     for (name, m, mode) in runs(&models) {
         let dir = tiny_model_dir(&name);
         let loaded = match mode {
-            "tp" => with_tensor_parallel(&group, || weft::loading::load(&dir)),
-            _ => with_pipeline(&group, || weft::loading::load(&dir)),
+            "tp" => load_split(Parallel::Tensor(group.clone()), &dir),
+            _ => load_split(Parallel::Pipeline(group.clone()), &dir),
         }
         .unwrap();
         let vocab = loaded.model.info().vocab_size as usize;
@@ -62,7 +67,7 @@ fn rank_entry() {
     }
     // 4-bit experts of 64 columns at group size 64 are one quantization group: 2 ranks cannot
     // split them (mlx-lm's shard() fails on them too), so the load is refused, naming them.
-    let err = with_tensor_parallel(&group, || weft::loading::load(&tiny_model_dir("qwen3_moe-4bit"))).map(|_| ()).unwrap_err();
+    let err = load_split(Parallel::Tensor(group.clone()), &tiny_model_dir("qwen3_moe-4bit")).map(|_| ()).unwrap_err();
     println!("{REFUSED_PREFIX}{}", json!({"model": "qwen3_moe-4bit", "error": err.to_string()}));
 }
 
@@ -119,8 +124,6 @@ fn run_ranks(n: usize) -> Vec<String> {
             .env("MLX_RANK", r.to_string())
             .env("MLX_HOSTFILE", &hostfile)
             .env("WEFT_DISTRIBUTED_BACKEND", "ring")
-            // MLX's own quantized kernel, as mlx-lm runs (the 4-bit model).
-            .env(weft::kernels::ENV, "exact")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -226,14 +229,14 @@ fn unlaunched_ranks_bad_backends_and_a_group_of_one() {
     assert_eq!(g.all_sum(&x).unwrap().as_slice::<f32>(), &[1.5, -2.0]);
     assert!(g.send(&x, 0).unwrap_err().to_string().contains("not a peer"));
     // One rank still shards (into one part) and must equal the unsharded model exactly.
-    let loaded = with_tensor_parallel(&g, || weft::loading::load(&tiny_model_dir("qwen3"))).unwrap();
+    let loaded = load_split(Parallel::Tensor(g.clone()), &tiny_model_dir("qwen3")).unwrap();
     assert_single_cases_exact("qwen3 (1-rank tensor parallel)", loaded.model.as_ref(), &golden("qwen3"));
     // Architectures without a sharding are refused, not loaded whole.
-    let err = with_tensor_parallel(&g, || weft::loading::load(&tiny_model_dir("gemma3-text"))).unwrap_err();
+    let err = load_split(Parallel::Tensor(g.clone()), &tiny_model_dir("gemma3-text")).unwrap_err();
     assert!(err.to_string().contains("tensor parallel"), "{err}");
-    let loaded = with_pipeline(&g, || weft::loading::load(&tiny_model_dir("qwen2"))).unwrap();
+    let loaded = load_split(Parallel::Pipeline(g.clone()), &tiny_model_dir("qwen2")).unwrap();
     assert_single_cases_exact("qwen2 (1-rank pipeline)", loaded.model.as_ref(), &golden("qwen2"));
-    let err = with_pipeline(&g, || weft::loading::load(&tiny_model_dir("qwen3"))).unwrap_err();
+    let err = load_split(Parallel::Pipeline(g.clone()), &tiny_model_dir("qwen3")).unwrap_err();
     assert!(err.to_string().contains("pipeline parallel"), "{err}");
 }
 

@@ -23,8 +23,7 @@ use serde_json::{json, Value};
 use support::*;
 use weft::distributed::Group;
 use weft::engine::{follow, prepare, EngineConfig, EngineCore, Event, LockstepCore, LockstepOptions, Step, Submission};
-use weft::nn::pipeline::with_pipeline;
-use weft::nn::tensor_parallel::with_tensor_parallel;
+use weft::nn::Parallel;
 use weft::sampling::SamplingParams;
 
 const RANK_ENV: &str = "WEFT_TEST_DISTRIBUTED_ENGINE_RANK";
@@ -241,8 +240,8 @@ fn engine_rank_entry() {
 fn load_split(group: &Group, model: &str, mode: &str) -> weft::loading::LoadedModel {
     let dir = tiny_model_dir(model);
     match mode {
-        "tp" => with_tensor_parallel(group, || weft::loading::load(&dir)),
-        _ => with_pipeline(group, || weft::loading::load(&dir)),
+        "tp" => weft::loading::load_with(&dir, &weft::loading::LoadOptions { parallel: Some(Parallel::Tensor(group.clone())), ..exact_options() }),
+        _ => weft::loading::load_with(&dir, &weft::loading::LoadOptions { parallel: Some(Parallel::Pipeline(group.clone())), ..exact_options() }),
     }
     .unwrap()
 }
@@ -261,7 +260,7 @@ fn follow_with(loaded: weft::loading::LoadedModel, config: EngineConfig, group: 
 
 /// The single-process engine's rows for the schedule on `model`.
 fn single_process(model: &str) -> Value {
-    let loaded = weft::loading::load(&tiny_model_dir(model)).unwrap();
+    let loaded = load_exact(&tiny_model_dir(model)).unwrap();
     let info = loaded.model.info().clone();
     let mut single = EngineCore::new(loaded, config());
     outcomes_json(&run_schedule(&mut single, &info))

@@ -13,7 +13,6 @@ use serde_json::Value;
 use support::*;
 use weft::engine::{Engine, EngineConfig, Event, Input, Request};
 use weft::generate::{generate, FinishReason, GenerateOptions};
-use weft::kernels::{with_cpu_kernels, CpuKernels};
 use weft::loading::{self};
 use weft::sampling::SamplingParams;
 
@@ -506,7 +505,7 @@ fn default_model_second_turn_with_prompt_cache_equals_without() {
         }
     };
     // Weft against itself (no golden): the fast kernels, as `weft run` uses them.
-    let load = || with_cpu_kernels(CpuKernels::Fast, || loading::load(&path)).unwrap();
+    let load = || loading::load(&path).unwrap();
     let cached = Engine::start(load(), EngineConfig { prompt_cache_bytes: 256 << 20, ..Default::default() }).unwrap();
     let first = vec![msg("user", "What is the capital of France?")];
     let (answer, _) = run(&cached, first.clone());
@@ -625,7 +624,7 @@ fn burst_into(core: &mut weft::engine::EngineCore, first_id: u64, prompts: &[Vec
             true
         });
         let req = Request { capture_first_logits: 16, ..greedy(p.clone(), max_tokens) };
-        core.enqueue(weft::engine::prepare(first_id + i as u64, req, sink, None, &info, &[], &config).unwrap());
+        core.enqueue(weft::engine::prepare(first_id + i as u64, req, sink, None, &Default::default(), &info, &[], &config).unwrap());
     }
     for _ in 0..10_000 {
         if core.is_idle() {

@@ -10,14 +10,14 @@ use std::time::Duration;
 use support::*;
 use weft::engine::{Engine, EngineConfig, Event, Faults, Input, Request, StopCause};
 use weft::generate::FinishReason;
-use weft::{loading, ErrorCode};
+use weft::ErrorCode;
 
 fn start(config: EngineConfig) -> Engine {
-    Engine::start(loading::load(&tiny_model_dir("llama-fp32")).unwrap(), config).unwrap()
+    Engine::start(support::load_exact(&tiny_model_dir("llama-fp32")).unwrap(), config).unwrap()
 }
 
 fn with_faults(faults: Faults, max_batch: usize) -> EngineConfig {
-    EngineConfig { faults: Some(faults), max_batch, ..Default::default() }
+    EngineConfig { faults, max_batch, ..Default::default() }
 }
 
 /// Golden single-sequence cases of the tiny llama: (prompt, tokens).
@@ -173,7 +173,7 @@ fn faults_parse_from_the_environment_spelling() {
 #[test]
 fn done_names_the_stop_and_carries_the_held_back_text() {
     let Some(path) = default_model() else { return };
-    let engine = Engine::start(loading::load(&path).unwrap(), EngineConfig::default()).unwrap();
+    let engine = Engine::start(support::load_exact(&path).unwrap(), EngineConfig::default()).unwrap();
     let messages = vec![weft::tokenizer::ChatMessage::new("user", "What is the capital of France?")];
     let plain = Request { max_tokens: 32, ..Request::new(Input::Messages(messages)) };
     let by_string = Request { stop: vec!["Paris".into(), "zzz".into()], ..plain.clone() };
@@ -188,7 +188,7 @@ fn done_names_the_stop_and_carries_the_held_back_text() {
         .map(collect)
         .collect();
     assert_one_final(&outs);
-    let eos = loading::load(&path).unwrap().eos_token_ids;
+    let eos = support::load_exact(&path).unwrap().eos_token_ids;
     assert!(matches!(outs[0].stop, Some(StopCause::Eos { token_id }) if eos.contains(&token_id)), "{:?}", outs[0]);
     assert_eq!(outs[1].stop, Some(StopCause::StopString { stop: "Paris".into() }));
     assert_eq!(outs[1].tail, "", "a stop string cuts everything after it");

@@ -12,12 +12,12 @@ use serde_json::Value;
 use support::*;
 use weft::engine::{Engine, EngineConfig, Event, Request};
 use weft::generate::{generate, FinishReason, GenerateOptions};
-use weft::loading::{self, LoadedModel};
+use weft::loading::LoadedModel;
 
 const GDN_MODELS: &[&str] = &["qwen3_next", "qwen3_5", "qwen3_5-bf16", "qwen3_5-4bit", "qwen3_5_moe"];
 
 fn load(name: &str) -> LoadedModel {
-    loading::load(&tiny_model_dir(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+    support::load_exact(&tiny_model_dir(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
 /// What Weft must produce for a batched golden row: mlx-lm's batched tokens where they equal
@@ -163,7 +163,7 @@ fn cancelling_a_row_leaves_the_others_exact() {
 }
 
 fn load_error(dir: &std::path::Path, what: &str) -> String {
-    match loading::load(dir) {
+    match support::load_exact(dir) {
         Ok(_) => panic!("{what}: loading must fail"),
         Err(e) => e.to_string(),
     }

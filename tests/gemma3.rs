@@ -13,13 +13,13 @@ use serde_json::Value;
 use support::*;
 use weft::cache::{AttentionCache, AttentionMask, KvCache, RotatingKvCache};
 use weft::engine::{Engine, EngineConfig};
-use weft::loading::{self, LoadedModel};
+use weft::loading::LoadedModel;
 
 const TEXT: &str = "gemma3-text";
 const WRAPPED: &str = "gemma3-wrapped";
 
 fn load(name: &str) -> LoadedModel {
-    loading::load(&tiny_model_dir(name)).unwrap()
+    support::load_exact(&tiny_model_dir(name)).unwrap()
 }
 
 fn single_cases_match(name: &str) {
@@ -200,7 +200,7 @@ fn unsupported_config_options_fail_at_load_naming_them() {
     for (needle, edit) in cases {
         let dir = copy_model(TEXT);
         edit_config(dir.path(), |v| edit(v));
-        let err = loading::load(dir.path()).err().unwrap_or_else(|| panic!("{needle}: loaded"));
+        let err = support::load_exact(dir.path()).err().unwrap_or_else(|| panic!("{needle}: loaded"));
         assert!(err.to_string().contains(needle), "{needle}: {err}");
     }
 }

@@ -14,8 +14,8 @@ use support::*;
 use weft::engine::{Engine, EngineConfig, Event, Input, Request};
 use weft::generate::{generate, GenerateOptions};
 use weft::gguf::GgufHeader;
-use weft::kernels::{with_cpu_kernels, CpuKernels};
-use weft::loading::{self, GgufWeights};
+use weft::kernels::CpuKernels;
+use weft::loading::{self, GgufWeights, LoadOptions};
 use weft::sampling::SamplingParams;
 use weft::tokenizer::Tokenizer;
 
@@ -45,7 +45,7 @@ fn single_and_batched_generation_match_mlx_lm() {
     let _one = one_model_at_a_time();
     let Some(path) = gemma3_270m() else { return };
     let g = golden("gemma3-270m");
-    let loaded = with_cpu_kernels(CpuKernels::Exact, || loading::load_with(&path, GgufWeights::Dequantize)).unwrap();
+    let loaded = loading::load_with(&path, &LoadOptions::exact()).unwrap();
     assert_eq!(loaded.model.info().model_type, "gemma3_text");
     let tok = loaded.tokenizer.clone().expect("the GGUF carries a tokenizer");
     for case in g["single"].as_array().unwrap() {
@@ -107,9 +107,9 @@ fn native_quantized_weights_stay_close_to_the_exact_mode() {
     let g = golden("gemma3-270m");
     let active = || mlx_rs::memory::active_memory().unwrap() as f64;
     let base = active();
-    let exact = with_cpu_kernels(CpuKernels::Exact, || loading::load_with(&path, GgufWeights::Dequantize)).unwrap();
+    let exact = loading::load_with(&path, &LoadOptions::exact()).unwrap();
     let exact_bytes = active() - base;
-    let native = with_cpu_kernels(CpuKernels::Fast, || loading::load_with(&path, GgufWeights::Native)).unwrap();
+    let native = loading::load_with(&path, &LoadOptions::default().with_cpu_kernels(CpuKernels::Fast).with_gguf_weights(GgufWeights::Native)).unwrap();
     let native_bytes = active() - base - exact_bytes;
     assert!(
         native_bytes * 3.0 <= exact_bytes,

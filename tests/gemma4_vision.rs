@@ -18,12 +18,12 @@ use serde_json::Value;
 use vision_support::*;
 use support::*;
 use weft::engine::{Engine, EngineConfig, Input, Request};
-use weft::loading::{self, LoadedModel};
+use weft::loading::LoadedModel;
 
 const MODEL: &str = "gemma4-vision";
 
 fn load() -> LoadedModel {
-    loading::load(&tiny_model_dir(MODEL)).unwrap()
+    support::load_exact(&tiny_model_dir(MODEL)).unwrap()
 }
 
 fn tensors() -> HashMap<String, Array> {
@@ -161,7 +161,7 @@ fn prompt_cache_keys_tell_images_apart_and_text_only_gemma4_refuses_images() {
     assert_eq!(same.usage.cached_tokens, prompt.len(), "the same image at the same place is reused");
     assert_eq!(same.tokens, want[1..7]);
     // The text-only Gemma 4 model (no vision tower) refuses images clearly.
-    let text_only = Engine::start(loading::load(&tiny_model_dir("gemma4_text")).unwrap(), EngineConfig::default()).unwrap();
+    let text_only = Engine::start(support::load_exact(&tiny_model_dir("gemma4_text")).unwrap(), EngineConfig::default()).unwrap();
     assert!(text_only.vision().is_none());
     let e = text_only.submit_channel(request(a, 4)).err().expect("refused").to_string();
     assert!(e.contains("no vision tower"), "{e}");
@@ -182,7 +182,7 @@ fn images_and_audio_in_one_request_match_mlx_vlm_in_either_order() {
     let cases = g["cases"].as_array().unwrap();
     for step in [2048usize, 7] {
         let engine = Engine::start(
-            loading::load(&tiny_model_dir("gemma4-vision-audio")).unwrap(),
+            support::load_exact(&tiny_model_dir("gemma4-vision-audio")).unwrap(),
             EngineConfig { prefill_step_size: step, prompt_cache_bytes: 64 << 20, ..Default::default() },
         )
         .unwrap();

@@ -12,7 +12,6 @@ use sha2::{Digest, Sha256};
 use support::*;
 use weft::generate::{generate, FinishReason, GenerateOptions};
 use weft::gguf::{GgufArray, GgufHeader, GgufValue};
-use weft::loading;
 
 /// Every GGUF golden: goldens/gguf/<name>.gguf and goldens/gguf/<name>.json.
 const GGUF_GOLDENS: &[&str] =
@@ -29,7 +28,7 @@ fn check_parity(name: &str) {
     let sha = format!("{:x}", Sha256::digest(&bytes));
     assert_eq!(sha, g["gguf_sha256"].as_str().unwrap(), "{name}: the .gguf is not the one the golden was made from");
 
-    let loaded = loading::load(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let loaded = support::load_exact(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
     let info = loaded.model.info();
     let cfg = &g["config"];
     assert_eq!(info.model_type, cfg["model_type"].as_str().unwrap(), "{name}");
@@ -129,7 +128,7 @@ fn goldens_cover_every_supported_tensor_type_with_and_without_permutation() {
 #[test]
 fn gguf_tokenizer_metadata_matches_transformers() {
     // llama-q4_1.gguf carries a tiny byte-level BPE (gpt2 / smollm) and a chat template.
-    let loaded = loading::load(&gguf_path("llama-q4_1")).unwrap();
+    let loaded = support::load_exact(&gguf_path("llama-q4_1")).unwrap();
     let tok = loaded.tokenizer.as_ref().expect("llama-q4_1.gguf has tokenizer metadata");
     assert_eq!(loaded.eos_token_ids, vec![2]);
     let g = golden("gguf/llama-q4_1");
@@ -140,7 +139,7 @@ fn gguf_tokenizer_metadata_matches_transformers() {
         assert_eq!(tok.decode(&got, false).unwrap(), case["decoded"].as_str().unwrap(), "decode {text:?}");
     }
     for name in ["llama-f32", "qwen3-q8_0"] {
-        assert!(loading::load(&gguf_path(name)).unwrap().tokenizer.is_none(), "{name}");
+        assert!(support::load_exact(&gguf_path(name)).unwrap().tokenizer.is_none(), "{name}");
     }
 }
 
@@ -342,7 +341,7 @@ impl Drop for TempDir {
 
 /// `loading::load` must fail; returns the error message.
 fn load_err(path: &Path) -> String {
-    match loading::load(path) {
+    match support::load_exact(path) {
         Ok(_) => panic!("{} loaded, expected an error", path.display()),
         Err(e) => e.to_string(),
     }
@@ -353,7 +352,7 @@ fn rewritten_gguf_is_still_a_valid_model() {
     // The rewriter itself must be faithful, or the failures below would prove nothing.
     let dir = TempDir::new("rewrite");
     let path = Gguf::read(&gguf_path("qwen3-q8_0")).write(&dir, "copy.gguf");
-    let loaded = loading::load(&path).unwrap();
+    let loaded = support::load_exact(&path).unwrap();
     let g = golden("gguf/qwen3-q8_0");
     let case = &g["single"][1];
     let want = ids(&case["tokens"]);

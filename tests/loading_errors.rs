@@ -5,10 +5,10 @@ mod support;
 use serde_json::json;
 use support::*;
 use weft::generate::{generate, GenerateOptions};
-use weft::{loading, Error};
+use weft::Error;
 
 fn load_err(dir: &std::path::Path) -> Error {
-    match loading::load(dir) {
+    match support::load_exact(dir) {
         Ok(_) => panic!("{} loaded but should not have", dir.display()),
         Err(e) => e,
     }
@@ -132,7 +132,7 @@ fn missing_shard_is_reported() {
 
 #[test]
 fn bad_prompts_are_rejected_before_any_work() {
-    let loaded = loading::load(&tiny_model_dir("llama-fp32")).unwrap();
+    let loaded = support::load_exact(&tiny_model_dir("llama-fp32")).unwrap();
     let model = loaded.model.as_ref();
     let vocab = model.info().vocab_size as u32;
     let opts = GenerateOptions { max_tokens: 4, ..GenerateOptions::default() };
@@ -145,7 +145,7 @@ fn bad_prompts_are_rejected_before_any_work() {
 fn prompt_longer_than_the_context_is_rejected() {
     let tmp = copy_model("llama-fp32");
     edit_config(tmp.path(), |c| c["max_position_embeddings"] = json!(8));
-    let loaded = loading::load(tmp.path()).unwrap();
+    let loaded = support::load_exact(tmp.path()).unwrap();
     let opts = GenerateOptions { max_tokens: 4, ..GenerateOptions::default() };
     let e = generate(loaded.model.as_ref(), None, &[1; 9], &opts, |_| true).unwrap_err();
     assert!(e.to_string().contains("context of 8"), "{e}");
@@ -182,7 +182,7 @@ fn engine_prompts_never_run_past_the_context() {
 
 #[test]
 fn stop_strings_without_a_tokenizer_are_rejected() {
-    let loaded = loading::load(&tiny_model_dir("llama-fp32")).unwrap();
+    let loaded = support::load_exact(&tiny_model_dir("llama-fp32")).unwrap();
     let opts = GenerateOptions { stop_strings: vec!["x".into()], ..GenerateOptions::default() };
     let e = generate(loaded.model.as_ref(), None, &[1, 2], &opts, |_| true).unwrap_err();
     assert!(e.to_string().contains("tokenizer"), "{e}");

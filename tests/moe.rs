@@ -8,7 +8,6 @@ mod support;
 use support::*;
 use weft::engine::{Engine, EngineConfig};
 use weft::generate::{generate, GenerateOptions};
-use weft::loading::{self};
 
 const MOE_MODELS: &[&str] = &["qwen3_moe", "qwen3_moe-4bit"];
 
@@ -16,7 +15,7 @@ const MOE_MODELS: &[&str] = &["qwen3_moe", "qwen3_moe-4bit"];
 fn qwen3_moe_single_sequence_matches_mlx_lm_bit_exactly() {
     for name in MOE_MODELS {
         let g = golden(name);
-        let loaded = loading::load(&tiny_model_dir(name)).unwrap();
+        let loaded = support::load_exact(&tiny_model_dir(name)).unwrap();
         assert_eq!(loaded.model.info().model_type, "qwen3_moe");
         assert_single_cases_exact(name, loaded.model.as_ref(), &g);
     }
@@ -26,8 +25,8 @@ fn qwen3_moe_single_sequence_matches_mlx_lm_bit_exactly() {
 fn qwen3_moe_batch_generate_goldens_through_the_engine() {
     for name in MOE_MODELS {
         let g = golden(name);
-        let single = loading::load(&tiny_model_dir(name)).unwrap();
-        let engine = Engine::start(loading::load(&tiny_model_dir(name)).unwrap(), EngineConfig::default()).unwrap();
+        let single = support::load_exact(&tiny_model_dir(name)).unwrap();
+        let engine = Engine::start(support::load_exact(&tiny_model_dir(name)).unwrap(), EngineConfig::default()).unwrap();
         // The batched first step equals the single-sequence one bit for bit.
         assert_batch_goldens(name, &engine, single.model.as_ref(), &g, |r| ids(&r["tokens"]), 0.0);
     }
@@ -39,7 +38,7 @@ fn qwen3_moe_continuous_schedules_match_batch_generator() {
         let g = golden(name);
         for key in ["schedule", "schedule_chunked"] {
             let schedule = &g[key];
-            let outs = replay(loading::load(&tiny_model_dir(name)).unwrap(), schedule, 8);
+            let outs = replay(support::load_exact(&tiny_model_dir(name)).unwrap(), schedule, 8);
             for (r, out) in schedule["rows"].as_array().unwrap().iter().zip(&outs) {
                 assert_eq!(out.finals, 1, "{name}/{key}: exactly one final event");
                 assert!(out.error.is_none(), "{name}/{key}: {:?}", out.error);
@@ -55,9 +54,9 @@ fn many_rows_take_the_sorted_expert_path_and_still_equal_single_sequence() {
     // sort threshold of 64; every row must still follow its single-sequence trajectory.
     let name = "qwen3_moe";
     let g = golden(name);
-    let single = loading::load(&tiny_model_dir(name)).unwrap();
+    let single = support::load_exact(&tiny_model_dir(name)).unwrap();
     let engine = Engine::start(
-        loading::load(&tiny_model_dir(name)).unwrap(),
+        support::load_exact(&tiny_model_dir(name)).unwrap(),
         EngineConfig { max_batch: 40, prompt_concurrency: 40, ..Default::default() },
     )
     .unwrap();

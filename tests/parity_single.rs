@@ -5,14 +5,14 @@ mod support;
 
 use support::*;
 use weft::generate::{generate, FinishReason, GenerateOptions};
-use weft::loading;
+
 use weft::tokenizer::ChatMessage;
 
 #[test]
 fn tiny_models_match_mlx_lm_trajectories_and_first_logits() {
     for name in TINY_MODELS {
         let g = golden(name);
-        let loaded = loading::load(&tiny_model_dir(name)).unwrap();
+        let loaded = support::load_exact(&tiny_model_dir(name)).unwrap();
         assert_single_cases_exact(name, loaded.model.as_ref(), &g);
     }
 }
@@ -20,7 +20,7 @@ fn tiny_models_match_mlx_lm_trajectories_and_first_logits() {
 #[test]
 fn generation_stops_at_eos_from_generation_config() {
     // llama-fp32's generation_config.json lists eos [2, 5]; config.json says 2.
-    let loaded = loading::load(&tiny_model_dir("llama-fp32")).unwrap();
+    let loaded = support::load_exact(&tiny_model_dir("llama-fp32")).unwrap();
     assert_eq!(loaded.eos_token_ids, vec![2, 5]);
     let g = golden("llama-fp32");
     for case in g["single"].as_array().unwrap() {
@@ -41,7 +41,7 @@ fn generation_stops_at_eos_from_generation_config() {
 
 #[test]
 fn cancelling_from_the_token_callback_stops_generation() {
-    let loaded = loading::load(&tiny_model_dir("qwen3")).unwrap();
+    let loaded = support::load_exact(&tiny_model_dir("qwen3")).unwrap();
     let opts = GenerateOptions { max_tokens: 20, ..GenerateOptions::default() };
     let mut seen = 0;
     let out = generate(loaded.model.as_ref(), None, &[1, 2, 3], &opts, |_| {
@@ -56,7 +56,7 @@ fn cancelling_from_the_token_callback_stops_generation() {
 #[test]
 fn default_model_chats_match_mlx_lm() {
     let Some(path) = default_model() else { return };
-    let loaded = loading::load(&path).unwrap();
+    let loaded = support::load_exact(&path).unwrap();
     let tok = loaded.tokenizer.as_ref().expect("the GGUF carries a tokenizer");
     let g = golden("smollm2");
     assert_eq!(loaded.eos_token_ids, vec![2]);

@@ -2,12 +2,10 @@
 //! mlx-lm's logits processors (penalties, logit bias), seeded sampled rows (top-p / top-k /
 //! min-p, penalties), rows with log-probabilities, constrained rows (greedy and sampled) — runs
 //! once pipelined (every step built from the previous step's unread tokens) and once with
-//! `WEFT_DECODE=sync` (every step read before the next is built). Each row's tokens, text,
+//! `DecodeMode::Synchronous` (every step read before the next is built). Each row's tokens, text,
 //! finish and log-probabilities must be identical, and the greedy rows must equal mlx-lm's
 //! goldens (the processor rows: mlx-lm's processed trajectories, so the penalty window that
 //! takes the in-flight token from the device is checked against the oracle).
-//!
-//! One test in this file: the synchronous engine reads `WEFT_DECODE` from the environment.
 
 mod support;
 mod tokenizer_support;
@@ -15,10 +13,10 @@ mod tokenizer_support;
 use serde_json::{json, Value};
 use support::*;
 use tokenizer_support::{tiny_tokenizer_gguf, TempDir};
-use weft::engine::{Constraint, Engine, EngineConfig, Event, Request, TokenLogprobs};
+use weft::engine::{Constraint, DecodeMode, Engine, EngineConfig, Event, Request, TokenLogprobs};
 use weft::generate::FinishReason;
 use weft::gguf::GgufHeader;
-use weft::loading::{self, LoadedModel};
+use weft::loading::LoadedModel;
 use weft::sampling::SamplingParams;
 use weft::tokenizer::Tokenizer;
 
@@ -28,7 +26,7 @@ fn model_with_tokenizer() -> LoadedModel {
     let dir = TempDir::new("pipelined-tok");
     let path = tiny_tokenizer_gguf("gpt2").write(&dir.path("tok.gguf"));
     let tokenizer = Tokenizer::from_gguf(&GgufHeader::read(path).unwrap()).unwrap();
-    let mut model = loading::load(&tiny_model_dir(MODEL)).unwrap();
+    let mut model = support::load_exact(&tiny_model_dir(MODEL)).unwrap();
     model.tokenizer = Some(tokenizer);
     model
 }
@@ -173,11 +171,9 @@ fn a_mixed_batch_decodes_the_same_pipelined_and_synchronous() {
         run(&engine, &rows)
     };
     let synchronous = {
-        std::env::set_var("WEFT_DECODE", "sync");
-        let engine = Engine::start(model_with_tokenizer(), config()).unwrap();
-        let out = run(&engine, &rows);
-        std::env::remove_var("WEFT_DECODE");
-        out
+        let engine =
+            Engine::start(model_with_tokenizer(), EngineConfig { decode: DecodeMode::Synchronous, ..config() }).unwrap();
+        run(&engine, &rows)
     };
     for ((row, p), s) in rows.iter().zip(&pipelined).zip(&synchronous) {
         assert_eq!(p.error, None, "{}", row.what);

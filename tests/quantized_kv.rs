@@ -17,7 +17,6 @@ use support::*;
 use weft::cache::{self, KvCache, KvQuantization};
 use weft::engine::{Engine, EngineConfig, Event, Input, Request};
 use weft::generate::{generate, prefill, GenerateOptions};
-use weft::loading;
 use weft::models::LanguageModel;
 use weft::sampling::SamplingParams;
 
@@ -36,7 +35,7 @@ fn single_sequence_matches_mlx_lm_generate_step_with_kv_bits() {
     for case in g["cases"].as_array().unwrap() {
         let name = case["model"].as_str().unwrap();
         let kv = kv_of(case);
-        let loaded = loading::load(&tiny_model_dir(name)).unwrap();
+        let loaded = support::load_exact(&tiny_model_dir(name)).unwrap();
         let vocab = loaded.model.info().vocab_size as usize;
         for run in case["single"].as_array().unwrap() {
             let prompt = ids(&run["prompt_ids"]);
@@ -113,7 +112,7 @@ fn a_lone_row_on_the_engine_batch_path_equals_serial_quantized_exactly() {
         for run in case["single"].as_array().unwrap() {
             let step = run["prefill_step_size"].as_u64().unwrap() as usize;
             let config = EngineConfig { prefill_step_size: step, ..kv_config(&kv) };
-            let engine = Engine::start(loading::load(&tiny_model_dir(name)).unwrap(), config).unwrap();
+            let engine = Engine::start(support::load_exact(&tiny_model_dir(name)).unwrap(), config).unwrap();
             let vocab = engine.model_info().vocab_size as usize;
             let want = ids(&run["tokens"]);
             // One request at a time: it decodes as a one-row batch (batched quantized cache,
@@ -222,7 +221,7 @@ fn batched_quantized_kl_is_no_worse_than_serial_and_a_lone_row_is_exact_every_st
     let steps = 16;
     for (name, bits, group, start) in [("llama-fp32", 4, 32, 0), ("qwen3", 8, 32, 0), ("llama-fp32", 4, 32, 12), ("llama-hd64", 4, 64, 0)] {
         let kv = KvQuantization { bits, group_size: group, start };
-        let loaded = loading::load(&tiny_model_dir(name)).unwrap();
+        let loaded = support::load_exact(&tiny_model_dir(name)).unwrap();
         let model = loaded.model.as_ref();
         let vocab = model.info().vocab_size;
         let mut seed = 17u32 + bits as u32;
@@ -277,9 +276,9 @@ fn engine_batches_quantized_rows_through_joins_evictions_and_prefix_reuse() {
     // 8-bit KV the greedy tokens equal the serial quantized run of each prompt.
     let kv = KvQuantization { bits: 8, group_size: 32, start: 0 };
     let name = "llama-fp32";
-    let single = loading::load(&tiny_model_dir(name)).unwrap();
+    let single = support::load_exact(&tiny_model_dir(name)).unwrap();
     let config = EngineConfig { prompt_cache_bytes: 64 << 20, prefill_step_size: 16, ..kv_config(&kv) };
-    let engine = Engine::start(loading::load(&tiny_model_dir(name)).unwrap(), config).unwrap();
+    let engine = Engine::start(support::load_exact(&tiny_model_dir(name)).unwrap(), config).unwrap();
     let g = golden(name);
     let prompts: Vec<Vec<u32>> = g["single"].as_array().unwrap().iter().take(4).map(|c| ids(&c["prompt_ids"])).collect();
     for round in 0..2 {
@@ -299,7 +298,7 @@ fn engine_batches_quantized_rows_through_joins_evictions_and_prefix_reuse() {
 
 #[test]
 fn kv_settings_are_validated_and_budget_counts_quantized_bytes() {
-    let loaded = loading::load(&tiny_model_dir("llama-fp32")).unwrap();
+    let loaded = support::load_exact(&tiny_model_dir("llama-fp32")).unwrap();
     let info = loaded.model.info().clone();
     // head_dim 32: group size 64 cannot split it.
     let bad = EngineConfig { kv_bits: Some(4), kv_group_size: 64, ..Default::default() };
@@ -319,7 +318,7 @@ fn kv_settings_are_validated_and_budget_counts_quantized_bytes() {
     // admits 5 quantized ones.
     let budget = full as u64 * 256;
     let config = EngineConfig { kv_budget_bytes: Some(budget), kv_bits: Some(4), kv_group_size: 32, ..Default::default() };
-    let engine = Engine::start(loading::load(&tiny_model_dir("llama-fp32")).unwrap(), config).unwrap();
+    let engine = Engine::start(support::load_exact(&tiny_model_dir("llama-fp32")).unwrap(), config).unwrap();
     let fits = (budget / (quant as u64 * 256)) as usize;
     assert_eq!(fits, 5);
     let streams: Vec<_> = (0..fits).map(|i| engine.submit_channel(greedy(vec![i as u32 + 1; 10], 10, 0)).unwrap().1).collect();

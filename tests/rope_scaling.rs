@@ -9,7 +9,6 @@ mod support;
 use serde_json::{json, Value};
 use support::*;
 use weft::engine::{Engine, EngineConfig};
-use weft::loading;
 
 /// (golden / model dir, scaling kind recorded in its config).
 const KINDS: &[(&str, &str)] = &[
@@ -32,7 +31,7 @@ fn single_sequence_tokens_and_first_logits_are_exact_for_every_kind() {
             Some(*kind),
             "{name}"
         );
-        let loaded = loading::load(&tiny_model_dir(name)).unwrap();
+        let loaded = support::load_exact(&tiny_model_dir(name)).unwrap();
         assert_single_cases_exact(name, loaded.model.as_ref(), &g);
     }
 }
@@ -41,8 +40,8 @@ fn single_sequence_tokens_and_first_logits_are_exact_for_every_kind() {
 fn batched_rows_match_the_oracle_for_every_kind() {
     for (name, _) in KINDS {
         let g = golden(name);
-        let single = loading::load(&tiny_model_dir(name)).unwrap();
-        let engine = Engine::start(loading::load(&tiny_model_dir(name)).unwrap(), EngineConfig::default()).unwrap();
+        let single = support::load_exact(&tiny_model_dir(name)).unwrap();
+        let engine = Engine::start(support::load_exact(&tiny_model_dir(name)).unwrap(), EngineConfig::default()).unwrap();
         assert_batch_goldens(name, &engine, single.model.as_ref(), &g, |r| ids(&r["tokens"]), 1e-5);
     }
 }

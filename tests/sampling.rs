@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use serde_json::Value;
 use support::*;
 use weft::generate::{generate, FinishReason, GenerateOptions};
-use weft::loading::{self, LoadedModel};
+use weft::loading::LoadedModel;
 use weft::sampling::{draw_rows, filter_logprobs, first_argmax, keep_mask, Sampler, SamplingParams};
 use weft::Error;
 
@@ -67,7 +67,7 @@ fn processor_trajectories_match_mlx_lm() {
     let mut checked = 0;
     for m in g["models"].as_array().unwrap() {
         let name = m["model"].as_str().unwrap();
-        let loaded = loading::load(&tiny_model_dir(name)).unwrap();
+        let loaded = support::load_exact(&tiny_model_dir(name)).unwrap();
         let cases = m["cases"].as_array().unwrap();
         let differing = cases.iter().filter(|c| c["differs_from_greedy"].as_bool().unwrap()).count();
         assert!(differing * 4 >= cases.len() * 3, "{name}: the goldens barely exercise the processors");
@@ -231,7 +231,7 @@ fn filter_edge_cases() {
 
 #[test]
 fn seeded_sampling_is_reproducible_and_seed_dependent() {
-    let loaded = loading::load(&tiny_model_dir("llama-fp32")).unwrap();
+    let loaded = support::load_exact(&tiny_model_dir("llama-fp32")).unwrap();
     let prompt = [5, 17, 3, 250, 11];
     let params = |seed: u64| SamplingParams { temperature: 1.0, seed: Some(seed), ..SamplingParams::default() };
     let a = run(&loaded, &prompt, 48, 2048, params(7));
@@ -306,7 +306,7 @@ fn a_batched_draw_equals_each_row_drawn_alone() {
 fn top_k_1_equals_greedy_at_any_temperature() {
     // Plain greedy goldens (bf16 has exact ties: margin 0, first index wins).
     for name in ["llama-fp32", "llama-bf16"] {
-        let loaded = loading::load(&tiny_model_dir(name)).unwrap();
+        let loaded = support::load_exact(&tiny_model_dir(name)).unwrap();
         let g = golden(name);
         for (i, case) in g["single"].as_array().unwrap().iter().enumerate().take(4) {
             let want = ids(&case["tokens"]);
@@ -321,7 +321,7 @@ fn top_k_1_equals_greedy_at_any_temperature() {
     let mut models: Vec<(String, LoadedModel)> = Vec::new();
     for (name, case) in processor_cases().into_iter().step_by(3) {
         if !models.iter().any(|(n, _)| *n == name) {
-            models.push((name.clone(), loading::load(&tiny_model_dir(&name)).unwrap()));
+            models.push((name.clone(), support::load_exact(&tiny_model_dir(&name)).unwrap()));
         }
         let loaded = &models.iter().find(|(n, _)| *n == name).unwrap().1;
         let want = ids(&case["tokens"]);
@@ -458,7 +458,7 @@ fn validate_rejects_bad_values_naming_the_field() {
         p.validate(vocab).unwrap_or_else(|e| panic!("{p:?} rejected: {e}"));
     }
     // generate() refuses them before running anything.
-    let loaded = loading::load(&tiny_model_dir("llama-fp32")).unwrap();
+    let loaded = support::load_exact(&tiny_model_dir("llama-fp32")).unwrap();
     let opts = GenerateOptions { sampling: bad[3].0.clone(), max_tokens: 4, ..GenerateOptions::default() };
     match generate(loaded.model.as_ref(), None, &[1, 2, 3], &opts, |_| true) {
         Err(e @ Error::InvalidRequest(_)) => assert!(e.to_string().contains("top_p"), "{e}"),

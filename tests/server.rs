@@ -539,7 +539,7 @@ fn slow_stream_parks_only_its_own_row() {
     let case = &golden["single"][0];
     let prompt = ids(&case["prompt_ids"]);
     let golden_tokens = ids(&case["tokens"]);
-    let tokenizer = weft::loading::load(&tiny_model()).unwrap().tokenizer.expect("the tiny GGUF has a tokenizer");
+    let tokenizer = support::load_exact(&tiny_model()).unwrap().tokenizer.expect("the tiny GGUF has a tokenizer");
     let golden_texts: Vec<String> = golden_tokens.iter().map(|&t| tokenizer.decode(&[t], false).unwrap()).collect();
 
     // Greedy, EOS ignored, 20 alternatives a token: ~800 bytes an event, 800 kB in all; the

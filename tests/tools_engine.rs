@@ -17,13 +17,12 @@ use std::sync::mpsc::Receiver;
 use serde_json::json;
 use support::goldens_dir;
 use weft::engine::{Engine, EngineConfig, Event, Input, Request};
-use weft::loading;
 use weft::sampling::SamplingParams;
 use weft::tokenizer::ChatMessage;
 use weft::tools::{Assembler, ToolDelta, Tools};
 
 fn engine() -> Engine {
-    Engine::start(loading::load(&goldens_dir().join("gguf/llama-q4_1.gguf")).unwrap(), EngineConfig::default()).unwrap()
+    Engine::start(support::load_exact(&goldens_dir().join("gguf/llama-q4_1.gguf")).unwrap(), EngineConfig::default()).unwrap()
 }
 
 fn weather_tools(choice: serde_json::Value) -> Tools {
@@ -311,7 +310,7 @@ fn required_allows_parallel_calls_unless_told_not_to() {
 
 /// The tiny qwen3 model with [`tool_tokenizer`] (text `<tool_call>`).
 fn tool_engine() -> Engine {
-    let mut model = loading::load(&support::tiny_model_dir("qwen3")).unwrap();
+    let mut model = support::load_exact(&support::tiny_model_dir("qwen3")).unwrap();
     model.tokenizer = Some(tool_tokenizer(false));
     Engine::start(model, EngineConfig::default()).unwrap()
 }

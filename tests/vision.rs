@@ -18,13 +18,13 @@ use serde_json::Value;
 use vision_support::*;
 use support::*;
 use weft::engine::{Engine, EngineConfig, Request};
-use weft::loading::{self, LoadedModel};
+use weft::loading::LoadedModel;
 use weft::vision::preprocess;
 
 const MODEL: &str = "gemma3-vision";
 
 fn load() -> LoadedModel {
-    loading::load(&tiny_model_dir(MODEL)).unwrap()
+    support::load_exact(&tiny_model_dir(MODEL)).unwrap()
 }
 
 fn tensors() -> HashMap<String, Array> {
@@ -172,7 +172,7 @@ fn bad_image_input_is_a_clear_error() {
     // A text-only model given an image (the gemma3 text checkpoint and the multimodal form
     // whose vision tower was stripped).
     for dir in ["gemma3-text", "gemma3-wrapped"] {
-        let engine = Engine::start(loading::load(&tiny_model_dir(dir)).unwrap(), EngineConfig::default()).unwrap();
+        let engine = Engine::start(support::load_exact(&tiny_model_dir(dir)).unwrap(), EngineConfig::default()).unwrap();
         assert!(engine.vision().is_none());
         let e = err(&engine, request(c, 4));
         assert!(e.contains("no vision tower"), "{dir}: {e}");
@@ -205,7 +205,7 @@ fn pas_tensors() -> HashMap<String, Array> {
 fn prepared(loaded: &LoadedModel, r: Request) -> weft::engine::Submission {
     let (tok, info, config) = (loaded.tokenizer.as_ref(), loaded.model.info().clone(), EngineConfig::default());
     let sink = Box::new(|_: &weft::engine::Event| true);
-    let mut sub = weft::engine::prepare(1, r, sink, tok, &info, &[], &config).unwrap();
+    let mut sub = weft::engine::prepare(1, r, sink, tok, &Default::default(), &info, &[], &config).unwrap();
     let spec = loaded.model.vision().unwrap().spec().clone();
     weft::engine::attach_images(&mut sub, Some(&spec), tok, &info).unwrap();
     sub
@@ -214,7 +214,7 @@ fn prepared(loaded: &LoadedModel, r: Request) -> weft::engine::Submission {
 #[test]
 fn pan_and_scan_views_and_prompt_ids_equal_the_reference_processor() {
     // preprocessor_config.json turns it on, as for transformers' AutoImageProcessor.
-    let loaded = loading::load(&tiny_model_dir(PAS_MODEL)).unwrap();
+    let loaded = support::load_exact(&tiny_model_dir(PAS_MODEL)).unwrap();
     let spec = loaded.model.vision().unwrap().spec().clone();
     let want_pas = preprocess::PanAndScan { min_crop_size: 16, max_num_crops: 4, min_ratio_to_activate: 1.2 };
     assert_eq!(spec.processor.pan_and_scan, Some(want_pas));
@@ -254,7 +254,7 @@ fn pan_and_scan_views_and_prompt_ids_equal_the_reference_processor() {
 #[test]
 fn pan_and_scan_prompts_match_mlx_vlm_tokens_alone_and_batched() {
     let g = golden("gemma3_pan_and_scan");
-    let engine = Engine::start(loading::load(&tiny_model_dir(PAS_MODEL)).unwrap(), EngineConfig::default()).unwrap();
+    let engine = Engine::start(support::load_exact(&tiny_model_dir(PAS_MODEL)).unwrap(), EngineConfig::default()).unwrap();
     let prompt_request = |c: &Value| {
         let im = &g["images"][c["image"].as_str().unwrap()];
         let mut r = greedy(Vec::new(), 12);

@@ -272,6 +272,16 @@ export interface LoadOptions {
    * (SmolLM2-135M-Instruct), downloaded and verified on first use.
    */
   model?: string
+  /**
+   * CPU kernels of this engine's model: `'fast'` (Weft's) or `'exact'` (MLX's own, bit for bit
+   * mlx-lm). Omitted: `WEFT_CPU_KERNELS` if set, else fast. Engines in one process may differ.
+   */
+  cpuKernels?: 'fast' | 'exact'
+  /**
+   * GGUF block types MLX's reader lacks: `'native'` (kept quantized) or `'dequantize'` (all
+   * float32). Omitted: `WEFT_GGUF_WEIGHTS` if set, else native.
+   */
+  ggufWeights?: 'native' | 'dequantize'
   /** Rows decoding together (default 8). */
   maxBatch?: number
   /** Requests admitted to prefill at once (default 8). */

@@ -37,6 +37,7 @@ pub struct Collector {
     rows: Vec<(RequestId, Receiver<(Event, Instant)>, Instant)>,
     info: weft::models::ModelInfo,
     tokenizer: Option<weft::tokenizer::Tokenizer>,
+    constraints: weft::constrain::ConstraintFactoryCell,
     eos: Vec<u32>,
     next_id: RequestId,
 }
@@ -46,8 +47,9 @@ impl Collector {
         config.validate_for(model.model.info())?;
         let info = model.model.info().clone();
         let tokenizer = model.tokenizer.clone();
+        let constraints = model.constraints.clone();
         let eos = model.eos_token_ids.clone();
-        Ok(Collector { core: EngineCore::new(model, config), rows: Vec::new(), info, tokenizer, eos, next_id: 1 })
+        Ok(Collector { core: EngineCore::new(model, config), rows: Vec::new(), info, tokenizer, constraints, eos, next_id: 1 })
     }
 
     /// Validates and queues a request; its events are collected.
@@ -56,7 +58,7 @@ impl Collector {
         let id = self.next_id;
         self.next_id += 1;
         let sink = Box::new(move |ev: &Event| tx.send((ev.clone(), Instant::now())).is_ok());
-        let sub = prepare(id, request, sink, self.tokenizer.as_ref(), &self.info, &self.eos, self.core.config())?;
+        let sub = prepare(id, request, sink, self.tokenizer.as_ref(), &self.constraints, &self.info, &self.eos, self.core.config())?;
         self.core.enqueue(sub);
         self.rows.push((id, rx, Instant::now()));
         Ok(id)

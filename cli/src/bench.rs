@@ -222,9 +222,9 @@ fn median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
-pub fn run(args: BenchArgs) -> Result<()> {
+pub fn run(args: BenchArgs, opts: &crate::options::Options) -> Result<()> {
     if args.image.is_some() || args.audio.is_some() {
-        return crate::bench_media::run(args);
+        return crate::bench_media::run(args, opts);
     }
     if args.batch.iter().any(|&b| b == 0) || args.gen < 2 {
         return Err(Error::InvalidRequest("--batch sizes must be >= 1 and --gen >= 2".into()));
@@ -240,11 +240,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
             .map_err(|e| Error::InvalidRequest(format!("--temp / --top-p: {e}")))?;
     }
     let source = resolve_model_path(args.model.model.as_deref())?;
-    let model = weft::loading::load(&source)?;
+    let model = weft::loading::load_with(&source, &opts.load)?;
     if args.constrained > 0 {
         // The token trie is built once per loaded model; keep that out of the timed runs.
         let tokenizer = model.tokenizer.as_ref().ok_or_else(|| Error::InvalidRequest("--constrained needs a model with a tokenizer".into()))?;
-        tokenizer.constraint_factory()?;
+        model.constraints.get_or_build(tokenizer)?;
     }
     let info = model.model.info().clone();
     let vocab = info.vocab_size as u64;
@@ -255,7 +255,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         prefill_step_size: args.prefill_step_size.max(1),
         ..EngineConfig::default()
     });
-    let mut engine = Collector::new(model, config)?;
+    let mut engine = Collector::new(model, opts.engine_config(config)?)?;
     let mut results = Vec::new();
     for &b in &args.batch {
         run_once(&mut engine, &args, b, 4, vocab)?; // warm-up at this batch size

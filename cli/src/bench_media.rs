@@ -61,13 +61,13 @@ fn median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
-pub fn run(args: BenchArgs) -> Result<()> {
+pub fn run(args: BenchArgs, opts: &crate::options::Options) -> Result<()> {
     let read = |p: &Option<std::path::PathBuf>| -> Result<Option<Vec<u8>>> {
         p.as_ref().map(|p| std::fs::read(p).map_err(|e| Error::io(p, e))).transpose()
     };
     let (image, audio) = (read(&args.image)?, read(&args.audio)?);
     let source = resolve_model_path(args.model.model.as_deref())?;
-    let loaded = weft::loading::load(&source)?;
+    let loaded = weft::loading::load_with(&source, &opts.load)?;
     let model = loaded.model.as_ref();
     let vision = match &image {
         Some(_) => Some(model.vision().ok_or_else(|| Error::InvalidRequest("--image: this model has no vision tower".into()))?),
@@ -146,12 +146,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let busy = args.media_rows;
     let engine = Engine::start(
         loaded,
-        args.kv.apply(EngineConfig {
+        opts.engine_config(args.kv.apply(EngineConfig {
             max_batch: busy + 2,
             prompt_concurrency: busy + 2,
             prefill_step_size: args.prefill_step_size.max(1),
             ..EngineConfig::default()
-        }),
+        }))?,
     )?;
     // The media prompt's length once expanded (audio): the text request's length.
     let (_, rx) = engine.submit_channel(media_request())?;

@@ -8,6 +8,7 @@ use weft::loading::LoadedModel;
 use weft::tokenizer::ChatMessage;
 use weft::Result;
 
+use crate::options::Options;
 use crate::common::{load_model, require_tokenizer, ModelArgs, SamplingArgs};
 
 #[derive(Args, Debug)]
@@ -32,11 +33,11 @@ pub struct RunArgs {
     pub chat: ChatArgs,
 }
 
-pub fn run(args: RunArgs) -> Result<()> {
+pub fn run(args: RunArgs, opts: &Options) -> Result<()> {
     match args.prompt {
-        None => chat(args.chat),
+        None => chat(args.chat, opts),
         Some(prompt) => {
-            let loaded = load_model(&args.chat.model)?;
+            let loaded = load_model(&args.chat.model, opts)?;
             let mut messages = system_messages(&args.chat);
             messages.push(ChatMessage::new("user", prompt));
             reply(&loaded, &args.chat, &messages)?;
@@ -45,8 +46,8 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
 }
 
-pub fn chat(args: ChatArgs) -> Result<()> {
-    let loaded = load_model(&args.model)?;
+pub fn chat(args: ChatArgs, opts: &Options) -> Result<()> {
+    let loaded = load_model(&args.model, opts)?;
     require_tokenizer(&loaded)?;
     let interactive = std::io::stdin().is_terminal();
     if interactive {

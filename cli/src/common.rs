@@ -123,9 +123,9 @@ pub fn resolve_model_path(model: Option<&Path>) -> Result<PathBuf> {
     Ok(path)
 }
 
-pub fn load_model(args: &ModelArgs) -> Result<LoadedModel> {
+pub fn load_model(args: &ModelArgs, opts: &crate::options::Options) -> Result<LoadedModel> {
     let path = resolve_model_path(args.model.as_deref())?;
-    loading::load(&path)
+    loading::load_with(&path, &opts.load)
 }
 
 pub fn require_tokenizer(model: &LoadedModel) -> Result<&weft::tokenizer::Tokenizer> {

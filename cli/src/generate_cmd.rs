@@ -10,6 +10,7 @@ use weft::tokenizer::ChatMessage;
 use weft::{Error, Result};
 
 use crate::batch::Collector;
+use crate::options::Options;
 use crate::common::{load_model, require_tokenizer, EngineArgs, KvArgs, ModelArgs, SamplingArgs};
 
 #[derive(Args, Debug)]
@@ -61,14 +62,14 @@ fn parse_ids(s: &str) -> std::result::Result<Vec<u32>, String> {
 /// Number of leading first-step logits the parity JSON reports.
 const FIRST_LOGITS: usize = 8;
 
-pub fn run(args: GenerateArgs) -> Result<()> {
+pub fn run(args: GenerateArgs, options: &Options) -> Result<()> {
     if args.prompt.is_some() == !args.prompt_ids.is_empty() {
         return Err(Error::InvalidRequest("give either a PROMPT or --prompt-ids".into()));
     }
     if args.max_tokens == 0 {
         return Err(Error::InvalidRequest("--max-tokens must be at least 1".into()));
     }
-    let loaded = load_model(&args.model)?;
+    let loaded = load_model(&args.model, options)?;
     let opts = GenerateOptions {
         max_tokens: args.max_tokens,
         sampling: args.sampling.params(&loaded),
@@ -82,7 +83,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let tokenizer = loaded.tokenizer.as_ref();
 
     if args.prompt_ids.len() > 1 {
-        return run_rows(args, loaded, opts);
+        return run_rows(args, loaded, opts, options);
     }
     if let Some(ids) = args.prompt_ids.first() {
         let g = generate(model, tokenizer, ids, &opts, |_| true)?;
@@ -144,8 +145,9 @@ fn print_plain(tokens: &[u32], finish: &str) {
 }
 
 /// Several `--prompt-ids`: all submitted at once to the continuous-batching engine.
-fn run_rows(args: GenerateArgs, loaded: weft::loading::LoadedModel, opts: GenerateOptions) -> Result<()> {
-    let mut engine = Collector::new(loaded, args.kv.apply(args.engine.config(opts.prefill_step_size)))?;
+fn run_rows(args: GenerateArgs, loaded: weft::loading::LoadedModel, opts: GenerateOptions, options: &Options) -> Result<()> {
+    let config = options.engine_config(args.kv.apply(args.engine.config(opts.prefill_step_size)))?;
+    let mut engine = Collector::new(loaded, config)?;
     for ids in &args.prompt_ids {
         engine.submit(Request {
             input: Input::Tokens(ids.clone()),

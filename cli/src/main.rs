@@ -14,6 +14,7 @@ mod chat;
 mod common;
 mod generate_cmd;
 mod models_cmd;
+mod options;
 mod progress;
 mod replay;
 mod serve;
@@ -62,20 +63,21 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Some(mode) = cli.cpu_kernels {
-        weft::kernels::set_cpu_kernels(mode);
-    }
     // A bug must still end in one clear line and a failure code, not a backtrace.
     std::panic::set_hook(Box::new(|info| eprintln!("error: internal error: {info}")));
-    let result = std::panic::catch_unwind(|| match cli.command {
-        Command::Generate(a) => generate_cmd::run(a),
-        Command::Chat(a) => chat::chat(a),
-        Command::Run(a) => chat::run(a),
-        Command::Replay(a) => replay::run(a),
-        Command::Bench(a) => bench::run(a),
-        Command::Pull(a) => common::pull(a).map(|p| println!("{}", p.display())),
-        Command::Models(a) => models_cmd::run(a),
-        Command::Serve(a) => serve::run(*a),
+    let result = std::panic::catch_unwind(|| {
+        // Only the commands that load a model map the environment to options.
+        let opts = || options::options_from_env(cli.cpu_kernels);
+        match cli.command {
+            Command::Generate(a) => generate_cmd::run(a, &opts()?),
+            Command::Chat(a) => chat::chat(a, &opts()?),
+            Command::Run(a) => chat::run(a, &opts()?),
+            Command::Replay(a) => replay::run(a, &opts()?),
+            Command::Bench(a) => bench::run(a, &opts()?),
+            Command::Pull(a) => common::pull(a).map(|p| println!("{}", p.display())),
+            Command::Models(a) => models_cmd::run(a),
+            Command::Serve(a) => serve::run(*a, &opts()?),
+        }
     });
     match result {
         Ok(Ok(())) => ExitCode::SUCCESS,

@@ -12,6 +12,7 @@ use weft::sampling::SamplingParams;
 use weft::{Error, Result};
 
 use crate::batch::Collector;
+use crate::options::Options;
 use crate::common::{load_model, KvArgs, ModelArgs};
 
 #[derive(Args, Debug)]
@@ -65,7 +66,7 @@ fn id_string<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Stri
     }
 }
 
-pub fn run(args: ReplayArgs) -> Result<()> {
+pub fn run(args: ReplayArgs, opts: &Options) -> Result<()> {
     let text = std::fs::read_to_string(&args.plan).map_err(|e| Error::io(&args.plan, e))?;
     let plan: Plan = serde_json::from_str(&text)
         .map_err(|e| Error::InvalidRequest(format!("{}: invalid plan: {e}", args.plan.display())))?;
@@ -80,7 +81,8 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         prefill_step_size: prefill,
         ..EngineConfig::default()
     });
-    let loaded = load_model(&args.model)?;
+    let config = opts.engine_config(config)?;
+    let loaded = load_model(&args.model, opts)?;
     let mut engine = Collector::new(loaded, config)?;
 
     let mut order: Vec<&Insert> = plan.inserts.iter().collect();

@@ -21,6 +21,8 @@ use once_cell::sync::Lazy;
 use serde_json::{Map, Value};
 
 use crate::engine::{Constraint, EngineConfig, Input, Request};
+use crate::kernels::CpuKernels;
+use crate::loading::{GgufWeights, LoadOptions};
 use crate::tokenizer::ChatMessage;
 use crate::vision::source::LocalMedia;
 use crate::{Error, Result};
@@ -58,12 +60,34 @@ impl Spelling {
     }
 }
 
-/// Engine options: the model to load and the engine's configuration.
+/// Engine options: the model to load, how it computes, and the engine's configuration.
 #[derive(Debug, Clone)]
 pub struct EngineOptions {
     /// `None`: the default model (downloaded on first use).
     pub model: Option<PathBuf>,
+    /// `cpu_kernels`: `"fast"` (Weft's kernels) or `"exact"` (MLX's, bit for bit mlx-lm);
+    /// `None` leaves it to [`EngineOptions::load_options`].
+    pub cpu_kernels: Option<CpuKernels>,
+    /// `gguf_weights`: `"native"` or `"dequantize"` (see [`GgufWeights`]); `None` as above.
+    pub gguf_weights: Option<GgufWeights>,
     pub config: EngineConfig,
+}
+
+impl EngineOptions {
+    /// The load options of an engine made from these options: those given, and each one left
+    /// unset taken from the environment ([`crate::env::load_options`]: `WEFT_CPU_KERNELS`,
+    /// `WEFT_GGUF_WEIGHTS`, ...) or else its default. The library faces (C, Node, Swift) call
+    /// this and [`EngineOptions::engine_config`]; it is their one read of the environment.
+    pub fn load_options(&self) -> Result<LoadOptions> {
+        crate::env::load_options(self.cpu_kernels, self.gguf_weights)
+    }
+
+    /// The engine configuration with what the environment sets and the contract has no field
+    /// for filled in ([`crate::env::engine_config`]: `WEFT_DECODE`, and `WEFT_FAULTS` in builds
+    /// with the `faults` feature).
+    pub fn engine_config(&self) -> Result<EngineConfig> {
+        crate::env::engine_config(self.config.clone())
+    }
 }
 
 /// Request fields, snake_case (a face spells them with [`Spelling::key`]): the inputs, the
@@ -88,6 +112,8 @@ pub static REQUEST_FIELDS: Lazy<Vec<&'static str>> = Lazy::new(|| {
 /// Engine option fields, snake_case.
 pub const ENGINE_OPTION_FIELDS: &[&str] = &[
     "model",
+    "cpu_kernels",
+    "gguf_weights",
     "max_batch",
     "prompt_concurrency",
     "prefill_step_size",
@@ -742,6 +768,16 @@ pub fn parse_engine_options(v: &Value, spelling: Spelling) -> Result<EngineOptio
         }
         other => other.map(PathBuf::from),
     };
+    let choice = |field: &str, allowed: &[&str]| -> Result<Option<&str>> {
+        match f.get(field) {
+            None => Ok(None),
+            Some(Value::String(s)) if allowed.contains(&s.as_str()) => Ok(Some(s.as_str())),
+            Some(v) => Err(f.err(field, &format!("one of {}", allowed.iter().map(|a| format!("{a:?}")).collect::<Vec<_>>().join(", ")), v)),
+        }
+    };
+    // Both parse infallibly once `choice` admitted the spelling.
+    let cpu_kernels = choice("cpu_kernels", &["fast", "exact"])?.map(str::parse).transpose()?;
+    let gguf_weights = choice("gguf_weights", &["native", "dequantize"])?.map(str::parse).transpose()?;
     if let Some(n) = f.usize("max_batch", 1, 4096)? {
         config.max_batch = n;
     }
@@ -778,7 +814,7 @@ pub fn parse_engine_options(v: &Value, spelling: Spelling) -> Result<EngineOptio
     if let Some(v) = f.get("local_media") {
         config.local_media = LocalMedia::from_json(v, &f.name("local_media"))?;
     }
-    Ok(EngineOptions { model, config })
+    Ok(EngineOptions { model, cpu_kernels, gguf_weights, config })
 }
 
 #[cfg(test)]
@@ -1069,7 +1105,7 @@ mod tests {
     #[test]
     fn every_engine_option_is_read() {
         let o = parse_engine_options(
-            &json!({"model": "m", "max_batch": 2, "prompt_concurrency": 3, "prefill_step_size": 64,
+            &json!({"model": "m", "cpu_kernels": "exact", "gguf_weights": "dequantize", "max_batch": 2, "prompt_concurrency": 3, "prefill_step_size": 64,
                     "kv_budget_bytes": 1000, "prompt_cache_bytes": 5, "kv_bits": 4, "kv_group_size": 32,
                     "quantized_kv_start": 100, "cache_limit_bytes": 0, "clear_cache_every_steps": 16,
                     "memory_limit_bytes": 1000000, "wired_limit_bytes": 7}),
@@ -1077,6 +1113,9 @@ mod tests {
         )
         .unwrap();
         assert_eq!(o.model, Some(PathBuf::from("m")));
+        assert_eq!((o.cpu_kernels, o.gguf_weights), (Some(CpuKernels::Exact), Some(GgufWeights::Dequantize)));
+        let load = o.load_options().unwrap();
+        assert_eq!((load.cpu_kernels, load.gguf_weights), (CpuKernels::Exact, GgufWeights::Dequantize));
         let c = &o.config;
         assert_eq!((c.max_batch, c.prompt_concurrency, c.prefill_step_size), (2, 3, 64));
         assert_eq!((c.kv_budget_bytes, c.prompt_cache_bytes), (Some(1000), 5));
@@ -1087,7 +1126,7 @@ mod tests {
 
         let d = parse_engine_options(&json!({"model": null, "kv_budget_bytes": null}), Snake).unwrap();
         let base = EngineConfig::default();
-        assert!(d.model.is_none());
+        assert!(d.model.is_none() && d.cpu_kernels.is_none() && d.gguf_weights.is_none());
         assert_eq!((d.config.max_batch, d.config.kv_budget_bytes, d.config.kv_bits), (base.max_batch, None, None));
         assert_eq!(d.config.memory, base.memory);
 
@@ -1095,6 +1134,8 @@ mod tests {
             .unwrap()
             .config;
         assert_eq!((c.max_batch, c.memory.clear_cache_every_steps, c.memory.wired_limit_bytes), (5, 0, Some(9)));
+        let o = parse_engine_options(&json!({"cpuKernels": "fast", "ggufWeights": "native"}), Camel).unwrap();
+        assert_eq!((o.cpu_kernels, o.gguf_weights), (Some(CpuKernels::Fast), Some(GgufWeights::Native)));
     }
 
     #[test]
@@ -1128,6 +1169,9 @@ mod tests {
             (json!({"max_btach": 2}), "unknown field \"max_btach\" (did you mean max_batch?)"),
             (json!({"model": 3}), "model must be a string, got 3"),
             (json!({"model": ""}), "model must be a non-empty path"),
+            (json!({"cpu_kernels": "slow"}), "cpu_kernels must be one of \"fast\", \"exact\", got \"slow\""),
+            (json!({"cpu_kernels": 1}), "cpu_kernels must be one of \"fast\", \"exact\", got 1"),
+            (json!({"gguf_weights": "f32"}), "gguf_weights must be one of \"native\", \"dequantize\", got \"f32\""),
             (json!({"max_batch": 0}), "max_batch must be an integer in [1, 4096], got 0"),
             (json!({"max_batch": "4"}), "max_batch must be an integer in [1, 4096], got \"4\""),
             (json!({"prompt_concurrency": 4097}), "prompt_concurrency must be an integer in [1, 4096], got 4097"),
@@ -1148,6 +1192,7 @@ mod tests {
         }
         has(&opt_err(json!({"maxBatch": 0}), Camel), "maxBatch must be an integer in [1, 4096], got 0");
         has(&opt_err(json!({"modle": "m"}), Camel), "unknown field \"modle\" (did you mean model?)");
+        has(&opt_err(json!({"cpuKernels": "EXACT"}), Camel), "cpuKernels must be one of \"fast\", \"exact\", got \"EXACT\"");
         has(&opt_err(json!({"memoryLimitBytes": 0}), Camel), "memoryLimitBytes must be an integer >= 1, got 0");
     }
 

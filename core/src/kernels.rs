@@ -5,27 +5,26 @@
 //!   projections on a CPU stream run Weft's primitives. Its float32 sums are ordered differently from MLX's, so logits differ in the
 //!   last bits; `tests/cpu_kernels.rs` bounds the KL divergence against exact mode.
 //! - [`CpuKernels::Exact`]: MLX's kernels everywhere, bit-for-bit what mlx-lm computes (the
-//!   parity goldens run in this mode; `scripts/test` sets `WEFT_CPU_KERNELS=exact`).
+//!   parity goldens run in this mode).
 //!
-//! The mode is read when a model is loaded and kept by its layers, so a model loaded in one
-//! mode stays in it on whatever thread runs it. Precedence: [`with_cpu_kernels`] on the loading
-//! thread, then [`set_cpu_kernels`] (the CLI's `--cpu-kernels`), then `WEFT_CPU_KERNELS`, then
-//! fast. GPU streams always use MLX's kernels.
+//! The mode is a load option (`loading::LoadOptions::cpu_kernels`, the engine option
+//! `cpu_kernels` of the contract, the CLI's `--cpu-kernels`) kept by the model's layers, so two
+//! models in one process may differ and a model stays in its mode on whatever thread runs it.
+//! GPU streams always use MLX's kernels.
 
-use std::cell::Cell;
 use std::ffi::CStr;
-use std::sync::atomic::{AtomicU8, Ordering};
 
 use mlx_rs::{Array, Stream};
 
 use crate::{Error, Result};
 
 /// Which quantized-matmul kernel CPU layers use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CpuKernels {
     /// MLX's own kernels (matches mlx-lm exactly).
     Exact,
     /// Weft's SIMD multi-threaded quantized matmul.
+    #[default]
     Fast,
 }
 
@@ -48,51 +47,6 @@ impl std::str::FromStr for CpuKernels {
                 "CPU kernels {other:?}: expected \"exact\" or \"fast\""
             ))),
         }
-    }
-}
-
-/// The environment variable naming the default mode.
-pub const ENV: &str = "WEFT_CPU_KERNELS";
-
-// 0: not set (use the environment), 1: exact, 2: fast.
-static PROCESS_DEFAULT: AtomicU8 = AtomicU8::new(0);
-
-thread_local! {
-    static SCOPED: Cell<Option<CpuKernels>> = const { Cell::new(None) };
-}
-
-/// Sets the process-wide mode (overrides `WEFT_CPU_KERNELS`) for models loaded afterwards.
-pub fn set_cpu_kernels(mode: CpuKernels) {
-    PROCESS_DEFAULT.store(if mode == CpuKernels::Exact { 1 } else { 2 }, Ordering::Relaxed);
-}
-
-/// Runs `f` (typically a model load) with `mode` on this thread only.
-pub fn with_cpu_kernels<R>(mode: CpuKernels, f: impl FnOnce() -> R) -> R {
-    struct Restore(Option<CpuKernels>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            SCOPED.with(|s| s.set(self.0));
-        }
-    }
-    let _restore = Restore(SCOPED.with(|s| s.replace(Some(mode))));
-    f()
-}
-
-/// The mode a model loaded now on this thread gets. Errors on an unknown `WEFT_CPU_KERNELS`.
-pub fn cpu_kernels() -> Result<CpuKernels> {
-    if let Some(mode) = SCOPED.with(|s| s.get()) {
-        return Ok(mode);
-    }
-    match PROCESS_DEFAULT.load(Ordering::Relaxed) {
-        1 => return Ok(CpuKernels::Exact),
-        2 => return Ok(CpuKernels::Fast),
-        _ => {}
-    }
-    match std::env::var(ENV) {
-        Ok(v) if !v.is_empty() => v
-            .parse()
-            .map_err(|_| Error::ModelLoad(format!("{ENV}={v:?}: expected \"exact\" or \"fast\""))),
-        _ => Ok(CpuKernels::Fast),
     }
 }
 
@@ -177,12 +131,6 @@ pub fn gather_qmm(
     }
 }
 
-/// Whether layers loaded now on this thread run Weft's CPU primitives (fast mode on a CPU
-/// device); an unknown `WEFT_CPU_KERNELS` counts as exact here (loading reports it elsewhere).
-pub fn fast_on_cpu() -> bool {
-    crate::default_device() == "cpu" && cpu_kernels().is_ok_and(|m| m == CpuKernels::Fast)
-}
-
 /// `mlx fast::rms_norm(x, weight, eps)`: one primitive for float32 `x` on CPU streams (MLX runs
 /// its fallback graph of ~6 ops there), MLX's op otherwise. Sums in another order than MLX's:
 /// fast mode only.
@@ -227,13 +175,24 @@ pub fn rope(
     }
 }
 
+/// What the fused attention kernels (MLX's and [`sdpa`]) mask with; the caches make them
+/// (`cache::AttentionCache::make_mask`).
+#[derive(Debug, Clone)]
+pub enum AttentionMask {
+    /// A single query position sees every cached key.
+    None,
+    /// Square causal mask handled inside the kernel.
+    Causal,
+    /// Explicit boolean mask broadcastable to `[B, 1, L, S]` (true = attend).
+    Array(Array),
+}
+
 /// `mlx fast::scaled_dot_product_attention(q, k, v, scale, mask)`: one primitive for float32
 /// q `[B, Hq, Lq, D]`, k / v `[B, Hkv, Lk, D]` (any strides) on CPU streams, with no mask, the
 /// causal mask (`Lq <= Lk`) or a boolean / additive array mask (broadcast to `[B, Hq, Lq, Lk]`);
 /// MLX's op otherwise (other dtypes, GPU streams). Online softmax over key blocks with its own
 /// vectorized exp, so the last bits differ from MLX's: fast mode only.
-pub fn sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: &crate::cache::AttentionMask) -> Result<Array> {
-    use crate::cache::AttentionMask;
+pub fn sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: &AttentionMask) -> Result<Array> {
     let stream = Stream::thread_local_or_default();
     let (mode, array): (&CStr, Option<&Array>) = match mask {
         AttentionMask::None => (c"", None),

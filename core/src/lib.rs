@@ -15,6 +15,7 @@ pub mod contract;
 pub mod distributed;
 pub mod error;
 pub mod engine;
+pub mod env;
 pub mod generate;
 pub mod gguf;
 pub mod language_model;

@@ -19,8 +19,8 @@ use std::process::ExitCode;
 
 use weft::distributed::Group;
 use weft::generate::{generate, GenerateOptions};
-use weft::nn::pipeline::with_pipeline;
-use weft::nn::tensor_parallel::with_tensor_parallel;
+use weft::loading::LoadOptions;
+use weft::nn::Parallel;
 
 struct Args {
     model: PathBuf,
@@ -65,8 +65,8 @@ fn parse() -> Result<Args, String> {
 
 fn run(args: Args) -> weft::Result<()> {
     let group = Group::init_from_env()?;
-    let load = || weft::loading::load(&args.model);
-    let loaded = if args.pipeline { with_pipeline(&group, load)? } else { with_tensor_parallel(&group, load)? };
+    let parallel = if args.pipeline { Parallel::Pipeline(group.clone()) } else { Parallel::Tensor(group.clone()) };
+    let loaded = weft::loading::load_with(&args.model, &LoadOptions { parallel: Some(parallel), ..weft::env::load_options(None, None)? })?;
     let opts = GenerateOptions {
         max_tokens: args.max_tokens,
         prefill_step_size: args.prefill_step,

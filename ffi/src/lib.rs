@@ -200,13 +200,17 @@ pub extern "C" fn weft_engine_new(options_json: *const c_char, out_engine: *mut 
         } else {
             json::parse_options(str_arg(options_json, F, "options_json")?)?
         };
-        options.config.validate().map_err(|e| from_engine_error(&e, false))?;
+        // Options left unset come from the environment (WEFT_CPU_KERNELS, ...): the one
+        // documented place, EngineOptions::load_options / engine_config.
+        let config = options.engine_config().map_err(|e| from_engine_error(&e, false))?;
+        config.validate().map_err(|e| from_engine_error(&e, false))?;
+        let load_options = options.load_options().map_err(|e| from_engine_error(&e, true))?;
         let path = match options.model {
             Some(p) => p,
             None => ModelStore::from_env().default_model_path(&mut |_| {}).map_err(|e| from_engine_error(&e, true))?,
         };
-        let model = weft::loading::load(&path).map_err(|e| from_engine_error(&e, true))?;
-        let engine = Engine::start(model, options.config).map_err(|e| from_engine_error(&e, false))?;
+        let model = weft::loading::load_with(&path, &load_options).map_err(|e| from_engine_error(&e, true))?;
+        let engine = Engine::start(model, config).map_err(|e| from_engine_error(&e, false))?;
         let handle = Box::new(weft_engine {
             engine: RwLock::new(Some(engine)),
             max_issued: AtomicU64::new(0),

@@ -37,10 +37,15 @@ pub fn floats(v: &Value) -> Vec<f32> {
 }
 
 /// Loads a model in the exact CPU kernel mode (MLX's own kernels, no projection fusion): what
-/// comparisons with mlx-lm's goldens need, whatever `WEFT_CPU_KERNELS` says. Tests that only
-/// compare Weft with itself load with `loading::load` under `with_cpu_kernels(Fast, ..)`.
+/// comparisons with mlx-lm's goldens need. Tests that only compare Weft with itself load with
+/// the defaults (`loading::load`, fast kernels) or name their options.
 pub fn load_exact(path: &Path) -> weft::Result<weft::loading::LoadedModel> {
-    weft::kernels::with_cpu_kernels(weft::kernels::CpuKernels::Exact, || weft::loading::load(path))
+    weft::loading::load_with(path, &exact_options())
+}
+
+/// The load options of [`load_exact`].
+pub fn exact_options() -> weft::loading::LoadOptions {
+    weft::loading::LoadOptions::default().with_cpu_kernels(weft::kernels::CpuKernels::Exact)
 }
 
 /// The default model (SmolLM2 GGUF) if it is installed in the model store (`weft pull`), or
@@ -217,7 +222,7 @@ pub fn replay(model: LoadedModel, schedule: &Value, max_batch: usize) -> Vec<Out
                 true
             });
             let req = greedy(ids(&rows[i]["prompt_ids"]), rows[i]["max_tokens"].as_u64().unwrap() as usize);
-            core.enqueue(prepare(i as u64 + 1, req, sink, None, &info, &[], &config).unwrap());
+            core.enqueue(prepare(i as u64 + 1, req, sink, None, &Default::default(), &info, &[], &config).unwrap());
             next += 1;
         }
         if next == pending.len() && core.is_idle() {

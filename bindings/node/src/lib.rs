@@ -41,6 +41,14 @@ pub struct LoadOptions {
     /// An mlx-lm model directory or a `.gguf` file. Omitted: the default model
     /// (SmolLM2-135M-Instruct), downloaded and verified on first use.
     pub model: Option<String>,
+    /// CPU kernels of this engine's model: `'fast'` (Weft's) or `'exact'` (MLX's own, bit for bit
+    /// mlx-lm). Omitted: `WEFT_CPU_KERNELS` if set, else fast. Engines in one process may differ.
+    #[napi(ts_type = "'fast' | 'exact'")]
+    pub cpu_kernels: Option<String>,
+    /// GGUF block types MLX's reader lacks: `'native'` (kept quantized) or `'dequantize'` (all
+    /// float32). Omitted: `WEFT_GGUF_WEIGHTS` if set, else native.
+    #[napi(ts_type = "'native' | 'dequantize'")]
+    pub gguf_weights: Option<String>,
     /// Rows decoding together (default 8).
     pub max_batch: Option<u32>,
     /// Requests admitted to prefill at once (default 8).
@@ -454,7 +462,7 @@ fn load_engine(params: options::LoadParams) -> Res<(weft::engine::Engine, ModelI
         Some(p) => std::path::PathBuf::from(p),
         None => weft::model_store::ModelStore::from_env().default_model_path(&mut |_| {}).map_err(Fail::loading)?,
     };
-    let loaded = weft::loading::load(&path).map_err(Fail::loading)?;
+    let loaded = weft::loading::load_with(&path, &params.load).map_err(Fail::loading)?;
     let engine = weft::engine::Engine::start(loaded, params.config)?;
     let i = engine.model_info();
     let info = ModelInfo {

@@ -82,6 +82,7 @@ fn number(x: f64) -> Value {
 
 pub struct LoadParams {
     pub model: Option<String>,
+    pub load: weft::loading::LoadOptions,
     pub config: EngineConfig,
 }
 
@@ -94,7 +95,11 @@ pub fn load_params(env: sys::napi_env, options: Option<sys::napi_value>) -> Res<
         },
     };
     let o = contract::parse_engine_options(&value, Spelling::Camel)?;
-    Ok(LoadParams { model: o.model.map(|p| p.display().to_string()), config: o.config })
+    // Options left unset come from the environment (WEFT_CPU_KERNELS, ...): the one documented
+    // place, EngineOptions::load_options / engine_config.
+    let load = o.load_options()?;
+    let config = o.engine_config()?;
+    Ok(LoadParams { model: o.model.map(|p| p.display().to_string()), load, config })
 }
 
 /// A request plus its `signal` (validated to look like an AbortSignal).

@@ -262,7 +262,7 @@ fn load_chat_template(arg: &str, engine: &Engine) -> Result<ChatTemplate> {
     ChatTemplate::new(&source, bos, eos)
 }
 
-pub fn run(args: ServeArgs) -> Result<()> {
+pub fn run(args: ServeArgs, opts: &crate::options::Options) -> Result<()> {
     if args.max_tokens == 0 {
         return Err(Error::InvalidRequest("--max-tokens must be at least 1".into()));
     }
@@ -282,10 +282,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         None => None,
     };
     let model = match &ranks {
-        Some(r) => r.load(&path)?,
-        None => weft::loading::load(&path)?,
+        Some(r) => r.load(&path, &opts.load)?,
+        None => weft::loading::load_with(&path, &opts.load)?,
     };
-    let config = EngineConfig {
+    let config = opts.engine_config(EngineConfig {
         max_batch: args.decode_concurrency,
         prompt_concurrency: args.prompt_concurrency,
         prefill_step_size: args.prefill_step_size,
@@ -295,12 +295,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
         kv_group_size: args.kv.kv_group_size,
         quantized_kv_start: args.kv.quantized_kv_start,
         memory: args.memory.policy(),
-        faults: None,
         local_media: local_media_policy(&args.allowed_media_dirs)?,
         // --chat-template goes with each request (Request::chat_template): it needs the
         // loaded tokenizer's special tokens.
         ..EngineConfig::default()
-    };
+    })?;
     let engine = match &ranks {
         Some(r) if r.group.rank() > 0 => {
             if info {

@@ -13,7 +13,8 @@ use std::time::Duration;
 use serde_json::Value;
 use weft::distributed::Group;
 use weft::engine::LockstepOptions;
-use weft::loading::LoadedModel;
+use weft::loading::{LoadOptions, LoadedModel};
+use weft::nn::Parallel;
 use weft::{Error, Result};
 
 /// The parsed hostfile: one entry per rank.
@@ -167,11 +168,9 @@ fn ring_hostfile(file: &Path, hosts: &[Host], starting_port: u16) -> Result<Path
 
 impl Ranks {
     /// Loads this rank's shard (tensor parallel, or its pipeline stage).
-    pub fn load(&self, path: &Path) -> Result<LoadedModel> {
-        if self.pipeline {
-            weft::nn::pipeline::with_pipeline(&self.group, || weft::loading::load(path))
-        } else {
-            weft::nn::tensor_parallel::with_tensor_parallel(&self.group, || weft::loading::load(path))
-        }
+    pub fn load(&self, path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
+        let group = self.group.clone();
+        let parallel = if self.pipeline { Parallel::Pipeline(group) } else { Parallel::Tensor(group) };
+        weft::loading::load_with(path, &LoadOptions { parallel: Some(parallel), ..options.clone() })
     }
 }

@@ -40,20 +40,13 @@ pub enum RopeOffset {
     PerRow(Array),
 }
 
-/// What the fused attention kernel masks with.
-#[derive(Debug, Clone)]
-pub enum AttentionMask {
-    /// A single query position sees every cached key.
-    None,
-    /// Square causal mask handled inside the kernel.
-    Causal,
-    /// Explicit boolean mask broadcastable to `[B, 1, L, S]` (true = attend).
-    Array(Array),
-}
+/// What the fused attention kernel masks with: defined with the kernels (below the caches,
+/// which make the masks), re-exported here where the caches hand them out.
+pub use crate::kernels::AttentionMask;
 
 /// Fused scaled-dot-product attention over cached keys and values, with the cache-provided
 /// mask (here, below `nn`, because the caches attend too). `fast`: the layer was loaded in fast
-/// mode on the CPU ([`crate::kernels::fast_on_cpu`]), so Weft's primitive runs
+/// mode on the CPU (`nn::LayerOptions::fast_on_cpu`), so Weft's primitive runs
 /// ([`crate::kernels::sdpa`]); else MLX's op, bit for bit mlx-lm's.
 pub fn sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: &AttentionMask, fast: bool) -> Result<Array> {
     use mlx_rs::fast::{scaled_dot_product_attention, ScaledDotProductAttentionMask as M};

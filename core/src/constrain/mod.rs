@@ -243,29 +243,34 @@ fn first_line(s: &str) -> &str {
     s.lines().next().unwrap_or(s)
 }
 
-/// The factory, built once per tokenizer (so once per loaded model) on first use; cloned
-/// tokenizers share it.
+/// One model's [`ConstraintFactory`], built on first use from its tokenizer and shared by
+/// clones. The tokenizer's owner keeps it beside the tokenizer (`loading::LoadedModel::constraints`,
+/// then the engine built from it), not the tokenizer itself: the factory holds the tokenizer
+/// (llguidance tokenizes forced text with it), so a tokenizer holding its factory would be a
+/// reference cycle, and `tokenizer` importing this module an import cycle.
 #[derive(Clone, Default)]
-pub(crate) struct FactoryCell(Arc<OnceLock<std::result::Result<Arc<ConstraintFactory>, String>>>);
+pub struct ConstraintFactoryCell(Arc<OnceLock<std::result::Result<Arc<ConstraintFactory>, String>>>);
 
-impl FactoryCell {
-    pub(crate) fn get_or_build(&self, tokenizer: &Tokenizer) -> Result<Arc<ConstraintFactory>> {
+impl ConstraintFactoryCell {
+    /// The factory for `tokenizer`, built on the first call (later calls return that one:
+    /// pass the same model's tokenizer every time).
+    pub fn get_or_build(&self, tokenizer: &Tokenizer) -> Result<Arc<ConstraintFactory>> {
         self.0
             .get_or_init(|| ConstraintFactory::new(tokenizer).map(Arc::new).map_err(|e| e.to_string()))
             .clone()
             .map_err(Error::Unsupported)
     }
-}
 
-impl fmt::Debug for FactoryCell {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.0.get().is_some() { "FactoryCell(built)" } else { "FactoryCell(empty)" })
+    /// Compiles `constraint` against the (lazily built, shared) factory of `tokenizer`.
+    pub fn compile(&self, constraint: &Constraint, tokenizer: &Tokenizer) -> Result<RowConstraint> {
+        self.get_or_build(tokenizer)?.compile(constraint)
     }
 }
 
-/// Compiles `constraint` against `tokenizer`'s (lazily built, shared) factory.
-pub fn compile(constraint: &Constraint, tokenizer: &Tokenizer) -> Result<RowConstraint> {
-    tokenizer.constraint_factory()?.compile(constraint)
+impl fmt::Debug for ConstraintFactoryCell {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.get().is_some() { "ConstraintFactoryCell(built)" } else { "ConstraintFactoryCell(empty)" })
+    }
 }
 
 /// One row's grammar state: the allowed-token mask for its next token, and the token commits.

@@ -16,9 +16,6 @@ use crate::{Error, Result};
 /// the first available.
 pub const BACKENDS: [&str; 6] = ["any", "ring", "mpi", "nccl", "jaccl", "jaccl-ring"];
 
-/// The environment variable naming the backend Weft's ranks initialise (default `ring`).
-pub const BACKEND_ENV: &str = "WEFT_DISTRIBUTED_BACKEND";
-
 /// Whether MLX was built with `backend` (and, for `any`, whether any backend is).
 pub fn is_available(backend: &str) -> Result<bool> {
     let name = backend_name(backend)?;
@@ -80,11 +77,7 @@ impl Group {
     /// [`Group::init`] with the backend `WEFT_DISTRIBUTED_BACKEND` names (default `ring`),
     /// strictly: a rank that was not launched as one is an error, not a group of one.
     pub fn init_from_env() -> Result<Group> {
-        let backend = match std::env::var(BACKEND_ENV) {
-            Ok(v) if !v.is_empty() => v,
-            _ => "ring".to_string(),
-        };
-        Group::init(&backend, true)
+        Group::init(&crate::env::distributed_backend()?, true)
     }
 
     pub fn rank(&self) -> usize {
@@ -148,40 +141,3 @@ impl Group {
     }
 }
 
-/// The group a model load on this thread distributes over (tensor-parallel sharding or a
-/// pipeline stage, one slot each), and whether a loader took it.
-pub(crate) type LoadPlan = std::cell::RefCell<Option<(Group, bool)>>;
-
-/// Runs `load` with `plan` holding `group`, restoring the slot afterwards (also on error or
-/// panic). A load no loader took the group for is refused with `untaken()`'s message, rather
-/// than leaving the model whole.
-pub(crate) fn load_with_plan<R>(
-    plan: &'static std::thread::LocalKey<LoadPlan>,
-    group: &Group,
-    load: impl FnOnce() -> Result<R>,
-    untaken: impl FnOnce() -> String,
-) -> Result<R> {
-    struct Restore(&'static std::thread::LocalKey<LoadPlan>, Option<(Group, bool)>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            let previous = self.1.take();
-            self.0.with(|p| *p.borrow_mut() = previous);
-        }
-    }
-    let _restore = Restore(plan, plan.with(|p| p.borrow_mut().replace((group.clone(), false))));
-    let out = load()?;
-    if !plan.with(|p| p.borrow().as_ref().is_some_and(|(_, taken)| *taken)) {
-        return Err(Error::Unsupported(untaken()));
-    }
-    Ok(out)
-}
-
-/// The group in `plan`, if a load is distributing over one; marks it taken.
-pub(crate) fn take_plan(plan: &'static std::thread::LocalKey<LoadPlan>) -> Option<Group> {
-    plan.with(|p| {
-        p.borrow_mut().as_mut().map(|(g, taken)| {
-            *taken = true;
-            g.clone()
-        })
-    })
-}

@@ -1,6 +1,7 @@
 //! The engine's single-threaded loop body: admission (policy) then execution.
 
 use super::executor::Executor;
+use crate::constrain::ConstraintFactoryCell;
 use super::faults::Faults;
 use super::memory::{mlx_memory, release_cached_memory};
 use super::scheduler::{projected_kv_bytes_for, Load, Scheduler};
@@ -11,6 +12,8 @@ use crate::loading::LoadedModel;
 pub struct EngineCore {
     scheduler: Scheduler,
     executor: Executor,
+    /// The model's grammar compiler (built on a follower's first constrained row).
+    constraints: ConstraintFactoryCell,
     /// Faults still to fire (tests of the final-event guarantee).
     faults: Faults,
     /// The decode step after which MLX's buffer cache was last returned (periodic release).
@@ -21,11 +24,17 @@ pub struct EngineCore {
 
 impl EngineCore {
     pub fn new(model: LoadedModel, config: EngineConfig) -> Self {
-        let faults = config.faults.unwrap_or_default();
+        // Faults can be injected only in builds with the `faults` feature (tests).
+        #[cfg(feature = "faults")]
+        let faults = config.faults;
+        #[cfg(not(feature = "faults"))]
+        let faults = Faults::default();
+        let constraints = model.constraints;
         let executor = Executor::new(model.model, model.tokenizer, config.prefill_step_size, config.prompt_cache_bytes)
             .with_kv_quantization(config.kv_quantization())
+            .with_decode_mode(config.decode)
             .with_faults(faults);
-        EngineCore { scheduler: Scheduler::new(config), executor, faults, released_at_step: 0, idle_mark: None }
+        EngineCore { scheduler: Scheduler::new(config), executor, constraints, faults, released_at_step: 0, idle_mark: None }
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -39,6 +48,11 @@ impl EngineCore {
     /// The model's tokenizer (a follower rank compiles rank 0's grammars with it).
     pub(crate) fn tokenizer(&self) -> Option<&crate::tokenizer::Tokenizer> {
         self.executor.tokenizer()
+    }
+
+    /// The grammar compiler of [`EngineCore::tokenizer`].
+    pub(crate) fn constraints(&self) -> &ConstraintFactoryCell {
+        &self.constraints
     }
 
     pub fn enqueue(&mut self, sub: Submission) {

@@ -16,7 +16,7 @@
 //! from the device token), then read the previous tokens, advance the grammars and compute the
 //! masks while the forward runs, then mask and choose. Joins append rows after the in-flight
 //! ones and evictions filter the in-flight arrays too, so neither needs a flush.
-//! `WEFT_DECODE=sync` reads every step's tokens at once (the synchronous reference).
+//! [`DecodeMode::Synchronous`] reads every step's tokens at once (the synchronous reference).
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -58,9 +58,16 @@ pub struct StepTiming {
     pub mask_wait: Duration,
 }
 
-/// `WEFT_DECODE=sync`: every decode step is read before the next one is built (the reference
-/// the pipelined schedule is checked against; slower, same tokens).
-pub const SYNC_ENV: &str = "WEFT_DECODE";
+/// How decode steps are scheduled ([`super::EngineConfig::decode`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DecodeMode {
+    /// Each step is built from the previous step's unread tokens and evaluated asynchronously.
+    #[default]
+    Pipelined,
+    /// Every decode step is read before the next one is built (the reference the pipelined
+    /// schedule is checked against; slower, same tokens).
+    Synchronous,
+}
 
 /// How an executor holds its model: owned, on an engine's driver thread, or borrowed by
 /// `generate`, which runs one sequence on its caller's thread.
@@ -94,7 +101,7 @@ pub(super) struct Executor<M: ModelHandle = Box<dyn LanguageModel>> {
     kv: Option<KvQuantization>,
     /// Injected failures still to fire.
     faults: Faults,
-    /// Read every step's tokens before the next step is built (`WEFT_DECODE=sync`).
+    /// Read every step's tokens before the next step is built ([`DecodeMode::Synchronous`]).
     synchronous: bool,
     pub prompt_cache: PromptCache,
     pub decode_steps: u64,
@@ -123,7 +130,7 @@ impl<M: ModelHandle> Executor<M> {
             parked: Vec::new(),
             kv: None,
             faults: Faults::default(),
-            synchronous: std::env::var(SYNC_ENV).is_ok_and(|v| v == "sync"),
+            synchronous: false,
             prompt_cache: PromptCache::new(prompt_cache_bytes),
             decode_steps: 0,
             prefill_forwards: 0,
@@ -140,6 +147,12 @@ impl<M: ModelHandle> Executor<M> {
         // Quantized caches have no right-padded batched prefill (mlx-lm does not batch kv_bits).
         self.prefill_together &= kv.is_none();
         self.kv = kv;
+        self
+    }
+
+    /// Schedules decode steps as `mode` says.
+    pub fn with_decode_mode(mut self, mode: DecodeMode) -> Self {
+        self.synchronous = mode == DecodeMode::Synchronous;
         self
     }
 

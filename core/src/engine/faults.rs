@@ -1,6 +1,7 @@
 //! Deliberate failures for testing the final-event guarantee in every face (Rust, C, Node,
-//! Swift, the server): set [`EngineConfig::faults`](super::EngineConfig::faults), or the
-//! `WEFT_FAULTS` environment variable for an engine created without one, e.g.
+//! Swift, the server). Only builds with the `faults` cargo feature can inject them (release
+//! builds do not enable it): set `EngineConfig::faults`, or, through a face that fills its
+//! options from the environment ([`crate::env`]), `WEFT_FAULTS`, e.g.
 //! `WEFT_FAULTS=forward-error@3,step-panic@5,driver-panic@8`. Each fault fires once.
 
 use crate::{Error, Result};
@@ -18,13 +19,12 @@ pub struct Faults {
 }
 
 impl Faults {
-    pub const ENV: &'static str = "WEFT_FAULTS";
-
     /// Parses `name@step[,name@step...]` (names: forward-error, step-panic, driver-panic).
+    #[cfg_attr(not(feature = "faults"), allow(dead_code))]
     pub fn parse(spec: &str) -> Result<Faults> {
         let mut f = Faults::default();
         for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            let bad = || Error::InvalidRequest(format!("{}: `{item}` is not name@step (forward-error, step-panic, driver-panic)", Self::ENV));
+            let bad = || Error::InvalidRequest(format!("{}: `{item}` is not name@step (forward-error, step-panic, driver-panic)", crate::env::FAULTS));
             let (name, step) = item.split_once('@').ok_or_else(bad)?;
             let step: u64 = step.parse().map_err(|_| bad())?;
             let slot = match name {
@@ -36,14 +36,6 @@ impl Faults {
             *slot = Some(step);
         }
         Ok(f)
-    }
-
-    /// The faults `WEFT_FAULTS` asks for (`None` when unset or empty).
-    pub fn from_env() -> Result<Option<Faults>> {
-        match std::env::var(Self::ENV) {
-            Ok(spec) if !spec.trim().is_empty() => Faults::parse(&spec).map(Some),
-            _ => Ok(None),
-        }
     }
 
     /// Takes (fires) `slot` if it is due at decode step `step`.

@@ -325,7 +325,7 @@ impl LockstepCore {
             match op {
                 Op::Admit(w) => {
                     let sink = sinks(w.id);
-                    let sub = submission(w, sink, self.core.tokenizer())?;
+                    let sub = submission(w, sink, self.core.tokenizer(), self.core.constraints())?;
                     self.core.enqueue(sub);
                 }
                 Op::Cancel(id) => self.core.cancel(id),
@@ -520,7 +520,12 @@ fn wire(sub: &mut Submission) -> Result<WireRequest> {
 
 /// A follower's row for `w`; its grammar is compiled here, with this rank's tokenizer (the
 /// same model's, so the same token trie).
-fn submission(w: WireRequest, sink: Sink, tokenizer: Option<&crate::tokenizer::Tokenizer>) -> Result<Submission> {
+fn submission(
+    w: WireRequest,
+    sink: Sink,
+    tokenizer: Option<&crate::tokenizer::Tokenizer>,
+    constraints: &crate::constrain::ConstraintFactoryCell,
+) -> Result<Submission> {
     let mut request = Request::new(Input::Tokens(w.prompt.clone()));
     request.max_tokens = w.max_tokens;
     request.sampling = w.sampling;
@@ -535,7 +540,7 @@ fn submission(w: WireRequest, sink: Sink, tokenizer: Option<&crate::tokenizer::T
             let tokenizer = tokenizer.ok_or_else(|| {
                 Error::EngineFailed("rank 0 sent a constrained row but this rank's model has no tokenizer".into())
             })?;
-            Some(crate::constrain::compile(c, tokenizer).map_err(|e| {
+            Some(constraints.compile(c, tokenizer).map_err(|e| {
                 Error::EngineFailed(format!("this rank cannot compile rank 0's {} constraint: {e}", c.field()))
             })?)
         }
@@ -610,13 +615,10 @@ pub fn follow(model: LoadedModel, config: EngineConfig, group: Group, opts: Lock
 }
 
 /// [`Engine::start`]'s checks and setup of `config`, for a core built here.
-fn prepared_config(model: &LoadedModel, mut config: EngineConfig) -> Result<EngineConfig> {
+fn prepared_config(model: &LoadedModel, config: EngineConfig) -> Result<EngineConfig> {
     config.validate_for(model.model.info())?;
     if let (Some(_), Some(why)) = (config.kv_quantization(), model.model.kv_quantization_unsupported()) {
         return Err(Error::Unsupported(why));
-    }
-    if config.faults.is_none() {
-        config.faults = super::Faults::from_env()?;
     }
     config.memory.apply()?;
     Ok(config)

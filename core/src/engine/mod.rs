@@ -26,6 +26,8 @@ pub use single::{run_single, SingleRow};
 
 pub use self::core::EngineCore;
 pub use events::EventSink;
+pub use executor::DecodeMode;
+#[cfg(feature = "faults")]
 pub use faults::Faults;
 pub use lockstep::{follow, FollowerSinks, LockstepCore, LockstepOptions, RankStats, Step};
 pub use media::{attach_audio, attach_images, PreparedAudio, PreparedImage};
@@ -43,7 +45,7 @@ use parking_lot::Mutex;
 
 use crate::cache::KvQuantization;
 pub use crate::constrain::Constraint;
-use crate::constrain::RowConstraint;
+use crate::constrain::{ConstraintFactoryCell, RowConstraint};
 pub use crate::stop::FinishReason;
 use crate::loading::LoadedModel;
 use crate::models::ModelInfo;
@@ -270,8 +272,12 @@ pub struct EngineConfig {
     pub quantized_kv_start: usize,
     /// How MLX's memory is bounded and when its buffer cache is returned.
     pub memory: MemoryPolicy,
-    /// Deliberate failures, for tests of the final-event guarantee; `None` reads `WEFT_FAULTS`.
-    pub faults: Option<Faults>,
+    /// Pipelined decode steps (the default) or the synchronous reference schedule.
+    pub decode: DecodeMode,
+    /// Deliberate failures, for tests of the final-event guarantee (only in builds with the
+    /// `faults` cargo feature, which release builds do not enable).
+    #[cfg(feature = "faults")]
+    pub faults: Faults,
     /// Renders every conversation with this template instead of the model's own (a request's
     /// [`Request::chat_template`] still wins); `None` keeps the model's.
     pub chat_template: Option<Arc<ChatTemplate>>,
@@ -291,7 +297,9 @@ impl Default for EngineConfig {
             kv_group_size: KvQuantization::DEFAULT_GROUP_SIZE,
             quantized_kv_start: 0,
             memory: MemoryPolicy::default(),
-            faults: None,
+            decode: DecodeMode::default(),
+            #[cfg(feature = "faults")]
+            faults: Faults::default(),
             chat_template: None,
             local_media: Default::default(),
         }
@@ -428,6 +436,8 @@ struct Front {
     tx: Sender<Command>,
     health: Arc<Health>,
     tokenizer: Option<Tokenizer>,
+    /// The grammar compiler of `tokenizer`, shared with the model it came from.
+    constraints: ConstraintFactoryCell,
     info: ModelInfo,
     eos_token_ids: Vec<u32>,
     /// The model's image contract, when it has a vision tower.
@@ -446,13 +456,14 @@ impl Front {
         if self.lockstep {
             lockstep::check_request(&request)?;
         }
-        check_request(request, self.tokenizer.as_ref(), &self.info, &self.config)
+        check_request(request, self.tokenizer.as_ref(), &self.constraints, &self.info, &self.config)
     }
 
     fn submit(&self, checked: CheckedRequest, sink: Sink, flow: Option<RowFlow>) -> Result<RequestId> {
         self.health.check()?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let mut sub = finish_prepare(id, checked, sink, self.tokenizer.as_ref(), &self.info, &self.eos_token_ids, &self.config)?;
+        let mut sub =
+            finish_prepare(id, checked, sink, self.tokenizer.as_ref(), &self.constraints, &self.info, &self.eos_token_ids, &self.config)?;
         attach_images(&mut sub, self.vision.as_ref(), self.tokenizer.as_ref(), &self.info)?;
         attach_audio(&mut sub, self.audio.as_ref(), &self.info, &self.config)?;
         if let Some(flow) = &flow {
@@ -498,16 +509,13 @@ impl Engine {
     /// group of them: [`lockstep`]).
     fn start_with(
         model: LoadedModel,
-        mut config: EngineConfig,
+        config: EngineConfig,
         lockstep: bool,
         driver: impl FnOnce(EngineCore, Receiver<Command>, Arc<Mutex<EngineStats>>, Arc<Health>) + Send + 'static,
     ) -> Result<Engine> {
         config.validate_for(model.model.info())?;
         if let (Some(_), Some(why)) = (config.kv_quantization(), model.model.kv_quantization_unsupported()) {
             return Err(Error::Unsupported(why));
-        }
-        if config.faults.is_none() {
-            config.faults = Faults::from_env()?;
         }
         config.memory.apply()?;
         let stats = Arc::new(Mutex::new(EngineStats {
@@ -517,6 +525,7 @@ impl Engine {
         let health = Arc::new(Health::default());
         let (tx, rx) = mpsc::channel();
         let tokenizer = model.tokenizer.clone();
+        let constraints = model.constraints.clone();
         let info = model.model.info().clone();
         let eos_token_ids = model.eos_token_ids.clone();
         let vision = model.model.vision().map(|v| v.spec().clone());
@@ -527,7 +536,7 @@ impl Engine {
             .name("weft-engine".into())
             .spawn(move || driver(EngineCore::new(model, core_config), rx, shared_stats, shared_health))
             .map_err(|e| Error::Mlx(format!("cannot start the engine thread: {e}")))?;
-        let front = Front { tx, health, tokenizer, info, eos_token_ids, vision, audio, config, next_id: AtomicU64::new(1), lockstep };
+        let front = Front { tx, health, tokenizer, constraints, info, eos_token_ids, vision, audio, config, next_id: AtomicU64::new(1), lockstep };
         Ok(Engine { front: Arc::new(front), stats, driver: Some(driver) })
     }
 
@@ -653,6 +662,7 @@ impl CheckedRequest {
 pub fn check_request(
     request: Request,
     tokenizer: Option<&Tokenizer>,
+    constraints: &ConstraintFactoryCell,
     info: &ModelInfo,
     config: &EngineConfig,
 ) -> Result<CheckedRequest> {
@@ -698,7 +708,7 @@ pub fn check_request(
     }
     request.sampling.validate(info.vocab_size as usize)?;
     let constraint = match &request.constraint {
-        Some(c) => Some(compile_constraint(c, tokenizer)?),
+        Some(c) => Some(compile_constraint(c, tokenizer, constraints)?),
         None => None,
     };
     Ok(CheckedRequest { request, prompt, constraint })
@@ -721,12 +731,12 @@ pub(super) fn check_prompt(request: &Request, prompt: &[u32], info: &ModelInfo, 
     Ok(())
 }
 
-fn compile_constraint(c: &Constraint, tokenizer: Option<&Tokenizer>) -> Result<RowConstraint> {
+fn compile_constraint(c: &Constraint, tokenizer: Option<&Tokenizer>, constraints: &ConstraintFactoryCell) -> Result<RowConstraint> {
     let tokenizer = tokenizer.ok_or_else(|| {
         Error::field(c.field(), format!("{}: constrained output needs a model with a tokenizer", c.field()))
     })?;
     // The constraint's own field names what a schema or grammar that does not compile is about.
-    crate::constrain::compile(c, tokenizer).map_err(|e| match e {
+    constraints.compile(c, tokenizer).map_err(|e| match e {
         Error::InvalidRequest(message) => Error::Field { key: c.field().to_string(), message },
         other => other,
     })
@@ -739,6 +749,7 @@ pub fn finish_prepare(
     checked: CheckedRequest,
     sink: Sink,
     tokenizer: Option<&Tokenizer>,
+    constraints: &ConstraintFactoryCell,
     info: &ModelInfo,
     eos_token_ids: &[u32],
     config: &EngineConfig,
@@ -783,7 +794,7 @@ pub fn finish_prepare(
     if let Some(grammar) = request.tools.as_ref().and_then(|t| t.grammar()) {
         match (&request.constraint, &grammar) {
             (None, _) => {
-                constraint = Some(compile_constraint(&grammar, tokenizer)?);
+                constraint = Some(compile_constraint(&grammar, tokenizer, constraints)?);
                 request.constraint = Some(grammar);
             }
             (Some(_), Constraint::Triggered(_)) => {}
@@ -806,12 +817,13 @@ pub fn prepare(
     request: Request,
     sink: Sink,
     tokenizer: Option<&Tokenizer>,
+    constraints: &ConstraintFactoryCell,
     info: &ModelInfo,
     eos_token_ids: &[u32],
     config: &EngineConfig,
 ) -> Result<Submission> {
-    let checked = check_request(request, tokenizer, info, config)?;
-    finish_prepare(id, checked, sink, tokenizer, info, eos_token_ids, config)
+    let checked = check_request(request, tokenizer, constraints, info, config)?;
+    finish_prepare(id, checked, sink, tokenizer, constraints, info, eos_token_ids, config)
 }
 
 /// The driver thread: runs the core until shutdown. A panic inside a step fails the rows in

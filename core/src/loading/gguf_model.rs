@@ -27,10 +27,11 @@ use super::gguf_affine::{affine_bits, repack, requantize_q6_k};
 use super::gguf_dequant::{block_geometry, dequantize};
 use super::{build_model, push_unique, GenerationDefaults, GgufWeights, LoadedModel};
 use crate::gguf::{GgmlType, GgufHeader, SUPPORTED_TENSOR_TYPES};
+use crate::nn::LayerOptions;
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 
-pub fn load(path: &Path, weights: GgufWeights) -> Result<LoadedModel> {
+pub fn load(path: &Path, weights: GgufWeights, layers: &LayerOptions) -> Result<LoadedModel> {
     let header = GgufHeader::read(path)?;
     header.check_supported_tensor_types()?;
     let arch = header
@@ -41,7 +42,7 @@ pub fn load(path: &Path, weights: GgufWeights) -> Result<LoadedModel> {
     check_tensor_extents(&header, path)?;
     check_tensor_names(&header, &arch, config["num_hidden_layers"].as_u64().unwrap_or(0))?;
 
-    let mut raw = read_tensors(&header, path, weights)?;
+    let mut raw = read_tensors(&header, path, weights, layers)?;
     take_rope_factors(&mut raw, &mut config)?;
 
     let heads = config["num_attention_heads"].as_i64().unwrap_or(0) as i32;
@@ -54,7 +55,7 @@ pub fn load(path: &Path, weights: GgufWeights) -> Result<LoadedModel> {
     // The fast CPU kernels read float16 scales and biases as GGUF stores them (lossless), which
     // saves a fifth of a 4-bit layer's bytes per step. MLX's own kernel is slow with them and
     // the embedding's scales set the activation dtype, so those are cast to float32.
-    let half_scales = crate::nn::keeps_half_scales()?;
+    let half_scales = layers.keeps_half_scales();
     let mut quantization = serde_json::Map::new();
     let mut tensors = HashMap::with_capacity(raw.len());
     for (name, array) in raw {
@@ -95,7 +96,7 @@ pub fn load(path: &Path, weights: GgufWeights) -> Result<LoadedModel> {
     if !tensors.contains_key("lm_head.weight") && arch != "minicpm" {
         config["tie_word_embeddings"] = json!(true);
     }
-    let model = build_model(&config, tensors)?;
+    let model = build_model(&config, tensors, layers)?;
 
     // A GGUF without tokenizer metadata (e.g. a bare test checkpoint) still runs on token ids.
     let tokenizer = match header.get_str("tokenizer.ggml.model") {
@@ -109,6 +110,7 @@ pub fn load(path: &Path, weights: GgufWeights) -> Result<LoadedModel> {
         eos.push(id as u32);
     }
     Ok(LoadedModel {
+        constraints: Default::default(),
         model,
         tokenizer,
         eos_token_ids: eos,
@@ -122,7 +124,9 @@ pub(super) fn tensors(path: &Path, weights: GgufWeights) -> Result<Vec<(String, 
     let header = GgufHeader::read(path)?;
     header.check_supported_tensor_types()?;
     check_tensor_extents(&header, path)?;
-    read_tensors(&header, path, weights)
+    // As the exact kernels take them (float32 scales, no fast-mode rounding).
+    let layers = LayerOptions::new(crate::kernels::CpuKernels::Exact, None, None, None)?;
+    read_tensors(&header, path, weights, &layers)
 }
 
 /// A config.json equivalent for the architectures we implement, from `<arch>.*` metadata.
@@ -372,22 +376,22 @@ fn check_tensor_names(h: &GgufHeader, arch: &str, layers: u64) -> Result<()> {
 /// out as that reader gives them, whatever `weights` says: Q4_0 / Q4_1 / Q8_0 matrices as MLX
 /// quantized triples (`name`, `*.scales`, `*.biases`), the rest as floats. Other files follow
 /// `weights` ([`repacked_arrays`]).
-fn read_tensors(h: &GgufHeader, path: &Path, weights: GgufWeights) -> Result<Vec<(String, Array)>> {
+fn read_tensors(h: &GgufHeader, path: &Path, weights: GgufWeights, layers: &LayerOptions) -> Result<Vec<(String, Array)>> {
     let native = h.tensors.iter().all(|t| SUPPORTED_TENSOR_TYPES.contains(&t.ggml_type()));
-    repacked_arrays(h, path, if native { GgufWeights::Native } else { weights })
+    repacked_arrays(h, path, if native { GgufWeights::Native } else { weights }, layers)
 }
 
 /// The tensors of a file: matrices of a type with a lossless affine form as MLX quantized
 /// triples (`name`, `*.scales`, `*.biases`, as MLX's own reader names them) in `Native` mode,
 /// everything else expanded to float32 by [`dequantize`].
-fn repacked_arrays(h: &GgufHeader, path: &Path, weights: GgufWeights) -> Result<Vec<(String, Array)>> {
+fn repacked_arrays(h: &GgufHeader, path: &Path, weights: GgufWeights, layers: &LayerOptions) -> Result<Vec<(String, Array)>> {
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     // SAFETY: read-only mapping of a model file we do not modify; extents were checked.
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
     // Weft's fast CPU kernels take 4, 5 and 8 bits: Q6_K is rounded to 8 bits there (lossy, so
     // only in fast mode: exact mode keeps its float32 expansion).
-    let fast = crate::kernels::cpu_kernels()? == crate::kernels::CpuKernels::Fast && crate::default_device() == "cpu";
-    let half_scales = crate::nn::keeps_half_scales()?;
+    let fast = layers.fast_on_cpu();
+    let half_scales = layers.keeps_half_scales();
     let mut out = Vec::with_capacity(h.tensors.len());
     for t in &h.tensors {
         let (block, block_bytes) = block_geometry(t.ggml_type())

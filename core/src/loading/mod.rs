@@ -10,7 +10,10 @@ use std::path::{Path, PathBuf};
 
 use mlx_rs::{Array, Dtype};
 
+use crate::constrain::ConstraintFactoryCell;
+use crate::kernels::CpuKernels;
 use crate::models::{self, LanguageModel};
+use crate::nn::{LayerOptions, Parallel};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 
@@ -28,6 +31,9 @@ pub struct LoadedModel {
     pub model: Box<dyn LanguageModel>,
     /// `None` for checkpoints without tokenizer files (e.g. the tiny parity models).
     pub tokenizer: Option<Tokenizer>,
+    /// Constrained decoding's token trie and grammar compiler for `tokenizer`, built on the
+    /// first constrained request and shared by the engine started from this model.
+    pub constraints: ConstraintFactoryCell,
     /// End-of-sequence ids from config.json, generation_config.json and the tokenizer.
     pub eos_token_ids: Vec<u32>,
     pub defaults: GenerationDefaults,
@@ -65,9 +71,6 @@ impl std::str::FromStr for GgufWeights {
     }
 }
 
-/// The environment variable choosing [`GgufWeights`] for [`load`].
-pub const GGUF_WEIGHTS_ENV: &str = "WEFT_GGUF_WEIGHTS";
-
 /// A GGUF file's tensors as [`load`] reads them (opened read-only), under their GGUF names;
 /// quantized matrices as MLX triples (`name`, `name.scales`, `name.biases`). For a file of
 /// F32/F16/Q4_0/Q4_1/Q8_0 tensors, the values MLX's own GGUF reader gives.
@@ -75,30 +78,76 @@ pub fn gguf_tensors(path: &Path, weights: GgufWeights) -> Result<Vec<(String, Ar
     gguf_model::tensors(path, weights)
 }
 
-/// Loads a model from a directory (config.json + safetensors) or a `.gguf` file; GGUF weights as
-/// `WEFT_GGUF_WEIGHTS` says (`native`, the default, or `dequantize`).
-pub fn load(path: &Path) -> Result<LoadedModel> {
-    let gguf = match std::env::var(GGUF_WEIGHTS_ENV) {
-        Ok(v) if !v.is_empty() => v.parse()?,
-        _ => GgufWeights::default(),
-    };
-    load_with(path, gguf)
+/// How a model is loaded and how its layers compute: passed to [`load_with`] and carried by
+/// the weights to every layer constructor ([`crate::nn::LayerOptions`]), so models loaded with
+/// different options coexist in one process. Nothing here is read from the environment (the
+/// CLI and the faces map their own settings to it; see [`crate::env`]).
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// Quantized matmuls and the CPU primitives: Weft's fast kernels (default) or MLX's own,
+    /// bit for bit what mlx-lm computes ([`CpuKernels`]).
+    pub cpu_kernels: CpuKernels,
+    /// GGUF block types MLX's reader lacks: kept quantized (default) or expanded to float32.
+    pub gguf_weights: GgufWeights,
+    /// Rows of input from which quantized layers dequantize and multiply densely; `None` is the
+    /// device's default ([`crate::nn::GPU_DEQUANTIZE_ROWS`] on a GPU, never on the CPU),
+    /// `Some(0)` never.
+    pub dequantize_rows: Option<i32>,
+    /// Fuse q/k/v and gate/up projections into one matmul; `None` fuses with the fast kernels
+    /// on the CPU only.
+    pub fuse_projections: Option<bool>,
+    /// Load this rank's part of a model split over a group (tensor or pipeline parallel); an
+    /// architecture without that split is refused rather than loaded whole.
+    pub parallel: Option<Parallel>,
 }
 
-/// [`load`] with the GGUF weight handling given.
-pub fn load_with(path: &Path, gguf: GgufWeights) -> Result<LoadedModel> {
+impl LoadOptions {
+    /// The defaults with `mode` for the CPU kernels.
+    pub fn with_cpu_kernels(mut self, mode: CpuKernels) -> Self {
+        self.cpu_kernels = mode;
+        self
+    }
+
+    /// The defaults with `gguf` for GGUF weight handling.
+    pub fn with_gguf_weights(mut self, gguf: GgufWeights) -> Self {
+        self.gguf_weights = gguf;
+        self
+    }
+
+    /// Exact mode: MLX's kernels, GGUF weights expanded as the mlx-lm goldens run them.
+    pub fn exact() -> Self {
+        LoadOptions { cpu_kernels: CpuKernels::Exact, gguf_weights: GgufWeights::Dequantize, ..Default::default() }
+    }
+
+    /// The layer options these resolve to on MLX's current device.
+    pub fn layer_options(&self) -> Result<LayerOptions> {
+        LayerOptions::new(self.cpu_kernels, self.dequantize_rows, self.fuse_projections, self.parallel.clone())
+    }
+}
+
+/// Loads a model from a directory (config.json + safetensors) or a `.gguf` file with the
+/// default [`LoadOptions`].
+pub fn load(path: &Path) -> Result<LoadedModel> {
+    load_with(path, &LoadOptions::default())
+}
+
+/// [`load`] with the options given.
+pub fn load_with(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
+    let layers = options.layer_options()?;
     let meta = std::fs::metadata(path)
         .map_err(|e| Error::ModelLoad(format!("cannot open model path {}: {e}", path.display())))?;
-    if meta.is_dir() {
-        safetensors_dir::load(path)
+    let loaded = if meta.is_dir() {
+        safetensors_dir::load(path, &layers)?
     } else if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
-        gguf_model::load(path, gguf)
+        gguf_model::load(path, options.gguf_weights, &layers)?
     } else {
-        Err(Error::ModelLoad(format!(
+        return Err(Error::ModelLoad(format!(
             "{} is neither a model directory nor a .gguf file",
             path.display()
-        )))
-    }
+        )));
+    };
+    layers.check_parallel_taken()?;
+    Ok(loaded)
 }
 
 /// Token ids listed under `key` in a JSON object: an integer or a list of integers.
@@ -137,6 +186,7 @@ fn activation_dtype(weights: &std::collections::HashMap<String, Array>) -> Dtype
 fn build_model(
     config: &serde_json::Value,
     tensors: std::collections::HashMap<String, Array>,
+    layers: &LayerOptions,
 ) -> Result<Box<dyn LanguageModel>> {
     let quant = match config.get("quantization").or_else(|| config.get("quantization_config")) {
         Some(q) if !q.is_null() => Some(crate::nn::QuantConfig::from_json(q)?),
@@ -145,7 +195,7 @@ fn build_model(
     let dtype = activation_dtype(&tensors);
     // Materialize now (casts, un-permutations, mmapped reads) so no forward pass redoes them.
     mlx_rs::transforms::eval(tensors.values())?;
-    let model = models::build(config, crate::nn::Weights::new(tensors, quant), dtype)?;
+    let model = models::build(config, crate::nn::Weights::new(tensors, quant).with_options(layers.clone()), dtype)?;
     warm_up(model.as_ref())?;
     Ok(model)
 }

@@ -7,10 +7,11 @@ use std::path::{Path, PathBuf};
 use mlx_rs::Array;
 
 use super::{build_model, ids_from_json, push_unique, GenerationDefaults, LoadedModel};
+use crate::nn::LayerOptions;
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 
-pub fn load(dir: &Path) -> Result<LoadedModel> {
+pub fn load(dir: &Path, layers: &LayerOptions) -> Result<LoadedModel> {
     let mut config = read_json(&dir.join("config.json"))?
         .ok_or_else(|| Error::ModelLoad(format!("{} has no config.json", dir.display())))?;
     // The towers' preprocessing settings (pan-and-scan, mel frontend) live beside config.json.
@@ -21,7 +22,7 @@ pub fn load(dir: &Path) -> Result<LoadedModel> {
     for file in weight_files(dir)? {
         tensors.extend(load_safetensors(&file)?);
     }
-    let model = build_model(&config, tensors)?;
+    let model = build_model(&config, tensors, layers)?;
 
     let generation = read_json(&dir.join("generation_config.json"))?;
     let mut eos = ids_from_json(config.get("eos_token_id"));
@@ -36,6 +37,7 @@ pub fn load(dir: &Path) -> Result<LoadedModel> {
         None
     };
     Ok(LoadedModel {
+        constraints: Default::default(),
         model,
         tokenizer,
         eos_token_ids: eos,

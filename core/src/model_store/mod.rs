@@ -281,9 +281,8 @@ pub fn ensure_named_model(name: &str, progress: &mut dyn FnMut(Progress)) -> Res
     ModelStore::from_env().ensure_split(&spec, progress).map(Some)
 }
 
-fn env_nonempty(key: &str) -> Option<std::ffi::OsString> {
-    std::env::var_os(key).filter(|v| !v.is_empty())
-}
+// The environment is read in one place, [`crate::env`].
+use crate::env::var_nonempty as env_nonempty;
 
 fn default_root() -> PathBuf {
     if let Some(dir) = env_nonempty(MODELS_DIR_ENV) {
@@ -300,5 +299,5 @@ fn default_root() -> PathBuf {
     if let Some(home) = env_nonempty("HOME").or_else(|| env_nonempty("USERPROFILE")) {
         return PathBuf::from(home).join(".cache").join("weft").join("models");
     }
-    std::env::temp_dir().join("weft").join("models")
+    crate::env::temp_dir().join("weft").join("models")
 }

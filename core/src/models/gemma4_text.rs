@@ -327,9 +327,9 @@ pub fn load(cfg: &ConfigReader, mut w: Weights, dtype: Dtype) -> Result<Gemma4Te
             kv,
             heads,
             kv_heads: n_kv,
-            rope: rope_for(is_sliding, hd)?,
+            rope: { let mut r = rope_for(is_sliding, hd)?; r.set_fast(w.options().fast_on_cpu()); r },
             eps,
-            fast: crate::kernels::fast_on_cpu(),
+            fast: w.options().fast_on_cpu(),
         };
         let wide = double_wide && first_shared > 0 && i >= first_shared;
         let inter = if wide { 2 * intermediate } else { intermediate };

@@ -58,8 +58,8 @@ pub fn load(cfg: &ConfigReader, mut w: Weights, dtype: Dtype) -> Result<Qwen3Moe
     };
     let tie = cfg.bool_or("tie_word_embeddings", false)?;
     let mut moe_intermediate = if experts > 0 { cfg.req_i32("moe_intermediate_size")? } else { 0 };
-    // Under `with_tensor_parallel`: this rank's heads and slices (mlx-lm's `shard()`).
-    let tensor_group = tensor_parallel::take_group();
+    // Loaded tensor-parallel: this rank's heads and slices (mlx-lm's `shard()`).
+    let tensor_group = w.options().take_tensor_group();
     if let Some(g) = &tensor_group {
         let n = g.size() as i32;
         heads = tensor_parallel::divide("num_attention_heads", heads, n)?;
@@ -67,9 +67,8 @@ pub fn load(cfg: &ConfigReader, mut w: Weights, dtype: Dtype) -> Result<Qwen3Moe
         intermediate = tensor_parallel::divide("intermediate_size", intermediate, n)?;
         moe_intermediate = tensor_parallel::divide("moe_intermediate_size", moe_intermediate, n)?;
     }
-    // Under `with_pipeline`: only this rank's layers (mlx-lm's `pipeline()`).
-    let stage = match pipeline::take_group() {
-        Some(_) if tensor_group.is_some() => return Err(Error::Unsupported("tensor and pipeline parallel at once".into())),
+    // Loaded as a pipeline stage: only this rank's layers (mlx-lm's `pipeline()`).
+    let stage = match w.options().take_pipeline_group() {
         Some(g) => Some(pipeline::Stage::new(g, "qwen3_moe", num_layers)?),
         None => None,
     };

@@ -26,7 +26,7 @@ pub struct AttentionOptions {
 enum Projections {
     Separate { q_proj: Linear, k_proj: Linear, v_proj: Linear },
     /// One `qkv_proj` whose output splits at `[q, q + kv]` (mlx `mx.split`): Phi-3's layout, or
-    /// separate projections stacked at load ([`super::fuse_projections`]).
+    /// separate projections stacked at load ([`super::LayerOptions::fuse_projections`]).
     Fused { qkv_proj: Linear, q: i32, kv: i32 },
 }
 
@@ -59,7 +59,7 @@ impl Attention {
         let q_proj = Linear::load(w, &format!("{prefix}.q_proj"), h, opts.heads * hd, opts.qkv_bias)?;
         let k_proj = Linear::load(w, &format!("{prefix}.k_proj"), h, opts.kv_heads * hd, opts.qkv_bias)?;
         let v_proj = Linear::load(w, &format!("{prefix}.v_proj"), h, opts.kv_heads * hd, opts.qkv_bias)?;
-        let proj = if super::fuse_projections()? {
+        let proj = if w.options().fuse_projections() {
             match Linear::concat_outputs(vec![q_proj, k_proj, v_proj])? {
                 Ok(qkv_proj) => Projections::Fused { qkv_proj, q: opts.heads * hd, kv: opts.kv_heads * hd },
                 Err(parts) => {
@@ -92,7 +92,9 @@ impl Attention {
             None => (None, None),
         };
         let scale = (hd as f32).powf(-0.5);
-        let fast = crate::kernels::fast_on_cpu();
+        let fast = w.options().fast_on_cpu();
+        let mut opts = opts;
+        opts.rope.set_fast(fast);
         Ok(Attention { proj, o_proj, logit_softcap: None, query_scaling: None, q_norm, k_norm, opts, scale, fast })
     }
 

@@ -82,16 +82,13 @@ pub struct DenseDecoder {
 
 impl DenseDecoder {
     pub fn load(mut w: Weights, mut spec: DenseDecoderSpec) -> Result<Self> {
-        // Under `with_tensor_parallel`: this rank's slices and sizes (mlx-lm's `shard()`).
-        let tensor_group = super::tensor_parallel::take_group();
+        // Loaded tensor-parallel: this rank's slices and sizes (mlx-lm's `shard()`).
+        let tensor_group = w.options().take_tensor_group();
         if let Some(group) = &tensor_group {
             super::tensor_parallel::shard_dense(&mut w, &mut spec, group)?;
         }
-        // Under `with_pipeline`: only this rank's layers (mlx-lm's `pipeline()`).
-        let stage = match super::pipeline::take_group() {
-            Some(_) if tensor_group.is_some() => {
-                return Err(Error::Unsupported("tensor and pipeline parallel at once".into()))
-            }
+        // Loaded as a pipeline stage: only this rank's layers (mlx-lm's `pipeline()`).
+        let stage = match w.options().take_pipeline_group() {
             Some(group) => Some(super::pipeline::Stage::new(group, &spec.info.model_type, spec.info.num_layers)?),
             None => None,
         };

@@ -39,6 +39,9 @@ impl GatedAttention {
     pub fn load(w: &mut Weights, prefix: &str, opts: GatedAttentionOptions) -> Result<Self> {
         let (h, hd, bias) = (opts.hidden, opts.head_dim, opts.bias);
         let p = |n: &str| format!("{prefix}.{n}");
+        let fast = w.options().fast_on_cpu();
+        let mut opts = opts;
+        opts.rope.set_fast(fast);
         Ok(GatedAttention {
             q_proj: Linear::load(w, &p("q_proj"), h, opts.heads * hd * 2, bias)?,
             k_proj: Linear::load(w, &p("k_proj"), h, opts.kv_heads * hd, bias)?,
@@ -48,7 +51,7 @@ impl GatedAttention {
             k_norm: RmsNorm::load(w, &p("k_norm"), hd, opts.rms_norm_eps)?,
             scale: (hd as f32).powf(-0.5),
             opts,
-            fast: crate::kernels::fast_on_cpu(),
+            fast,
         })
     }
 

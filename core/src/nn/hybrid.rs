@@ -2,7 +2,7 @@
 //! gated DeltaNet (linear attention with recurrent state) except every
 //! `full_attention_interval`-th layer, which is output-gated full attention; the feed-forward
 //! is a dense SwiGLU MLP or a shared-expert MoE, per layer. Architectures pick the layout in
-//! their own files. Under [`super::pipeline::with_pipeline`] a rank holds its stage's layers
+//! their own files. Loaded as a pipeline stage ([`super::Parallel::Pipeline`]) a rank holds its stage's layers
 //! only (mlx-lm's `PipelineMixin` on `Qwen3NextModel` / `Qwen3_5TextModel`).
 
 use mlx_rs::Array;
@@ -72,8 +72,8 @@ impl HybridDecoder {
     pub fn load(mut w: Weights, spec: HybridDecoderSpec) -> Result<Self> {
         let mut info = spec.info;
         let (hidden, vocab, eps) = (info.hidden_size, info.vocab_size, spec.rms_norm_eps);
-        // Under `with_pipeline`: only this rank's layers (mlx-lm's `pipeline()`).
-        let stage = match super::pipeline::take_group() {
+        // Loaded as a pipeline stage: only this rank's layers (mlx-lm's `pipeline()`).
+        let stage = match w.options().take_pipeline_group() {
             Some(group) => Some(super::pipeline::Stage::new(group, &info.model_type, info.num_layers)?),
             None => None,
         };

@@ -4,11 +4,12 @@ use mlx_rs::ops::{addmm, dequantize, quantized_matmul};
 use mlx_rs::Array;
 
 use super::weights::{QuantSpec, Weights};
-use crate::kernels::{self, CpuKernels};
+use crate::kernels;
 use crate::Result;
 
 /// `y = x W^T (+ b)`; quantized weights use `quantized_matmul(transpose=true)` as mlx's
-/// `QuantizedLinear`, through Weft's fast CPU kernel when the layer was loaded in fast mode.
+/// `QuantizedLinear`, through Weft's fast CPU kernel when the layer was loaded in fast mode
+/// ([`super::LayerOptions::qmm_path`]).
 pub enum Linear {
     Dense { weight: Array, bias: Option<Array> },
     Quantized { weight: Array, scales: Array, biases: Array, bias: Option<Array>, spec: QuantSpec, path: QmmPath },
@@ -30,17 +31,10 @@ pub enum QmmPath {
     /// Weft's fast CPU kernel ([`kernels`]).
     WeftCpu,
     /// [`QmmPath::MlxFlat`] below `rows` rows of `x`; from there on the weight is dequantized
-    /// and multiplied densely (the GPU default from 512 rows: prefill chunks, where a dequantize
+    /// and multiplied densely (the GPU default from [`super::GPU_DEQUANTIZE_ROWS`] rows: prefill chunks, where a dequantize
     /// plus a tensor-core matmul was measured 2x faster than MLX's batched quantized matmul).
     DequantizeFrom { rows: i32 },
 }
-
-/// Rows from which a GPU layer dequantizes by default (batched decode stays below it).
-pub const GPU_DEQUANTIZE_ROWS: i32 = 512;
-
-/// The environment variable setting [`QmmPath::DequantizeFrom`]'s row count (`0` = never; the
-/// default is [`GPU_DEQUANTIZE_ROWS`] on a GPU and never on the CPU).
-pub const DEQUANTIZE_ROWS_ENV: &str = "WEFT_DEQUANTIZE_ROWS";
 
 /// `x @ w^T` for an affine-quantized `w` along `path`.
 fn qmm(x: &Array, weight: &Array, scales: &Array, biases: &Array, spec: QuantSpec, path: QmmPath) -> Result<Array> {
@@ -59,102 +53,6 @@ fn qmm(x: &Array, weight: &Array, scales: &Array, biases: &Array, spec: QuantSpe
         }
         _ => Ok(quantized_matmul(x, weight, scales, biases, true, spec.group_size, spec.bits)?),
     }
-}
-
-/// The path a quantized layer loaded now takes: the fast CPU kernel when it is selected and MLX
-/// computes on the CPU; on a GPU MLX's kernel over rows flattened, switching to dequantize +
-/// matmul from [`GPU_DEQUANTIZE_ROWS`] rows; `WEFT_DEQUANTIZE_ROWS` moves that switch (`0` =
-/// never) on either device.
-pub(crate) fn load_path() -> Result<QmmPath> {
-    let gpu = crate::default_device() == "gpu";
-    let rows = match (DEQUANTIZE_ROWS.with(|r| r.get()), std::env::var(DEQUANTIZE_ROWS_ENV)) {
-        (Some(rows), _) => rows,
-        (None, Ok(v)) if !v.is_empty() => v.parse::<i32>().map_err(|_| {
-            crate::Error::Unsupported(format!("{DEQUANTIZE_ROWS_ENV}={v:?}: expected a row count (0 = never)"))
-        })?,
-        _ if gpu => GPU_DEQUANTIZE_ROWS,
-        _ => 0,
-    };
-    if rows > 0 {
-        return Ok(QmmPath::DequantizeFrom { rows });
-    }
-    Ok(if gpu {
-        QmmPath::MlxFlat
-    } else if kernels::cpu_kernels()? == CpuKernels::Fast {
-        QmmPath::WeftCpu
-    } else {
-        QmmPath::Mlx
-    })
-}
-
-/// Whether quantized layers loaded now may keep float16 scales and biases: only Weft's CPU kernel
-/// reads them at full speed (and exactly: it widens them to float32); MLX's CPU kernel is far
-/// slower with them, and the dequantize path would round `s * q + b` in float16.
-pub fn keeps_half_scales() -> Result<bool> {
-    Ok(load_path()? == QmmPath::WeftCpu)
-}
-
-thread_local! {
-    static DEQUANTIZE_ROWS: std::cell::Cell<Option<i32>> = const { std::cell::Cell::new(None) };
-}
-
-/// Runs `f` (a model load) with quantized layers switching to dequantize + matmul from `rows`
-/// rows (`0` = never), on this thread only, whatever the device and `WEFT_DEQUANTIZE_ROWS` say.
-pub fn with_dequantize_rows<R>(rows: i32, f: impl FnOnce() -> R) -> R {
-    struct Restore(Option<i32>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            DEQUANTIZE_ROWS.with(|r| r.set(self.0));
-        }
-    }
-    let _restore = Restore(DEQUANTIZE_ROWS.with(|r| r.replace(Some(rows))));
-    f()
-}
-
-/// Forces projection fusion on (`1`) or off (`0`) for every model load (benchmarks; the
-/// default is [`fuse_projections`]' rule).
-pub const FUSE_PROJECTIONS_ENV: &str = "WEFT_FUSE_PROJECTIONS";
-
-thread_local! {
-    static FUSE: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
-}
-
-/// Whether layers loaded now on this thread fuse the projections that read one input (q/k/v,
-/// gate/up) into one matmul: only with the fast CPU kernels on the CPU. One larger matmul
-/// saves a dispatch and a pass over the input per projection; fused dense matmuls are not
-/// bit-equal to separate ones (BLAS blocks them differently), so exact mode keeps them apart.
-pub fn fuse_projections() -> Result<bool> {
-    if let Some(on) = FUSE.with(|f| f.get()) {
-        return Ok(on);
-    }
-    match std::env::var(FUSE_PROJECTIONS_ENV).as_deref() {
-        // Measured on MLX 0.32's CUDA backend: fused quantized projections gave wrong logits
-        // (the tiny mixed-precision llama) and an illegal memory access (Llama-3.1-8B shape).
-        Ok("1") if crate::default_device() == "gpu" => {
-            return Err(crate::Error::Unsupported(format!(
-                "{FUSE_PROJECTIONS_ENV}=1: projection fusion is CPU-only (on MLX's CUDA backend fused quantized \
-                 projections computed wrong results; see docs/benchmarks.md)"
-            )))
-        }
-        Ok("1") => return Ok(true),
-        Ok("0") => return Ok(false),
-        Ok("") | Err(_) => {}
-        Ok(v) => return Err(crate::Error::Unsupported(format!("{FUSE_PROJECTIONS_ENV}={v:?}: expected 0 or 1"))),
-    }
-    Ok(crate::default_device() == "cpu" && kernels::cpu_kernels()? == CpuKernels::Fast)
-}
-
-/// Runs `f` (a model load) with projection fusion forced on or off, on this thread only (tests
-/// and benchmarks compare the two).
-pub fn with_fused_projections<R>(on: bool, f: impl FnOnce() -> R) -> R {
-    struct Restore(Option<bool>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            FUSE.with(|r| r.set(self.0));
-        }
-    }
-    let _restore = Restore(FUSE.with(|r| r.replace(Some(on))));
-    f()
 }
 
 impl Linear {
@@ -239,7 +137,7 @@ impl Linear {
         Ok(match w.quant_spec(prefix)? {
             Some(spec) => {
                 let (weight, scales, biases) = w.take_quantized(prefix, out_dim, in_dim, spec)?;
-                Linear::Quantized { weight, scales, biases, bias, spec, path: load_path()? }
+                Linear::Quantized { weight, scales, biases, bias, spec, path: w.options().qmm_path() }
             }
             None => {
                 Linear::Dense { weight: w.take(&format!("{prefix}.weight"), &[out_dim, in_dim])?, bias }
@@ -286,7 +184,7 @@ impl Embedding {
         Ok(match w.quant_spec(prefix)? {
             Some(spec) => {
                 let (weight, scales, biases) = w.take_quantized(prefix, vocab, dim, spec)?;
-                Embedding::Quantized { weight, scales, biases, spec, path: load_path()? }
+                Embedding::Quantized { weight, scales, biases, spec, path: w.options().qmm_path() }
             }
             None => Embedding::Dense { weight: w.take(&format!("{prefix}.weight"), &[vocab, dim])? },
         })
@@ -325,7 +223,7 @@ pub struct RmsNorm {
 
 impl RmsNorm {
     pub fn load(w: &mut Weights, prefix: &str, dim: i32, eps: f32) -> Result<Self> {
-        Ok(RmsNorm { weight: w.take(&format!("{prefix}.weight"), &[dim])?, eps, fast: kernels::fast_on_cpu() })
+        Ok(RmsNorm { weight: w.take(&format!("{prefix}.weight"), &[dim])?, eps, fast: w.options().fast_on_cpu() })
     }
 
     /// Gemma's RMSNorm: the stored weight is an offset from 1 (`rms_norm(x, 1 + w)`). The sum
@@ -337,7 +235,7 @@ impl RmsNorm {
         // Materialize now: a lazy op would belong to this thread's stream, and the model may
         // run on another thread (the engine's driver).
         weight.eval()?;
-        Ok(RmsNorm { weight, eps, fast: kernels::fast_on_cpu() })
+        Ok(RmsNorm { weight, eps, fast: w.options().fast_on_cpu() })
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {

@@ -16,7 +16,7 @@ pub enum MlpActivation {
 enum GateUp {
     Separate { gate_proj: Linear, up_proj: Linear },
     /// Phi-3's `gate_up_proj`, or separate projections stacked at load
-    /// ([`super::fuse_projections`]): gate then up halves (`mx.split(x, 2, axis=-1)`).
+    /// ([`super::LayerOptions::fuse_projections`]): gate then up halves (`mx.split(x, 2, axis=-1)`).
     Fused(Linear),
 }
 
@@ -41,7 +41,7 @@ impl Mlp {
     ) -> Result<Self> {
         let gate_proj = Linear::load(w, &format!("{prefix}.gate_proj"), hidden, intermediate, bias)?;
         let up_proj = Linear::load(w, &format!("{prefix}.up_proj"), hidden, intermediate, bias)?;
-        let gate_up = if super::fuse_projections()? {
+        let gate_up = if w.options().fuse_projections() {
             match Linear::concat_outputs(vec![gate_proj, up_proj])? {
                 Ok(fused) => GateUp::Fused(fused),
                 Err(mut parts) => {

@@ -8,7 +8,6 @@
 //! from rank `r+1`, runs its layers, and (for `r > 0`) sends it on to rank `r-1`; then
 //! `all_gather(h)[..B]` (rank 0's rows) feeds the norm and head on every rank.
 
-use std::cell::RefCell;
 use std::ops::Range;
 
 use mlx_rs::ops::indexing::IndexOp;
@@ -17,27 +16,10 @@ use mlx_rs::Array;
 use crate::distributed::Group;
 use crate::{Error, Result};
 
-thread_local! {
-    static PLAN: crate::distributed::LoadPlan = const { RefCell::new(None) };
-}
-
 /// The `model_type`s mlx-lm pipelines that Weft splits too: `qwen2` and `ministral3` over the
 /// dense stack ([`super::DenseDecoder`]), `qwen3_moe` over its own, and the hybrid stack's
 /// families ([`super::HybridDecoder`]).
 pub const PIPELINED_TYPES: [&str; 6] = ["qwen2", "ministral3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe"];
-
-/// Runs `load` (a model load) with this rank holding only its stage's layers over `group`.
-/// Errors if the architecture has no pipeline split, rather than loading it whole.
-pub fn with_pipeline<R>(group: &Group, load: impl FnOnce() -> Result<R>) -> Result<R> {
-    crate::distributed::load_with_plan(&PLAN, group, load, || {
-        format!("pipeline parallel: this architecture has no pipeline split (supported: {})", PIPELINED_TYPES.join(", "))
-    })
-}
-
-/// The group the model being loaded on this thread is pipelined over, if any; marks it taken.
-pub(crate) fn take_group() -> Option<Group> {
-    crate::distributed::take_plan(&PLAN)
-}
 
 /// mlx-lm `PipelineMixin.pipeline` with the even split: the layers `rank` runs.
 pub fn stage_layers(num_layers: usize, rank: usize, size: usize) -> Range<usize> {

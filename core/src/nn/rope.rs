@@ -37,7 +37,8 @@ pub struct Rope {
     dims: i32,
     traditional: bool,
     kind: Kind,
-    /// Weft's one-op CPU primitive ([`crate::kernels::rope`]) instead of MLX's fallback graph.
+    /// Weft's one-op CPU primitive ([`crate::kernels::rope`]) instead of MLX's fallback graph;
+    /// set by the attention layer that owns it, from its load options ([`Rope::set_fast`]).
     fast: bool,
 }
 
@@ -78,7 +79,7 @@ fn f(v: f64) -> Array {
 impl Rope {
     /// Plain RoPE (`nn.RoPE`): `mx.fast.rope` with `base` and position `scale`.
     pub fn plain(dims: i32, base: f32, scale: f32, traditional: bool) -> Self {
-        Rope { dims, traditional, kind: Kind::Base { base, scale }, fast: crate::kernels::fast_on_cpu() }
+        Rope { dims, traditional, kind: Kind::Base { base, scale }, fast: false }
     }
 
     /// No positional rotation (mlx-lm smollm3 `NoPE`).
@@ -131,7 +132,7 @@ impl Rope {
                     freqs.eval()?;
                 }
                 // SuScaledRoPE is never traditional.
-                return Ok(Rope { dims, traditional: false, kind, fast: crate::kernels::fast_on_cpu() });
+                return Ok(Rope { dims, traditional: false, kind, fast: false });
             }
             "proportional" => {
                 let partial = num(s, "partial_rotary_factor").unwrap_or(1.0);
@@ -155,7 +156,7 @@ impl Rope {
             // Materialize now: the model may run on another thread's stream.
             freqs.eval()?;
         }
-        Ok(Rope { dims, traditional, kind: built, fast: crate::kernels::fast_on_cpu() })
+        Ok(Rope { dims, traditional, kind: built, fast: false })
     }
 
     /// mlx-lm `SuScaledRoPE` as phi3 builds it (its own `original_max_position_embeddings`
@@ -165,11 +166,17 @@ impl Rope {
         if let Kind::Freqs { freqs, .. } = &kind {
             freqs.eval()?;
         }
-        Ok(Rope { dims, traditional: false, kind, fast: crate::kernels::fast_on_cpu() })
+        Ok(Rope { dims, traditional: false, kind, fast: false })
     }
 
     /// Whether positions past `max_position_embeddings` are what this kind is for (dynamic
     /// NTK scaling grows its base there), so that value is no context limit.
+    /// Runs Weft's CPU primitive when `fast` (the owning layer's load options say fast mode on
+    /// the CPU); constructors leave it off.
+    pub(crate) fn set_fast(&mut self, fast: bool) {
+        self.fast = fast;
+    }
+
     pub fn extends_context(&self) -> bool {
         matches!(self.kind, Kind::DynamicNtk { .. })
     }

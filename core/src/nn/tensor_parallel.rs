@@ -13,32 +13,11 @@
 //! expert's slice), the router stays replicated, and the sparse block all-sums its weighted
 //! output (mlx-lm's `Qwen3MoeSparseMoeBlock` with a `sharding_group`).
 
-use std::cell::RefCell;
-
 use mlx_rs::Array;
 
 use super::{DenseDecoderSpec, Linear, Weights};
 use crate::distributed::Group;
 use crate::{Error, Result};
-
-thread_local! {
-    /// The group models loaded now on this thread shard over, and whether a loader took it.
-    static PLAN: crate::distributed::LoadPlan = const { RefCell::new(None) };
-}
-
-/// Runs `load` (a model load, e.g. `loading::load`) with every layer sharded over `group`
-/// (this rank's slices only). Errors if the model's architecture has no tensor-parallel
-/// sharding, rather than silently loading it whole.
-pub fn with_tensor_parallel<R>(group: &Group, load: impl FnOnce() -> Result<R>) -> Result<R> {
-    crate::distributed::load_with_plan(&PLAN, group, load, || {
-        format!("tensor parallel: this architecture has no sharding (supported: {})", SHARDED_TYPES.join(", "))
-    })
-}
-
-/// The group the model being loaded on this thread shards over, if any; marks it taken.
-pub(crate) fn take_group() -> Option<Group> {
-    crate::distributed::take_plan(&PLAN)
-}
 
 /// The `model_type`s whose mlx-lm `shard()` is the scheme above.
 pub const SHARDED_TYPES: [&str; 5] = ["llama", "qwen2", "qwen3", "ministral3", "qwen3_moe"];

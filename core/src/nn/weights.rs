@@ -5,6 +5,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use mlx_rs::Array;
 
+use super::LayerOptions;
 use crate::{Error, Result};
 
 /// Affine quantization parameters of one layer.
@@ -79,11 +80,25 @@ pub struct Weights {
     quant: Option<QuantConfig>,
     /// Names that may be present without being used (e.g. precomputed rotary tables).
     ignorable: Vec<String>,
+    /// How the layers built from these weights compute.
+    options: LayerOptions,
 }
 
 impl Weights {
+    /// Weights whose layers get the default [`LayerOptions`] (see [`Weights::with_options`]).
     pub fn new(tensors: HashMap<String, Array>, quant: Option<QuantConfig>) -> Self {
-        Weights { tensors, quant, ignorable: Vec::new() }
+        Weights { tensors, quant, ignorable: Vec::new(), options: LayerOptions::default() }
+    }
+
+    /// These weights with the layers built from them computing as `options` says.
+    pub fn with_options(mut self, options: LayerOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// The options every layer constructor reads.
+    pub fn options(&self) -> &LayerOptions {
+        &self.options
     }
 
     pub fn ignore_suffix(&mut self, suffix: &str) {
@@ -126,7 +141,7 @@ impl Weights {
         let names: Vec<String> =
             self.tensors.keys().filter(|k| prefixes.iter().any(|p| k.starts_with(p))).cloned().collect();
         let tensors = names.into_iter().map(|n| (n.clone(), self.tensors.remove(&n).unwrap())).collect();
-        Weights { tensors, quant: self.quant.clone(), ignorable: Vec::new() }
+        Weights { tensors, quant: self.quant.clone(), ignorable: Vec::new(), options: self.options.clone() }
     }
 
     pub fn remove(&mut self, name: &str) -> Option<Array> {

@@ -29,8 +29,6 @@ pub struct Tokenizer {
     eos_token_ids: Vec<u32>,
     chat_template: Option<ChatTemplate>,
     warnings: Vec<String>,
-    /// Constrained decoding's token trie and grammar compiler, built on first use.
-    constraints: crate::constrain::FactoryCell,
 }
 
 impl Tokenizer {
@@ -87,7 +85,6 @@ impl Tokenizer {
             eos_token_ids: Vec::new(),
             chat_template,
             warnings,
-            constraints: Default::default(),
         };
         tokenizer.add_eos_token_ids(eos.map(|(id, _)| id));
         for file in ["generation_config.json", "config.json"] {
@@ -114,7 +111,6 @@ impl Tokenizer {
             eos_token_ids: Vec::new(),
             chat_template,
             warnings: built.warnings,
-            constraints: Default::default(),
         };
         tokenizer.add_eos_token_ids(built.eos_ids);
         Ok(tokenizer)
@@ -204,12 +200,6 @@ impl Tokenizer {
     /// The underlying `tokenizers` tokenizer, e.g. to save it as `tokenizer.json`.
     pub(crate) fn shared_inner(&self) -> Arc<tokenizers::Tokenizer> {
         Arc::clone(&self.inner)
-    }
-
-    /// The token trie and grammar compiler of constrained decoding, built once per tokenizer
-    /// (shared by its clones) on the first constrained request.
-    pub fn constraint_factory(&self) -> Result<Arc<crate::constrain::ConstraintFactory>> {
-        self.constraints.get_or_build(self)
     }
 
     pub fn inner(&self) -> &tokenizers::Tokenizer {

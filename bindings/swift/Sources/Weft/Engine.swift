@@ -15,6 +15,13 @@ public final class Engine: Sendable {
         /// An mlx-lm model directory or a `.gguf` file; `nil` is the default model
         /// (SmolLM2-135M-Instruct), downloaded and verified on first use.
         public var model: String?
+        /// CPU kernels: `"fast"` (Weft's, the default) or `"exact"` (MLX's own, bit for bit
+        /// mlx-lm); `nil` = `WEFT_CPU_KERNELS` if set, else fast. This engine's alone: another
+        /// engine in the process may use the other mode.
+        public var cpuKernels: String?
+        /// GGUF block types MLX's reader lacks: `"native"` (kept quantized, the default) or
+        /// `"dequantize"` (all float32); `nil` = `WEFT_GGUF_WEIGHTS` if set, else native.
+        public var ggufWeights: String?
         /// Rows decoding together.
         public var maxBatch: Int
         /// Requests admitted to prefill at once.
@@ -44,6 +51,8 @@ public final class Engine: Sendable {
 
         public init(
             model: String? = nil,
+            cpuKernels: String? = nil,
+            ggufWeights: String? = nil,
             maxBatch: Int = 8,
             promptConcurrency: Int = 8,
             prefillStepSize: Int = 2048,
@@ -58,6 +67,8 @@ public final class Engine: Sendable {
             wiredLimitBytes: UInt64? = nil
         ) {
             self.model = model
+            self.cpuKernels = cpuKernels
+            self.ggufWeights = ggufWeights
             self.maxBatch = maxBatch
             self.promptConcurrency = promptConcurrency
             self.prefillStepSize = prefillStepSize
@@ -83,6 +94,8 @@ public final class Engine: Sendable {
                 "quantizedKvStart": quantizedKvStart,
             ]
             o["model"] = model
+            o["cpuKernels"] = cpuKernels
+            o["ggufWeights"] = ggufWeights
             o["kvBudgetBytes"] = kvBudgetBytes
             o["kvBits"] = kvBits
             o["cacheLimitBytes"] = cacheLimitBytes

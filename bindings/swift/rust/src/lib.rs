@@ -184,12 +184,15 @@ fn flow_resume_at() -> u64 {
 
 fn load_engine(options_json: String) -> Result<RustEngine, RustError> {
     let options = contract::parse_engine_options(&parse_json(&options_json)?, Spelling::Camel)?;
-    let config = options.config;
+    // Options left unset come from the environment (WEFT_CPU_KERNELS, ...): the one documented
+    // place, EngineOptions::load_options / engine_config.
+    let config = options.engine_config()?;
+    let load_options = options.load_options()?;
     let path = match options.model {
         Some(p) => p,
         None => weft::model_store::ModelStore::from_env().default_model_path(&mut |_| {}).map_err(RustError::loading)?,
     };
-    let loaded = weft::loading::load(&path).map_err(RustError::loading)?;
+    let loaded = weft::loading::load_with(&path, &load_options).map_err(RustError::loading)?;
     let engine = weft::engine::Engine::start(loaded, config)?;
     let info = engine.model_info().clone();
     let has_tokenizer = engine.tokenizer().is_some();

@@ -1,0 +1,149 @@
+//! The one place in `weft` that reads environment variables. Nothing below the faces reads
+//! the environment: how a model loads and computes is a [`LoadOptions`] value, how an engine
+//! decodes an [`EngineConfig`] field. The CLI (`weft`'s `options_from_env`) and the library
+//! faces (the C ABI, Node and Swift constructors, through
+//! [`crate::contract::EngineOptions::from_env_defaults`]) call these functions to fill the
+//! options their caller left unset, so `WEFT_CPU_KERNELS=exact` keeps working for a host that
+//! sets it; a value given explicitly always wins.
+//!
+//! | Variable | Option |
+//! |---|---|
+//! | `WEFT_CPU_KERNELS` (`fast`, `exact`) | [`LoadOptions::cpu_kernels`] |
+//! | `WEFT_GGUF_WEIGHTS` (`native`, `dequantize`) | [`LoadOptions::gguf_weights`] |
+//! | `WEFT_DEQUANTIZE_ROWS` (row count, `0` = never) | [`LoadOptions::dequantize_rows`] |
+//! | `WEFT_FUSE_PROJECTIONS` (`0`, `1`) | [`LoadOptions::fuse_projections`] |
+//! | `WEFT_DECODE` (`sync`) | [`EngineConfig::decode`] |
+//! | `WEFT_FAULTS` (only with the `faults` cargo feature) | `EngineConfig::faults` |
+//! | `WEFT_DISTRIBUTED_BACKEND` | the backend of [`crate::distributed::Group::init_from_env`] |
+//! | `WEFT_MODELS_DIR`, `XDG_CACHE_HOME`, `HOME`, ... | the model store's root ([`crate::model_store::ModelStore::from_env`]) |
+
+use std::ffi::OsString;
+
+use crate::engine::{DecodeMode, EngineConfig};
+use crate::kernels::CpuKernels;
+use crate::loading::{GgufWeights, LoadOptions};
+use crate::{Error, Result};
+
+pub const CPU_KERNELS: &str = "WEFT_CPU_KERNELS";
+pub const GGUF_WEIGHTS: &str = "WEFT_GGUF_WEIGHTS";
+pub const DEQUANTIZE_ROWS: &str = "WEFT_DEQUANTIZE_ROWS";
+pub const FUSE_PROJECTIONS: &str = "WEFT_FUSE_PROJECTIONS";
+pub const DECODE: &str = "WEFT_DECODE";
+pub const FAULTS: &str = "WEFT_FAULTS";
+pub const DISTRIBUTED_BACKEND: &str = "WEFT_DISTRIBUTED_BACKEND";
+
+/// `key`'s value, `None` when unset or empty.
+pub(crate) fn var_nonempty(key: &str) -> Option<OsString> {
+    std::env::var_os(key).filter(|v| !v.is_empty())
+}
+
+/// `key`'s value as UTF-8, `None` when unset or empty; an error when not UTF-8.
+fn var(key: &str) -> Result<Option<String>> {
+    match var_nonempty(key) {
+        None => Ok(None),
+        Some(v) => v
+            .into_string()
+            .map(Some)
+            .map_err(|v| Error::InvalidRequest(format!("{key}={v:?}: not UTF-8"))),
+    }
+}
+
+/// The CPU kernel mode `WEFT_CPU_KERNELS` names, if set.
+pub fn cpu_kernels() -> Result<Option<CpuKernels>> {
+    var(CPU_KERNELS)?
+        .map(|v| {
+            v.parse().map_err(|_| {
+                Error::ModelLoad(format!(
+                    "{CPU_KERNELS}={v:?}: expected \"exact\" or \"fast\""
+                ))
+            })
+        })
+        .transpose()
+}
+
+/// The GGUF weight handling `WEFT_GGUF_WEIGHTS` names, if set.
+pub fn gguf_weights() -> Result<Option<GgufWeights>> {
+    var(GGUF_WEIGHTS)?
+        .map(|v| {
+            v.parse().map_err(|_| {
+                Error::ModelLoad(format!(
+                    "{GGUF_WEIGHTS}={v:?}: expected \"native\" or \"dequantize\""
+                ))
+            })
+        })
+        .transpose()
+}
+
+/// Load options: `cpu_kernels` and `gguf_weights` as given, each one not given (`None`) and
+/// every other option as the environment sets it, else the default. A variable whose option
+/// was given is not read (so a bad value there does not matter).
+pub fn load_options(
+    cpu_kernels: Option<CpuKernels>,
+    gguf_weights: Option<GgufWeights>,
+) -> Result<LoadOptions> {
+    let mut o = LoadOptions::default();
+    if let Some(mode) = cpu_kernels
+        .map(Ok)
+        .or_else(|| self::cpu_kernels().transpose())
+        .transpose()?
+    {
+        o.cpu_kernels = mode;
+    }
+    if let Some(gguf) = gguf_weights
+        .map(Ok)
+        .or_else(|| self::gguf_weights().transpose())
+        .transpose()?
+    {
+        o.gguf_weights = gguf;
+    }
+    if let Some(v) = var(DEQUANTIZE_ROWS)? {
+        let rows = v.parse::<i32>().ok().filter(|r| *r >= 0);
+        o.dequantize_rows = Some(rows.ok_or_else(|| {
+            Error::Unsupported(format!(
+                "{DEQUANTIZE_ROWS}={v:?}: expected a row count (0 = never)"
+            ))
+        })?);
+    }
+    match var(FUSE_PROJECTIONS)?.as_deref() {
+        None => {}
+        Some("1") => o.fuse_projections = Some(true),
+        Some("0") => o.fuse_projections = Some(false),
+        Some(v) => {
+            return Err(Error::Unsupported(format!(
+                "{FUSE_PROJECTIONS}={v:?}: expected 0 or 1"
+            )))
+        }
+    }
+    Ok(o)
+}
+
+/// `config` with the decode mode (and, with the `faults` feature, the injected faults) the
+/// environment sets.
+pub fn engine_config(config: EngineConfig) -> Result<EngineConfig> {
+    let mut c = config;
+    match var(DECODE)?.as_deref() {
+        None => {}
+        Some("sync") => c.decode = DecodeMode::Synchronous,
+        Some("pipelined") => c.decode = DecodeMode::Pipelined,
+        Some(v) => {
+            return Err(Error::InvalidRequest(format!(
+                "{DECODE}={v:?}: expected \"sync\" or \"pipelined\""
+            )))
+        }
+    }
+    #[cfg(feature = "faults")]
+    if let Some(spec) = var(FAULTS)? {
+        c.faults = crate::engine::Faults::parse(&spec)?;
+    }
+    Ok(c)
+}
+
+/// The distributed backend `WEFT_DISTRIBUTED_BACKEND` names (default `ring`).
+pub fn distributed_backend() -> Result<String> {
+    Ok(var(DISTRIBUTED_BACKEND)?.unwrap_or_else(|| "ring".to_string()))
+}
+
+/// The system's temporary directory (the model store's last-resort root).
+pub(crate) fn temp_dir() -> std::path::PathBuf {
+    std::env::temp_dir()
+}

@@ -1,0 +1,170 @@
+//! How the layers of one model compute, decided once when the model loads and carried by
+//! [`Weights`](super::Weights) to every layer constructor (as candle's `VarBuilder` carries the
+//! device and dtype). Two models loaded in one process with different options keep them: no
+//! layer reads a global, a thread-local or the environment.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use super::QmmPath;
+use crate::distributed::Group;
+use crate::kernels::CpuKernels;
+use crate::{Error, Result};
+
+/// Rows from which a GPU layer dequantizes by default (batched decode stays below it).
+pub const GPU_DEQUANTIZE_ROWS: i32 = 512;
+
+/// A model split over the ranks of a group while it loads.
+#[derive(Debug, Clone)]
+pub enum Parallel {
+    /// Every layer sharded over the group ([`super::tensor_parallel`]).
+    Tensor(Group),
+    /// This rank holds its pipeline stage's layers ([`super::pipeline`]).
+    Pipeline(Group),
+}
+
+/// The resolved per-model layer options (the device-dependent defaults applied).
+#[derive(Debug, Clone)]
+pub struct LayerOptions {
+    cpu_kernels: CpuKernels,
+    gpu: bool,
+    /// Rows of input from which quantized layers dequantize and multiply densely (0 = never).
+    dequantize_rows: i32,
+    fuse_projections: bool,
+    parallel: Option<Parallel>,
+    /// Set when an architecture's loader took `parallel`: a load no loader split is refused
+    /// rather than silently left whole.
+    parallel_taken: Arc<AtomicBool>,
+}
+
+impl Default for LayerOptions {
+    /// Fast kernels, the device's defaults, no split.
+    fn default() -> Self {
+        LayerOptions::new(CpuKernels::Fast, None, None, None)
+            .expect("the defaults are valid on every device")
+    }
+}
+
+impl LayerOptions {
+    /// Resolves the options for MLX's current default device. `dequantize_rows`: `None` is
+    /// [`GPU_DEQUANTIZE_ROWS`] on a GPU and never on the CPU, `Some(0)` never. `fuse_projections`:
+    /// `None` fuses q/k/v and gate/up only with the fast kernels on the CPU (fused dense matmuls
+    /// are not bit-equal to separate ones, so exact mode keeps them apart); forcing it on on a
+    /// GPU is refused (on MLX 0.32's CUDA backend fused quantized projections gave wrong logits
+    /// and an illegal memory access; see docs/benchmarks.md).
+    pub fn new(
+        cpu_kernels: CpuKernels,
+        dequantize_rows: Option<i32>,
+        fuse_projections: Option<bool>,
+        parallel: Option<Parallel>,
+    ) -> Result<Self> {
+        let gpu = crate::default_device() == "gpu";
+        let dequantize_rows = match dequantize_rows {
+            Some(rows) if rows < 0 => {
+                return Err(Error::Unsupported(format!(
+                    "dequantize rows {rows}: expected a row count (0 = never)"
+                )))
+            }
+            Some(rows) => rows,
+            None if gpu => GPU_DEQUANTIZE_ROWS,
+            None => 0,
+        };
+        let fuse_projections = match fuse_projections {
+            Some(true) if gpu => {
+                return Err(Error::Unsupported(
+                    "projection fusion is CPU-only (on MLX's CUDA backend fused quantized projections computed wrong \
+                     results; see docs/benchmarks.md)"
+                        .into(),
+                ))
+            }
+            Some(on) => on,
+            None => !gpu && cpu_kernels == CpuKernels::Fast,
+        };
+        Ok(LayerOptions {
+            cpu_kernels,
+            gpu,
+            dequantize_rows,
+            fuse_projections,
+            parallel,
+            parallel_taken: Arc::default(),
+        })
+    }
+
+    pub fn cpu_kernels(&self) -> CpuKernels {
+        self.cpu_kernels
+    }
+
+    /// Whether Weft's CPU primitives (RMSNorm, RoPE, attention) replace MLX's ops: fast mode
+    /// on the CPU.
+    pub fn fast_on_cpu(&self) -> bool {
+        !self.gpu && self.cpu_kernels == CpuKernels::Fast
+    }
+
+    /// The path a quantized layer takes: the fast CPU kernel when it is selected and MLX
+    /// computes on the CPU; on a GPU MLX's kernel over rows flattened; either switching to
+    /// dequantize + matmul from the dequantize row count.
+    pub fn qmm_path(&self) -> QmmPath {
+        if self.dequantize_rows > 0 {
+            QmmPath::DequantizeFrom {
+                rows: self.dequantize_rows,
+            }
+        } else if self.gpu {
+            QmmPath::MlxFlat
+        } else if self.cpu_kernels == CpuKernels::Fast {
+            QmmPath::WeftCpu
+        } else {
+            QmmPath::Mlx
+        }
+    }
+
+    /// Whether quantized layers may keep float16 scales and biases: only Weft's CPU kernel
+    /// reads them at full speed (and exactly: it widens them to float32); MLX's CPU kernel is
+    /// far slower with them, and the dequantize path would round `s * q + b` in float16.
+    pub fn keeps_half_scales(&self) -> bool {
+        self.qmm_path() == QmmPath::WeftCpu
+    }
+
+    /// Whether layers fuse the projections that read one input (q/k/v, gate/up) into one matmul.
+    pub fn fuse_projections(&self) -> bool {
+        self.fuse_projections
+    }
+
+    /// The group to shard every layer over, if the model is loaded tensor-parallel; marks the
+    /// split taken (called by the loaders of architectures that shard).
+    pub(crate) fn take_tensor_group(&self) -> Option<Group> {
+        match &self.parallel {
+            Some(Parallel::Tensor(g)) => {
+                self.parallel_taken.store(true, Ordering::Relaxed);
+                Some(g.clone())
+            }
+            _ => None,
+        }
+    }
+
+    /// The group this rank is a pipeline stage of, if any; marks the split taken.
+    pub(crate) fn take_pipeline_group(&self) -> Option<Group> {
+        match &self.parallel {
+            Some(Parallel::Pipeline(g)) => {
+                self.parallel_taken.store(true, Ordering::Relaxed);
+                Some(g.clone())
+            }
+            _ => None,
+        }
+    }
+
+    /// After a model was built: an error if a split was asked for and no loader took it.
+    pub(crate) fn check_parallel_taken(&self) -> Result<()> {
+        match &self.parallel {
+            Some(_) if self.parallel_taken.load(Ordering::Relaxed) => Ok(()),
+            Some(Parallel::Tensor(_)) => Err(Error::Unsupported(format!(
+                "tensor parallel: this architecture has no sharding (supported: {})",
+                super::tensor_parallel::SHARDED_TYPES.join(", ")
+            ))),
+            Some(Parallel::Pipeline(_)) => Err(Error::Unsupported(format!(
+                "pipeline parallel: this architecture has no pipeline split (supported: {})",
+                super::pipeline::PIPELINED_TYPES.join(", ")
+            ))),
+            None => Ok(()),
+        }
+    }
+}
