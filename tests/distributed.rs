@@ -41,7 +41,7 @@ fn golden_models() -> Value {
 #[ignore = "one rank of the 2-process runs; started by tensor_and_pipeline_parallel_match_mlx_lm_2_rank_runs"]
 fn rank_entry() {
     assert!(std::env::var_os(RANK_ENV).is_some(), "run as a rank by the other tests of this file, not by hand");
-    let group = Group::init_from_env().expect("join the group");
+    let group = weft::env::distributed_group().expect("join the group");
     let models = golden_models();
     for (name, m, mode) in runs(&models) {
         let dir = tiny_model_dir(&name);

@@ -204,7 +204,7 @@ fn outcomes_json(outs: &Outcomes) -> Value {
 #[ignore = "one rank of the 2-process run; started by engine_across_2_ranks_equals_the_single_process_engine"]
 fn engine_rank_entry() {
     assert!(std::env::var_os(RANK_ENV).is_some(), "run as a rank by the other test of this file, not by hand");
-    let group = Group::init_from_env().expect("join the group");
+    let group = weft::env::distributed_group().expect("join the group");
     for (model, mode) in RUNS {
         let loaded = load_split(&group, model, mode);
         let info = loaded.model.info().clone();

@@ -14,7 +14,7 @@
 //! | `WEFT_FUSE_PROJECTIONS` (`0`, `1`) | [`LoadOptions::fuse_projections`] |
 //! | `WEFT_DECODE` (`sync`) | [`EngineConfig::decode`] |
 //! | `WEFT_FAULTS` (only with the `faults` cargo feature) | `EngineConfig::faults` |
-//! | `WEFT_DISTRIBUTED_BACKEND` | the backend of [`crate::distributed::Group::init_from_env`] |
+//! | `WEFT_DISTRIBUTED_BACKEND` | the backend of [`distributed_group`] |
 //! | `WEFT_MODELS_DIR`, `XDG_CACHE_HOME`, `HOME`, ... | the model store's root ([`crate::model_store::ModelStore::from_env`]) |
 
 use std::ffi::OsString;
@@ -141,6 +141,12 @@ pub fn engine_config(config: EngineConfig) -> Result<EngineConfig> {
 /// The distributed backend `WEFT_DISTRIBUTED_BACKEND` names (default `ring`).
 pub fn distributed_backend() -> Result<String> {
     Ok(var(DISTRIBUTED_BACKEND)?.unwrap_or_else(|| "ring".to_string()))
+}
+
+/// Joins the group of the backend `WEFT_DISTRIBUTED_BACKEND` names, strictly: a rank that was
+/// not launched as one is an error, not a group of one.
+pub fn distributed_group() -> Result<crate::distributed::Group> {
+    crate::distributed::Group::init(&distributed_backend()?, true)
 }
 
 /// The system's temporary directory (the model store's last-resort root).

@@ -17,7 +17,6 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use weft::distributed::Group;
 use weft::generate::{generate, GenerateOptions};
 use weft::loading::LoadOptions;
 use weft::nn::Parallel;
@@ -64,7 +63,7 @@ fn parse() -> Result<Args, String> {
 }
 
 fn run(args: Args) -> weft::Result<()> {
-    let group = Group::init_from_env()?;
+    let group = weft::env::distributed_group()?;
     let parallel = if args.pipeline { Parallel::Pipeline(group.clone()) } else { Parallel::Tensor(group.clone()) };
     let loaded = weft::loading::load_with(&args.model, &LoadOptions { parallel: Some(parallel), ..weft::env::load_options(None, None)? })?;
     let opts = GenerateOptions {

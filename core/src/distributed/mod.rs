@@ -74,12 +74,6 @@ impl Group {
         Ok(Group { raw: Arc::new(raw), rank, size })
     }
 
-    /// [`Group::init`] with the backend `WEFT_DISTRIBUTED_BACKEND` names (default `ring`),
-    /// strictly: a rank that was not launched as one is an error, not a group of one.
-    pub fn init_from_env() -> Result<Group> {
-        Group::init(&crate::env::distributed_backend()?, true)
-    }
-
     pub fn rank(&self) -> usize {
         self.rank
     }

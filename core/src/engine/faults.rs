@@ -1,7 +1,7 @@
 //! Deliberate failures for testing the final-event guarantee in every face (Rust, C, Node,
 //! Swift, the server). Only builds with the `faults` cargo feature can inject them (release
 //! builds do not enable it): set `EngineConfig::faults`, or, through a face that fills its
-//! options from the environment ([`crate::env`]), `WEFT_FAULTS`, e.g.
+//! options from the environment (`crate::env`), `WEFT_FAULTS`, e.g.
 //! `WEFT_FAULTS=forward-error@3,step-panic@5,driver-panic@8`. Each fault fires once.
 
 use crate::{Error, Result};
@@ -24,7 +24,7 @@ impl Faults {
     pub fn parse(spec: &str) -> Result<Faults> {
         let mut f = Faults::default();
         for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            let bad = || Error::InvalidRequest(format!("{}: `{item}` is not name@step (forward-error, step-panic, driver-panic)", crate::env::FAULTS));
+            let bad = || Error::InvalidRequest(format!("faults: `{item}` is not name@step (forward-error, step-panic, driver-panic)"));
             let (name, step) = item.split_once('@').ok_or_else(bad)?;
             let step: u64 = step.parse().map_err(|_| bad())?;
             let slot = match name {

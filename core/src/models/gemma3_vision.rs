@@ -15,7 +15,7 @@ use mlx_rs::{Array, Dtype};
 
 use super::ConfigReader;
 use crate::nn::{RmsNorm, Weights};
-use crate::vision::siglip::{Siglip, SiglipConfig};
+use crate::nn::siglip::{Siglip, SiglipConfig};
 use crate::vision::{ImageMarker, ImageProcessor, ImageSpec, Resample, Sizing, VisionTower};
 use crate::{Error, Result};
 

@@ -12,6 +12,7 @@ mod options;
 mod moe_shared;
 pub mod pipeline;
 mod rope;
+pub mod siglip;
 mod switch;
 pub mod tensor_parallel;
 mod weights;

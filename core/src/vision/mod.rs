@@ -1,11 +1,11 @@
-//! Images in: preprocessing ([`preprocess`]), the SigLIP tower ([`siglip`]), and the
+//! Images in: preprocessing ([`preprocess`]), the SigLIP tower (`crate::nn::siglip`, a stack of
+//! shared layers), and the
 //! [`VisionTower`] a multimodal model exposes through
 //! [`crate::language_model::LanguageModel::vision`]. A tower turns pixel values into soft
 //! tokens already in the text model's input-embedding space; the engine splices them over the
 //! image placeholder tokens of the prompt (see [`crate::language_model::PromptMedia`]).
 
 pub mod preprocess;
-pub mod siglip;
 pub mod source;
 
 use mlx_rs::Array;
