@@ -400,11 +400,13 @@ typedef struct weft_event {
 } weft_event;
 
 /**
- * Receives a request's events, in order, on a delivery thread the library runs for that
- * request (never on the thread that called weft_submit, never on the engine's thread). Different
- * requests' callbacks may run at the same time on different threads. It must return (not
- * longjmp or throw). A slow callback holds back only its own request: the engine parks that
- * row while its undelivered events pile up and lets it continue once the callback catches up.
+ * Receives a request's events, in order, on one of a small pool of delivery threads the
+ * library runs per engine (never on the thread that called weft_submit, never on the engine's
+ * thread). One request's callbacks never overlap and come in order; different requests'
+ * callbacks may run at the same time on different pool threads. It must return (not longjmp
+ * or throw). A slow callback holds back its own request and occupies one pool thread: the
+ * engine parks that row while its undelivered events pile up and lets it continue once the
+ * callback catches up, and the other requests are delivered by the other pool threads.
  * From inside it you may call weft_cancel, weft_submit, weft_engine_stats, weft_last_error and
  * the version/status functions, but not weft_engine_shutdown or weft_engine_free.
  */

@@ -203,7 +203,7 @@ fn bad_constraints_fail_at_submit_and_other_rows_go_on() {
     for (c, field) in cases {
         let shown = format!("{c:?}");
         match e.submit_channel(constrained(vec![1], 10, c)) {
-            Err(Error::InvalidRequest(m)) => assert!(m.starts_with(field), "{shown}: {m}"),
+            Err(Error::Field { key, message }) => assert!(key == field && message.starts_with(field), "{shown}: {key}: {message}"),
             Err(other) => panic!("{shown}: {other}"),
             Ok(_) => panic!("{shown}: accepted"),
         }
@@ -224,7 +224,7 @@ fn bad_constraints_fail_at_submit_and_other_rows_go_on() {
     // A model without a tokenizer cannot be constrained.
     let bare = Engine::start(support::load_exact(&tiny_model_dir("qwen3")).unwrap(), EngineConfig::default()).unwrap();
     match bare.submit_channel(constrained(vec![1], 4, Constraint::JsonObject)) {
-        Err(Error::InvalidRequest(m)) => assert!(m.contains("tokenizer"), "{m}"),
+        Err(Error::Field { key, message }) => assert!(key == "response_format" && message.contains("tokenizer"), "{message}"),
         other => panic!("{:?}", other.map(|_| ())),
     }
 }

@@ -442,7 +442,11 @@ fn validate_rejects_bad_values_naming_the_field() {
     ];
     for (p, field) in &bad {
         match p.validate(vocab) {
-            Err(Error::InvalidRequest(msg)) => assert!(msg.contains(field), "{field}: message {msg:?} does not name it"),
+            // A structured field error: the key, and a message that names it too.
+            Err(Error::Field { key, message }) => {
+                assert_eq!(key, *field);
+                assert!(message.contains(field), "{field}: message {message:?} does not name it");
+            }
             other => panic!("{field}: {p:?} was not rejected ({other:?})"),
         }
     }
@@ -461,7 +465,7 @@ fn validate_rejects_bad_values_naming_the_field() {
     let loaded = support::load_exact(&tiny_model_dir("llama-fp32")).unwrap();
     let opts = GenerateOptions { sampling: bad[3].0.clone(), max_tokens: 4, ..GenerateOptions::default() };
     match generate(loaded.model.as_ref(), None, &[1, 2, 3], &opts, |_| true) {
-        Err(e @ Error::InvalidRequest(_)) => assert!(e.to_string().contains("top_p"), "{e}"),
+        Err(e @ Error::Field { .. }) => assert_eq!(e.field_key(), Some("top_p"), "{e}"),
         other => panic!("generate accepted top_p 0: {:?}", other.map(|g| g.tokens)),
     }
 }
