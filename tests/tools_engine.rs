@@ -167,7 +167,7 @@ fn two_tools(choice: serde_json::Value, parallel: bool, format: ToolFormat) -> T
 }
 
 fn compiled(tools: &Tools, tok: &Tokenizer) -> RowConstraint {
-    constrain::compile(&tools.grammar().expect("a grammar"), tok).unwrap()
+    constrain::ConstraintFactoryCell::default().compile(&tools.grammar().expect("a grammar"), tok).unwrap()
 }
 
 /// Feeds `text` byte token by byte token; every token must be allowed and committed.
@@ -277,7 +277,7 @@ fn llama_bare_call_at_the_start_and_special_triggers() {
     assert!(c.is_waiting());
     // A trigger that is a special token fires on that token alone.
     let hello = Triggered { triggers: vec![Trigger { text: "<|im_start|>".into(), included: false, at_start: false }], lark: "start: \"ok\"".into() };
-    let mut c = constrain::compile(&Constraint::Triggered(hello), &tok).unwrap();
+    let mut c = constrain::ConstraintFactoryCell::default().compile(&Constraint::Triggered(hello), &tok).unwrap();
     feed_free(&mut c, &tok, "<|im_start|"); // its text, byte by byte, is just text
     c.commit(tok.encode("<|im_start|>", false).unwrap()[0]).unwrap();
     assert!(!c.is_waiting());
