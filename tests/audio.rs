@@ -106,7 +106,7 @@ fn extractor_settings_come_from_the_checkpoints_processor_config() {
     let frontend = |m: &weft::loading::LoadedModel| m.model.audio().expect("an audio tower").spec().frontend.clone();
     let (fe, default) = (frontend(&changed), frontend(&plain));
     // Gemma4Audio::load reads the directory the same way.
-    let direct = Gemma4Audio::load(&goldens().join("models/gemma4-audio-lm-fe")).unwrap();
+    let direct = Gemma4Audio::load(&goldens().join("models/gemma4-audio-lm-fe"), &exact_layers()).unwrap();
     for name in CLIPS {
         let wav = to_f32(&g[&format!("{name}.waveform")]);
         let f = fe.features(&wav).unwrap();
@@ -157,7 +157,7 @@ fn bad_audio_is_a_clear_error() {
 }
 
 fn tower() -> Gemma4AudioTower {
-    Gemma4AudioTower::load(&goldens().join("models/gemma4-audio")).unwrap()
+    Gemma4AudioTower::load(&goldens().join("models/gemma4-audio"), &exact_layers()).unwrap()
 }
 
 #[test]
@@ -266,7 +266,7 @@ fn audio_bytes_to_spliced_soft_tokens_end_to_end() {
 #[test]
 fn the_pipeline_prepares_expands_and_splices_two_clips() {
     let g = golden_tensors();
-    let audio = Gemma4Audio::load(&goldens().join("models/gemma4-audio")).unwrap();
+    let audio = Gemma4Audio::load(&goldens().join("models/gemma4-audio"), &exact_layers()).unwrap();
     let t = audio.tokens;
     let names = ["tones-44k-stereo", "short-16k-mono"];
     let clips: Vec<_> = names.iter().map(|n| audio.prepare_clip(&clip_bytes(n), Some("wav")).unwrap()).collect();
@@ -301,7 +301,7 @@ fn the_pipeline_prepares_expands_and_splices_two_clips() {
 fn audio_prompt_ids_match_the_end_to_end_golden() {
     let lm: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(goldens().join("audio_lm.json")).unwrap()).unwrap();
-    let mut audio = Gemma4Audio::load(&goldens().join(lm["audio_model"].as_str().unwrap())).unwrap();
+    let mut audio = Gemma4Audio::load(&goldens().join(lm["audio_model"].as_str().unwrap()), &exact_layers()).unwrap();
     let id = |k: &str| lm[k].as_u64().unwrap() as u32;
     audio.tokens = AudioTokens { audio_token_id: id("audio_token_id"), boa_token_id: id("boa_token_id"), eoa_token_id: id("eoa_token_id"), ..audio.tokens };
     let clip = audio.prepare_clip(&std::fs::read(goldens().join(lm["clip"].as_str().unwrap())).unwrap(), None).unwrap();
@@ -361,7 +361,7 @@ fn greedy_tokens_of_an_audio_prompt_match_mlx_vlm() {
     assert_eq!(d, 0.0, "first logprobs differ by {d}");
 
     // All in Weft: bytes -> soft tokens -> the same tokens.
-    let mut audio = Gemma4Audio::load(&goldens().join(lm["audio_model"].as_str().unwrap())).unwrap();
+    let mut audio = Gemma4Audio::load(&goldens().join(lm["audio_model"].as_str().unwrap()), &exact_layers()).unwrap();
     audio.tokens.audio_token_id = audio_id;
     let clip = audio.prepare_clip(&std::fs::read(goldens().join(lm["clip"].as_str().unwrap())).unwrap(), None).unwrap();
     let (tokens, first) = greedy_with_audio(loaded.model.as_ref(), &ids, col, &clip.span_embeddings().unwrap(), want.len());
@@ -378,7 +378,7 @@ fn tower_rejects_features_of_the_wrong_shape() {
     assert!(tower.encode(&bad, &[vec![false; 10]]).is_err());
     let ok_shape = Array::zeros::<f32>(&[1, 10, 128]).unwrap();
     assert!(tower.encode(&ok_shape, &[vec![false; 9]]).is_err());
-    let e = Gemma4AudioTower::load(&goldens().join("models/gemma3-text")).err().unwrap().to_string();
+    let e = Gemma4AudioTower::load(&goldens().join("models/gemma3-text"), &exact_layers()).err().unwrap().to_string();
     assert!(e.contains("audio_config"), "{e}");
 }
 
@@ -412,6 +412,12 @@ fn engine_golden() -> serde_json::Value {
 
 fn engine_case<'a>(g: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
     g["cases"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap_or_else(|| panic!("no case {name}"))
+}
+
+/// The layer options of the towers loaded on their own: exact mode (MLX's kernels), as the
+/// goldens were made.
+fn exact_layers() -> weft::nn::LayerOptions {
+    weft::nn::LayerOptions::new(weft::kernels::CpuKernels::Exact, None, None, None).unwrap()
 }
 
 fn lm() -> weft::loading::LoadedModel {

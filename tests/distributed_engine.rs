@@ -176,7 +176,7 @@ fn run_rows(d: &mut dyn Driver, info: &weft::models::ModelInfo, rows: Vec<Row>, 
             let id = next as u64 + 1;
             let mut req = greedy(rows[next].prompt.clone(), rows[next].max_tokens);
             req.sampling = rows[next].sampling.clone();
-            d.enqueue(prepare(id, req, recorder(&outs, id), None, info, &[], config).unwrap());
+            d.enqueue(prepare(id, req, recorder(&outs, id), None, &Default::default(), info, &[], config).unwrap());
             next += 1;
         }
         let progress = outs.lock().unwrap().get(&cancelled).map(|o| (o.tokens.len(), o.finals));

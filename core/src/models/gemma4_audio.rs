@@ -467,8 +467,9 @@ impl Gemma4AudioTower {
     /// Loads from a Gemma 4 directory: `config.json` (`audio_config`, `text_config.hidden_size`)
     /// and the `audio_tower.*` / `embed_audio.*` tensors of its `*.safetensors` files (mlx-vlm
     /// layout; a leading `model.` and PyTorch conv layouts are accepted as mlx-vlm's sanitize
-    /// accepts them). Tensors keep their stored dtype.
-    pub fn load(dir: &Path) -> Result<Self> {
+    /// accepts them). Tensors keep their stored dtype; the layers compute as `options` says
+    /// (`LayerOptions::default()`: fast kernels on the CPU; exact mode matches mlx-vlm bit for bit).
+    pub fn load(dir: &Path, options: &crate::nn::LayerOptions) -> Result<Self> {
         let cfg_path = dir.join("config.json");
         let text = std::fs::read_to_string(&cfg_path).map_err(|e| Error::io(&cfg_path, e))?;
         let cfg: serde_json::Value =
@@ -504,7 +505,7 @@ impl Gemma4AudioTower {
         if tensors.is_empty() {
             return Err(Error::ModelLoad(format!("{}: no audio_tower.* tensors", dir.display())));
         }
-        let mut w = Weights::new(tensors, None);
+        let mut w = Weights::new(tensors, None).with_options(options.clone());
         Self::from_weights(&mut w, config, text_hidden_size).and_then(|t| w.finish().map(|_| t))
     }
 
@@ -628,8 +629,8 @@ impl Gemma4Audio {
     /// From a Gemma 4 directory: `config.json`, the tensors, and the feature extractor's fields
     /// from `processor_config.json` or `preprocessor_config.json` when present
     /// ([`crate::audio::MelConfig::from_processor_configs`]).
-    pub fn load(dir: &Path) -> Result<Self> {
-        let tower = Gemma4AudioTower::load(dir)?;
+    pub fn load(dir: &Path, options: &crate::nn::LayerOptions) -> Result<Self> {
+        let tower = Gemma4AudioTower::load(dir, options)?;
         let cfg_path = dir.join("config.json");
         let text = std::fs::read_to_string(&cfg_path).map_err(|e| Error::io(&cfg_path, e))?;
         let cfg: serde_json::Value =
