@@ -35,8 +35,9 @@ mod ffi {
         type RustError;
 
         fn load_engine(options_json: String) -> Result<RustEngine, RustError>;
-        /// The engine's flow-control watermarks (weft::engine::PAUSE_AT / RESUME_AT): unread
-        /// chunks at which a row is paused, and at which it resumes.
+        // The engine's flow-control watermarks (weft::engine::PAUSE_AT / RESUME_AT): unread
+        // chunks at which a row is paused, and at which it resumes. (No doc comments in the
+        // bridge: swift-bridge's parser refuses them.)
         fn flow_pause_at() -> u64;
         fn flow_resume_at() -> u64;
 
