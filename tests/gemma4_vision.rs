@@ -232,7 +232,7 @@ fn a_chat_request_with_an_image_and_a_clip_matches_mlx_vlm() {
     let boa_at = prompt.iter().position(|&t| t == 254).unwrap();
     // The same image and text first without the clip: that row attends the image both ways, so
     // its cached KV past the image's first token must not serve the chat request.
-    let mut image_only = greedy(prompt[..boa_at].to_vec(), 2);
+    let mut image_only = greedy(prompt[..boa_at].to_vec(), 1);
     image_only.images = vec![image_bytes(g["image"].as_str().unwrap())];
     assert_eq!(collect(&engine.submit_channel(image_only).unwrap().1).error, None);
     // The user turn as Weft's server writes content parts: text parts trimmed, each medium's
