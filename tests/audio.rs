@@ -318,7 +318,7 @@ fn greedy_with_audio(model: &dyn weft::models::LanguageModel, ids: &[u32], col: 
     use weft::language_model::{PromptMedia, SoftTokens};
     let as_i32 = |v: &[u32]| Array::from_slice(&v.iter().map(|&t| t as i32).collect::<Vec<_>>(), &[1, v.len() as i32]);
     let mut caches = model.make_caches();
-    let media = PromptMedia { rows: vec![true], soft: vec![SoftTokens { row: 0, col, embeddings: soft.clone() }] };
+    let media = PromptMedia { rows: vec![true], audio_rows: vec![true], soft: vec![SoftTokens { row: 0, col, embeddings: soft.clone() }] };
     let (head, last) = ids.split_at(ids.len() - 1);
     model.forward_with_media(&as_i32(head), &media, &mut caches).unwrap().eval().unwrap();
     let mut logits = model.forward(&as_i32(last), &mut caches).unwrap();

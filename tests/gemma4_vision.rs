@@ -4,7 +4,8 @@
 //! greedy tokens / first-step logits of image prompts (bidirectional image spans) through the
 //! engine, alone, chunked, and batched with text rows. Images and audio in one request on the
 //! tiny Gemma 4 with both towers (goldens/gemma4_vision_audio.json, made by
-//! goldens/make_gemma4_vision_audio_goldens.py).
+//! goldens/make_gemma4_vision_audio_goldens.py): token prompts and a chat request, causal
+//! throughout as mlx-vlm runs a prompt with both.
 
 mod support;
 // Image helpers; a module of its own because not every crate that uses support has MLX.
@@ -19,6 +20,7 @@ use vision_support::*;
 use support::*;
 use weft::engine::{Engine, EngineConfig, Input, Request};
 use weft::loading::LoadedModel;
+use weft::tokenizer::ChatMessage;
 
 const MODEL: &str = "gemma4-vision";
 
@@ -209,4 +211,59 @@ fn images_and_audio_in_one_request_match_mlx_vlm_in_either_order() {
         assert_eq!(out.error, None);
         assert!(out.usage.cached_tokens <= audio_at + 1, "another clip reused {} cached tokens", out.usage.cached_tokens);
     }
+}
+
+/// issue 27 item 9: a chat request with an image part and an audio part, as mlx-vlm's own
+/// request path builds it (apply_chat_template, Gemma4Processor expanding both, generate_step
+/// with the processor's mm_token_type_ids), gives mlx-vlm's prompt and tokens. The image span
+/// is not attended both ways when the prompt also carries audio: mlx-vlm keeps such prompts
+/// causal, and the bidirectional overlay gives other tokens.
+#[test]
+fn a_chat_request_with_an_image_and_a_clip_matches_mlx_vlm() {
+    let g = golden("gemma4_vision_audio");
+    let m = &g["messages"];
+    let engine = Engine::start(
+        support::load_exact(&tiny_model_dir("gemma4-vision-audio")).unwrap(),
+        EngineConfig { prompt_cache_bytes: 64 << 20, ..Default::default() },
+    )
+    .unwrap();
+    let prompt = ids(&m["prompt_ids"]);
+    let image_at = prompt.iter().position(|&t| t == 250).unwrap();
+    let boa_at = prompt.iter().position(|&t| t == 254).unwrap();
+    // The same image and text first without the clip: that row attends the image both ways, so
+    // its cached KV past the image's first token must not serve the chat request.
+    let mut image_only = greedy(prompt[..boa_at].to_vec(), 1);
+    image_only.images = vec![image_bytes(g["image"].as_str().unwrap())];
+    assert_eq!(collect(&engine.submit_channel(image_only).unwrap().1).error, None);
+    // The user turn as Weft's server writes content parts: text parts trimmed, each medium's
+    // placeholder where its part stands; the template renders what mlx-vlm's renders.
+    let content = "t2 t17<|image|>t44 t9 t61 t12<|audio|>";
+    let template = engine.tokenizer().unwrap().chat_template().unwrap();
+    let messages = vec![ChatMessage::new("user", content)];
+    assert_eq!(template.render(&messages, true).unwrap(), m["rendered"].as_str().unwrap());
+    let mut r = greedy(Vec::new(), 16);
+    r.input = Input::Messages(messages);
+    r.images = vec![image_bytes(g["image"].as_str().unwrap())];
+    r.audio = vec![std::fs::read(goldens_dir().join(g["clip"].as_str().unwrap())).unwrap()];
+    let out = collect(&engine.submit_channel(r).unwrap().1);
+    assert_eq!(out.error, None);
+    assert_eq!(out.usage.prompt_tokens, prompt.len());
+    assert!(out.usage.cached_tokens <= image_at, "reused {} tokens of an image-only row's KV", out.usage.cached_tokens);
+    assert_eq!(out.tokens, ids(&m["tokens"]), "chat request with an image and a clip");
+    // The same ids as a token prompt (one audio token where the clip goes), for one token; then
+    // continued by that token it reuses the first one's KV (same media, same causal attention).
+    let want = ids(&m["tokens"]);
+    let as_tokens = |extra: &[u32], max_tokens: usize| {
+        let mut r = greedy(prompt[..boa_at].iter().copied().chain([253]).chain(extra.iter().copied()).collect(), max_tokens);
+        r.images = vec![image_bytes(g["image"].as_str().unwrap())];
+        r.audio = vec![std::fs::read(goldens_dir().join(g["clip"].as_str().unwrap())).unwrap()];
+        r
+    };
+    assert_eq!(collect(&engine.submit_channel(as_tokens(&[], 1)).unwrap().1).tokens, want[..1], "as token ids");
+    let out = collect(&engine.submit_channel(as_tokens(&want[..1], 15)).unwrap().1);
+    assert_eq!(out.tokens, want[1..], "continued as token ids");
+    assert_eq!(out.usage.cached_tokens, prompt.len(), "the same image and clip reuse the KV");
+    // What the overlay would have given (mlx-vlm with image-only types) is another trajectory.
+    let c = &g["cases"][0];
+    assert_ne!(ids(&g["image_then_audio_bidirectional_tokens"]), ids(&c["tokens"]));
 }

@@ -998,6 +998,21 @@ fn image_and_audio_parts_in_one_chat_request() {
     let got: Vec<&str> = v["choices"][0]["logprobs"]["content"].as_array().unwrap().iter().map(|e| e["token"].as_str().unwrap()).collect();
     assert_eq!(got, want);
     assert_eq!(v["usage"]["prompt_tokens"], case["prompt_ids"].as_array().unwrap().len(), "{v}");
+    // The golden's chat request (issue 27 item 9): the parts mlx-vlm's apply_chat_template and
+    // Gemma4Processor turned into its prompt, with the real image and clip.
+    let m = &g["messages"];
+    let mut parts = m["messages"][0]["content"].clone();
+    parts[1]["image_url"]["url"] = format!("data:image/png;base64,{png}").into();
+    parts[3]["input_audio"]["data"] = wav.clone().into();
+    let body = serde_json::json!({"max_tokens": 16, "temperature": 0, "ignore_eos": true, "logprobs": true,
+        "messages": [{"role": "user", "content": parts}]});
+    let (status, _, raw) = exchange(&server.addr, "POST", "/v1/chat/completions", &[("Content-Type", "application/json")], body.to_string().as_bytes());
+    let v: serde_json::Value = serde_json::from_slice(&raw).unwrap();
+    assert_eq!(status, 200, "{v}");
+    let got: Vec<String> = v["choices"][0]["logprobs"]["content"].as_array().unwrap().iter().map(|e| e["token"].as_str().unwrap().to_string()).collect();
+    let want: Vec<String> = m["tokens"].as_array().unwrap().iter().map(|t| format!("t{t}")).collect();
+    assert_eq!(got, want, "the chat-shaped golden");
+    assert_eq!(v["usage"]["prompt_tokens"], m["prompt_ids"].as_array().unwrap().len(), "{v}");
 }
 
 fn base64_encode(bytes: &[u8]) -> String {

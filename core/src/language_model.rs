@@ -22,6 +22,9 @@ pub struct PromptMedia {
     /// Per row: whether that row's prompt carries media at all (a model may embed the row's
     /// other tokens differently then: Gemma 3 embeds pad ids as zeros, as mlx-vlm does).
     pub rows: Vec<bool>,
+    /// Per row: whether that row's prompt carries audio clips (mlx-vlm keeps a Gemma 4 prompt
+    /// with both images and audio causal: no bidirectional image spans). Empty: none does.
+    pub audio_rows: Vec<bool>,
     /// Soft tokens within this forward's columns.
     pub soft: Vec<SoftTokens>,
 }

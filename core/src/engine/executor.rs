@@ -230,7 +230,7 @@ impl<M: ModelHandle> Executor<M> {
                 Err(e) => return self.fail_row(row, format!("encoding the audio failed: {e}")),
             }
             let key = row.cache_key.take().unwrap_or_else(|| row.prompt.clone());
-            row.cache_key = Some(media::audio_cache_key(key, &clips));
+            row.cache_key = Some(media::audio_cache_key(key, &clips, &images));
         }
         let reuse = if self.prompt_cache.enabled() {
             self.prompt_cache.lookup(row.cache_prompt(), row.prompt.len() - 1)
@@ -525,9 +525,10 @@ impl<M: ModelHandle> Executor<M> {
             // Rows with images embed their last prompt token by the same rules as the rest.
             let with_media = joining.rows.iter().any(|r| !r.media.is_empty());
             let rows: Vec<bool> = joining.rows.iter().map(|r| !r.media.is_empty()).collect();
+            let audio_rows: Vec<bool> = joining.rows.iter().map(|r| r.media.has_audio()).collect();
             let caches = joining.caches_mut()?;
             let logits = if with_media {
-                let m = crate::language_model::PromptMedia { rows, soft: Vec::new() };
+                let m = crate::language_model::PromptMedia { rows, audio_rows, soft: Vec::new() };
                 last_position(&self.model.get().forward_with_media(&input, &m, caches)?)?
             } else {
                 last_position(&self.model.get().forward(&input, caches)?)?

@@ -43,6 +43,8 @@ pub struct PreparedAudio {
 #[derive(Default)]
 pub(super) struct RowMedia {
     spans: Vec<(usize, Array)>,
+    /// Whether any span is an audio clip's.
+    audio: bool,
 }
 
 impl RowMedia {
@@ -70,7 +72,7 @@ impl RowMedia {
         } else {
             images.iter().map(|im| Ok((im.start, run(std::slice::from_ref(im))?.index(0)))).collect::<Result<_>>()?
         };
-        Ok(RowMedia { spans })
+        Ok(RowMedia { spans, audio: false })
     }
 
     /// Runs the model's audio tower over a request's clips, one clip at a time (each its own
@@ -85,6 +87,7 @@ impl RowMedia {
             soft.eval()?;
             self.spans.push((c.start, soft));
         }
+        self.audio = true;
         self.spans.sort_by_key(|(s, _)| *s);
         Ok(self)
     }
@@ -103,6 +106,10 @@ impl RowMedia {
 
     pub(super) fn is_empty(&self) -> bool {
         self.spans.is_empty()
+    }
+
+    pub(super) fn has_audio(&self) -> bool {
+        self.audio
     }
 
     /// The soft tokens over prompt positions `start..end`, for row `row` of a forward whose
@@ -129,7 +136,11 @@ pub(super) fn forward_media(rows: &[&RowMedia], ranges: &[(usize, usize)]) -> Op
         return None;
     }
     let soft = rows.iter().zip(ranges).enumerate().flat_map(|(b, (m, &(s, e)))| m.soft_in(b, s, e)).collect();
-    Some(PromptMedia { rows: rows.iter().map(|m| !m.is_empty()).collect(), soft })
+    Some(PromptMedia {
+        rows: rows.iter().map(|m| !m.is_empty()).collect(),
+        audio_rows: rows.iter().map(|m| m.has_audio()).collect(),
+        soft,
+    })
 }
 
 /// The prompt-cache key of a prompt with images: each placeholder id becomes a value derived
@@ -145,9 +156,13 @@ pub(super) fn cache_key(prompt: &[u32], images: &[PreparedImage], pad: Option<u3
 }
 
 /// The prompt-cache key of a prompt with audio clips: as [`cache_key`], each clip's audio
-/// positions named by its samples' hash (`key` may already carry images' names).
-pub(super) fn audio_cache_key(key: Vec<u32>, clips: &[PreparedAudio]) -> Vec<u32> {
-    let spans: Vec<(usize, usize, u64)> = clips.iter().map(|c| (c.start, c.soft_tokens, c.hash)).collect();
+/// positions named by its samples' hash. The images' positions (`key` names them already) are
+/// named again, differently: a row with audio attends its image spans causally (as mlx-vlm
+/// runs such prompts), so their KV must not be reused for an image-only row, nor the reverse.
+pub(super) fn audio_cache_key(key: Vec<u32>, clips: &[PreparedAudio], images: &[PreparedImage]) -> Vec<u32> {
+    const WITH_AUDIO: u64 = 0x6a09_e667_f3bc_c908;
+    let mut spans: Vec<(usize, usize, u64)> = images.iter().map(|im| (im.start, im.tokens, im.hash ^ WITH_AUDIO)).collect();
+    spans.extend(clips.iter().map(|c| (c.start, c.soft_tokens, c.hash)));
     keyed(key, &spans)
 }
 

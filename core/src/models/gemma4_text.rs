@@ -509,7 +509,13 @@ impl Gemma4Text {
         };
         let (mut full_mask, mut sliding_mask) = (mask_of(false)?, mask_of(true)?);
         if let (Some(m), Some(image)) = (media, self.bidirectional_images) {
-            if let Some(blocks) = image_blocks(tokens, &m.rows, image)? {
+            // mlx-vlm 0.7.10 leaves a prompt with both images and audio causal: its processor
+            // marks audio tokens (mm_token_type_ids 3), which sends generate_step to chunked
+            // prefill, whose chunk masks never match the full-length types the overlay needs
+            // (its `_make_masks` says why: keep mixed image+audio prompts causal).
+            let rows: Vec<bool> =
+                m.rows.iter().enumerate().map(|(r, &has)| has && !m.audio_rows.get(r).copied().unwrap_or(false)).collect();
+            if let Some(blocks) = image_blocks(tokens, &rows, image)? {
                 let offset_of = |sliding: bool| {
                     self.layers[..self.cache_layers].iter().position(|l| l.sliding == sliding).map_or(0, |i| caches[i].len())
                 };
@@ -651,8 +657,8 @@ impl LanguageModel for Gemma4Text {
     }
 
     /// Image and audio soft tokens spliced over the token embeddings; with
-    /// `use_bidirectional_attention: "vision"` each image span attends both ways (audio stays
-    /// causal, as mlx-vlm runs it).
+    /// `use_bidirectional_attention: "vision"` each image span attends both ways unless the row
+    /// also carries audio (then all of it is causal; audio spans always are), as mlx-vlm runs it.
     fn forward_with_media(
         &self,
         tokens: &Array,
