@@ -12,6 +12,7 @@ use sha2::{Digest, Sha256};
 use support::*;
 use weft::generate::{generate, FinishReason, GenerateOptions};
 use weft::gguf::{GgufArray, GgufHeader, GgufValue};
+use weft::loading;
 
 /// Every GGUF golden: goldens/gguf/<name>.gguf and goldens/gguf/<name>.json.
 const GGUF_GOLDENS: &[&str] =

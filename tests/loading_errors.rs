@@ -5,7 +5,7 @@ mod support;
 use serde_json::json;
 use support::*;
 use weft::generate::{generate, GenerateOptions};
-use weft::Error;
+use weft::{loading, Error};
 
 fn load_err(dir: &std::path::Path) -> Error {
     match support::load_exact(dir) {

@@ -69,6 +69,21 @@ pub struct Generation {
     pub decode_s: f64,
 }
 
+impl Generation {
+    /// No tokens yet (a length finish until the generation says otherwise).
+    fn empty(prompt_tokens: usize) -> Self {
+        Generation {
+            tokens: Vec::new(),
+            text: String::new(),
+            finish_reason: FinishReason::Length,
+            prompt_tokens,
+            first_logits: Vec::new(),
+            ttft_s: 0.0,
+            decode_s: 0.0,
+        }
+    }
+}
+
 /// Checks prompt ids against the model: non-empty, in-vocabulary, within the context.
 pub fn validate_prompt(model: &dyn LanguageModel, prompt: &[u32]) -> Result<()> {
     validate_prompt_ids(model.info(), prompt)
@@ -77,7 +92,7 @@ pub fn validate_prompt(model: &dyn LanguageModel, prompt: &[u32]) -> Result<()> 
 /// Generates from `prompt`. `on_token` sees each token as it is produced; returning `false`
 /// cancels. The tokenizer, when given, provides streamed text and stop-string matching.
 ///
-/// The prompt runs as the one row of the engine's executor (`engine::generate_one`): the same
+/// The prompt runs as the one row of the engine's executor (`engine::run_single`): the same
 /// prefill chunks, pipelined decode and row state machine (stop ids, stop strings, the length
 /// limit) as every batched request, on the caller's thread and the borrowed model.
 pub fn generate(
@@ -104,15 +119,7 @@ pub fn generate(
     };
     if max_tokens == 0 {
         // Nothing to generate (a row always produces at least one token).
-        return Ok(Generation {
-            tokens: Vec::new(),
-            text: String::new(),
-            finish_reason: FinishReason::Length,
-            prompt_tokens: prompt.len(),
-            first_logits: Vec::new(),
-            ttft_s: 0.0,
-            decode_s: 0.0,
-        });
+        return Ok(Generation::empty(prompt.len()));
     }
     let start = Instant::now();
     let request = Request {
@@ -129,15 +136,7 @@ pub fn generate(
         prefill_step_size: opts.prefill_step_size,
         kv_quantization: opts.kv_quantization,
     };
-    let mut out = Generation {
-        tokens: Vec::new(),
-        text: String::new(),
-        finish_reason: FinishReason::Length,
-        prompt_tokens: prompt.len(),
-        first_logits: Vec::new(),
-        ttft_s: 0.0,
-        decode_s: 0.0,
-    };
+    let mut out = Generation::empty(prompt.len());
     let mut first_token_at: Option<Instant> = None;
     let mut on_token = on_token;
     run_single(model, tokenizer, row, |event| {

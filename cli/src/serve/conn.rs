@@ -30,7 +30,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
 use tower_service::Service as _;
 
-use super::limits::{Accepted, CountedStream, LimitedListener};
+use super::limits::{forward_async_write, Accepted, CountedStream, LimitedListener};
 
 /// The connection timeouts; `None` = none.
 #[derive(Debug, Clone, Copy)]
@@ -204,31 +204,7 @@ impl AsyncRead for WatchedStream {
     }
 }
 
-impl AsyncWrite for WatchedStream {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-}
+forward_async_write!(WatchedStream);
 
 /// The router, with each request's body under the read timeout and its response marking the
 /// request in progress until it is done. `refused`: a connection past the cap, which answers

@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use serde_json::{Map, Value};
 
 use super::parser::{Parsed, ToolDelta};
+use super::prompt::python_json;
 use super::{new_call_id, ToolCall, ToolSpec};
 
 /// A native (non-JSON) call syntax.
@@ -276,18 +277,6 @@ fn typed_value(raw: &str, schema: Option<&Value>) -> Value {
         }
     }
     Value::from(raw)
-}
-
-/// JSON text with Python `json.dumps` separators (`", "` and `": "`), non-ASCII kept.
-pub(crate) fn python_json(value: &Value) -> String {
-    match value {
-        Value::Object(m) => {
-            let items: Vec<String> = m.iter().map(|(k, v)| format!("{}: {}", Value::from(k.as_str()), python_json(v))).collect();
-            format!("{{{}}}", items.join(", "))
-        }
-        Value::Array(a) => format!("[{}]", a.iter().map(python_json).collect::<Vec<_>>().join(", ")),
-        other => other.to_string(),
-    }
 }
 
 /// A whole Gemma 4 call body (`call:NAME{...}`) as its name and JSON arguments.

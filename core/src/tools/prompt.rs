@@ -153,8 +153,9 @@ pub fn fallback_system_prompt(tools: &[Value]) -> String {
     prompt
 }
 
-/// JSON with Python's `json.dumps` spacing (`{"a": 1, "b": 2}`), as templates print tools.
-fn python_json(v: &Value) -> String {
+/// JSON with Python's `json.dumps` spacing (`{"a": 1, "b": 2}`), as templates print tools (and
+/// the native tool-call parsers print arguments).
+pub(crate) fn python_json(v: &Value) -> String {
     match v {
         Value::Object(m) => {
             let items: Vec<String> = m.iter().map(|(k, v)| format!("{}: {}", Value::from(k.as_str()), python_json(v))).collect();
