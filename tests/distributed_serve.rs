@@ -194,8 +194,10 @@ fn start_ranks(dir: &std::path::Path, rank_timeout: &str, extra: &[&str]) -> (Se
     let deadline = Instant::now() + Duration::from_secs(10);
     let pid = loop {
         let line = server.stderr.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("rank 1's pid in the log");
-        if let Some(rest) = line.strip_prefix("weft serve: rank 1 started (pid ") {
-            break rest.trim_end_matches(')').to_string();
+        // Anywhere in the line: both ranks write to one stderr.
+        if let Some(at) = line.find("weft serve: rank 1 started (pid ") {
+            let rest = &line[at + "weft serve: rank 1 started (pid ".len()..];
+            break rest[..rest.find(')').unwrap_or(rest.len())].to_string();
         }
     };
     (server, pid)

@@ -275,7 +275,7 @@ pub fn run(args: ServeArgs, opts: &crate::options::Options) -> Result<()> {
     let level = args.log_level.to_ascii_uppercase();
     let info = level == "DEBUG" || level == "INFO";
     if info {
-        eprintln!("weft serve: loading {} (MLX device: {})", path.display(), weft::default_device());
+        log_line(&format!("weft serve: loading {} (MLX device: {})", path.display(), weft::default_device()));
     }
     let ranks = match &args.hostfile {
         Some(file) => Some(ranks::join(file, args.rank, args.starting_port, args.rank_timeout, args.pipeline)?),
@@ -634,6 +634,14 @@ async fn prometheus(State(state): State<Arc<AppState>>) -> Response {
         state.metrics.render(&state.engine.stats(), &state.model_id),
     )
         .into_response()
+}
+
+
+/// Writes one log line to stderr in a single write: ranks started by this process share its
+/// stderr, and `eprintln!` writes a formatted line piece by piece, so lines could interleave.
+pub(crate) fn log_line(line: &str) {
+    use std::io::Write as _;
+    let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
 }
 
 #[cfg(test)]

@@ -117,7 +117,7 @@ pub fn join(file: &Path, rank: Option<usize>, starting_port: u16, rank_timeout: 
                 .stdout(Stdio::null())
                 .spawn()
                 .map_err(|e| Error::io("starting a follower rank", e))?;
-            eprintln!("weft serve: rank {i} started (pid {})", child.id());
+            super::log_line(&format!("weft serve: rank {i} started (pid {})", child.id()));
             children.push(child);
         }
     }
