@@ -865,16 +865,7 @@ fn image_parts_through_the_chat_endpoint() {
     assert!(listed.contains("\"vision\":true"), "{listed}");
     let png = std::fs::read(goldens_dir().join("vision").join("a.png")).unwrap();
     let b64 = base64_encode(&png);
-    let body = |url: &str| {
-        serde_json::json!({
-            "max_tokens": 20, "temperature": 0, "ignore_eos": true, "logprobs": true,
-            "messages": [{"role": "user", "content": [
-                {"type": "text", "text": "t2 t17 t93 "},
-                {"type": "image_url", "image_url": {"url": url}},
-                {"type": "text", "text": " t44 t0 t301 t12 t77 t250 t5 t33"}]}]
-        })
-        .to_string()
-    };
+    let body = gemma3_vision_request;
     let post = |b: String| exchange(&server.addr, "POST", "/v1/chat/completions", &[("Content-Type", "application/json")], b.as_bytes());
     let (status, _, raw) = post(body(&format!("data:image/png;base64,{b64}")));
     let v: serde_json::Value = serde_json::from_slice(&raw).unwrap();
@@ -1250,16 +1241,7 @@ fn local_media_paths_need_an_allowed_dir() {
     std::fs::create_dir_all(allowed.join("sub")).unwrap();
     std::fs::copy(goldens_dir().join("vision").join("a.png"), allowed.join("a.png")).unwrap();
     std::os::unix::fs::symlink("/etc/passwd", allowed.join("escape.png")).unwrap();
-    let body = |url: &str| {
-        serde_json::json!({
-            "max_tokens": 20, "temperature": 0, "ignore_eos": true, "logprobs": true,
-            "messages": [{"role": "user", "content": [
-                {"type": "text", "text": "t2 t17 t93 "},
-                {"type": "image_url", "image_url": {"url": url}},
-                {"type": "text", "text": " t44 t0 t301 t12 t77 t250 t5 t33"}]}]
-        })
-        .to_string()
-    };
+    let body = gemma3_vision_request;
     let model = goldens_dir().join("models").join("gemma3-vision");
     let inside = allowed.join("a.png");
     let probes: Vec<String> = vec![
@@ -1305,4 +1287,16 @@ fn local_media_paths_need_an_allowed_dir() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// The gemma3-vision golden's chat request (text, the image at `url`, text), greedy, 20 tokens.
+fn gemma3_vision_request(url: &str) -> String {
+    serde_json::json!({
+        "max_tokens": 20, "temperature": 0, "ignore_eos": true, "logprobs": true,
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "t2 t17 t93 "},
+            {"type": "image_url", "image_url": {"url": url}},
+            {"type": "text", "text": " t44 t0 t301 t12 t77 t250 t5 t33"}]}]
+    })
+    .to_string()
 }

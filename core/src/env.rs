@@ -50,27 +50,18 @@ fn var(key: &str) -> Result<Option<String>> {
 
 /// The CPU kernel mode `WEFT_CPU_KERNELS` names, if set.
 pub fn cpu_kernels() -> Result<Option<CpuKernels>> {
-    var(CPU_KERNELS)?
-        .map(|v| {
-            v.parse().map_err(|_| {
-                Error::ModelLoad(format!(
-                    "{CPU_KERNELS}={v:?}: expected \"exact\" or \"fast\""
-                ))
-            })
-        })
-        .transpose()
+    parsed(CPU_KERNELS, "\"exact\" or \"fast\"")
 }
 
 /// The GGUF weight handling `WEFT_GGUF_WEIGHTS` names, if set.
 pub fn gguf_weights() -> Result<Option<GgufWeights>> {
-    var(GGUF_WEIGHTS)?
-        .map(|v| {
-            v.parse().map_err(|_| {
-                Error::ModelLoad(format!(
-                    "{GGUF_WEIGHTS}={v:?}: expected \"native\" or \"dequantize\""
-                ))
-            })
-        })
+    parsed(GGUF_WEIGHTS, "\"native\" or \"dequantize\"")
+}
+
+/// Variable `key` parsed as `T`, if set; `expected` names the accepted values.
+fn parsed<T: std::str::FromStr>(key: &str, expected: &str) -> Result<Option<T>> {
+    var(key)?
+        .map(|v| v.parse().map_err(|_| Error::ModelLoad(format!("{key}={v:?}: expected {expected}"))))
         .transpose()
 }
 
