@@ -179,8 +179,7 @@ fn run_once(engine: &mut Collector, args: &BenchArgs, batch: usize, gen: usize, 
             tools: None,
             constraint: (i < args.constrained).then(|| bench_constraint(&args.constraint)),
             images: Vec::new(),
-            audio: Vec::new(),
-            chat_template: None,
+            ..Request::new(Input::Tokens(Vec::new()))
         })?;
     }
     let mut peak_kv = 0u64;

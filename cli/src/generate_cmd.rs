@@ -160,8 +160,7 @@ fn run_rows(args: GenerateArgs, loaded: weft::loading::LoadedModel, opts: Genera
             tools: None,
             constraint: None,
             images: Vec::new(),
-            audio: Vec::new(),
-            chat_template: None,
+            ..Request::new(Input::Tokens(Vec::new()))
         })?;
     }
     engine.run_to_completion();

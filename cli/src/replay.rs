@@ -105,8 +105,7 @@ pub fn run(args: ReplayArgs, opts: &Options) -> Result<()> {
                 tools: None,
                 constraint: None,
                 images: Vec::new(),
-                audio: Vec::new(),
-                chat_template: None,
+                ..Request::new(Input::Tokens(Vec::new()))
             };
             engine.submit(req).map_err(|e| Error::InvalidRequest(format!("row {:?}: {e}", ins.id)))?;
             ids.push(ins.id.clone());

@@ -551,7 +551,7 @@ fn deliver(cb: &Callback, id: u64, ev: &Event, bufs: &mut Buffers) {
     bufs.tool_calls.clear();
     let sat = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
     match ev {
-        Event::Token { token_id, text, logprobs, tool_calls } => {
+        Event::Token { token_id, text, logprobs, tool_calls, .. } => {
             e.kind = WEFT_EVENT_TOKEN;
             bufs.set_deltas(tool_calls);
             e.token_id = i32::try_from(*token_id).unwrap_or(i32::MAX);

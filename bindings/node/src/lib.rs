@@ -857,7 +857,7 @@ fn failure(message: &str) -> Fail {
 fn on_event(row: &Row, ev: &Event) -> bool {
     let mut st = row.state.lock();
     match ev {
-        Event::Token { token_id, text, logprobs, tool_calls } => {
+        Event::Token { token_id, text, logprobs, tool_calls, .. } => {
             st.text.push_str(text);
             st.token_ids.push(*token_id);
             let lp = logprobs.as_ref().map(|lp| TokenLogprobs {

@@ -462,7 +462,7 @@ impl StreamEncoder for MessageEncoder {
     fn event(&mut self, ev: &Event) -> String {
         match ev {
             Event::Started { prompt_tokens, cached_tokens } => {
-                let usage = Usage { prompt_tokens: *prompt_tokens, completion_tokens: 0, cached_tokens: *cached_tokens };
+                let usage = Usage { prompt_tokens: *prompt_tokens, cached_tokens: *cached_tokens, ..Usage::default() };
                 let message = json!({
                     "id": self.id,
                     "type": "message",

@@ -536,7 +536,7 @@ impl StreamEncoder for ChatEncoder {
 
     fn event(&mut self, ev: &Event) -> String {
         match ev {
-            Event::Token { token_id, text, logprobs, tool_calls } => {
+            Event::Token { token_id, text, logprobs, tool_calls, .. } => {
                 let lp = match (self.logprobs, logprobs) {
                     (true, Some(lp)) => Some(json!({"content": [chat_logprob_entry(&self.state, *token_id, lp)]})),
                     _ => None,

@@ -98,6 +98,7 @@ impl EngineCore {
             finish_reason: FinishReason::Cancelled,
             stop: None,
             text: String::new(),
+            reasoning: String::new(),
             usage,
             first_logits: Vec::new(),
             tool_deltas: Vec::new(),

@@ -104,6 +104,7 @@ mod tests {
             finish_reason: FinishReason::Length,
             stop: None,
             text: String::new(),
+            reasoning: String::new(),
             usage: Usage::default(),
             first_logits: Vec::new(),
             tool_deltas: Vec::new(),
@@ -143,7 +144,7 @@ mod tests {
             }
             true
         }));
-        let token = Event::Token { token_id: 1, text: "a".into(), logprobs: None, tool_calls: Vec::new() };
+        let token = Event::Token { token_id: 1, text: "a".into(), reasoning: String::new(), logprobs: None, tool_calls: Vec::new() };
         assert!(!s.token(&token));
         assert!(!s.token(&token), "a panicked sink is not called again for tokens");
         s.close(done());

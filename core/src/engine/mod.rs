@@ -113,6 +113,14 @@ pub struct Request {
     /// Renders `Input::Messages` with this template instead of the engine's override
     /// ([`EngineConfig::chat_template`]) or the model's own.
     pub chat_template: Option<Arc<ChatTemplate>>,
+    /// Variables for the chat template (OpenAI-compatible servers' `chat_template_kwargs`:
+    /// `enable_thinking` foremost, any key the template reads), over the engine's defaults
+    /// ([`EngineConfig::chat_template_kwargs`]).
+    pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
+    /// Reasoning tokens the model may spend before Weft closes its reasoning block itself and
+    /// the answer begins ([`crate::reasoning`]); `None`: the engine's default
+    /// ([`EngineConfig::reasoning_budget`]).
+    pub reasoning_budget: Option<usize>,
 }
 
 impl Request {
@@ -130,6 +138,8 @@ impl Request {
             images: Vec::new(),
             audio: Vec::new(),
             chat_template: None,
+            chat_template_kwargs: serde_json::Map::new(),
+            reasoning_budget: None,
         }
     }
 }
@@ -148,6 +158,8 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Prompt tokens whose KV came from the prompt cache instead of being prefilled.
     pub cached_tokens: usize,
+    /// Completion tokens spent reasoning (inside the reasoning block, its markers included).
+    pub reasoning_tokens: usize,
 }
 
 /// What ended a request that finished with [`FinishReason::Stop`] or [`FinishReason::ToolCalls`].
@@ -179,7 +191,10 @@ pub enum Event {
     /// out to be part of a stop string, or half a character, is held back). `logprobs` is set
     /// when the request asked for them. With tools, text that is part of a tool call is not in
     /// `text`: it arrives as `tool_calls` deltas (a call's start, then argument fragments).
-    Token { token_id: u32, text: String, logprobs: Option<TokenLogprobs>, tool_calls: Vec<ToolDelta> },
+    /// `reasoning` is the part of the released text that is the model's reasoning ("thinking",
+    /// [`crate::reasoning`]): a model whose template marks reasoning has its output split into
+    /// `reasoning` and `text`, markers removed; for other models `reasoning` is always empty.
+    Token { token_id: u32, text: String, reasoning: String, logprobs: Option<TokenLogprobs>, tool_calls: Vec<ToolDelta> },
     /// The request finished. Everything the end released is here, so a face forwards it as
     /// the last delta and derives nothing: `text` is the output text still held back when it
     /// ended (empty when cancelled or cut by a stop string; the full output is every `Token`'s
@@ -192,6 +207,8 @@ pub enum Event {
         finish_reason: FinishReason,
         stop: Option<StopCause>,
         text: String,
+        /// Reasoning text still held back when the row ended (as `text` is for the answer).
+        reasoning: String,
         usage: Usage,
         first_logits: Vec<f32>,
         tool_deltas: Vec<ToolDelta>,
@@ -281,6 +298,11 @@ pub struct EngineConfig {
     /// Renders every conversation with this template instead of the model's own (a request's
     /// [`Request::chat_template`] still wins); `None` keeps the model's.
     pub chat_template: Option<Arc<ChatTemplate>>,
+    /// Chat-template variables every request starts from (`weft serve --chat-template-args`);
+    /// a request's own [`Request::chat_template_kwargs`] override them key by key.
+    pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
+    /// Reasoning tokens allowed when a request names no budget; `None`: unbounded.
+    pub reasoning_budget: Option<usize>,
     /// Which local files requests may name as images / audio (default: any readable file).
     pub local_media: crate::vision::source::LocalMedia,
 }
@@ -301,6 +323,8 @@ impl Default for EngineConfig {
             #[cfg(feature = "faults")]
             faults: Faults::default(),
             chat_template: None,
+            chat_template_kwargs: serde_json::Map::new(),
+            reasoning_budget: None,
             local_media: Default::default(),
         }
     }

@@ -215,7 +215,7 @@ mod tests {
     use super::*;
 
     fn token(i: u32) -> Event {
-        Event::Token { token_id: i, text: String::new(), logprobs: None, tool_calls: Vec::new() }
+        Event::Token { token_id: i, text: String::new(), reasoning: String::new(), logprobs: None, tool_calls: Vec::new() }
     }
 
     #[test]

@@ -125,7 +125,7 @@ impl Row {
             }
             None => (text, Vec::new()),
         };
-        if !self.sink.token(&Event::Token { token_id: token, text, logprobs, tool_calls }) {
+        if !self.sink.token(&Event::Token { token_id: token, text, reasoning: String::new(), logprobs, tool_calls }) {
             self.finish = Some(FinishReason::Cancelled);
             self.stop = None;
         }
@@ -165,10 +165,11 @@ impl Row {
             prompt_tokens: self.prompt.len(),
             completion_tokens: self.generated.len(),
             cached_tokens: self.cached_tokens,
+            reasoning_tokens: 0,
         };
         let first_logits = std::mem::take(&mut self.first_logits);
         let stop = if matches!(reason, FinishReason::Stop | FinishReason::ToolCalls) { self.stop.take() } else { None };
-        self.sink.close(Event::Done { finish_reason: reason, stop, text, usage, first_logits, tool_deltas, tool_calls });
+        self.sink.close(Event::Done { finish_reason: reason, stop, text, reasoning: String::new(), usage, first_logits, tool_deltas, tool_calls });
     }
 
     /// Sends the final event this row has earned: its error if it failed, else `Done`.

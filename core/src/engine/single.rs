@@ -74,9 +74,9 @@ pub fn run_single(
                         executor.cancel(ID);
                     }
                 }
-                Event::Done { finish_reason, stop, text, usage, first_logits, tool_deltas, tool_calls } => {
+                Event::Done { finish_reason, stop, text, reasoning, usage, first_logits, tool_deltas, tool_calls } => {
                     let finish_reason = if cancelled { FinishReason::Cancelled } else { finish_reason };
-                    on_event(Event::Done { finish_reason, stop, text, usage, first_logits, tool_deltas, tool_calls });
+                    on_event(Event::Done { finish_reason, stop, text, reasoning, usage, first_logits, tool_deltas, tool_calls });
                     return Ok(());
                 }
                 Event::Started { .. } => {}

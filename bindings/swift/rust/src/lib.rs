@@ -360,7 +360,7 @@ fn send_deltas(sink: &SendSink, deltas: &[ToolDelta]) {
 /// The engine's sink: runs on the engine thread and never blocks on Swift.
 fn deliver(sink: &SendSink, flag: &RowFlag, ev: &Event) -> bool {
     match ev {
-        Event::Token { token_id, text, logprobs, tool_calls } => {
+        Event::Token { token_id, text, logprobs, tool_calls, .. } => {
             send_deltas(sink, tool_calls);
             let logprob = match logprobs {
                 Some(lp) => {
