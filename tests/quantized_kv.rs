@@ -72,18 +72,11 @@ fn kv_config(kv: &KvQuantization) -> EngineConfig {
 
 fn greedy(prompt: Vec<u32>, max_tokens: usize, capture: usize) -> Request {
     Request {
-        input: Input::Tokens(prompt),
         max_tokens,
         sampling: SamplingParams::greedy(),
-        stop: Vec::new(),
         ignore_eos: true,
         capture_first_logits: capture,
-        logprobs: None,
-        tools: None,
-        constraint: None,
-        images: Vec::new(),
-        audio: Vec::new(),
-        chat_template: None,
+        ..Request::new(Input::Tokens(prompt))
     }
 }
 

@@ -72,13 +72,13 @@ fn native_templates_get_tools_as_transformers_passes_them() {
     let g = goldens();
     let case = g["cases"].as_array().unwrap().iter().find(|c| c["template"] == "qwen3" && c["title"] == "a call, its result, the answer").unwrap();
     let mut tools = Tools::parse(Some(&case["tools"]), None, None).unwrap().unwrap();
-    let text = render_with_tools(&template(&g, "qwen3"), &messages(&case["messages"]), &mut tools).unwrap();
+    let text = render_with_tools(&template(&g, "qwen3"), &messages(&case["messages"]), &mut tools, &Default::default()).unwrap();
     assert_eq!(tools.format, Some(ToolFormat::Hermes));
     assert_eq!(text, case["text"].as_str().unwrap());
     // A named choice ends the prompt with the opening of that call.
     let named = serde_json::json!({"type": "function", "function": {"name": "get_weather"}});
     let mut tools = Tools::parse(Some(&case["tools"]), Some(&named), None).unwrap().unwrap();
-    let text = render_with_tools(&template(&g, "qwen3"), &messages(&case["messages"]), &mut tools).unwrap();
+    let text = render_with_tools(&template(&g, "qwen3"), &messages(&case["messages"]), &mut tools, &Default::default()).unwrap();
     let opening = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ";
     assert_eq!(text, format!("{}{opening}", case["text"].as_str().unwrap()));
     assert_eq!(tools.opening, opening);
@@ -92,7 +92,7 @@ fn fallback_shows_tools_calls_and_results_to_plain_chatml() {
     assert!(!case["text"].as_str().unwrap().contains("get_weather"));
     // ... so Weft's fallback writes them in.
     let mut tools = Tools::parse(Some(&case["tools"]), None, None).unwrap().unwrap();
-    let text = render_with_tools(&template(&g, "smollm2"), &messages(&case["messages"]), &mut tools).unwrap();
+    let text = render_with_tools(&template(&g, "smollm2"), &messages(&case["messages"]), &mut tools, &Default::default()).unwrap();
     assert_eq!(tools.format, Some(ToolFormat::Hermes));
     assert!(text.starts_with("<|im_start|>system\nYou can call functions."), "{text}");
     assert!(text.contains("<tools>\n{\"name\": \"get_weather\", \"description\": \"Current weather in a city\""), "{text}");
@@ -136,4 +136,18 @@ fn reasoning_templates_match_transformers_with_chat_template_kwargs() {
     let qwen = g["cases"].as_array().unwrap().iter().filter(|c| c["template"] == "Qwen3.5-4B" && c["title"].as_str().unwrap().starts_with("one user turn"));
     let ends: Vec<&str> = qwen.map(|c| c["text"].as_str().unwrap()).collect();
     assert!(ends[1].ends_with("<think>\n") && ends[2].ends_with("<think>\n\n</think>\n\n"), "{ends:?}");
+}
+
+#[test]
+fn real_templates_name_their_native_call_syntax() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../goldens/templates/");
+    for (file, expected) in [
+        ("Qwen3.5-4B.jinja", TemplateTools::Native(ToolFormat::Qwen3Coder)),
+        ("Qwen3-Coder.jinja", TemplateTools::Native(ToolFormat::Qwen3Coder)),
+        ("google-gemma-4-31B-it.jinja", TemplateTools::Native(ToolFormat::Gemma4)),
+        ("meta-llama-Llama-3.2-3B-Instruct.jinja", TemplateTools::Native(ToolFormat::Llama3Json)),
+    ] {
+        let source = std::fs::read_to_string(format!("{dir}{file}")).unwrap();
+        assert_eq!(TemplateTools::detect(&source), expected, "{file}");
+    }
 }

@@ -89,10 +89,11 @@ fn named_call_streams_as_deltas_and_leaves_other_rows_alone() {
         if let Event::Token { text, tool_calls, .. } = ev {
             tokens += 1;
             assert_eq!(text, "", "the row is inside the call: no ordinary text");
-            tool_calls.iter().for_each(|d| asm.apply(d));
-            if tokens == 1 {
+            // A call's deltas are held until it is complete, then come together, name first.
+            if asm.calls.is_empty() && !tool_calls.is_empty() {
                 assert!(matches!(&tool_calls[0], ToolDelta::Start { index: 0, name, .. } if name == "get_weather"), "{tool_calls:?}");
             }
+            tool_calls.iter().for_each(|d| asm.apply(d));
         }
     }
     let Some(Event::Done { tool_calls, tool_deltas, usage, text, finish_reason, .. }) = called.last() else { panic!("no Done: {called:?}") };
@@ -168,7 +169,7 @@ fn two_tools(choice: serde_json::Value, parallel: bool, format: ToolFormat) -> T
 }
 
 fn compiled(tools: &Tools, tok: &Tokenizer) -> RowConstraint {
-    constrain::ConstraintFactoryCell::default().compile(&tools.grammar().expect("a grammar"), tok).unwrap()
+    constrain::ConstraintFactoryCell::default().compile(&tools.grammar(&|_| None).expect("a grammar"), tok).unwrap()
 }
 
 /// Feeds `text` byte token by byte token; every token must be allowed and committed.
@@ -404,3 +405,247 @@ fn required_parallel_end_to_end() {
     assert_eq!(*stop, Some(weft::engine::StopCause::ToolCallLimit), "parallel_tool_calls false: the call limit ended it");
     assert_valid_calls(tool_calls, "required single");
 }
+
+// --- Reasoning models: a tiny Qwen3.5 with the real Qwen3 vocabulary and Qwen3.5 template.
+
+use weft::tokenizer::ToolCall;
+
+/// Everything a reasoning row streamed.
+#[derive(Debug, Default)]
+struct Streamed {
+    tokens: Vec<u32>,
+    text: String,
+    reasoning: String,
+    /// Deltas in the order they came (Token events', then Done's).
+    deltas: Vec<ToolDelta>,
+    calls: Vec<ToolCall>,
+    finish: Option<FinishReason>,
+    completion_tokens: usize,
+    reasoning_tokens: usize,
+    prompt_tokens: usize,
+}
+
+fn stream(engine: &Engine, request: Request) -> Streamed {
+    let (_, rx) = engine.submit_channel(request).unwrap();
+    let mut s = Streamed::default();
+    for ev in events(rx) {
+        match ev {
+            Event::Started { prompt_tokens, .. } => s.prompt_tokens = prompt_tokens,
+            Event::Token { token_id, text, reasoning, tool_calls, .. } => {
+                s.tokens.push(token_id);
+                s.text.push_str(&text);
+                s.reasoning.push_str(&reasoning);
+                s.deltas.extend(tool_calls);
+            }
+            Event::Done { text, reasoning, tool_deltas, tool_calls, finish_reason, usage, .. } => {
+                s.text.push_str(&text);
+                s.reasoning.push_str(&reasoning);
+                s.deltas.extend(tool_deltas);
+                s.calls = tool_calls;
+                s.finish = Some(finish_reason);
+                s.completion_tokens = usage.completion_tokens;
+                s.reasoning_tokens = usage.reasoning_tokens;
+            }
+            Event::Error { message } => panic!("{message}"),
+        }
+    }
+    s
+}
+
+fn qwen35_engine() -> Option<(Engine, Tokenizer, tempfile::TempDir)> {
+    let dir = tempfile::tempdir().unwrap();
+    support::qwen35_chat_model(dir.path())?;
+    let tokenizer = Tokenizer::from_dir(dir.path()).unwrap();
+    let engine = Engine::start(weft::loading::load(dir.path()).unwrap(), EngineConfig::default()).unwrap();
+    Some((engine, tokenizer, dir))
+}
+
+fn qwen35_chat(max_tokens: usize, thinking: Option<bool>) -> Request {
+    let mut request = Request {
+        max_tokens,
+        sampling: SamplingParams::greedy(),
+        ignore_eos: true,
+        ..Request::new(Input::Messages(vec![ChatMessage::new("user", "What is the weather in Paris?")]))
+    };
+    if let Some(on) = thinking {
+        request.chat_template_kwargs.insert("enable_thinking".into(), on.into());
+    }
+    request
+}
+
+/// A tool whose calls a random model can finish: every value is from a small set.
+fn forecast_tools(choice: serde_json::Value) -> Tools {
+    let tools = json!([{"type": "function", "function": {"name": "get_forecast", "parameters": {"type": "object",
+        "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}, "metric": {"type": "boolean"}},
+        "required": ["city", "metric"]}}}]);
+    Tools::parse(Some(&tools), Some(&choice), Some(false)).unwrap().unwrap()
+}
+
+fn assert_forecast_call(call: &ToolCall, what: &str) {
+    assert_eq!(call.name, "get_forecast", "{what}");
+    let args: serde_json::Value = serde_json::from_str(&call.arguments).unwrap_or_else(|e| panic!("{what}: {e}: {call:?}"));
+    assert!(["Paris", "Oslo"].contains(&args["city"].as_str().unwrap_or("")) && args["metric"].is_boolean(), "{what}: {args}");
+    assert_eq!(args.as_object().unwrap().len(), 2, "{what}: {args}");
+}
+
+#[test]
+fn thinking_on_streams_every_unfinished_thought_as_reasoning() {
+    let Some((engine, tok, _dir)) = qwen35_engine() else { return };
+    let out = stream(&engine, qwen35_chat(12, None));
+    let close = tok.token_to_id("</think>").unwrap();
+    assert!(!out.tokens.contains(&close), "the random model did not close its block: {:?}", out.tokens);
+    assert_eq!(out.text, "", "no answer text while the block is open");
+    let decoded = tok.decode(&out.tokens, false).unwrap();
+    assert_eq!(out.reasoning.trim(), decoded.trim(), "all of the output is reasoning");
+    assert!(!out.reasoning.trim().is_empty());
+    assert_eq!(out.reasoning_tokens, out.completion_tokens);
+    assert_eq!(out.completion_tokens, 12);
+}
+
+#[test]
+fn thinking_off_is_all_answer() {
+    let Some((engine, tok, _dir)) = qwen35_engine() else { return };
+    let out = stream(&engine, qwen35_chat(8, Some(false)));
+    assert_eq!(out.reasoning, "");
+    assert_eq!(out.reasoning_tokens, 0);
+    assert_eq!(out.text.trim_start(), tok.decode(&out.tokens, false).unwrap().trim_start());
+    // The prompt is the template's with thinking off: its closed empty block is in the prompt.
+    let on = stream(&engine, qwen35_chat(1, None));
+    let template = weft::tokenizer::ChatTemplate::new(
+        &std::fs::read_to_string(support::goldens_dir().join("templates/Qwen3.5-4B.jinja")).unwrap(),
+        None,
+        None,
+    )
+    .unwrap();
+    let mut kwargs = serde_json::Map::new();
+    kwargs.insert("enable_thinking".into(), false.into());
+    let messages = vec![ChatMessage::new("user", "What is the weather in Paris?")];
+    let text = template.render_with_kwargs(&messages, None, true, &kwargs).unwrap();
+    assert!(text.ends_with("<think>\n\n</think>\n\n"), "{text:?}");
+    assert_eq!(out.prompt_tokens, tok.encode(&text, false).unwrap().len());
+    assert!(on.prompt_tokens < out.prompt_tokens, "thinking on ends the prompt inside the block");
+}
+
+#[test]
+fn a_spent_budget_closes_the_block_and_the_answer_follows() {
+    let Some((engine, tok, _dir)) = qwen35_engine() else { return };
+    let out = stream(&engine, Request { reasoning_budget: Some(3), ..qwen35_chat(10, None) });
+    let forced = tok.encode("\n</think>", false).unwrap();
+    assert_eq!(&out.tokens[3..3 + forced.len()], &forced[..], "the budget's end forces the closing marker: {:?}", out.tokens);
+    assert_eq!(out.reasoning_tokens, 3 + forced.len());
+    assert_eq!(out.reasoning.trim(), tok.decode(&out.tokens[..3], false).unwrap().trim());
+    let answer = tok.decode(&out.tokens[3 + forced.len()..], false).unwrap();
+    assert_eq!(out.text, answer.trim_start(), "after the block, the answer");
+}
+
+#[test]
+fn a_named_call_comes_in_the_native_format_after_a_budgeted_block() {
+    let Some((engine, tok, _dir)) = qwen35_engine() else { return };
+    let named = json!({"type": "function", "function": {"name": "get_forecast"}});
+    let request = Request { tools: Some(forecast_tools(named)), reasoning_budget: Some(2), ..qwen35_chat(60, None) };
+    let out = stream(&engine, request);
+    let close = tok.token_to_id("</think>").unwrap();
+    let at = out.tokens.iter().position(|&t| t == close).expect("the block closed");
+    let raw = tok.decode(&out.tokens[at + 1..], false).unwrap();
+    assert!(
+        raw.trim_start().starts_with("<tool_call>\n<function=get_forecast>\n<parameter="),
+        "the model's own syntax (Qwen3-Coder XML), not JSON: {raw:?}"
+    );
+    assert!(!out.reasoning.is_empty());
+    assert_eq!(out.finish, Some(FinishReason::ToolCalls), "{raw:?}");
+    assert_eq!(out.calls.len(), 1);
+    assert_forecast_call(&out.calls[0], "named after thinking");
+    let mut asm = Assembler::default();
+    out.deltas.iter().for_each(|d| asm.apply(d));
+    assert_eq!(asm.calls, out.calls, "the deltas assemble to the call");
+    assert_eq!(out.text.trim(), "", "the call's text is not answer text");
+}
+
+#[test]
+fn required_calls_without_thinking_and_calls_cut_short() {
+    let Some((engine, _tok, _dir)) = qwen35_engine() else { return };
+    let required = || Request { tools: Some(forecast_tools(json!("required"))), ..qwen35_chat(60, Some(false)) };
+    let out = stream(&engine, required());
+    assert_eq!(out.finish, Some(FinishReason::ToolCalls));
+    assert_eq!(out.calls.len(), 1);
+    assert_forecast_call(&out.calls[0], "required, thinking off");
+    assert_eq!(out.reasoning, "");
+    // Cut by max_tokens mid-call: no call, not even in part.
+    let cut = stream(&engine, Request { max_tokens: 3, ..required() });
+    assert_eq!(cut.finish, Some(FinishReason::Length));
+    assert!(cut.calls.is_empty() && cut.deltas.is_empty(), "a cut call is never delivered: {cut:?}");
+}
+
+#[test]
+fn a_schema_applies_to_the_answer_after_the_reasoning() {
+    let Some((engine, tok, _dir)) = qwen35_engine() else { return };
+    let schema = json!({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": false});
+    let request = Request {
+        constraint: Some(Constraint::JsonSchema(schema)),
+        reasoning_budget: Some(4),
+        ignore_eos: false,
+        ..qwen35_chat(40, None)
+    };
+    let out = stream(&engine, request);
+    let close = tok.token_to_id("</think>").unwrap();
+    assert_eq!(out.tokens.iter().position(|&t| t == close), Some(5), "free reasoning, then the forced close: {:?}", out.tokens);
+    let answer: serde_json::Value = serde_json::from_str(out.text.trim()).unwrap_or_else(|e| panic!("{e}: {:?}", out.text));
+    assert!(answer["ok"].is_boolean(), "{answer}");
+    assert_eq!(out.finish, Some(FinishReason::Stop));
+}
+
+/// Tools with every kind of parameter the native grammars type.
+fn typed_tools(choice: serde_json::Value, format: ToolFormat) -> Tools {
+    let tools = json!([{"type": "function", "function": {"name": "get_forecast", "parameters": {"type": "object",
+        "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}, "metric": {"type": "boolean"},
+            "note": {"type": "string"}, "days": {"type": "integer"}, "hours": {"type": "array", "items": {"type": "integer"}}},
+        "required": ["city", "metric"]}}}]);
+    let mut t = Tools::parse(Some(&tools), Some(&choice), Some(true)).unwrap().unwrap();
+    t.format = Some(format);
+    t.opening = weft::tools::prompt::forced_opening(&t.choice, format);
+    t
+}
+
+#[test]
+fn native_grammars_accept_the_models_own_calls_and_nothing_else() {
+    let Some(dir) = support::qwen3_tokenizer_dir() else { return };
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    let qwen_call = "<parameter=city>\nOslo\n</parameter>\n<parameter=metric>\nfalse\n</parameter>\n\
+                     <parameter=note>\nline one\n</para> line two\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
+    let gemma_call = "city:<|\"|>Oslo<|\"|>,days:3,hours:[1,2],metric:false,note:<|\"|>a, b: {c}<|\"|>}<tool_call|>";
+    // Required: the prompt wrote the opening up to the function's name.
+    let mut c = compiled(&typed_tools(json!("required"), ToolFormat::Qwen3Coder), &tok);
+    feed(&mut c, &tok, &format!("get_forecast>\n{qwen_call}"));
+    assert!(c.is_accepting());
+    feed(&mut c, &tok, &format!("\n<tool_call>\n<function=get_forecast>\n{qwen_call}"));
+    assert!(c.is_accepting(), "a second parallel call");
+    let mut c = compiled(&typed_tools(json!("required"), ToolFormat::Gemma4), &tok);
+    feed(&mut c, &tok, &format!("get_forecast{{{gemma_call}"));
+    assert!(c.is_accepting());
+    // Auto: free text, then the opener switches the grammar on.
+    let mut c = compiled(&typed_tools(json!("auto"), ToolFormat::Qwen3Coder), &tok);
+    feed_free(&mut c, &tok, "Let me check.");
+    c.commit(tok.encode("<tool_call>", false).unwrap()[0]).unwrap();
+    feed(&mut c, &tok, &format!("\n<function=get_forecast>\n{qwen_call}"));
+    assert!(c.is_accepting());
+    let mut c = compiled(&typed_tools(json!("auto"), ToolFormat::Gemma4), &tok);
+    feed_free(&mut c, &tok, "Let me check.");
+    for t in tok.encode("<|tool_call>", false).unwrap() {
+        c.commit(t).unwrap();
+    }
+    assert!(!c.is_waiting());
+    feed(&mut c, &tok, &format!("call:get_forecast{{{gemma_call}"));
+    assert!(c.is_accepting());
+    // Typed values: an enum outside its set, a word for an integer, JSON for Gemma's strings.
+    for (format, good, bad) in [
+        (ToolFormat::Qwen3Coder, "get_forecast>\n<parameter=city>\n", "Rome"),
+        (ToolFormat::Qwen3Coder, "get_forecast>\n<parameter=city>\nOslo\n</parameter>\n<parameter=metric>\ntrue\n</parameter>\n<parameter=days>\n", "three"),
+        // (Forced text is written as the tokenizer writes it: `:<` is one token here.)
+        (ToolFormat::Gemma4, "get_forecast{city:<|\"|>", "Rome"),
+        (ToolFormat::Gemma4, "get_forecast{", "metric:"),
+    ] {
+        let mut c = compiled(&typed_tools(json!("required"), format), &tok);
+        refused(&mut c, &tok, good, bad);
+    }
+}
+

@@ -57,6 +57,11 @@ impl ReasoningSyntax {
         }
     }
 
+    /// The syntax of [`ReasoningSyntax::name`].
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Self::Think, Self::MistralThink, Self::GemmaChannel, Self::Harmony].into_iter().find(|s| s.name() == name)
+    }
+
     /// The opening and closing markers of a reasoning block (harmony: the analysis header and
     /// the end of a message).
     pub fn markers(self) -> (&'static str, &'static str) {
@@ -90,6 +95,34 @@ impl ReasoningSyntax {
     }
 }
 
+/// A request's reasoning, decided when its prompt is rendered: the family's markers, whether
+/// the prompt left the model inside a reasoning block, and the token budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReasoningPlan {
+    pub syntax: ReasoningSyntax,
+    pub starts_open: bool,
+    /// Reasoning tokens allowed before the block is closed for the model; `None`: unbounded.
+    pub budget: Option<usize>,
+}
+
+impl ReasoningPlan {
+    /// The plan for a prompt rendered by a template whose source is `template_source`; `None`
+    /// when the template marks no reasoning.
+    pub fn for_prompt(template_source: &str, prompt: &str, budget: Option<usize>) -> Option<Self> {
+        let syntax = ReasoningSyntax::detect(template_source)?;
+        Some(Self { syntax, starts_open: syntax.starts_open(prompt), budget })
+    }
+
+    /// The text that closes an unfinished block, through the closing marker (what a spent
+    /// budget forces; the answer that follows is the model's).
+    pub fn forced_close(&self) -> &'static str {
+        match self.syntax {
+            ReasoningSyntax::Think => "\n</think>",
+            other => other.close_text(),
+        }
+    }
+}
+
 /// Text split into the two channels.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Split {
@@ -102,7 +135,7 @@ impl Split {
         self.reasoning.is_empty() && self.content.is_empty()
     }
 
-    fn append(&mut self, other: Split) {
+    pub fn append(&mut self, other: Split) {
         self.reasoning.push_str(&other.reasoning);
         self.content.push_str(&other.content);
     }

@@ -112,20 +112,7 @@ use weft::sampling::SamplingParams;
 
 /// A greedy request for token ids that ignores EOS (as the goldens were made).
 pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
-    Request {
-        input: Input::Tokens(prompt),
-        max_tokens,
-        sampling: SamplingParams::greedy(),
-        stop: Vec::new(),
-        ignore_eos: true,
-        capture_first_logits: 0,
-        logprobs: None,
-        tools: None,
-        constraint: None,
-        images: Vec::new(),
-        audio: Vec::new(),
-        chat_template: None,
-    }
+    Request { max_tokens, sampling: SamplingParams::greedy(), ignore_eos: true, ..Request::new(Input::Tokens(prompt)) }
 }
 
 /// What one request's events amounted to.
@@ -336,4 +323,67 @@ pub fn kl(p_logits: &[f32], q_logits: &[f32]) -> f64 {
     };
     let (p, q) = (logp(p_logits), logp(q_logits));
     p.iter().zip(&q).map(|(a, b)| a.exp() * (a - b)).sum()
+}
+
+// --- A tiny reasoning model with a real vocabulary and template.
+
+/// The real Qwen3 tokenizer (`scripts/fetch-test-tokenizers`). With
+/// `WEFT_REQUIRE_DEFAULT_MODEL=1` (CI) its absence fails.
+pub fn qwen3_tokenizer_dir() -> Option<PathBuf> {
+    let dir = repo_root().join("target/test-tokenizers/qwen3");
+    if dir.join("tokenizer.json").exists() {
+        return Some(dir);
+    }
+    let message = "the Qwen3 test tokenizer is not fetched (run scripts/fetch-test-tokenizers)";
+    if std::env::var("WEFT_REQUIRE_DEFAULT_MODEL").as_deref() == Ok("1") {
+        panic!("{message}; required because WEFT_REQUIRE_DEFAULT_MODEL=1");
+    }
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "\n!!!!!!!! SKIPPING: {message} !!!!!!!!\n");
+    None
+}
+
+/// A tiny Qwen3.5-architecture model that speaks the real Qwen3 vocabulary with the real
+/// Qwen3.5 chat template (goldens/templates): the qwen3_5 golden's random weights, its tied
+/// embedding widened to the vocabulary with seeded random rows. Written into `dir`.
+pub fn qwen35_chat_model(dir: &Path) -> Option<PathBuf> {
+    let tokenizer = qwen3_tokenizer_dir()?;
+    let source = tiny_model_dir("qwen3_5");
+    let tok: Value = serde_json::from_str(&std::fs::read_to_string(tokenizer.join("tokenizer.json")).unwrap()).unwrap();
+    let added = tok["added_tokens"].as_array().unwrap();
+    let vocab = added.iter().map(|t| t["id"].as_u64().unwrap() as usize + 1).max().unwrap();
+    let eos = added.iter().find(|t| t["content"] == "<|im_end|>").unwrap()["id"].as_u64().unwrap();
+
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(source.join("config.json")).unwrap()).unwrap();
+    config["eos_token_id"] = eos.into();
+    config["text_config"]["eos_token_id"] = eos.into();
+    config["text_config"]["vocab_size"] = vocab.into();
+    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config).unwrap()).unwrap();
+
+    let bytes = std::fs::read(source.join("model.safetensors")).unwrap();
+    let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let embed_name = "language_model.model.embed_tokens.weight";
+    let hidden = tensors.tensor(embed_name).unwrap().shape()[1];
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let embed: Vec<u8> = (0..vocab * hidden)
+        .flat_map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.2).to_le_bytes()
+        })
+        .collect();
+    let widened = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![vocab, hidden], &embed).unwrap();
+    let mut out: Vec<(String, safetensors::tensor::TensorView)> =
+        tensors.tensors().into_iter().filter(|(name, _)| name != embed_name).collect();
+    out.push((embed_name.to_string(), widened));
+    safetensors::serialize_to_file(out, None, &dir.join("model.safetensors")).unwrap();
+
+    std::fs::copy(tokenizer.join("tokenizer.json"), dir.join("tokenizer.json")).unwrap();
+    let mut tok_config: Value =
+        serde_json::from_str(&std::fs::read_to_string(tokenizer.join("tokenizer_config.json")).unwrap()).unwrap();
+    tok_config["chat_template"] = std::fs::read_to_string(goldens_dir().join("templates/Qwen3.5-4B.jinja")).unwrap().into();
+    tok_config["eos_token"] = "<|im_end|>".into();
+    std::fs::write(dir.join("tokenizer_config.json"), serde_json::to_string_pretty(&tok_config).unwrap()).unwrap();
+    Some(dir.to_path_buf())
 }

@@ -212,6 +212,12 @@ impl ConstraintFactory {
         Ok(ConstraintFactory { parsers, env, trie_eos })
     }
 
+    /// The id of the special token written `text` (a grammar can only produce it as that
+    /// token, never as text).
+    pub fn special_token(&self, text: &str) -> Option<u32> {
+        self.env.tok_trie().get_special_token(text)
+    }
+
     /// Compiles `constraint` for one row and checks that it accepts some output.
     pub fn compile(&self, constraint: &Constraint) -> Result<RowConstraint> {
         let field = constraint.field();

@@ -29,7 +29,7 @@ impl PendingMasks {
         let taken: Vec<(usize, RowConstraint, Result<()>)> = rows
             .iter_mut()
             .enumerate()
-            .filter(|(_, r)| r.finish.is_none() && r.constraint.as_ref().is_some_and(RowConstraint::needs_mask))
+            .filter(|(_, r)| r.finish.is_none() && r.constraint_active() && r.constraint.as_ref().is_some_and(RowConstraint::needs_mask))
             .filter_map(|(b, r)| r.constraint.take().map(|c| (b, c, Ok(()))))
             .collect();
         let work: Work = Arc::new(Mutex::new((taken, Duration::ZERO)));
@@ -71,13 +71,25 @@ fn compute(work: &Work) {
     work.1 = started.elapsed();
 }
 
-/// The `[rows, width]` additive bias of a whole batch: each constrained row's mask, zeros for
-/// the others (adding 0 leaves their logits bit-identical).
+/// The `[rows, width]` additive bias of a whole batch: each constrained row's mask (a row
+/// whose reasoning budget is closing its block: that one token), zeros for the others (adding
+/// 0 leaves their logits bit-identical; so does a constraint waiting out the reasoning).
 pub(super) fn batch_bias(rows: &mut [Row], width: usize, dtype: mlx_rs::Dtype) -> Result<Array> {
     let mut all = vec![0.0f32; rows.len() * width];
     for (b, row) in rows.iter_mut().enumerate() {
         // Failed or finished rows (their token is thrown away) keep a zero bias.
         if row.error.is_some() || row.finish.is_some() {
+            continue;
+        }
+        if let Some(token) = row.reasoning.as_ref().and_then(|r| r.forced()) {
+            let slice = &mut all[b * width..(b + 1) * width];
+            slice.fill(f32::NEG_INFINITY);
+            if let Some(t) = slice.get_mut(token as usize) {
+                *t = 0.0;
+            }
+            continue;
+        }
+        if !row.constraint_active() {
             continue;
         }
         let Some(c) = row.constraint.as_mut() else { continue };

@@ -599,7 +599,7 @@ impl<M: ModelHandle> Executor<M> {
             panic!("injected fault: step-panic at decode step {step}");
         }
         let started = Instant::now();
-        let constrained = self.batch.rows.iter().any(|r| r.constraint.is_some());
+        let constrained = self.batch.rows.iter().any(Row::needs_host_choice);
         // With every last token on the host, constrained rows' masks start now, on a worker,
         // overlapping the forward's graph build.
         let early = (constrained && self.batch.in_flight.is_none()).then(|| PendingMasks::start(&mut self.batch.rows));
@@ -806,7 +806,7 @@ impl<M: ModelHandle> Executor<M> {
 fn choose(rows: &mut [Row], logits: &Array, pending: Option<&InFlight>) -> Result<(Array, Vec<Option<Array>>)> {
     let live = |r: &Row| r.finish.is_none();
     let mut logits = logits.clone();
-    if rows.iter().any(|r| live(r) && r.constraint.is_some()) {
+    if rows.iter().any(|r| live(r) && r.needs_host_choice()) {
         let width = *logits.shape().last().unwrap_or(&0) as usize;
         logits = logits.add(&constrained::batch_bias(rows, width, logits.dtype())?)?;
     }

@@ -24,6 +24,7 @@
 //! which MLX cannot interrupt: a watchdog fails every outstanding request after
 //! [`LockstepOptions::rank_timeout`], marks the engine failed and abandons the driver thread.
 
+use crate::reasoning::{ReasoningPlan, ReasoningSyntax};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -85,6 +86,9 @@ struct WireRequest {
     constraint: Option<WireConstraint>,
     /// What decides where a row with tools ends (its call parser and call limit).
     tools: Option<WireTools>,
+    /// The row's reasoning (syntax name, starts open, budget): it gates the grammar and forces
+    /// the block's end, so every rank must track it alike.
+    reasoning: Option<(String, bool, Option<usize>)>,
 }
 
 /// [`Constraint`] as the plan carries it.
@@ -140,6 +144,7 @@ struct WireTools {
     parallel: bool,
     format: Option<String>,
     opening: String,
+    opening_in_prompt: bool,
 }
 
 impl WireTools {
@@ -150,15 +155,8 @@ impl WireTools {
             ToolChoice::Required => "required".to_string(),
             ToolChoice::Function(name) => format!("function:{name}"),
         };
-        let format = t.format.map(|f| {
-            match f {
-                ToolFormat::Hermes => "hermes",
-                ToolFormat::Llama3Json => "llama3_json",
-                ToolFormat::Mistral => "mistral",
-            }
-            .to_string()
-        });
-        WireTools { choice, parallel: t.parallel, format, opening: t.opening.clone() }
+        let format = t.format.map(|f| f.name().to_string());
+        WireTools { choice, parallel: t.parallel, format, opening: t.opening.clone(), opening_in_prompt: t.opening_in_prompt }
     }
 
     fn tools(self) -> Result<Tools> {
@@ -171,12 +169,16 @@ impl WireTools {
         };
         let format = match self.format.as_deref() {
             None => None,
-            Some("hermes") => Some(ToolFormat::Hermes),
-            Some("llama3_json") => Some(ToolFormat::Llama3Json),
-            Some("mistral") => Some(ToolFormat::Mistral),
-            Some(_) => return Err(bad()),
+            Some(name) => Some(ToolFormat::from_name(name).ok_or_else(bad)?),
         };
-        Ok(Tools { specs: Vec::new(), choice, parallel: self.parallel, format, opening: self.opening })
+        Ok(Tools {
+            specs: Vec::new(),
+            choice,
+            parallel: self.parallel,
+            format,
+            opening: self.opening,
+            opening_in_prompt: self.opening_in_prompt,
+        })
     }
 }
 
@@ -515,6 +517,7 @@ fn wire(sub: &mut Submission) -> Result<WireRequest> {
         logprobs: r.logprobs,
         constraint: r.constraint.as_ref().map(WireConstraint::from),
         tools: r.tools.as_ref().map(WireTools::of),
+        reasoning: sub.reasoning.map(|p| (p.syntax.name().to_string(), p.starts_open, p.budget)),
     })
 }
 
@@ -526,6 +529,14 @@ fn submission(
     tokenizer: Option<&crate::tokenizer::Tokenizer>,
     constraints: &crate::constrain::ConstraintFactoryCell,
 ) -> Result<Submission> {
+    let reasoning = match &w.reasoning {
+        None => None,
+        Some((name, starts_open, budget)) => {
+            let syntax = ReasoningSyntax::from_name(name)
+                .ok_or_else(|| Error::EngineFailed(format!("a step plan from rank 0 names an unknown reasoning syntax {name:?}")))?;
+            Some(ReasoningPlan { syntax, starts_open: *starts_open, budget: *budget })
+        }
+    };
     let mut request = Request::new(Input::Tokens(w.prompt.clone()));
     request.max_tokens = w.max_tokens;
     request.sampling = w.sampling;
@@ -556,6 +567,8 @@ fn submission(
         constraint,
         images: Vec::new(),
         audio: Vec::new(),
+        reasoning,
+        rendered: None,
     })
 }
 

@@ -213,7 +213,7 @@ pub fn attach_images(
         .collect::<Result<_>>()?;
     let counts: Vec<Vec<usize>> =
         views.iter().map(|v| v.iter().map(|px| spec.tokens_for(px.height, px.width)).collect()).collect();
-    if let Some(prompt) = expanded_text_prompt(&sub.request, spec, &counts, tokenizer)? {
+    if let Some(prompt) = expanded_text_prompt(&sub.request, sub.rendered.as_deref(), spec, &counts, tokenizer)? {
         crate::prefill::validate_prompt_ids(info, &prompt)?;
         sub.prompt = prompt;
     }
@@ -304,6 +304,7 @@ pub fn attach_audio(
 /// [`ImageMarker`]: crate::vision::ImageMarker
 fn expanded_text_prompt(
     request: &Request,
+    rendered: Option<&str>,
     spec: &crate::vision::ImageSpec,
     counts: &[Vec<usize>],
     tokenizer: Option<&Tokenizer>,
@@ -311,18 +312,10 @@ fn expanded_text_prompt(
     let (text, add_special) = match &request.input {
         Input::Tokens(_) => return Ok(None),
         Input::Prompt(text) => (text.clone(), true),
-        Input::Messages(messages) => {
-            if request.tools.is_some() {
-                return Err(Error::InvalidRequest("images together with tools are not supported yet".into()));
-            }
-            let tok = tokenizer.ok_or_else(|| Error::InvalidRequest("images in messages need a tokenizer".into()))?;
-            // The template finish_prepare rendered with (its override, else the model's).
-            let template = request
-                .chat_template
-                .as_deref()
-                .or(tok.chat_template())
-                .ok_or_else(|| Error::Tokenizer("this model has no chat template; pass a raw prompt".into()))?;
-            (template.render(messages, true)?, false)
+        // The conversation as finish_prepare rendered it (template, variables, tools).
+        Input::Messages(_) => {
+            let text = rendered.ok_or_else(|| Error::InvalidRequest("images: the conversation was not rendered".into()))?;
+            (text.to_string(), false)
         }
     };
     let tok = tokenizer.ok_or_else(|| Error::InvalidRequest("a text prompt with images needs a tokenizer".into()))?;

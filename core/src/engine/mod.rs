@@ -22,6 +22,7 @@ mod queue;
 mod row;
 mod scheduler;
 mod single;
+mod thinking;
 pub use single::{run_single, SingleRow};
 
 pub use self::core::EngineCore;
@@ -49,6 +50,7 @@ use crate::constrain::{ConstraintFactoryCell, RowConstraint};
 pub use crate::stop::FinishReason;
 use crate::loading::LoadedModel;
 use crate::models::ModelInfo;
+use crate::reasoning::ReasoningPlan;
 use crate::sampling::SamplingParams;
 use crate::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 use crate::tools::{ToolCall, ToolDelta, Tools};
@@ -414,6 +416,11 @@ pub struct Submission {
     pub images: Vec<PreparedImage>,
     /// The request's audio clips, as log-mel features ([`attach_audio`]).
     pub audio: Vec<PreparedAudio>,
+    /// The model's reasoning for this row: set for a conversation whose template marks
+    /// reasoning ([`crate::reasoning`]).
+    pub reasoning: Option<ReasoningPlan>,
+    /// The conversation as its template rendered it (what media expansion re-tokenizes).
+    pub rendered: Option<String>,
 }
 
 enum Command {
@@ -782,31 +789,39 @@ pub fn finish_prepare(
     let need_tokenizer = || {
         tokenizer.ok_or_else(|| Error::InvalidRequest("this model has no tokenizer; send token ids".into()))
     };
+    let mut reasoning = None;
+    let mut rendered = None;
     let prompt = match prompt {
         Some(ids) => ids,
         None => {
-            // The template: the request's override, the engine's, else the model's own. Kept on
-            // the request, so the image step's rendering (media.rs) uses the same one.
+            // The template: the request's override, the engine's, else the model's own.
             let override_template = request.chat_template.clone().or_else(|| config.chat_template.clone());
             request.chat_template = override_template.clone();
-            let prompt = match (&request.input, &mut request.tools) {
-                (Input::Messages(messages), None) => {
+            let prompt = match &request.input {
+                Input::Messages(messages) => {
                     let tokenizer = need_tokenizer()?;
-                    match &override_template {
-                        Some(t) => tokenizer.encode(&t.render(messages, true)?, false)?,
-                        None => tokenizer.apply_chat_template(messages, true)?,
-                    }
-                }
-                (Input::Messages(messages), Some(tools)) => {
-                    let tokenizer = need_tokenizer()?;
-                    let template = override_template.as_deref().or(tokenizer.chat_template()).ok_or_else(|| {
-                        crate::tools::ToolsError::new("tools", "tools need a model with a chat template; this model has none")
+                    let template = override_template.as_deref().or(tokenizer.chat_template()).ok_or_else(|| match request.tools {
+                        Some(_) => Error::from(crate::tools::ToolsError::new(
+                            "tools",
+                            "tools need a model with a chat template; this model has none",
+                        )),
+                        None => Error::Tokenizer("this model has no chat template; pass a raw prompt".into()),
                     })?;
-                    let text = crate::tools::render_with_tools(template, messages, tools)?;
-                    tokenizer.encode(&text, false)?
+                    // The engine's template variables, then the request's, key by key.
+                    let mut kwargs = config.chat_template_kwargs.clone();
+                    kwargs.extend(request.chat_template_kwargs.iter().map(|(k, v)| (k.clone(), v.clone())));
+                    let text = match &mut request.tools {
+                        Some(tools) => crate::tools::render_with_tools(template, messages, tools, &kwargs)?,
+                        None => template.render_with_kwargs(messages, None, true, &kwargs)?,
+                    };
+                    let budget = request.reasoning_budget.or(config.reasoning_budget);
+                    reasoning = ReasoningPlan::for_prompt(template.source(), &text, budget);
+                    let ids = tokenizer.encode(&text, false)?;
+                    rendered = Some(text);
+                    ids
                 }
-                (Input::Prompt(text), _) => need_tokenizer()?.encode(text, true)?,
-                (Input::Tokens(ids), _) => ids.clone(),
+                Input::Prompt(text) => need_tokenizer()?.encode(text, true)?,
+                Input::Tokens(ids) => ids.clone(),
             };
             check_prompt(&request, &prompt, info, config)?;
             prompt
@@ -815,7 +830,9 @@ pub fn finish_prepare(
     // Tool calls are enforced with their grammar (known once the call syntax is): forced from
     // the start for required / named, from the call opener on for auto (which gives way to
     // the caller's own constraint).
-    if let Some(grammar) = request.tools.as_ref().and_then(|t| t.grammar()) {
+    let factory = || tokenizer.and_then(|t| constraints.get_or_build(t).ok());
+    let special = |text: &str| factory().and_then(|f| f.special_token(text));
+    if let Some(grammar) = request.tools.as_ref().and_then(|t| t.grammar(&special)) {
         match (&request.constraint, &grammar) {
             (None, _) => {
                 constraint = Some(compile_constraint(&grammar, tokenizer, constraints)?);
@@ -831,7 +848,19 @@ pub fn finish_prepare(
         }
     }
     let stop_token_ids = if request.ignore_eos { Vec::new() } else { eos_token_ids.to_vec() };
-    Ok(Submission { id, prompt, request, stop_token_ids, sink: EventSink::new(sink), flow: None, constraint, images: Vec::new(), audio: Vec::new() })
+    Ok(Submission {
+        id,
+        prompt,
+        request,
+        stop_token_ids,
+        sink: EventSink::new(sink),
+        flow: None,
+        constraint,
+        images: Vec::new(),
+        audio: Vec::new(),
+        reasoning,
+        rendered,
+    })
 }
 
 /// Turns a request into token ids and checks it against the model and the engine's limits

@@ -5,6 +5,7 @@
 use mlx_rs::{Array, Dtype};
 
 use super::media::RowMedia;
+use super::thinking::RowReasoning;
 use super::{Event, EventSink, RequestId, RowFlow, StopCause, Submission, TokenLogprobs, Usage};
 use crate::cache::KvCache;
 use crate::constrain::RowConstraint;
@@ -13,7 +14,8 @@ use crate::stop::FinishReason;
 use crate::sampling::Sampler;
 use crate::stop::{StopMatcher, TextStream};
 use crate::tokenizer::Tokenizer;
-use crate::tools::ToolCallParser;
+use crate::reasoning::Split;
+use crate::tools::{ToolCallParser, ToolDelta};
 use crate::Result;
 
 /// The chosen token's log-probability and the `k` best alternatives (first index on ties).
@@ -70,6 +72,11 @@ pub(super) struct Row {
     pub(super) tool_parser: Option<ToolCallParser>,
     /// Generation ends after this many complete calls ([`crate::tools::Tools::call_limit`]).
     pub(super) tool_call_limit: Option<usize>,
+    /// Deltas of the call being written, held until it is complete: a call the output never
+    /// finishes (cut by `max_tokens`) is never delivered, not even in part.
+    pub(super) held_deltas: Vec<ToolDelta>,
+    /// The model's reasoning block, for a template that marks one.
+    pub(super) reasoning: Option<RowReasoning>,
     /// The request's compiled constraint (`None`: free text). Taken out of the row while its
     /// next mask is computed ([`super::constrained`]).
     pub(super) constraint: Option<RowConstraint>,
@@ -96,12 +103,14 @@ impl Row {
         self.generated.push(token);
         self.sampler.observe(&[token]);
         self.next_input = Some(token);
+        // The reasoning block is not the answer: a constraint starts after it.
+        let in_reasoning = self.reasoning.as_mut().is_some_and(|r| r.observe(token));
         let complete = match self.constraint.as_mut() {
-            Some(c) => {
+            Some(c) if !in_reasoning => {
                 c.commit(token)?;
                 c.is_finished()
             }
-            None => false,
+            _ => false,
         };
         let (text, hit_stop) = self.text.push(token)?;
         if let Some(stop) = hit_stop {
@@ -114,18 +123,19 @@ impl Row {
             self.finish = Some(FinishReason::Length);
         }
         let logprobs = self.logprobs_for(token, logprobs);
+        let Split { reasoning, content } = self.split(&text);
         let (text, tool_calls) = match &mut self.tool_parser {
             Some(parser) => {
-                let parsed = parser.push(&text);
+                let parsed = parser.push(&content);
                 if self.finish.is_none() && self.tool_call_limit.is_some_and(|n| parser.completed_calls() >= n) {
                     self.finish = Some(FinishReason::Stop);
                     self.stop = Some(StopCause::ToolCallLimit);
                 }
-                (parsed.text, parsed.deltas)
+                (parsed.text, self.release_complete_calls(parsed.deltas))
             }
-            None => (text, Vec::new()),
+            None => (content, Vec::new()),
         };
-        if !self.sink.token(&Event::Token { token_id: token, text, reasoning: String::new(), logprobs, tool_calls }) {
+        if !self.sink.token(&Event::Token { token_id: token, text, reasoning, logprobs, tool_calls }) {
             self.finish = Some(FinishReason::Cancelled);
             self.stop = None;
         }
@@ -139,20 +149,31 @@ impl Row {
             (FinishReason::Cancelled, _) | (_, Some(StopCause::StopString { .. })) => Ok(String::new()),
             _ => self.text.finish(),
         };
-        let mut text = match text {
+        let text = match text {
             Ok(text) => text,
             Err(e) => return self.fail(format!("decoding the final text failed: {e}")),
         };
+        let Split { reasoning, content: mut text } = match (&mut self.reasoning, reason) {
+            (Some(r), reason) if reason != FinishReason::Cancelled => {
+                let mut split = r.push(&text);
+                split.append(r.finish());
+                split
+            }
+            _ => Split { reasoning: String::new(), content: text },
+        };
         // The parser's own tail: the pieces it releases here go out with `Done`, so the
-        // streamed deltas always assemble to the final calls.
+        // streamed deltas always assemble to the final calls. Only complete calls count: one
+        // the output cut short is dropped with its held deltas.
         let (tool_deltas, tool_calls) = match &mut self.tool_parser {
             Some(parser) if reason != FinishReason::Cancelled => {
                 let pushed = parser.push(&text);
                 let tail = parser.finish();
                 text = pushed.text + &tail.text;
+                let complete = parser.completed_calls();
+                let calls = parser.calls()[..complete.min(parser.calls().len())].to_vec();
                 let mut deltas = pushed.deltas;
                 deltas.extend(tail.deltas);
-                (deltas, parser.calls().to_vec())
+                (self.release_complete_calls(deltas), calls)
             }
             _ => (Vec::new(), Vec::new()),
         };
@@ -165,11 +186,43 @@ impl Row {
             prompt_tokens: self.prompt.len(),
             completion_tokens: self.generated.len(),
             cached_tokens: self.cached_tokens,
-            reasoning_tokens: 0,
+            reasoning_tokens: self.reasoning.as_ref().map_or(0, |r| r.tokens),
         };
         let first_logits = std::mem::take(&mut self.first_logits);
         let stop = if matches!(reason, FinishReason::Stop | FinishReason::ToolCalls) { self.stop.take() } else { None };
-        self.sink.close(Event::Done { finish_reason: reason, stop, text, reasoning: String::new(), usage, first_logits, tool_deltas, tool_calls });
+        self.sink.close(Event::Done { finish_reason: reason, stop, text, reasoning, usage, first_logits, tool_deltas, tool_calls });
+    }
+
+    /// `text` split into reasoning and answer (all answer for a model without reasoning).
+    fn split(&mut self, text: &str) -> Split {
+        match &mut self.reasoning {
+            Some(r) => r.push(text),
+            None => Split { reasoning: String::new(), content: text.to_string() },
+        }
+    }
+
+    /// Holds `deltas` with those already held and gives back the ones of complete calls.
+    fn release_complete_calls(&mut self, deltas: Vec<ToolDelta>) -> Vec<ToolDelta> {
+        self.held_deltas.extend(deltas);
+        let complete = self.tool_parser.as_ref().map_or(0, ToolCallParser::completed_calls);
+        let index = |d: &ToolDelta| match d {
+            ToolDelta::Start { index, .. } | ToolDelta::Arguments { index, .. } => *index,
+        };
+        let (ready, held): (Vec<ToolDelta>, Vec<ToolDelta>) =
+            std::mem::take(&mut self.held_deltas).into_iter().partition(|d| index(d) < complete);
+        self.held_deltas = held;
+        ready
+    }
+
+    /// The step must choose this row's next token on the host after reading its last one: a
+    /// grammar, or a reasoning budget that may force the block's end.
+    pub(super) fn needs_host_choice(&self) -> bool {
+        self.constraint.is_some() || self.reasoning.as_ref().is_some_and(RowReasoning::needs_host_choice)
+    }
+
+    /// The request's constraint is in force for the next token (not waiting out the reasoning).
+    pub(super) fn constraint_active(&self) -> bool {
+        self.constraint.is_some() && !self.reasoning.as_ref().is_some_and(RowReasoning::is_open)
     }
 
     /// Sends the final event this row has earned: its error if it failed, else `Done`.
@@ -199,7 +252,8 @@ impl Row {
 impl Row {
     /// The row of an admitted request.
     pub(super) fn new(sub: Submission, tokenizer: Option<&Tokenizer>, projected_kv_bytes: u64) -> Row {
-        let Submission { id, prompt, request, stop_token_ids, sink, flow, constraint, images: _, audio: _ } = sub;
+        let Submission { id, prompt, request, stop_token_ids, sink, flow, constraint, reasoning, .. } = sub;
+        let reasoning = reasoning.map(|plan| RowReasoning::new(plan, tokenizer));
         let tool_parser = request.tools.as_ref().and_then(|t| t.parser());
         let tool_call_limit = request.tools.as_ref().and_then(|t| t.call_limit());
         let mut sampler = Sampler::new(request.sampling.clone());
@@ -224,6 +278,8 @@ impl Row {
             error: None,
             tool_parser,
             tool_call_limit,
+            held_deltas: Vec::new(),
+            reasoning,
             constraint,
             prompt,
             media: RowMedia::default(),

@@ -53,6 +53,8 @@ pub fn run_single(
         constraint: None,
         images: Vec::new(),
         audio: Vec::new(),
+        reasoning: None,
+        rendered: None,
     };
     executor.admit(sub, 0);
 

@@ -7,6 +7,15 @@
 //! - `auto`: the output is free text until the family's call opener appears
 //!   ([`Constraint::Triggered`]); from there on it must be one or more valid calls (one
 //!   without parallel calls).
+//!
+//! When the prompt left the model reasoning, it does not hold the forced opening
+//! ([`Tools::opening_in_prompt`]): the grammar (in force once the reasoning block has closed)
+//! writes it first.
+//!
+//! The native syntaxes ([`ToolFormat::Qwen3Coder`], [`ToolFormat::Gemma4`]) get grammars of
+//! their own shape: parameters typed by the tool's schema (strings as raw text, other types as
+//! JSON or Gemma's value syntax), markers that are special tokens of the vocabulary written as
+//! those tokens.
 
 use serde_json::Value;
 
@@ -51,6 +60,7 @@ fn syntax(format: ToolFormat) -> Syntax {
         ToolFormat::Hermes => Syntax { close: "\n</tool_call>", between: "\n<tool_call>\n", end: "" },
         ToolFormat::Llama3Json => Syntax { close: "", between: "; ", end: "" },
         ToolFormat::Mistral => Syntax { close: "", between: ", ", end: "]" },
+        ToolFormat::Qwen3Coder | ToolFormat::Gemma4 => Syntax { close: "", between: "", end: "" },
     }
 }
 
@@ -64,6 +74,19 @@ fn triggers(format: ToolFormat) -> Vec<Trigger> {
         ToolFormat::Llama3Json => {
             vec![after("<|python_tag|>"), Trigger { text: "{\"name\"".into(), included: true, at_start: true }]
         }
+        ToolFormat::Qwen3Coder => vec![after("<tool_call>")],
+        ToolFormat::Gemma4 => vec![after("<|tool_call>")],
+    }
+}
+
+/// How a marker is written in a grammar: as the vocabulary's special token when it is one
+/// (text can never produce a special token), else as text.
+pub type SpecialTokens<'a> = &'a dyn Fn(&str) -> Option<u32>;
+
+fn marker(text: &str, special: SpecialTokens) -> String {
+    match special(text) {
+        Some(id) => format!("<[{id}]>"),
+        None => literal(text),
     }
 }
 
@@ -71,16 +94,21 @@ impl Tools {
     /// The grammar of this request's calls, once the prompt is rendered (`format` set):
     /// forced for `required` / named, triggered by the call opener for `auto`; `None` for
     /// `none`.
-    pub fn grammar(&self) -> Option<Constraint> {
+    pub fn grammar(&self, special: SpecialTokens) -> Option<Constraint> {
         let format = self.format?;
+        if format.native().is_some() {
+            return self.native_grammar(format, special);
+        }
         let syn = syntax(format);
+        // The opening the prompt did not write (reasoning first): the grammar's start writes it.
+        let opening = self.unwritten_opening(special);
         let close = literal(&syn.close_of_call());
         let end = if syn.end.is_empty() { String::new() } else { format!(" {}", literal(syn.end)) };
         let args = |i: usize| format!("args{i}: %json {}", embedded_schema(&self.specs[i]));
         // The opening holds the name and the arguments key: one call, its arguments.
         if let ToolChoice::Function(name) = &self.choice {
             let i = self.specs.iter().position(|s| &s.name == name)?;
-            return Some(Constraint::Lark(format!("start: args{i} {close}{end}\n{}", args(i))));
+            return Some(Constraint::Lark(format!("start: {opening}args{i} {close}{end}\n{}", args(i))));
         }
         // `named`: the rest of a call object after `{"name": "`, one alternative per tool.
         let mut rules = vec![
@@ -98,7 +126,7 @@ impl Tools {
         let start = match &self.choice {
             ToolChoice::None | ToolChoice::Function(_) => return None,
             // The opening stops inside the first call's name.
-            ToolChoice::Required => format!("start: named {close}{more}{end}"),
+            ToolChoice::Required => format!("start: {opening}named {close}{more}{end}"),
             // A little whitespace may follow the opener (part of the token that completed it).
             ToolChoice::Auto => {
                 let list = if format == ToolFormat::Mistral { "\"[\" " } else { "" };
@@ -113,6 +141,21 @@ impl Tools {
         })
     }
 
+    /// The forced opening as the start of a grammar rule (with the whitespace a model may put
+    /// after its reasoning), when the prompt does not hold it; else nothing.
+    fn unwritten_opening(&self, special: SpecialTokens) -> String {
+        if self.opening_in_prompt || self.opening.is_empty() {
+            return String::new();
+        }
+        let opener = ["<tool_call>", "[TOOL_CALLS]", "<|tool_call>"].into_iter().find(|m| self.opening.starts_with(m));
+        let written = match opener {
+            Some(m) if self.opening.len() > m.len() => format!("{} {}", marker(m, special), literal(&self.opening[m.len()..])),
+            Some(m) => marker(m, special),
+            None => literal(&self.opening),
+        };
+        format!("/[ \\n]{{1,4}}/? {written} ")
+    }
+
     /// `name", "arguments": <schema>}` for each tool (the name's opening quote is written).
     fn named_alternatives(&self, format: ToolFormat) -> Vec<String> {
         self.specs
@@ -120,6 +163,191 @@ impl Tools {
             .enumerate()
             .map(|(i, spec)| format!("{} args{i}", literal(&format!("{}\", \"{}\": ", spec.name, arguments_key(format)))))
             .collect()
+    }
+}
+
+/// Rule names of tool `i`'s grammar pieces.
+fn rule(kind: &str, i: usize, j: usize) -> String {
+    format!("{kind}_{i}_{j}")
+}
+
+/// The parameters of a tool in the order a call writes them, with whether each is required.
+fn parameters(spec: &ToolSpec, sorted: bool) -> Vec<(String, Value, bool)> {
+    let required: Vec<&str> = spec
+        .parameters
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let mut params: Vec<(String, Value, bool)> = spec
+        .parameters
+        .get("properties")
+        .and_then(Value::as_object)
+        .map(|p| p.iter().map(|(k, v)| (k.clone(), v.clone(), required.contains(&k.as_str()))).collect())
+        .unwrap_or_default();
+    if sorted {
+        params.sort_by(|a, b| a.0.cmp(&b.0));
+    }
+    params
+}
+
+/// A property schema's single type name, if it has one.
+fn type_of(schema: &Value) -> Option<&str> {
+    match schema.get("type") {
+        Some(Value::String(t)) => Some(t.as_str()),
+        _ => None,
+    }
+}
+
+/// String values of an `enum` of strings.
+fn string_enum(schema: &Value) -> Option<Vec<&str>> {
+    let items = schema.get("enum")?.as_array()?;
+    items.iter().map(Value::as_str).collect()
+}
+
+/// A property schema as `%json` embeds it, with Weft's fixed spacing.
+fn json_value(schema: &Value) -> String {
+    let mut schema = schema.clone();
+    if let Value::Object(m) = &mut schema {
+        m.entry("x-guidance").or_insert_with(|| {
+            serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
+        });
+    }
+    format!("%json {schema}")
+}
+
+impl Tools {
+    /// The grammar of calls in a native syntax.
+    fn native_grammar(&self, format: ToolFormat, special: SpecialTokens) -> Option<Constraint> {
+        let mut rules = Vec::new();
+        let (open, close) = match format {
+            ToolFormat::Gemma4 => ("<|tool_call>", "<tool_call|>"),
+            _ => ("<tool_call>", "</tool_call>"),
+        };
+        let (open_m, close_m) = (marker(open, special), marker(close, special));
+        // Each tool: its name, its parameters, the end of the call.
+        for (i, spec) in self.specs.iter().enumerate() {
+            let body = match format {
+                ToolFormat::Gemma4 => self.gemma_arguments(i, spec, special, &mut rules),
+                _ => self.qwen_parameters(i, spec, &mut rules),
+            };
+            let (name_end, call_end) = match format {
+                ToolFormat::Gemma4 => ("{", format!("\"}}\" {close_m}")),
+                _ => (">\n", format!("\"</function>\\n\" {close_m}")),
+            };
+            rules.push(format!("body{i}: {body} {call_end}"));
+            rules.push(format!("fn{i}: {} body{i}", literal(&format!("{}{name_end}", spec.name))));
+        }
+        let alternatives: Vec<String> = (0..self.specs.len()).map(|i| format!("fn{i}")).collect();
+        rules.push(format!("named: {}", alternatives.join(" | ")));
+        let (after_open, between) = match format {
+            ToolFormat::Gemma4 => ("call:", ""),
+            _ => ("\n<function=", "/\\n{1,2}/ "),
+        };
+        rules.push(format!("call: {open_m} {} named", literal(after_open)));
+        let more = if self.parallel { format!(" ({between}call)*") } else { String::new() };
+        let opening = self.unwritten_opening(special);
+        let start = match &self.choice {
+            ToolChoice::None => return None,
+            ToolChoice::Function(name) => {
+                let i = self.specs.iter().position(|s| &s.name == name)?;
+                format!("start: {opening}body{i}{more}")
+            }
+            ToolChoice::Required => format!("start: {opening}named{more}"),
+            ToolChoice::Auto => format!("start: {} named{more}", literal(after_open)),
+        };
+        rules.insert(0, start);
+        let lark = rules.join("\n");
+        Some(match self.choice {
+            ToolChoice::Auto => Constraint::Triggered(Triggered { triggers: triggers(format), lark }),
+            _ => Constraint::Lark(lark),
+        })
+    }
+
+    /// Qwen3-Coder: `<parameter=P>\nVALUE\n</parameter>\n` for each parameter in schema order
+    /// (optional ones may be left out); strings raw up to the closing tag, other types JSON.
+    fn qwen_parameters(&self, i: usize, spec: &ToolSpec, rules: &mut Vec<String>) -> String {
+        let mut seq = Vec::new();
+        for (j, (name, schema, required)) in parameters(spec, false).into_iter().enumerate() {
+            let head = literal(&format!("<parameter={name}>\n"));
+            let tail = "\n</parameter>\n";
+            let value = match (type_of(&schema), string_enum(&schema)) {
+                (_, Some(choices)) => {
+                    let alts: Vec<String> = choices.iter().map(|c| literal(&format!("{c}{tail}"))).collect();
+                    format!("({})", alts.join(" | "))
+                }
+                (Some("string") | None, None) => {
+                    rules.push(format!("{}[suffix={}]: /(?s:.*)/", rule("text", i, j), literal(tail)));
+                    rule("text", i, j)
+                }
+                (Some(_), None) => format!("{} {}", json_value(&schema), literal(tail)),
+            };
+            rules.push(format!("{}: {head} {value}", rule("param", i, j)));
+            seq.push(format!("{}{}", rule("param", i, j), if required { "" } else { "?" }));
+        }
+        if seq.is_empty() {
+            "\"\"".to_string()
+        } else {
+            seq.join(" ")
+        }
+    }
+
+    /// Gemma 4: `key:VALUE` pairs in key order joined by commas (optional ones may be left
+    /// out); strings between `<|"|>` quotes, numbers and literals bare, nested values in the
+    /// same syntax.
+    fn gemma_arguments(&self, i: usize, spec: &ToolSpec, special: SpecialTokens, rules: &mut Vec<String>) -> String {
+        let quote = marker("<|\"|>", special);
+        if !rules.iter().any(|r| r.starts_with("gval:")) {
+            // Gemma's untyped values, for objects and arrays (and schemas without a type).
+            let text = if special("<|\"|>").is_some() {
+                "/(?s:[^\\x00]+)/?".to_string()
+            } else {
+                rules.push(format!("gtext[suffix={}]: /(?s:.*)/", literal("<|\"|>")));
+                "gtext".to_string()
+            };
+            let close_quote = if special("<|\"|>").is_some() { format!(" {quote}") } else { String::new() };
+            rules.push(format!("gstr: {quote} {text}{close_quote}"));
+            rules.push("gnum: /-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][-+]?[0-9]+)?/".into());
+            rules.push("gkey: /[A-Za-z_][A-Za-z0-9_]*/".into());
+            rules.push("gval: gstr | gnum | \"true\" | \"false\" | \"null\" | gobj | garr".into());
+            rules.push("gobj: \"{\" (gkey \":\" gval (\",\" gkey \":\" gval)*)? \"}\"".into());
+            rules.push("garr: \"[\" (gval (\",\" gval)*)? \"]\"".into());
+        }
+        let params = parameters(spec, true);
+        let n = params.len();
+        for (j, (name, schema, _)) in params.iter().enumerate() {
+            let value = match (type_of(schema), string_enum(schema)) {
+                (_, Some(choices)) => {
+                    let alts: Vec<String> =
+                        choices.iter().map(|c| format!("{quote} {} {quote}", literal(c))).collect();
+                    format!("({})", alts.join(" | "))
+                }
+                (Some("string"), None) => "gstr".to_string(),
+                (Some("integer"), None) => "/-?(0|[1-9][0-9]*)/".to_string(),
+                (Some("number"), None) => "gnum".to_string(),
+                (Some("boolean"), None) => "(\"true\" | \"false\")".to_string(),
+                _ => "gval".to_string(),
+            };
+            rules.push(format!("{}: {} {value}", rule("pair", i, j), literal(&format!("{name}:"))));
+        }
+        // first_j: no pair written yet, from parameter j on; rest_j: some written.
+        for j in (0..=n).rev() {
+            let (first, rest) = if j == n {
+                ("\"\"".to_string(), "\"\"".to_string())
+            } else {
+                let pair = rule("pair", i, j);
+                let mut first = vec![format!("{pair} {}", rule("rest", i, j + 1))];
+                let mut rest = vec![format!("\",\" {pair} {}", rule("rest", i, j + 1))];
+                if !params[j].2 {
+                    first.push(rule("first", i, j + 1));
+                    rest.push(rule("rest", i, j + 1));
+                }
+                (first.join(" | "), rest.join(" | "))
+            };
+            rules.push(format!("{}: {first}", rule("first", i, j)));
+            rules.push(format!("{}: {rest}", rule("rest", i, j)));
+        }
+        rule("first", i, 0)
     }
 }
 
@@ -147,26 +375,26 @@ mod tests {
 
     #[test]
     fn grammars_for_each_choice() {
-        let Some(Constraint::Lark(g)) = tools(json!({"type": "function", "function": {"name": "a"}})).grammar() else { panic!() };
+        let Some(Constraint::Lark(g)) = tools(json!({"type": "function", "function": {"name": "a"}})).grammar(&|_| None) else { panic!() };
         assert!(g.starts_with("start: args0 \"}\\n</tool_call>\"\nargs0: %json {\"type\":\"object\""), "{g}");
         assert!(g.contains("\"x-guidance\":{\"whitespace_flexible\":false,\"item_separator\":\", \",\"key_separator\":\": \"}"), "{g}");
         // Required: the first call's name onwards, then any number of further calls.
-        let Some(Constraint::Lark(g)) = tools(json!("required")).grammar() else { panic!() };
+        let Some(Constraint::Lark(g)) = tools(json!("required")).grammar(&|_| None) else { panic!() };
         assert!(g.starts_with("start: named \"}\\n</tool_call>\" (\"\\n<tool_call>\\n\" call)* \"\\n\"?\n"), "{g}");
         assert!(g.contains("\nnamed: \"a\\\", \\\"arguments\\\": \" args0 | \"b\\\", \\\"arguments\\\": \" args1\n"), "{g}");
         let mut single = tools(json!("required"));
         single.parallel = false;
-        let Some(Constraint::Lark(g)) = single.grammar() else { panic!() };
+        let Some(Constraint::Lark(g)) = single.grammar(&|_| None) else { panic!() };
         assert!(g.starts_with("start: named \"}\\n</tool_call>\"\n"), "{g}");
         // Auto: triggered by the opener.
-        let Some(Constraint::Triggered(t)) = tools(json!("auto")).grammar() else { panic!() };
+        let Some(Constraint::Triggered(t)) = tools(json!("auto")).grammar(&|_| None) else { panic!() };
         assert_eq!(t.triggers, vec![Trigger { text: "<tool_call>".into(), included: false, at_start: false }]);
         assert!(t.lark.starts_with("start: /[ \\n]{1,4}/? call (\"\\n<tool_call>\\n\" call)* \"\\n\"?\n"), "{}", t.lark);
         let mut llama = tools(json!("auto"));
         llama.format = Some(ToolFormat::Llama3Json);
-        let Some(Constraint::Triggered(t)) = llama.grammar() else { panic!() };
+        let Some(Constraint::Triggered(t)) = llama.grammar(&|_| None) else { panic!() };
         assert_eq!(t.triggers.len(), 2);
         assert!(t.lark.starts_with("start: /[ \\n]{1,4}/? call (\"; \" call)*\n") && t.lark.contains("\\\"parameters\\\": \" args0"), "{}", t.lark);
-        assert!(tools(json!("none")).grammar().is_none());
+        assert!(tools(json!("none")).grammar(&|_| None).is_none());
     }
 }

@@ -12,7 +12,7 @@ pub mod parser;
 pub mod prompt;
 
 pub use native::{NativeCallParser, NativeFormat};
-pub use parser::{Assembler, ToolCallParser, ToolDelta};
+pub use parser::{Assembler, JsonCallParser, Parsed, ToolDelta};
 pub use prompt::{check_history, check_role, render_with_tools, unknown_syntax, TemplateTools, ToolFormat, ROLES};
 
 use serde_json::Value;
@@ -57,6 +57,9 @@ pub struct Tools {
     /// Text the prompt ends with to open a forced call (`required` / a named function): the
     /// output continues it ([`prompt::forced_opening`]).
     pub opening: String,
+    /// Whether the prompt holds `opening`; if not (the prompt left the model reasoning), the
+    /// call grammar writes it once the reasoning is over.
+    pub opening_in_prompt: bool,
 }
 
 /// A call the model made (defined with the chat messages that carry it in history).
@@ -247,7 +250,7 @@ impl Tools {
         if specs.is_empty() {
             return Ok(None);
         }
-        Ok(Some(Tools { specs, choice, parallel, format: None, opening: String::new() }))
+        Ok(Some(Tools { specs, choice, parallel, format: None, opening: String::new(), opening_in_prompt: true }))
     }
 
     /// Whether generated text is parsed for calls (not with `tool_choice` none).
@@ -269,11 +272,66 @@ impl Tools {
     /// `tool_choice` none).
     pub fn parser(&self) -> Option<ToolCallParser> {
         let format = self.format.filter(|_| self.parses_calls())?;
-        Some(ToolCallParser::with_opening(format, &self.opening))
+        let opening = if self.opening_in_prompt { self.opening.as_str() } else { "" };
+        Some(ToolCallParser::with_opening(format, opening, &self.specs))
     }
 
     pub fn spec(&self, name: &str) -> Option<&ToolSpec> {
         self.specs.iter().find(|s| s.name == name)
+    }
+}
+
+/// Finds calls in one output, in its model's syntax (JSON syntaxes or a native one).
+pub enum ToolCallParser {
+    Json(JsonCallParser),
+    Native(NativeCallParser),
+}
+
+impl ToolCallParser {
+    /// The parser for output that continues `opening` (text of a forced call the prompt
+    /// already wrote; its meaning comes out with the first push).
+    pub fn with_opening(format: ToolFormat, opening: &str, specs: &[ToolSpec]) -> Self {
+        match format.native() {
+            Some(native) => {
+                let mut parser = NativeCallParser::new(native, specs);
+                parser.set_opening(opening);
+                ToolCallParser::Native(parser)
+            }
+            None => ToolCallParser::Json(JsonCallParser::with_opening(format, opening)),
+        }
+    }
+
+    /// The calls so far (arguments possibly incomplete while generation goes on).
+    pub fn calls(&self) -> &[ToolCall] {
+        match self {
+            ToolCallParser::Json(p) => p.calls(),
+            ToolCallParser::Native(p) => p.calls(),
+        }
+    }
+
+    /// How many calls were read to their end.
+    pub fn completed_calls(&self) -> usize {
+        match self {
+            ToolCallParser::Json(p) => p.completed_calls(),
+            ToolCallParser::Native(p) => p.completed_calls(),
+        }
+    }
+
+    /// Feeds the next piece of generated text.
+    pub fn push(&mut self, text: &str) -> Parsed {
+        match self {
+            ToolCallParser::Json(p) => p.push(text),
+            ToolCallParser::Native(p) => p.push(text),
+        }
+    }
+
+    /// The end of the output: held-back text is released, a call cut short is closed with the
+    /// arguments it has.
+    pub fn finish(&mut self) -> Parsed {
+        match self {
+            ToolCallParser::Json(p) => p.finish(),
+            ToolCallParser::Native(p) => p.finish(),
+        }
     }
 }
 

@@ -58,6 +58,8 @@ pub struct NativeCallParser {
     completed: usize,
     /// A call just ended: whitespace after it only separates calls.
     after_call: bool,
+    /// Deltas of a forced call's opening (written by the prompt), released with the first push.
+    opening_deltas: Vec<ToolDelta>,
 }
 
 impl NativeCallParser {
@@ -76,6 +78,15 @@ impl NativeCallParser {
             calls: Vec::new(),
             completed: 0,
             after_call: false,
+            opening_deltas: Vec::new(),
+        }
+    }
+
+    /// The output continues `opening`, text the prompt already wrote (a forced call's start);
+    /// what it means comes out with the first push.
+    pub fn set_opening(&mut self, opening: &str) {
+        if !opening.is_empty() {
+            self.opening_deltas = self.push(opening).deltas;
         }
     }
 
@@ -91,7 +102,7 @@ impl NativeCallParser {
 
     pub fn push(&mut self, text: &str) -> Parsed {
         self.pending.push_str(text);
-        let mut out = Parsed::default();
+        let mut out = Parsed { text: String::new(), deltas: std::mem::take(&mut self.opening_deltas) };
         while self.step(&mut out, false) {}
         out
     }
@@ -99,7 +110,7 @@ impl NativeCallParser {
     /// The end of the output. A region that never became a call is given back as text; a call
     /// cut short stays incomplete ([`NativeCallParser::completed_calls`] does not count it).
     pub fn finish(&mut self) -> Parsed {
-        let mut out = Parsed::default();
+        let mut out = Parsed { text: String::new(), deltas: std::mem::take(&mut self.opening_deltas) };
         while self.step(&mut out, true) {}
         if self.in_call {
             if self.params_sent.is_none() {

@@ -40,6 +40,10 @@ fn syntax(format: ToolFormat) -> Syntax {
         ToolFormat::Hermes => Syntax { starts: &["<tool_call>"], end: Some("</tool_call>"), bare_json_at_start: false },
         ToolFormat::Llama3Json => Syntax { starts: &["<|python_tag|>"], end: None, bare_json_at_start: true },
         ToolFormat::Mistral => Syntax { starts: &["[TOOL_CALLS]"], end: None, bare_json_at_start: false },
+        // The native syntaxes have their own parser ([`super::native`]); JSON inside their
+        // markers is the closest reading should one be given here.
+        ToolFormat::Qwen3Coder => Syntax { starts: &["<tool_call>"], end: Some("</tool_call>"), bare_json_at_start: false },
+        ToolFormat::Gemma4 => Syntax { starts: &["<|tool_call>"], end: Some("<tool_call|>"), bare_json_at_start: false },
     }
 }
 
@@ -143,7 +147,7 @@ enum Mode {
 }
 
 /// The streaming parser of one output.
-pub struct ToolCallParser {
+pub struct JsonCallParser {
     syntax: Syntax,
     mode: Mode,
     /// Text held back because it may be the beginning of a start marker.
@@ -160,7 +164,7 @@ pub struct ToolCallParser {
     after_call: bool,
 }
 
-impl ToolCallParser {
+impl JsonCallParser {
     pub fn new(format: ToolFormat) -> Self {
         Self {
             syntax: syntax(format),
@@ -566,7 +570,7 @@ mod tests {
     /// Parses `text` whole and in every split into pieces of `step` chars; returns the text
     /// and the calls (ids blanked), asserting that the streamed deltas assemble to the calls.
     fn parse(format: ToolFormat, text: &str, step: usize) -> (String, Vec<(String, String)>) {
-        let mut p = ToolCallParser::new(format);
+        let mut p = JsonCallParser::new(format);
         let mut out = String::new();
         let mut asm = Assembler::default();
         let chars: Vec<char> = text.chars().collect();
@@ -603,7 +607,7 @@ mod tests {
             calls,
             vec![call("get_weather", r#"{"city": "Paris", "days": [1, 2]}"#), call("get_time", r#"{"tz": "CET \"x\" }"}"#)]
         );
-        let mut p = ToolCallParser::new(ToolFormat::Hermes);
+        let mut p = JsonCallParser::new(ToolFormat::Hermes);
         p.push(&text[..text.find("}}").unwrap() + 1]);
         assert_eq!(p.completed_calls(), 0);
         p.push("}");
@@ -664,14 +668,14 @@ mod tests {
 
     #[test]
     fn an_opening_in_the_prompt_starts_the_call() {
-        let mut p = ToolCallParser::with_opening(ToolFormat::Hermes, "<tool_call>\n{\"name\": \"f\", \"arguments\": ");
+        let mut p = JsonCallParser::with_opening(ToolFormat::Hermes, "<tool_call>\n{\"name\": \"f\", \"arguments\": ");
         let first = p.push("{\"a\"");
         assert!(matches!(&first.deltas[0], ToolDelta::Start { index: 0, name, .. } if name == "f"), "{first:?}");
         assert_eq!(first.deltas[1], ToolDelta::Arguments { index: 0, fragment: "{\"a\"".into() });
         p.push(": 1}}\n</tool_call> ok");
         assert_eq!(p.finish().text, "");
         assert_eq!(p.calls()[0].arguments, "{\"a\": 1}");
-        let mut p = ToolCallParser::with_opening(ToolFormat::Hermes, "<tool_call>\n{\"name\": \"");
+        let mut p = JsonCallParser::with_opening(ToolFormat::Hermes, "<tool_call>\n{\"name\": \"");
         assert_eq!(p.push("g\", \"arguments\": {}}</tool_call>").deltas.len(), 2);
         assert_eq!(p.calls()[0].name, "g");
     }

@@ -5,6 +5,7 @@
 use serde_json::Value;
 
 use super::{ToolChoice, Tools, ToolsError};
+use crate::reasoning::ReasoningSyntax;
 use crate::tokenizer::{ChatMessage, ChatTemplate};
 
 /// The call syntax a model family writes.
@@ -17,6 +18,40 @@ pub enum ToolFormat {
     Llama3Json,
     /// `[TOOL_CALLS][{"name", "arguments"}]` (Mistral).
     Mistral,
+    /// `<tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>…` (Qwen3-Coder,
+    /// Qwen3.5 / 3.6: [`super::native`]).
+    Qwen3Coder,
+    /// `<|tool_call>call:NAME{key:VALUE,…}<tool_call|>` (Gemma 4: [`super::native`]).
+    Gemma4,
+}
+
+impl ToolFormat {
+    /// The syntax's parser in [`super::native`], for the non-JSON syntaxes.
+    pub fn native(self) -> Option<super::NativeFormat> {
+        match self {
+            ToolFormat::Qwen3Coder => Some(super::NativeFormat::Qwen3Coder),
+            ToolFormat::Gemma4 => Some(super::NativeFormat::Gemma4),
+            _ => None,
+        }
+    }
+
+    /// A stable lowercase name (docs, logs, wire formats).
+    pub fn name(self) -> &'static str {
+        match self {
+            ToolFormat::Hermes => "hermes",
+            ToolFormat::Llama3Json => "llama3_json",
+            ToolFormat::Mistral => "mistral",
+            ToolFormat::Qwen3Coder => "qwen3_coder",
+            ToolFormat::Gemma4 => "gemma4",
+        }
+    }
+
+    /// The format of [`ToolFormat::name`].
+    pub fn from_name(name: &str) -> Option<ToolFormat> {
+        [ToolFormat::Hermes, ToolFormat::Llama3Json, ToolFormat::Mistral, ToolFormat::Qwen3Coder, ToolFormat::Gemma4]
+            .into_iter()
+            .find(|f| f.name() == name)
+    }
 }
 
 /// How a template takes tools.
@@ -35,7 +70,12 @@ impl TemplateTools {
         if !source.contains("tools") && !source.contains("tool_calls") {
             return TemplateTools::Fallback;
         }
-        if source.contains("<tool_call>") {
+        // Qwen3-Coder's XML sits inside `<tool_call>` too: look for its `<function=` first.
+        if source.contains("<tool_call>") && source.contains("<function=") {
+            TemplateTools::Native(ToolFormat::Qwen3Coder)
+        } else if source.contains("<|tool_call>") {
+            TemplateTools::Native(ToolFormat::Gemma4)
+        } else if source.contains("<tool_call>") {
             TemplateTools::Native(ToolFormat::Hermes)
         } else if source.contains("[TOOL_CALLS]") {
             TemplateTools::Native(ToolFormat::Mistral)
@@ -88,34 +128,53 @@ pub fn check_role(role: &str, key: &str) -> Result<(), ToolsError> {
 /// Renders `messages` with `tools` (generation prompt added, then the opening of a forced
 /// call) and records in `tools` the call syntax to parse and that opening. A template that
 /// renders tools gets them as transformers passes them; otherwise the fallback rewrites the
-/// conversation (tools in the system prompt, calls and results as text).
-pub fn render_with_tools(template: &ChatTemplate, messages: &[ChatMessage], tools: &mut Tools) -> crate::Result<String> {
+/// conversation (tools in the system prompt, calls and results as text). `kwargs` are the
+/// template's extra variables (`enable_thinking`).
+///
+/// A prompt that leaves the model inside an open reasoning block (Qwen3.5 with thinking on)
+/// does not get the opening: the model reasons first, and the call's grammar writes the
+/// opening after the block ([`Tools::opening_in_prompt`]).
+pub fn render_with_tools(
+    template: &ChatTemplate,
+    messages: &[ChatMessage],
+    tools: &mut Tools,
+    kwargs: &serde_json::Map<String, Value>,
+) -> crate::Result<String> {
     let raw: Vec<Value> = tools.specs.iter().map(|s| s.raw.clone()).collect();
     let (mut text, format) = match TemplateTools::detect(template.source()) {
-        TemplateTools::Native(format) => (template.render_with_tools(messages, Some(&raw), true)?, format),
-        TemplateTools::Fallback => (template.render(&fallback_messages(messages, &raw), true)?, ToolFormat::Hermes),
+        TemplateTools::Native(format) => (template.render_with_kwargs(messages, Some(&raw), true, kwargs)?, format),
+        TemplateTools::Fallback => {
+            (template.render_with_kwargs(&fallback_messages(messages, &raw), None, true, kwargs)?, ToolFormat::Hermes)
+        }
         TemplateTools::Unknown => return Err(unknown_syntax().into()),
     };
     tools.format = Some(format);
     tools.opening = forced_opening(&tools.choice, format);
-    text.push_str(&tools.opening);
+    let thinking_open = ReasoningSyntax::detect(template.source()).is_some_and(|r| r.starts_open(&text));
+    tools.opening_in_prompt = !thinking_open;
+    if tools.opening_in_prompt {
+        text.push_str(&tools.opening);
+    }
     Ok(text)
 }
 
 /// The opening the prompt writes for a forced call, so that the model continues a call of the
 /// right shape (the grammar engine, when the request has one, makes it a valid call).
 pub fn forced_opening(choice: &ToolChoice, format: ToolFormat) -> String {
-    let (start, arguments) = match format {
-        ToolFormat::Hermes => ("<tool_call>\n{\"name\": ", "arguments"),
-        ToolFormat::Llama3Json => ("{\"name\": ", "parameters"),
-        ToolFormat::Mistral => ("[TOOL_CALLS][{\"name\": ", "arguments"),
-    };
-    match choice {
+    let json_call = |start: &str, arguments: &str| match choice {
         ToolChoice::Auto | ToolChoice::None => String::new(),
         ToolChoice::Required => format!("{start}\""),
-        ToolChoice::Function(name) => {
-            format!("{start}{}, \"{arguments}\": ", serde_json::to_string(name).unwrap_or_default())
-        }
+        ToolChoice::Function(name) => format!("{start}{}, \"{arguments}\": ", serde_json::to_string(name).unwrap_or_default()),
+    };
+    match (format, choice) {
+        (_, ToolChoice::Auto | ToolChoice::None) => String::new(),
+        (ToolFormat::Hermes, _) => json_call("<tool_call>\n{\"name\": ", "arguments"),
+        (ToolFormat::Llama3Json, _) => json_call("{\"name\": ", "parameters"),
+        (ToolFormat::Mistral, _) => json_call("[TOOL_CALLS][{\"name\": ", "arguments"),
+        (ToolFormat::Qwen3Coder, ToolChoice::Required) => "<tool_call>\n<function=".into(),
+        (ToolFormat::Qwen3Coder, ToolChoice::Function(name)) => format!("<tool_call>\n<function={name}>\n"),
+        (ToolFormat::Gemma4, ToolChoice::Required) => "<|tool_call>call:".into(),
+        (ToolFormat::Gemma4, ToolChoice::Function(name)) => format!("<|tool_call>call:{name}{{"),
     }
 }
 
@@ -123,8 +182,8 @@ pub fn forced_opening(choice: &ToolChoice, format: ToolFormat) -> String {
 pub fn unknown_syntax() -> ToolsError {
     ToolsError::new(
             "tools",
-            "this model's chat template renders tools in a call syntax Weft cannot parse (known: <tool_call>, \
-             Llama 3 JSON, [TOOL_CALLS])",
+            "this model's chat template renders tools in a call syntax Weft cannot parse (known: <tool_call> JSON, \
+             Qwen3-Coder XML, Gemma 4 <|tool_call>, Llama 3 JSON, [TOOL_CALLS])",
     )
 }
 

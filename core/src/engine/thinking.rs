@@ -1,0 +1,111 @@
+//! The reasoning side of a row: the streamed text split into reasoning and answer, and a
+//! token-level view of the reasoning block that the scheduler acts on: reasoning tokens are
+//! counted, the request's constraint waits until the block has closed (constraints apply to
+//! the answer), and a spent budget forces the closing marker.
+
+use std::collections::VecDeque;
+
+use crate::reasoning::{ReasoningPlan, ReasoningSplitter, Split};
+use crate::tokenizer::Tokenizer;
+
+pub(super) struct RowReasoning {
+    splitter: ReasoningSplitter,
+    /// The block's opening and closing markers as single tokens, when the vocabulary has them
+    /// (what the token-level view needs; without them only the text is split).
+    open_id: Option<u32>,
+    close_id: Option<u32>,
+    /// Token level: inside the block now / the block has been closed.
+    open: bool,
+    closed: bool,
+    /// Tokens spent in the block, its markers included.
+    pub(super) tokens: usize,
+    budget: Option<usize>,
+    /// What a spent budget forces: the closing marker's tokens, computed up front.
+    close_tokens: Vec<u32>,
+    /// The forced tokens still to come.
+    forced: VecDeque<u32>,
+}
+
+impl RowReasoning {
+    pub(super) fn new(plan: ReasoningPlan, tokenizer: Option<&Tokenizer>) -> Self {
+        let (open, close) = plan.syntax.markers();
+        let id = |marker: &str| tokenizer.and_then(|t| t.token_to_id(marker));
+        let close_id = id(close);
+        let close_tokens = match (tokenizer, plan.budget, close_id) {
+            (Some(t), Some(_), Some(close_id)) => {
+                let mut ids = t.encode(plan.forced_close(), false).unwrap_or_default();
+                // Through the closing marker: the answer after it is the model's.
+                if let Some(at) = ids.iter().position(|&i| i == close_id) {
+                    ids.truncate(at + 1);
+                }
+                ids
+            }
+            _ => Vec::new(),
+        };
+        Self {
+            splitter: ReasoningSplitter::new(plan.syntax, plan.starts_open),
+            open_id: id(open),
+            close_id,
+            open: plan.starts_open,
+            closed: false,
+            tokens: 0,
+            budget: plan.budget,
+            close_tokens,
+            forced: VecDeque::new(),
+        }
+    }
+
+    /// Takes the next token at the token level. Returns whether it belongs to the reasoning
+    /// block (the block's tokens and markers are not the answer's: a constraint skips them).
+    pub(super) fn observe(&mut self, token: u32) -> bool {
+        if self.forced.front() == Some(&token) {
+            self.forced.pop_front();
+        } else {
+            self.forced.clear();
+        }
+        let in_block = if self.open {
+            if Some(token) == self.close_id {
+                self.open = false;
+                self.closed = true;
+                self.forced.clear();
+            }
+            true
+        } else if !self.closed && Some(token) == self.open_id {
+            self.open = true;
+            true
+        } else {
+            false
+        };
+        if in_block {
+            self.tokens += 1;
+            if self.open && self.forced.is_empty() && self.budget.is_some_and(|b| self.tokens >= b) {
+                self.forced = self.close_tokens.iter().copied().collect();
+            }
+        }
+        in_block
+    }
+
+    /// Inside the block: the answer's constraint is not in force yet.
+    pub(super) fn is_open(&self) -> bool {
+        self.open
+    }
+
+    /// The token the next step must produce (a spent budget closing the block).
+    pub(super) fn forced(&self) -> Option<u32> {
+        self.forced.front().copied()
+    }
+
+    /// Whether the next step's choice depends on this step's token on the host (a budget
+    /// that may run out): such a row is stepped synchronously, as constrained rows are.
+    pub(super) fn needs_host_choice(&self) -> bool {
+        self.open && self.budget.is_some() && !self.close_tokens.is_empty()
+    }
+
+    pub(super) fn push(&mut self, text: &str) -> Split {
+        self.splitter.push(text)
+    }
+
+    pub(super) fn finish(&mut self) -> Split {
+        self.splitter.finish()
+    }
+}
