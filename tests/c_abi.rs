@@ -66,7 +66,7 @@ fn header_is_up_to_date() {
     for needle in [
         "#define WEFT_ABI_VERSION 1",
         "uint32_t weft_abi_version(void);",
-        "#define WEFT_ABI_MINOR 1",
+        "#define WEFT_ABI_MINOR 2",
         "uint32_t weft_abi_minor(void);",
         "WEFT_FINISH_TOOL_CALLS = 3,",
         "WEFT_TOOL_DELTA_START = 1,",
@@ -533,6 +533,24 @@ fn tool_calls_through_the_c_abi() {
         let out = kernels(runs_from_rpath(Command::new(&exe)), "fast").arg(&model).output().expect("running the C tool-call test");
         assert_pass(&out, &format!("tools_test.c on {}", model.display()));
     }
+}
+
+/// Reasoning through the C ABI (ffi/tests/c/reasoning_test.c) on a tiny Qwen3.5 with the real
+/// Qwen3 vocabulary and Qwen3.5 template: TOKEN events carry the reasoning apart from the
+/// answer, DONE counts reasoning tokens, a budget closes the block, thinking can be turned off.
+#[test]
+fn reasoning_through_the_c_abi() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(model) = support::qwen35_chat_model(dir.path()) else { return };
+    let forced = weft::tokenizer::Tokenizer::from_dir(&model).unwrap().encode("\n</think>", false).unwrap().len();
+    let exe = build(&repo_root().join("ffi/tests/c/reasoning_test.c"), Lang::C, Link::Dynamic);
+    let out = kernels(runs_from_rpath(Command::new(&exe)), "fast")
+        .arg(&model)
+        .arg("3")
+        .arg(forced.to_string())
+        .output()
+        .expect("running the C reasoning test");
+    assert_pass(&out, "reasoning_test.c");
 }
 
 /// Audio in the request contract through the C ABI (ffi/tests/c/media_test.c) on the tiny Gemma

@@ -105,6 +105,8 @@ pub static REQUEST_FIELDS: Lazy<Vec<&'static str>> = Lazy::new(|| {
         "regex",
         "grammar",
         "choice",
+        "chat_template_kwargs",
+        "reasoning_budget",
     ];
     INPUTS.iter().chain(GENERATION_FIELDS).chain(OUTPUT).copied().collect()
 });
@@ -127,6 +129,8 @@ pub const ENGINE_OPTION_FIELDS: &[&str] = &[
     "memory_limit_bytes",
     "wired_limit_bytes",
     "local_media",
+    "chat_template_kwargs",
+    "reasoning_budget",
 ];
 
 /// The most top alternatives a request may ask for (the engine's one limit).
@@ -311,7 +315,21 @@ pub fn parse_request_with(v: &Value, spelling: Spelling, local: &LocalMedia) -> 
     req.constraint = parse_constraint_fields(&f).map_err(|(_, e)| e)?;
     req.images = parse_images(&f, local)?;
     req.audio = parse_audio(&f, local)?;
+    let (kwargs, budget) = reasoning_fields(&f)?;
+    req.chat_template_kwargs = kwargs;
+    req.reasoning_budget = budget;
     Ok(req)
+}
+
+/// `chat_template_kwargs` (an object of template variables: `enable_thinking`, ...) and
+/// `reasoning_budget` (tokens), in requests and engine options alike.
+fn reasoning_fields(f: &Fields) -> Result<(serde_json::Map<String, Value>, Option<usize>)> {
+    let kwargs = match f.get("chat_template_kwargs") {
+        None | Some(Value::Null) => serde_json::Map::new(),
+        Some(Value::Object(m)) => m.clone(),
+        Some(v) => return Err(f.err("chat_template_kwargs", "an object of template variables", v)),
+    };
+    Ok((kwargs, f.usize("reasoning_budget", 0, 1 << 30)?))
 }
 
 /// `images`: encoded image files in prompt order, each a string (a `data:` URL or a local
@@ -636,7 +654,7 @@ fn parse_messages(f: &Fields) -> Result<Vec<ChatMessage>> {
     if items.is_empty() {
         return Err(invalid(format!("{name} must not be empty")));
     }
-    let keys = ["role", "content", "tool_calls", "tool_call_id", "name"];
+    let keys = ["role", "content", "tool_calls", "tool_call_id", "name", "reasoning_content"];
     let known: Vec<String> = keys.iter().map(|k| f.spelling.key(k).into_owned()).collect();
     let mut out = Vec::with_capacity(items.len());
     for (i, m) in items.iter().enumerate() {
@@ -663,6 +681,8 @@ fn parse_messages(f: &Fields) -> Result<Vec<ChatMessage>> {
             tool_calls,
             tool_call_id: field("tool_call_id")?,
             name: field("name")?,
+            // An assistant turn's reasoning, for templates that show it in history.
+            reasoning_content: field("reasoning_content")?,
             ..ChatMessage::new(role, content)
         });
     }
@@ -811,6 +831,7 @@ pub fn parse_engine_options(v: &Value, spelling: Spelling) -> Result<EngineOptio
     }
     m.memory_limit_bytes = f.usize("memory_limit_bytes", 1, u64::MAX)?;
     m.wired_limit_bytes = f.usize("wired_limit_bytes", 0, u64::MAX)?;
+    (config.chat_template_kwargs, config.reasoning_budget) = reasoning_fields(&f)?;
     if let Some(v) = f.get("local_media") {
         config.local_media = LocalMedia::from_json(v, &f.name("local_media"))?;
     }
@@ -1229,4 +1250,21 @@ mod tests {
         let many: Vec<Value> = (0..9).map(|_| json!({"base64": "UklGRg=="})).collect();
         has(&req_err(json!({"prompt": "a", "audio": many}), Spelling::Snake), "at most 8 per request");
     }
+
+    #[test]
+    fn reasoning_fields_in_requests_and_engine_options() {
+        let r = parse_request(
+            &json!({"messages": [{"role": "user", "content": "q"}], "chatTemplateKwargs": {"enable_thinking": false}, "reasoningBudget": 64}),
+            Spelling::Camel,
+        )
+        .unwrap();
+        assert_eq!(r.chat_template_kwargs.get("enable_thinking"), Some(&json!(false)));
+        assert_eq!(r.reasoning_budget, Some(64));
+        let e = parse_request(&json!({"prompt": "q", "chat_template_kwargs": [1]}), Spelling::Snake).unwrap_err().to_string();
+        assert!(e.contains("chat_template_kwargs must be an object"), "{e}");
+        let o = parse_engine_options(&json!({"chat_template_kwargs": {"enable_thinking": true}, "reasoning_budget": 0}), Spelling::Snake).unwrap();
+        assert_eq!(o.config.chat_template_kwargs.get("enable_thinking"), Some(&json!(true)));
+        assert_eq!(o.config.reasoning_budget, Some(0));
+    }
+
 }

@@ -187,11 +187,22 @@ pub struct weft_event {
     pub tool_deltas: *const weft_tool_delta,
     /// Number of entries in tool_deltas.
     pub tool_deltas_len: usize,
-    /// (ABI minor 1) DONE of a request with "tools": every call the output made, complete (also
-    /// with WEFT_FINISH_LENGTH, whose last call may be cut short). NULL when tool_calls_len is 0.
+    /// (ABI minor 1) DONE of a request with "tools": every call the output made, complete (a
+    /// call the output did not finish, e.g. cut by max_tokens, is not delivered, not even in
+    /// part: a call's deltas come once it is complete). NULL when tool_calls_len is 0.
     pub tool_calls: *const weft_tool_call,
     /// Number of entries in tool_calls.
     pub tool_calls_len: usize,
+    /// (ABI minor 2) TOKEN and DONE of a model that reasons ("thinks") before it answers: the
+    /// reasoning text this event adds, markers removed (text holds only the answer). DONE's is
+    /// the reasoning still held back at the end. UTF-8, NUL-terminated, see reasoning_len;
+    /// never NULL ("" when there is none).
+    pub reasoning: *const c_char,
+    /// Length of reasoning in bytes, excluding the terminating NUL.
+    pub reasoning_len: usize,
+    /// (ABI minor 2) DONE: how many of completion_tokens were spent reasoning (the block and
+    /// its markers); 0 for other kinds.
+    pub reasoning_tokens: u32,
 }
 
 /// Receives a request's events, in order, on one of a small pool of delivery threads the
@@ -220,6 +231,7 @@ unsafe impl Sync for Callback {}
 #[derive(Default)]
 struct Buffers {
     text: Vec<u8>,
+    reasoning: Vec<u8>,
     message: Vec<u8>,
     stop: Vec<u8>,
     top: Vec<weft_token_logprob>,
@@ -545,17 +557,21 @@ fn deliver(cb: &Callback, id: u64, ev: &Event, bufs: &mut Buffers) {
         tool_deltas_len: 0,
         tool_calls: std::ptr::null(),
         tool_calls_len: 0,
+        reasoning: empty,
+        reasoning_len: 0,
+        reasoning_tokens: 0,
     };
     bufs.tool_strings.clear();
     bufs.tool_deltas.clear();
     bufs.tool_calls.clear();
     let sat = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
     match ev {
-        Event::Token { token_id, text, logprobs, tool_calls, .. } => {
+        Event::Token { token_id, text, reasoning, logprobs, tool_calls } => {
             e.kind = WEFT_EVENT_TOKEN;
             bufs.set_deltas(tool_calls);
             e.token_id = i32::try_from(*token_id).unwrap_or(i32::MAX);
             (e.text, e.text_len) = nul_terminated(&mut bufs.text, text);
+            (e.reasoning, e.reasoning_len) = nul_terminated(&mut bufs.reasoning, reasoning);
             if let Some(lp) = logprobs {
                 e.logprob = lp.logprob;
                 bufs.top.clear();
@@ -571,11 +587,13 @@ fn deliver(cb: &Callback, id: u64, ev: &Event, bufs: &mut Buffers) {
                 }
             }
         }
-        Event::Done { finish_reason, usage, text, stop, tool_deltas, tool_calls, .. } => {
+        Event::Done { finish_reason, usage, text, reasoning, stop, tool_deltas, tool_calls, .. } => {
             e.kind = WEFT_EVENT_DONE;
             bufs.set_deltas(tool_deltas);
             bufs.set_calls(tool_calls);
             (e.text, e.text_len) = nul_terminated(&mut bufs.text, text);
+            (e.reasoning, e.reasoning_len) = nul_terminated(&mut bufs.reasoning, reasoning);
+            e.reasoning_tokens = sat(usage.reasoning_tokens);
             match stop {
                 Some(StopCause::Eos { token_id }) => {
                     e.stop_kind = WEFT_STOP_EOS;

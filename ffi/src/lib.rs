@@ -44,9 +44,10 @@ pub const WEFT_ABI_VERSION: u32 = 1;
 
 /// Compatible additions within WEFT_ABI_VERSION, counted: 0 = the first release; 1 = tool calls
 /// (weft_event's tool_deltas .. tool_calls_len, WEFT_FINISH_TOOL_CALLS, weft_tool_delta,
-/// weft_tool_call, weft_abi_minor). Compare with weft_abi_minor() before reading a field added
-/// in a later minor (docs/c-api.md, Versioning).
-pub const WEFT_ABI_MINOR: u32 = 1;
+/// weft_tool_call, weft_abi_minor); 2 = reasoning (weft_event's reasoning .. reasoning_tokens).
+/// Compare with weft_abi_minor() before reading a field added in a later minor (docs/c-api.md,
+/// Versioning).
+pub const WEFT_ABI_MINOR: u32 = 2;
 
 static VERSION: &CStr = match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
     Ok(v) => v,

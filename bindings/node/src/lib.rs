@@ -74,6 +74,15 @@ pub struct LoadOptions {
     pub memory_limit_bytes: Option<f64>,
     /// Memory MLX may keep wired on Apple GPUs; ignored elsewhere (default: MLX's).
     pub wired_limit_bytes: Option<f64>,
+    /// Which local files requests may name as images / audio: `'any'` (default), `'deny'`, or
+    /// `{ dirs: [...] }` (files under these directories only).
+    #[napi(ts_type = "'any' | 'deny' | { dirs: string[] }")]
+    pub local_media: Option<bool>,
+    /// Chat-template variables every request starts from (e.g. `{ enable_thinking: false }`).
+    #[napi(ts_type = "Record<string, unknown>")]
+    pub chat_template_kwargs: Option<bool>,
+    /// Reasoning tokens allowed when a request names no `reasoningBudget` (default: unbounded).
+    pub reasoning_budget: Option<u32>,
 }
 
 /// One turn of a conversation.
@@ -92,6 +101,8 @@ pub struct ChatMessage {
     pub tool_call_id: Option<String>,
     /// A `tool` turn: the function's name (optional).
     pub name: Option<String>,
+    /// An assistant turn's reasoning, for templates that show it in history.
+    pub reasoning_content: Option<String>,
 }
 
 /// A tool the model may call (OpenAI's function shape).
@@ -167,6 +178,13 @@ pub struct GenerateOptions {
     pub tool_choice: Option<bool>,
     /// `false` ends generation after the first complete call (default `true`).
     pub parallel_tool_calls: Option<bool>,
+    /// Variables for the chat template, over the engine's (`{ enable_thinking: false }` turns a
+    /// reasoning model's thinking off).
+    #[napi(ts_type = "Record<string, unknown>")]
+    pub chat_template_kwargs: Option<bool>,
+    /// Reasoning tokens the model may spend before its reasoning block is closed for it and the
+    /// answer begins (`Chunk.reasoning`); default: the engine's, else unbounded.
+    pub reasoning_budget: Option<u32>,
     /// Images for a model with a vision tower (`modelInfo.vision`), in prompt order: a file's
     /// bytes (`Uint8Array` / `Buffer`), a local file path or a `data:` URL. The prompt holds the
     /// model's image marker once per image (docs/node.md).
@@ -189,6 +207,9 @@ pub struct Chunk {
     /// Text this token completes (may be empty while a multi-byte character or a possible stop
     /// string is held back).
     pub text: String,
+    /// The reasoning ("thinking") text this token completes, for a model whose template marks
+    /// reasoning: kept apart from `text`, markers removed. Absent when there is none.
+    pub reasoning: Option<String>,
     /// The generated token; absent on a last chunk that only carries text held back when the
     /// request ended.
     pub token_id: Option<u32>,
@@ -273,20 +294,25 @@ pub struct Usage {
     pub completion_tokens: u32,
     /// Prompt tokens whose KV came from the prompt cache.
     pub cached_tokens: u32,
+    /// Completion tokens spent reasoning (the reasoning block and its markers).
+    pub reasoning_tokens: u32,
 }
 
 /// The result of {@link Engine.complete}, and {@link Generation.summary} once a stream ended.
 #[napi(object)]
 pub struct Completion {
     pub text: String,
+    /// The model's reasoning, apart from `text` (absent for a model without reasoning or when
+    /// it reasoned nothing).
+    pub reasoning: Option<String>,
     /// Generated token ids (an end-of-sequence token that stopped generation is not included).
     pub token_ids: Vec<u32>,
     pub finish_reason: FinishReason,
     pub usage: Usage,
     /// With `logprobs: true`: one entry per generated token, in the order of `tokenIds`.
     pub logprobs: Option<Vec<TokenLogprobs>>,
-    /// With `tools`: every call the output made, complete (empty when it made none; with
-    /// `finishReason: "length"` the last may be cut short).
+    /// With `tools`: every call the output made, complete (empty when it made none; a call the
+    /// output did not finish is not delivered).
     pub tool_calls: Option<Vec<ToolCall>>,
 }
 
@@ -718,6 +744,7 @@ struct RowState {
     /// Pending promises, oldest first. Non-empty only while `queue` is empty.
     waiters: VecDeque<Waiter>,
     text: String,
+    reasoning: String,
     token_ids: Vec<u32>,
     /// Per generated token, when the request asked for log-probabilities.
     logprobs: Option<Vec<TokenLogprobs>>,
@@ -741,6 +768,7 @@ impl RowState {
             queue: FlowQueue::new(flow),
             waiters: VecDeque::new(),
             text: String::new(),
+            reasoning: String::new(),
             token_ids: Vec::new(),
             logprobs: logprobs.then(Vec::new),
             tools,
@@ -755,6 +783,7 @@ impl RowState {
         let (finish, usage) = self.summary?;
         Some(Completion {
             text: self.text.clone(),
+            reasoning: (!self.reasoning.is_empty()).then(|| self.reasoning.clone()),
             token_ids: self.token_ids.clone(),
             finish_reason: match finish {
                 WeftFinish::ToolCalls => FinishReason::ToolCalls,
@@ -766,6 +795,7 @@ impl RowState {
                 prompt_tokens: usage.prompt_tokens as u32,
                 completion_tokens: usage.completion_tokens as u32,
                 cached_tokens: usage.cached_tokens as u32,
+                reasoning_tokens: usage.reasoning_tokens as u32,
             },
             logprobs: self.logprobs.clone(),
             tool_calls: self.tools.then(|| self.final_calls.iter().map(tool_call).collect()),
@@ -857,8 +887,9 @@ fn failure(message: &str) -> Fail {
 fn on_event(row: &Row, ev: &Event) -> bool {
     let mut st = row.state.lock();
     match ev {
-        Event::Token { token_id, text, logprobs, tool_calls, .. } => {
+        Event::Token { token_id, text, reasoning, logprobs, tool_calls } => {
             st.text.push_str(text);
+            st.reasoning.push_str(reasoning);
             st.token_ids.push(*token_id);
             let lp = logprobs.as_ref().map(|lp| TokenLogprobs {
                 token_id: *token_id,
@@ -874,16 +905,20 @@ fn on_event(row: &Row, ev: &Event) -> bool {
                     Some(lp) => (Some(lp.logprob), Some(lp.top_logprobs)),
                     None => (None, None),
                 };
-                let chunk = Chunk { text: text.clone(), token_id: Some(*token_id), logprob, top_logprobs, tool_calls: pieces };
+                let reasoning = (!reasoning.is_empty()).then(|| reasoning.clone());
+                let chunk = Chunk { text: text.clone(), reasoning, token_id: Some(*token_id), logprob, top_logprobs, tool_calls: pieces };
                 push_chunk(&mut st, chunk);
             }
         }
-        Event::Done { finish_reason, usage, text, tool_deltas: released, tool_calls, .. } => {
+        Event::Done { finish_reason, usage, text, reasoning, tool_deltas: released, tool_calls, .. } => {
             st.text.push_str(text);
+            st.reasoning.push_str(reasoning);
             // The pieces the end released (a call completed by the last text) come with Done.
             let pieces = tool_deltas(st.tools, released);
-            if st.stream && (!text.is_empty() || pieces.is_some()) {
-                let chunk = Chunk { text: text.clone(), token_id: None, logprob: None, top_logprobs: None, tool_calls: pieces };
+            if st.stream && (!text.is_empty() || !reasoning.is_empty() || pieces.is_some()) {
+                let reasoning = (!reasoning.is_empty()).then(|| reasoning.clone());
+                let chunk =
+                    Chunk { text: text.clone(), reasoning, token_id: None, logprob: None, top_logprobs: None, tool_calls: pieces };
                 push_chunk(&mut st, chunk);
             }
             st.final_calls = tool_calls.clone();
@@ -973,6 +1008,7 @@ impl CloneCompletion for Option<Completion> {
     fn clone_completion(&self) -> Self {
         self.as_ref().map(|c| Completion {
             text: c.text.clone(),
+            reasoning: c.reasoning.clone(),
             token_ids: c.token_ids.clone(),
             finish_reason: c.finish_reason,
             usage: c.usage.clone(),

@@ -42,6 +42,11 @@ impl RowReasoning {
             }
             _ => Vec::new(),
         };
+        // A budget of 0 with the prompt inside the block: the block closes at once.
+        let forced = match plan.budget {
+            Some(0) if plan.starts_open => close_tokens.iter().copied().collect(),
+            _ => VecDeque::new(),
+        };
         Self {
             splitter: ReasoningSplitter::new(plan.syntax, plan.starts_open),
             open_id: id(open),
@@ -51,7 +56,7 @@ impl RowReasoning {
             tokens: 0,
             budget: plan.budget,
             close_tokens,
-            forced: VecDeque::new(),
+            forced,
         }
     }
 

@@ -3,8 +3,8 @@
  * forced (a named function, or "required" between two tools), so the output is a call whatever
  * the weights are; each tool's one parameter is an enum, so the call always completes. Checks:
  * DONE has WEFT_FINISH_TOOL_CALLS and the expected call; no TOKEN carries text (a call's text is
- * not leaked); the streamed deltas assemble to DONE's tool_calls (ids, names, arguments), also
- * when max_tokens cuts the call short; a plain request has no tool fields; bad tool requests
+ * not leaked); the streamed deltas assemble to DONE's tool_calls (ids, names, arguments); a call
+ * max_tokens cuts short is not delivered; a plain request has no tool fields; bad tool requests
  * fail at weft_submit naming the field. Prints PASS or FAIL lines.
  *   tools_test <model> */
 #include <pthread.h>
@@ -204,14 +204,14 @@ int main(int argc, char **argv) {
   check(r.args_at_done > 0, "held back: DONE's own tool_deltas carry the last argument piece", NULL);
   check(assembles(&r), "held back: the deltas (DONE's included) assemble to the final arguments", r.streamed[0].arguments);
 
-  /* max_tokens inside the call: length, and what was delivered still assembles to DONE's calls. */
+  /* max_tokens inside the call: length, and the cut call is not delivered, not even in part. */
   check(run(engine,
             "{" ASK ", \"max_tokens\": 2, \"tools\": [" WEATHER "], "
             "\"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"get_weather\"}}}",
             &r) == 0,
         "short named request accepted", weft_last_error());
   check(r.done == 1 && r.finish == WEFT_FINISH_LENGTH, "short: WEFT_FINISH_LENGTH", NULL);
-  check(assembles(&r), "short: the deltas assemble to the final calls", NULL);
+  check(assembles(&r) && r.n_final == 0 && r.n_streamed == 0, "short: no call, no delta", NULL);
 
   /* Without tools the tool fields are empty. */
   check(run(engine, "{" ASK ", \"max_tokens\": 4}", &r) == 0, "plain request accepted", weft_last_error());

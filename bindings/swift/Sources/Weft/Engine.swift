@@ -206,8 +206,9 @@ public final class Engine: Sendable {
                 onToolStart: { [state] index, id, name in state.toolDelta(.start(index: Int(index), id: id, name: name)) },
                 onToolArguments: { [state] index, fragment in state.toolDelta(.arguments(index: Int(index), fragment: fragment)) },
                 onToolCall: { [state] id, name, arguments in state.toolCall(ToolCall(id: id, name: name, arguments: arguments)) },
-                onDone: { [state] reason, prompt, completion, cached in
-                    state.done(reason: reason, prompt: prompt, completion: completion, cached: cached)
+                onReasoning: { [state] text in state.reasoning(text) },
+                onDone: { [state] reason, prompt, completion, cached, reasoning in
+                    state.done(reason: reason, prompt: prompt, completion: completion, cached: cached, reasoning: reasoning)
                 },
                 onError: { [state] code, message in state.fail(WeftError(code: .init(rawValue: code), message: message)) }
             )
@@ -278,6 +279,10 @@ extension GenerateOptions {
         case .function(let name): o["toolChoice"] = ["type": "function", "function": ["name": name]]
         }
         o["parallelToolCalls"] = parallelToolCalls
+        if !chatTemplateKwargs.isEmpty {
+            o["chatTemplateKwargs"] = ContractJSON.parsed(chatTemplateKwargs)
+        }
+        o["reasoningBudget"] = reasoningBudget
         if !images.isEmpty { o["images"] = images.map(\.contractValue) }
         if !audio.isEmpty { o["audio"] = audio.map(\.contractValue) }
         return o

@@ -90,6 +90,9 @@ final class RowState: @unchecked Sendable {
     private var row: RustRow?
     private var cancelRequested = false
     private var text = ""
+    private var reasoningText = ""
+    /// Reasoning text of the chunk whose `token` call comes next.
+    private var pendingReasoning = ""
     private var tokenIds: [Int] = []
     /// Per token when the request asked for log-probabilities.
     private var logprobs: [TokenLogprobs]?
@@ -179,6 +182,13 @@ final class RowState: @unchecked Sendable {
         lock.unlock()
     }
 
+    // Engine thread: reasoning text (it comes before its chunk's `token`).
+    func reasoning(_ piece: String) {
+        lock.lock()
+        pendingReasoning += piece
+        lock.unlock()
+    }
+
     // Engine thread: a complete call (they come right before `done`).
     func toolCall(_ call: ToolCall) {
         lock.lock()
@@ -191,6 +201,9 @@ final class RowState: @unchecked Sendable {
         let tokenId: Int? = id == RowState.noToken ? nil : id
         lock.lock()
         text += piece
+        let thought = pendingReasoning
+        pendingReasoning = ""
+        reasoningText += thought
         let top = pendingTop
         pendingTop = []
         let deltas = pendingDeltas
@@ -211,11 +224,13 @@ final class RowState: @unchecked Sendable {
         // Pausing only sets the row's flag; the engine parks it at its next step.
         if pause { row?.pause() }
         continuation.yield(
-            Chunk(text: piece, tokenId: tokenId, logprob: scored?.logprob, topLogprobs: scored?.topLogprobs, toolCalls: deltas))
+            Chunk(
+                text: piece, tokenId: tokenId, logprob: scored?.logprob, topLogprobs: scored?.topLogprobs, toolCalls: deltas,
+                reasoning: thought))
     }
 
     // Engine thread.
-    func done(reason: UInt8, prompt: UInt64, completion: UInt64, cached: UInt64) {
+    func done(reason: UInt8, prompt: UInt64, completion: UInt64, cached: UInt64, reasoning: UInt64) {
         let finish: FinishReason
         switch reason {
         case 0: finish = .stop
@@ -228,9 +243,12 @@ final class RowState: @unchecked Sendable {
             text: text,
             tokenIds: tokenIds,
             finishReason: finish,
-            usage: Usage(promptTokens: Int(prompt), completionTokens: Int(completion), cachedTokens: Int(cached)),
+            usage: Usage(
+                promptTokens: Int(prompt), completionTokens: Int(completion), cachedTokens: Int(cached),
+                reasoningTokens: Int(reasoning)),
             logprobs: logprobs,
-            toolCalls: toolCalls
+            toolCalls: toolCalls,
+            reasoning: reasoningText
         )
         let waiting = settle(.success(result))
         lock.unlock()

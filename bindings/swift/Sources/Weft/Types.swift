@@ -182,6 +182,12 @@ public struct GenerateOptions: Sendable {
     /// Audio clips (WAV / MP3 / FLAC / Ogg, at most 30 s) for a model with an audio tower
     /// (`ModelInfo.audio`), in prompt order; the prompt holds its audio token once per clip.
     public var audio: [MediaInput]
+    /// Variables for the chat template as a JSON object text (`{"enable_thinking": false}`
+    /// turns a reasoning model's thinking off); empty: none.
+    public var chatTemplateKwargs: String
+    /// Reasoning tokens the model may spend before its reasoning block is closed for it and the
+    /// answer begins (`Chunk.reasoning`); nil: unbounded.
+    public var reasoningBudget: Int?
 
     public init(
         maxTokens: Int = 256,
@@ -204,7 +210,9 @@ public struct GenerateOptions: Sendable {
         toolChoice: ToolChoice = .auto,
         parallelToolCalls: Bool? = nil,
         images: [MediaInput] = [],
-        audio: [MediaInput] = []
+        audio: [MediaInput] = [],
+        chatTemplateKwargs: String = "",
+        reasoningBudget: Int? = nil
     ) {
         self.maxTokens = maxTokens
         self.temperature = temperature
@@ -227,6 +235,8 @@ public struct GenerateOptions: Sendable {
         self.parallelToolCalls = parallelToolCalls
         self.images = images
         self.audio = audio
+        self.chatTemplateKwargs = chatTemplateKwargs
+        self.reasoningBudget = reasoningBudget
     }
 }
 
@@ -247,6 +257,9 @@ public struct Chunk: Sendable, Equatable {
     /// With `tools`: the pieces of tool calls this chunk adds, in order (a call's text is never
     /// in `text`); empty otherwise. Assembled, they are `Completion.toolCalls`.
     public let toolCalls: [ToolCallDelta]
+    /// The reasoning ("thinking") text this chunk adds, for a model whose chat template marks
+    /// reasoning: kept apart from `text`, markers removed; empty otherwise.
+    public var reasoning: String = ""
 }
 
 /// One of the most likely tokens at a step.
@@ -280,6 +293,8 @@ public struct Usage: Sendable, Equatable {
     public let completionTokens: Int
     /// Prompt tokens whose KV came from the prompt cache.
     public let cachedTokens: Int
+    /// Completion tokens spent reasoning (the reasoning block and its markers).
+    public var reasoningTokens: Int = 0
 }
 
 /// A finished request.
@@ -291,9 +306,11 @@ public struct Completion: Sendable, Equatable {
     public let usage: Usage
     /// With `logprobs`: one entry per generated token, in the order of `tokenIds`.
     public let logprobs: [TokenLogprobs]?
-    /// Every tool call the output made, complete (with `.length` the last may be cut short);
-    /// empty without `tools`.
+    /// Every tool call the output made, complete (a call the output did not finish is not
+    /// delivered); empty without `tools`.
     public let toolCalls: [ToolCall]
+    /// The model's reasoning, apart from `text` (empty for a model without reasoning).
+    public var reasoning: String = ""
 }
 
 /// What was loaded.

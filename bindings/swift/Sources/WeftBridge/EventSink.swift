@@ -8,7 +8,8 @@ public final class EventSink {
     let toolStart: (UInt32, String, String) -> Void
     let toolArguments: (UInt32, String) -> Void
     let toolCall: (String, String, String) -> Void
-    let done: (UInt8, UInt64, UInt64, UInt64) -> Void
+    let reasoning: (String) -> Void
+    let done: (UInt8, UInt64, UInt64, UInt64, UInt64) -> Void
     let error: (String, String) -> Void
 
     /// - Parameters:
@@ -20,8 +21,10 @@ public final class EventSink {
     ///     `onToken` they belong to.
     ///   - onToolArguments: more of call `index`'s arguments JSON text.
     ///   - onToolCall: a complete call (id, name, arguments), each right before `onDone`.
+    ///   - onReasoning: reasoning text of a model that thinks first, before the `onToken` it
+    ///     belongs to.
     ///   - onDone: finish reason (0 stop, 1 length, 2 cancelled, 3 tool calls), prompt,
-    ///     completion and cached token counts. Final.
+    ///     completion, cached and reasoning token counts. Final.
     ///   - onError: an error code and message. Final.
     public init(
         onTopLogprob: @escaping (UInt32, Double) -> Void = { _, _ in },
@@ -29,7 +32,8 @@ public final class EventSink {
         onToolStart: @escaping (UInt32, String, String) -> Void = { _, _, _ in },
         onToolArguments: @escaping (UInt32, String) -> Void = { _, _ in },
         onToolCall: @escaping (String, String, String) -> Void = { _, _, _ in },
-        onDone: @escaping (UInt8, UInt64, UInt64, UInt64) -> Void,
+        onReasoning: @escaping (String) -> Void = { _ in },
+        onDone: @escaping (UInt8, UInt64, UInt64, UInt64, UInt64) -> Void,
         onError: @escaping (String, String) -> Void
     ) {
         top = onTopLogprob
@@ -37,6 +41,7 @@ public final class EventSink {
         toolStart = onToolStart
         toolArguments = onToolArguments
         toolCall = onToolCall
+        reasoning = onReasoning
         done = onDone
         error = onError
     }
@@ -61,8 +66,15 @@ public final class EventSink {
         toolCall(id.toString(), name.toString(), arguments.toString())
     }
 
-    func on_done(finish_reason: UInt8, prompt_tokens: UInt64, completion_tokens: UInt64, cached_tokens: UInt64) {
-        done(finish_reason, prompt_tokens, completion_tokens, cached_tokens)
+    func on_reasoning(text: RustString) {
+        reasoning(text.toString())
+    }
+
+    func on_done(
+        finish_reason: UInt8, prompt_tokens: UInt64, completion_tokens: UInt64, cached_tokens: UInt64,
+        reasoning_tokens: UInt64
+    ) {
+        done(finish_reason, prompt_tokens, completion_tokens, cached_tokens, reasoning_tokens)
     }
 
     func on_error(code: RustString, message: RustString) {

@@ -73,11 +73,20 @@ mod ffi {
         // id, name), then fragments of its arguments' JSON text.
         fn on_tool_start(&self, index: u32, id: String, name: String);
         fn on_tool_arguments(&self, index: u32, fragment: String);
+        // Reasoning text (a model that thinks first) that belongs to the next on_token.
+        fn on_reasoning(&self, text: String);
         // The complete calls, one call each, right before on_done.
         fn on_tool_call(&self, id: String, name: String, arguments: String);
         // finish_reason: 0 stop, 1 length, 2 cancelled, 3 tool calls. (No doc comments in this
         // module: they panic swift-bridge 0.1.59's build script.)
-        fn on_done(&self, finish_reason: u8, prompt_tokens: u64, completion_tokens: u64, cached_tokens: u64);
+        fn on_done(
+            &self,
+            finish_reason: u8,
+            prompt_tokens: u64,
+            completion_tokens: u64,
+            cached_tokens: u64,
+            reasoning_tokens: u64,
+        );
         fn on_error(&self, code: String, message: String);
     }
 }
@@ -360,8 +369,11 @@ fn send_deltas(sink: &SendSink, deltas: &[ToolDelta]) {
 /// The engine's sink: runs on the engine thread and never blocks on Swift.
 fn deliver(sink: &SendSink, flag: &RowFlag, ev: &Event) -> bool {
     match ev {
-        Event::Token { token_id, text, logprobs, tool_calls, .. } => {
+        Event::Token { token_id, text, reasoning, logprobs, tool_calls } => {
             send_deltas(sink, tool_calls);
+            if !reasoning.is_empty() {
+                sink.0.on_reasoning(reasoning.clone());
+            }
             let logprob = match logprobs {
                 Some(lp) => {
                     for &(t, l) in &lp.top {
@@ -373,9 +385,12 @@ fn deliver(sink: &SendSink, flag: &RowFlag, ev: &Event) -> bool {
             };
             sink.0.on_token(*token_id, text.clone(), logprob)
         }
-        Event::Done { finish_reason, usage, text, tool_deltas, tool_calls, .. } => {
+        Event::Done { finish_reason, usage, text, reasoning, tool_deltas, tool_calls, .. } => {
             send_deltas(sink, tool_deltas);
-            if !text.is_empty() || !tool_deltas.is_empty() {
+            if !reasoning.is_empty() {
+                sink.0.on_reasoning(reasoning.clone());
+            }
+            if !text.is_empty() || !tool_deltas.is_empty() || !reasoning.is_empty() {
                 sink.0.on_token(NO_TOKEN, text.clone(), f64::NAN);
             }
             for c in tool_calls {
@@ -392,6 +407,7 @@ fn deliver(sink: &SendSink, flag: &RowFlag, ev: &Event) -> bool {
                 usage.prompt_tokens as u64,
                 usage.completion_tokens as u64,
                 usage.cached_tokens as u64,
+                usage.reasoning_tokens as u64,
             )
         }
         Event::Started { .. } => {}
