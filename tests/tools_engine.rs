@@ -649,3 +649,75 @@ fn native_grammars_accept_the_models_own_calls_and_nothing_else() {
     }
 }
 
+
+// --- Gemma 4: the real template, a vocabulary with its markers as special tokens.
+
+fn gemma4_engine() -> (Engine, Tokenizer, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    support::gemma4_chat_model(dir.path());
+    let tokenizer = Tokenizer::from_dir(dir.path()).unwrap();
+    let engine = Engine::start(weft::loading::load(dir.path()).unwrap(), EngineConfig::default()).unwrap();
+    (engine, tokenizer, dir)
+}
+
+#[test]
+fn gemma4_calls_come_in_its_own_syntax() {
+    let (engine, tok, _dir) = gemma4_engine();
+    let raw = |out: &Streamed| tok.decode(&out.tokens, false).unwrap();
+    // Named: the prompt opens the call (`<|tool_call>call:get_forecast{`), the grammar finishes it.
+    let named = json!({"type": "function", "function": {"name": "get_forecast"}});
+    let out = stream(&engine, Request { tools: Some(forecast_tools(named)), ..qwen35_chat(40, None) });
+    assert_eq!(out.finish, Some(FinishReason::ToolCalls), "{:?}", raw(&out));
+    assert!(raw(&out).starts_with("city:<|\"|>") && raw(&out).ends_with("}<tool_call|>"), "Gemma's own syntax: {:?}", raw(&out));
+    assert_forecast_call(&out.calls[0], "gemma4 named");
+    assert_eq!((out.text.as_str(), out.reasoning.as_str()), ("", ""));
+    // Required: from the function's name on.
+    let out = stream(&engine, Request { tools: Some(forecast_tools(json!("required"))), ..qwen35_chat(40, None) });
+    assert!(raw(&out).starts_with("get_forecast{city:<|\"|>"), "{:?}", raw(&out));
+    assert_forecast_call(&out.calls[0], "gemma4 required");
+    // Auto: free text until the model writes the call opener (a special token; a bias makes it
+    // the first token), then one valid call.
+    let opener = tok.token_to_id("<|tool_call>").unwrap();
+    // (Every character is a token of this vocabulary: the whole call is ~60.)
+    let mut auto = Request { tools: Some(forecast_tools(json!("auto"))), ..qwen35_chat(120, None) };
+    auto.sampling.logit_bias = vec![(opener, 100.0)];
+    let out = stream(&engine, auto);
+    assert!(raw(&out).starts_with("<|tool_call>call:get_forecast{"), "{:?}", raw(&out));
+    assert_eq!(out.finish, Some(FinishReason::ToolCalls), "{:?}", raw(&out));
+    assert_forecast_call(&out.calls[0], "gemma4 auto");
+    let mut asm = Assembler::default();
+    out.deltas.iter().for_each(|d| asm.apply(d));
+    assert_eq!(asm.calls, out.calls);
+}
+
+#[test]
+fn gemma4_thinking_switch_reaches_the_template() {
+    let (engine, tok, _dir) = gemma4_engine();
+    let template = weft::tokenizer::ChatTemplate::new(
+        &std::fs::read_to_string(support::goldens_dir().join("templates/google-gemma-4-31B-it.jinja")).unwrap(),
+        Some("<bos>".into()),
+        Some("<turn|>".into()),
+    )
+    .unwrap();
+    let messages = vec![ChatMessage::new("user", "What is the weather in Paris?")];
+    for on in [false, true] {
+        let mut kwargs = serde_json::Map::new();
+        kwargs.insert("enable_thinking".into(), on.into());
+        let text = template.render_with_kwargs(&messages, None, true, &kwargs).unwrap();
+        assert_eq!(text.ends_with("<|channel>thought\n<channel|>"), !on, "{text:?}");
+        let out = stream(&engine, qwen35_chat(2, Some(on)));
+        assert_eq!(out.prompt_tokens, tok.encode(&text, false).unwrap().len(), "thinking {on}");
+    }
+}
+
+#[test]
+fn tool_schemas_with_keywords_grammars_cannot_enforce_still_compile() {
+    // Claude Code's tools use `propertyNames`; the grammar ignores it rather than refusing the tool.
+    let tools = json!([{"type": "function", "function": {"name": "run", "parameters": {"type": "object", "properties": {
+        "env": {"type": "object", "propertyNames": {"pattern": "^[A-Z_]+$"}, "additionalProperties": {"type": "string"}}}}}}]);
+    let mut t = Tools::parse(Some(&tools), Some(&json!("required")), None).unwrap().unwrap();
+    t.format = Some(ToolFormat::Hermes);
+    let mut c = compiled(&t, &tool_tokenizer(false));
+    feed(&mut c, &tool_tokenizer(false), "run\", \"arguments\": {\"env\": {\"PATH\": \"/bin\"}}}\n</tool_call>");
+    assert!(c.is_accepting());
+}

@@ -108,6 +108,8 @@ export interface ChatMessage {
   toolCallId?: string
   /** A `tool` turn: the function's name (optional). */
   name?: string
+  /** An assistant turn's reasoning, for templates that show it in history. */
+  reasoningContent?: string
 }
 
 /** One streamed piece of output. */
@@ -117,6 +119,11 @@ export interface Chunk {
    * string is held back).
    */
   text: string
+  /**
+   * The reasoning ("thinking") text this token completes, for a model whose template marks
+   * reasoning: kept apart from `text`, markers removed. Absent when there is none.
+   */
+  reasoning?: string
   /**
    * The generated token; absent on a last chunk that only carries text held back when the
    * request ended.
@@ -143,6 +150,11 @@ export interface Chunk {
 /** The result of {@link Engine.complete}, and {@link Generation.summary} once a stream ended. */
 export interface Completion {
   text: string
+  /**
+   * The model's reasoning, apart from `text` (absent for a model without reasoning or when
+   * it reasoned nothing).
+   */
+  reasoning?: string
   /** Generated token ids (an end-of-sequence token that stopped generation is not included). */
   tokenIds: Array<number>
   finishReason: FinishReason
@@ -150,8 +162,8 @@ export interface Completion {
   /** With `logprobs: true`: one entry per generated token, in the order of `tokenIds`. */
   logprobs?: Array<TokenLogprobs>
   /**
-   * With `tools`: every call the output made, complete (empty when it made none; with
-   * `finishReason: "length"` the last may be cut short).
+   * With `tools`: every call the output made, complete (empty when it made none; a call the
+   * output did not finish is not delivered).
    */
   toolCalls?: Array<ToolCall>
 }
@@ -247,6 +259,16 @@ export interface GenerateOptions {
   /** `false` ends generation after the first complete call (default `true`). */
   parallelToolCalls?: boolean
   /**
+   * Variables for the chat template, over the engine's (`{ enable_thinking: false }` turns a
+   * reasoning model's thinking off).
+   */
+  chatTemplateKwargs?: Record<string, unknown>
+  /**
+   * Reasoning tokens the model may spend before its reasoning block is closed for it and the
+   * answer begins (`Chunk.reasoning`); default: the engine's, else unbounded.
+   */
+  reasoningBudget?: number
+  /**
    * Images for a model with a vision tower (`modelInfo.vision`), in prompt order: a file's
    * bytes (`Uint8Array` / `Buffer`), a local file path or a `data:` URL. The prompt holds the
    * model's image marker once per image (docs/node.md).
@@ -309,6 +331,15 @@ export interface LoadOptions {
   memoryLimitBytes?: number
   /** Memory MLX may keep wired on Apple GPUs; ignored elsewhere (default: MLX's). */
   wiredLimitBytes?: number
+  /**
+   * Which local files requests may name as images / audio: `'any'` (default), `'deny'`, or
+   * `{ dirs: [...] }` (files under these directories only).
+   */
+  localMedia?: 'any' | 'deny' | { dirs: string[] }
+  /** Chat-template variables every request starts from (e.g. `{ enable_thinking: false }`). */
+  chatTemplateKwargs?: Record<string, unknown>
+  /** Reasoning tokens allowed when a request names no `reasoningBudget` (default: unbounded). */
+  reasoningBudget?: number
 }
 
 export interface ModelInfo {
@@ -378,4 +409,6 @@ export interface Usage {
   completionTokens: number
   /** Prompt tokens whose KV came from the prompt cache. */
   cachedTokens: number
+  /** Completion tokens spent reasoning (the reasoning block and its markers). */
+  reasoningTokens: number
 }

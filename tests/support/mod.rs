@@ -345,7 +345,7 @@ pub fn qwen3_tokenizer_dir() -> Option<PathBuf> {
 
 /// A tiny Qwen3.5-architecture model that speaks the real Qwen3 vocabulary with the real
 /// Qwen3.5 chat template (goldens/templates): the qwen3_5 golden's random weights, its tied
-/// embedding widened to the vocabulary with seeded random rows. Written into `dir`.
+/// embedding widened to the vocabulary ([`widen_embeddings`]). Written into `dir`.
 pub fn qwen35_chat_model(dir: &Path) -> Option<PathBuf> {
     let tokenizer = qwen3_tokenizer_dir()?;
     let source = tiny_model_dir("qwen3_5");
@@ -360,24 +360,9 @@ pub fn qwen35_chat_model(dir: &Path) -> Option<PathBuf> {
     config["text_config"]["vocab_size"] = vocab.into();
     std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config).unwrap()).unwrap();
 
-    let bytes = std::fs::read(source.join("model.safetensors")).unwrap();
-    let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let embed_name = "language_model.model.embed_tokens.weight";
-    let hidden = tensors.tensor(embed_name).unwrap().shape()[1];
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let embed: Vec<u8> = (0..vocab * hidden)
-        .flat_map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.2).to_le_bytes()
-        })
-        .collect();
-    let widened = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![vocab, hidden], &embed).unwrap();
-    let mut out: Vec<(String, safetensors::tensor::TensorView)> =
-        tensors.tensors().into_iter().filter(|(name, _)| name != embed_name).collect();
-    out.push((embed_name.to_string(), widened));
-    safetensors::serialize_to_file(out, None, &dir.join("model.safetensors")).unwrap();
+    widen_embeddings(&source.join("model.safetensors"), &dir.join("model.safetensors"), vocab, &[
+        "language_model.model.embed_tokens.weight",
+    ]);
 
     std::fs::copy(tokenizer.join("tokenizer.json"), dir.join("tokenizer.json")).unwrap();
     let mut tok_config: Value =
@@ -386,4 +371,89 @@ pub fn qwen35_chat_model(dir: &Path) -> Option<PathBuf> {
     tok_config["eos_token"] = "<|im_end|>".into();
     std::fs::write(dir.join("tokenizer_config.json"), serde_json::to_string_pretty(&tok_config).unwrap()).unwrap();
     Some(dir.to_path_buf())
+}
+
+/// A tiny Gemma 4 text model with the real Gemma 4 chat template (goldens/templates) and a
+/// byte-level tokenizer that has Gemma 4's turn, channel, tool-call and string-quote markers as
+/// special tokens (no registry ships Gemma 4's own vocabulary): the gemma4_text golden's random
+/// weights, both embeddings widened to the vocabulary with seeded random rows. Written into `dir`.
+pub fn gemma4_chat_model(dir: &Path) -> PathBuf {
+    const SPECIAL: &[&str] = &[
+        "<pad>", "<eos>", "<bos>", "<|turn>", "<turn|>", "<|think|>", "<|channel>", "<channel|>", "<|tool>", "<tool|>",
+        "<|tool_call>", "<tool_call|>", "<|tool_response>", "<tool_response|>", "<|\"|>",
+    ];
+    // GPT-2's byte-to-character map: every byte one token.
+    let mut printable: Vec<u32> = (33..=126).chain(161..=172).chain(174..=255).collect();
+    let mut chars = printable.clone();
+    for b in 0..256u32 {
+        if !printable.contains(&b) {
+            printable.push(b);
+            chars.push(256 + chars.len() as u32 - 188);
+        }
+    }
+    let mut vocab = serde_json::Map::new();
+    for (b, c) in printable.iter().zip(&chars) {
+        vocab.insert(char::from_u32(*c).unwrap().to_string(), (*b).into());
+    }
+    let added: Vec<Value> = SPECIAL
+        .iter()
+        .enumerate()
+        .map(|(i, t)| serde_json::json!({"id": 256 + i, "content": t, "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": true}))
+        .collect();
+    let byte_level = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true});
+    let tokenizer = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added, "normalizer": null,
+        "pre_tokenizer": byte_level, "post_processor": null, "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+            "vocab": vocab, "merges": []}
+    });
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    let template = std::fs::read_to_string(goldens_dir().join("templates/google-gemma-4-31B-it.jinja")).unwrap();
+    let tok_config = serde_json::json!({"chat_template": template, "bos_token": "<bos>", "eos_token": "<turn|>",
+        "pad_token": "<pad>", "add_bos_token": false});
+    std::fs::write(dir.join("tokenizer_config.json"), tok_config.to_string()).unwrap();
+
+    let vocab_size = 256 + SPECIAL.len();
+    let id = |t: &str| 256 + SPECIAL.iter().position(|s| *s == t).unwrap();
+    let source = tiny_model_dir("gemma4_text");
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(source.join("config.json")).unwrap()).unwrap();
+    config["vocab_size"] = vocab_size.into();
+    config["vocab_size_per_layer_input"] = vocab_size.into();
+    config["bos_token_id"] = id("<bos>").into();
+    config["eos_token_id"] = id("<turn|>").into();
+    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config).unwrap()).unwrap();
+    widen_embeddings(&source.join("model.safetensors"), &dir.join("model.safetensors"), vocab_size, &[
+        "model.embed_tokens.weight",
+        "model.embed_tokens_per_layer.weight",
+    ]);
+    dir.to_path_buf()
+}
+
+/// Copies a float32 safetensors file, the named `[vocab, width]` tensors grown to `vocab` rows
+/// (the new rows seeded random, small).
+pub fn widen_embeddings(from: &Path, to: &Path, vocab: usize, names: &[&str]) {
+    let bytes = std::fs::read(from).unwrap();
+    let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut widened: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    for name in names {
+        let t = tensors.tensor(name).unwrap();
+        let (rows, width) = (t.shape()[0], t.shape()[1]);
+        let mut data = t.data().to_vec();
+        data.extend((0..(vocab - rows) * width).flat_map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.2).to_le_bytes()
+        }));
+        widened.push((name.to_string(), vec![vocab, width], data));
+    }
+    let mut out: Vec<(String, safetensors::tensor::TensorView)> =
+        tensors.tensors().into_iter().filter(|(name, _)| !names.contains(&name.as_str())).collect();
+    for (name, shape, data) in &widened {
+        out.push((name.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), data).unwrap()));
+    }
+    safetensors::serialize_to_file(out, None, to).unwrap();
 }

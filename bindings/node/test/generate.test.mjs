@@ -28,7 +28,7 @@ test('greedy generation equals the mlx-lm goldens token for token', async () => 
     const s = generation.summary
     assert.equal(s.finishReason, 'length')
     assert.deepEqual(s.tokenIds, g.tokens)
-    assert.deepEqual(s.usage, { promptTokens: g.promptIds.length, completionTokens: g.tokens.length, cachedTokens: 0 })
+    assert.deepEqual(s.usage, { promptTokens: g.promptIds.length, completionTokens: g.tokens.length, cachedTokens: 0, reasoningTokens: 0 })
   }
 })
 
@@ -104,7 +104,7 @@ test('complete() returns text, token ids, finish reason and usage', async () => 
   const r = await engine.complete({ promptIds: g.promptIds, maxTokens: 10, ignoreEos: true })
   assert.deepEqual(r.tokenIds, g.tokens.slice(0, 10))
   assert.equal(r.finishReason, 'length')
-  assert.deepEqual(r.usage, { promptTokens: g.promptIds.length, completionTokens: 10, cachedTokens: 0 })
+  assert.deepEqual(r.usage, { promptTokens: g.promptIds.length, completionTokens: 10, cachedTokens: 0, reasoningTokens: 0 })
   assert.equal(typeof r.text, 'string')
 })
 

@@ -7,6 +7,9 @@
 //! is set. `bindings/node/test.sh` is the same run through the napi CLI, which also regenerates
 //! index.d.ts and fails if the committed one is stale.
 
+#[path = "../../../tests/support/mod.rs"]
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -30,9 +33,10 @@ fn have(cmd: &str) -> bool {
     Command::new(cmd).arg("--version").output().map(|o| o.status.success()).unwrap_or(false)
 }
 
-fn run(dir: &Path, program: &str, args: &[&str]) -> String {
+fn run(dir: &Path, program: &str, args: &[&str], env: &[(&str, String)]) -> String {
     let out = Command::new(program)
         .args(args)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .current_dir(dir)
         .env("NO_COLOR", "1")
         .env("FORCE_COLOR", "0")
@@ -50,7 +54,7 @@ fn install_dev_dependencies(dir: &Path) {
     if std::fs::read(&stamp).ok().as_deref() == Some(&lock[..]) {
         return;
     }
-    run(dir, "npm", &["ci", "--no-audit", "--no-fund", "--loglevel=error"]);
+    run(dir, "npm", &["ci", "--no-audit", "--no-fund", "--loglevel=error"], &[]);
     std::fs::write(&stamp, &lock).expect("write node_modules/.weft-lock");
 }
 
@@ -97,15 +101,21 @@ fn node_and_bun_suites_pass() {
     let files = test_files(&dir);
     assert!(files.len() >= 4, "test files: {files:?}");
 
+    // The reasoning model the JS suite's reasoning.test.mjs runs (tests/support builds it).
+    let models = tempfile::tempdir().expect("a temp dir");
+    let qwen35 = support::qwen35_chat_model(models.path());
+    let env: Vec<(&str, String)> =
+        qwen35.iter().map(|p| ("WEFT_TEST_QWEN35_MODEL", p.display().to_string())).collect();
+
     let mut args = vec!["--test", "--test-reporter=tap"];
     args.extend(files.iter().map(String::as_str));
-    let out = run(&dir, "node", &args);
+    let out = run(&dir, "node", &args, &env);
     let (pass, fail) = node_counts(&out);
     assert_eq!(fail, 0, "{out}");
     assert!(pass >= 20, "only {pass} node tests passed:\n{out}");
 
     let bun = dir.join("node_modules").join(".bin").join("bun");
-    let out = run(&dir, bun.to_str().unwrap(), &["test", "./test/"]);
+    let out = run(&dir, bun.to_str().unwrap(), &["test", "./test/"], &env);
     assert!(out.contains(" 0 fail"), "{out}");
     // bun's summary: " 30 pass", " 1 skip", " 0 fail".
     let bun_counts: Vec<&str> = out

@@ -29,12 +29,19 @@ fn literal(text: &str) -> String {
 
 /// The schema as `%json` embeds it: fixed whitespace, spaced as Python's `json.dumps` (how
 /// templates and the fallback prompt show calls; small models otherwise emit whitespace
-/// forever: llguidance's default inside Lark is flexible).
+/// forever: llguidance's default inside Lark is flexible). Lenient: keywords llguidance cannot
+/// enforce (`propertyNames`, which Claude Code's tools use) are ignored rather than refused —
+/// a tool schema is the client's description of its function, not a contract to fail on.
 fn embedded_schema(spec: &ToolSpec) -> String {
-    let mut schema = spec.parameters.clone();
+    guided(&spec.parameters)
+}
+
+/// `schema` with Weft's `x-guidance` options ([`embedded_schema`]), as JSON text.
+fn guided(schema: &Value) -> String {
+    let mut schema = schema.clone();
     if let Value::Object(m) = &mut schema {
         m.entry("x-guidance").or_insert_with(|| {
-            serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
+            serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": ", "lenient": true})
         });
     }
     schema.to_string()
@@ -207,13 +214,7 @@ fn string_enum(schema: &Value) -> Option<Vec<&str>> {
 
 /// A property schema as `%json` embeds it, with Weft's fixed spacing.
 fn json_value(schema: &Value) -> String {
-    let mut schema = schema.clone();
-    if let Value::Object(m) = &mut schema {
-        m.entry("x-guidance").or_insert_with(|| {
-            serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
-        });
-    }
-    format!("%json {schema}")
+    format!("%json {}", guided(schema))
 }
 
 impl Tools {
@@ -377,7 +378,7 @@ mod tests {
     fn grammars_for_each_choice() {
         let Some(Constraint::Lark(g)) = tools(json!({"type": "function", "function": {"name": "a"}})).grammar(&|_| None) else { panic!() };
         assert!(g.starts_with("start: args0 \"}\\n</tool_call>\"\nargs0: %json {\"type\":\"object\""), "{g}");
-        assert!(g.contains("\"x-guidance\":{\"whitespace_flexible\":false,\"item_separator\":\", \",\"key_separator\":\": \"}"), "{g}");
+        assert!(g.contains("\"x-guidance\":{\"whitespace_flexible\":false,\"item_separator\":\", \",\"key_separator\":\": \",\"lenient\":true}"), "{g}");
         // Required: the first call's name onwards, then any number of further calls.
         let Some(Constraint::Lark(g)) = tools(json!("required")).grammar(&|_| None) else { panic!() };
         assert!(g.starts_with("start: named \"}\\n</tool_call>\" (\"\\n<tool_call>\\n\" call)* \"\\n\"?\n"), "{g}");
