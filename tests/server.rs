@@ -129,14 +129,14 @@ fn server_tests_dir() -> PathBuf {
     repo_root().join("tests").join("server")
 }
 
-/// `.venv/bin/python` with the pinned `openai` and `anthropic` packages (installed from
+/// `.venv/bin/python` with the pinned `openai`, `anthropic` and `openai-agents` packages (installed from
 /// scripts/requirements-oracle.txt when an older venv lacks them).
 fn python() -> PathBuf {
     let py = repo_root().join(".venv").join("bin").join("python");
     assert!(py.exists(), "{} is missing: run scripts/setup", py.display());
     let has = |py: &Path| {
         Command::new(py)
-            .args(["-c", "import openai, anthropic"])
+            .args(["-c", "import openai, anthropic, agents"])
             .stderr(Stdio::null())
             .status()
             .is_ok_and(|s| s.success())
@@ -144,7 +144,7 @@ fn python() -> PathBuf {
     if !has(&py) {
         let reqs = std::fs::read_to_string(repo_root().join("scripts/requirements-oracle.txt")).unwrap();
         let pins: Vec<&str> =
-            reqs.lines().filter(|l| l.starts_with("openai==") || l.starts_with("anthropic==")).collect();
+            reqs.lines().filter(|l| ["openai==", "anthropic==", "openai-agents=="].iter().any(|p| l.starts_with(p))).collect();
         let status = Command::new(&py)
             .args(["-m", "pip", "install", "-q", "--disable-pip-version-check"])
             .args(&pins)
@@ -261,6 +261,33 @@ fn protocol_features_through_the_official_clients() {
     let server = Server::start(&tiny_model(), Fast, &["--api-key", API_KEY, "--served-model-name", "tiny"]);
     let env = [("WEFT_API_KEY", API_KEY.to_string()), ("WEFT_MODEL_ID", "tiny".to_string())];
     finish("features (test_features.py)", run_python("test_features.py", &server, &env));
+}
+
+/// What agent clients rely on (test_agents.py, tiny model): the Responses API streaming and
+/// not, its store and previous_response_id, function tools beside hosted ones, text.format;
+/// Chat Completions with `n` choices and the reasoning / template fields; Anthropic Messages
+/// as Claude Code sends them; count_tokens equal to the prefilled prompt; context overflow in
+/// each protocol's words; context lengths in /v1/models.
+#[test]
+fn agent_protocols_through_the_official_clients() {
+    let server = Server::start(
+        &tiny_model(),
+        Fast,
+        &["--api-key", API_KEY, "--served-model-name", "tiny", "--chat-template-args", r#"{"enable_thinking": true}"#],
+    );
+    let env = [("WEFT_API_KEY", API_KEY.to_string()), ("WEFT_MODEL_ID", "tiny".to_string())];
+    // Both at once: their requests batch together in the engine.
+    let sdk = run_python("test_agents.py", &server, &env);
+    let agents = run_python("test_agents_sdk.py", &server, &env);
+    finish("agents (test_agents.py)", sdk);
+    finish("openai-agents (test_agents_sdk.py)", agents);
+    // --chat-template-args must be a JSON object: a usage error (exit 2) before the model loads.
+    let out = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["serve", "--chat-template-args", "[1]", "--port", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("JSON object"));
 }
 
 /// Tool calling through the official Python clients and the npm openai client on the default model (Weft's fallback
