@@ -182,7 +182,7 @@ fn node_test(server: &Server, model_id: &str) -> Child {
 
 fn node_test_file(server: &Server, model_id: &str, file: &str) -> Child {
     let dir = server_tests_dir().join("node");
-    if !dir.join("node_modules").join("openai").exists() {
+    if !["openai", "ai", "@ai-sdk/openai"].iter().all(|p| dir.join("node_modules").join(p).exists()) {
         let status = Command::new("npm")
             .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
             .current_dir(&dir)
@@ -263,7 +263,8 @@ fn protocol_features_through_the_official_clients() {
     finish("features (test_features.py)", run_python("test_features.py", &server, &env));
 }
 
-/// What agent clients rely on (test_agents.py, tiny model): the Responses API streaming and
+/// What agent clients rely on (test_agents.py, test_agents_sdk.py, node/aisdk.test.mjs; tiny
+/// model): the Responses API streaming and
 /// not, its store and previous_response_id, function tools beside hosted ones, text.format;
 /// Chat Completions with `n` choices and the reasoning / template fields; Anthropic Messages
 /// as Claude Code sends them; count_tokens equal to the prefilled prompt; context overflow in
@@ -276,11 +277,13 @@ fn agent_protocols_through_the_official_clients() {
         &["--api-key", API_KEY, "--served-model-name", "tiny", "--chat-template-args", r#"{"enable_thinking": true}"#],
     );
     let env = [("WEFT_API_KEY", API_KEY.to_string()), ("WEFT_MODEL_ID", "tiny".to_string())];
-    // Both at once: their requests batch together in the engine.
+    // All at once: their requests batch together in the engine.
     let sdk = run_python("test_agents.py", &server, &env);
     let agents = run_python("test_agents_sdk.py", &server, &env);
+    let aisdk = node_test_file(&server, "tiny", "aisdk.test.mjs");
     finish("agents (test_agents.py)", sdk);
     finish("openai-agents (test_agents_sdk.py)", agents);
+    finish("AI SDK (node/aisdk.test.mjs)", aisdk);
     // --chat-template-args must be a JSON object: a usage error (exit 2) before the model loads.
     let out = Command::new(env!("CARGO_BIN_EXE_weft"))
         .args(["serve", "--chat-template-args", "[1]", "--port", "0"])

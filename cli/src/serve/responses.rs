@@ -765,11 +765,14 @@ impl ResponseBuilder {
             Event::Done { finish_reason: FinishReason::Cancelled, .. } => {
                 self.fail("the request was cancelled: the server is shutting down")
             }
-            Event::Done { finish_reason, text, reasoning, usage, tool_deltas, .. } => {
+            Event::Done { finish_reason, text, reasoning, usage, tool_deltas, tool_calls, .. } => {
                 let mut out = self.reasoning(reasoning) + &self.message(text) + &self.tool_deltas(tool_deltas);
-                let (status, item_status) = match finish_reason {
-                    FinishReason::Length => ("incomplete", "incomplete"),
-                    _ => ("completed", "completed"),
+                let status = if *finish_reason == FinishReason::Length { "incomplete" } else { "completed" };
+                // The last item is cut when the length ran out, unless it is a call the engine
+                // reports complete.
+                let item_status = match &self.open {
+                    Open::Call { call_id, .. } if tool_calls.iter().any(|c| &c.id == call_id) => "completed",
+                    _ => status,
                 };
                 out += &self.close(item_status);
                 self.response["status"] = json!(status);
@@ -977,6 +980,26 @@ mod tests {
         assert_eq!(r["incomplete_details"]["reason"], "max_output_tokens");
         assert_eq!(r["output"][1]["status"], "incomplete");
         assert_eq!(r["output"][0]["summary"], json!([]));
+    }
+
+    /// A call the engine reports complete stays `completed` when the length runs out after it.
+    #[test]
+    fn a_complete_call_at_a_length_finish_is_completed() {
+        let mut b = ResponseBuilder::new("resp_4", "m", 7, json!({}), false, HashMap::new());
+        b.event(&token("", "", vec![ToolDelta::Start { index: 0, id: "call_a".into(), name: "f".into() }]));
+        b.event(&token("", "", vec![ToolDelta::Arguments { index: 0, fragment: "{}".into() }]));
+        let call = ToolCall { id: "call_a".into(), name: "f".into(), arguments: "{}".into() };
+        let mut end = done(FinishReason::Length, Usage::default());
+        if let Event::Done { tool_calls, .. } = &mut end {
+            tool_calls.push(call);
+        }
+        b.event(&end);
+        let r = b.response();
+        assert_eq!((r["status"].as_str(), r["output"][0]["status"].as_str()), (Some("incomplete"), Some("completed")));
+        let mut cut = ResponseBuilder::new("resp_5", "m", 7, json!({}), false, HashMap::new());
+        cut.event(&token("", "", vec![ToolDelta::Start { index: 0, id: "call_b".into(), name: "f".into() }]));
+        cut.event(&done(FinishReason::Length, Usage::default()));
+        assert_eq!(cut.response()["output"][0]["status"], "incomplete");
     }
 
     #[test]
