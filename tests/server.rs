@@ -883,7 +883,9 @@ fn one_set_of_validation_messages_across_endpoints() {
 
 /// Gemma 3 vision (goldens/models/gemma3-vision, word-level tokenizer "t<id>", a template that
 /// writes the turns' text): an OpenAI image_url part gives mlx-vlm's greedy tokens for that
-/// image; a remote URL and an image for a text-only model are 400s; /v1/models says vision.
+/// image, and so does the same image as a Responses `input_image` part (also kept for a second
+/// turn through `previous_response_id`); Anthropic's count_tokens counts it as the engine
+/// expands it; a remote URL and an image for a text-only model are 400s; /v1/models says vision.
 #[test]
 fn image_parts_through_the_chat_endpoint() {
     let g = golden("gemma3_vision");
@@ -903,6 +905,45 @@ fn image_parts_through_the_chat_endpoint() {
     let got: Vec<&str> = v["choices"][0]["logprobs"]["content"].as_array().unwrap().iter().map(|e| e["token"].as_str().unwrap()).collect();
     assert_eq!(got, want);
     assert_eq!(v["usage"]["prompt_tokens"], 19, "{v}");
+    let chat_text = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    // The same image through /v1/responses (an input_image part), /v1/messages and its
+    // count_tokens (an image block): the same prompt and answer.
+    let url = format!("data:image/png;base64,{b64}");
+    let responses = serde_json::json!({
+        "max_output_tokens": 20, "temperature": 0, "ignore_eos": true,
+        "input": [{"role": "user", "content": [
+            {"type": "input_text", "text": "t2 t17 t93 "}, {"type": "input_image", "image_url": url},
+            {"type": "input_text", "text": " t44 t0 t301 t12 t77 t250 t5 t33"}]}]
+    });
+    let (status, _, raw) = exchange(&server.addr, "POST", "/v1/responses", &[], responses.to_string().as_bytes());
+    let r: serde_json::Value = serde_json::from_slice(&raw).unwrap();
+    assert_eq!(status, 200, "{r}");
+    assert_eq!((r["output"][0]["content"][0]["text"].as_str(), &r["usage"]["input_tokens"]), (Some(chat_text.as_str()), &serde_json::json!(19)));
+    // A second turn on the stored response keeps its image: the same prompt and answer as the
+    // whole conversation sent to chat.
+    let next = serde_json::json!({"max_output_tokens": 2, "previous_response_id": r["id"], "input": "t5 t6", "ignore_eos": true});
+    let (status, _, raw) = exchange(&server.addr, "POST", "/v1/responses", &[], next.to_string().as_bytes());
+    let r2: serde_json::Value = serde_json::from_slice(&raw).unwrap();
+    assert_eq!(status, 200, "{r2}");
+    let whole = serde_json::json!({
+        "max_tokens": 2, "temperature": 0, "ignore_eos": true,
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "t2 t17 t93 "}, {"type": "image_url", "image_url": {"url": url}},
+            {"type": "text", "text": " t44 t0 t301 t12 t77 t250 t5 t33"}]},
+            {"role": "assistant", "content": chat_text}, {"role": "user", "content": "t5 t6"}]
+    });
+    let (status, _, raw) = post(whole.to_string());
+    let c2: serde_json::Value = serde_json::from_slice(&raw).unwrap();
+    assert_eq!(status, 200, "{c2}");
+    assert_eq!(r2["usage"]["input_tokens"], c2["usage"]["prompt_tokens"], "{r2} {c2}");
+    assert_eq!(r2["output"][0]["content"][0]["text"], c2["choices"][0]["message"]["content"]);
+    let image = serde_json::json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64}});
+    let messages = serde_json::json!([{"role": "user", "content": [
+        {"type": "text", "text": "t2 t17 t93 "}, image, {"type": "text", "text": " t44 t0 t301 t12 t77 t250 t5 t33"}]}]);
+    let (status, _, raw) = exchange(&server.addr, "POST", "/v1/messages/count_tokens", &[],
+        serde_json::json!({"model": "m", "messages": messages}).to_string().as_bytes());
+    let n: serde_json::Value = serde_json::from_slice(&raw).unwrap();
+    assert_eq!((status, &n["input_tokens"]), (200, &serde_json::json!(19)), "{n}");
     let (status, _, raw) = post(body("https://example.com/a.png"));
     let text = String::from_utf8_lossy(&raw);
     assert_eq!(status, 400, "{text}");
