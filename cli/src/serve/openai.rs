@@ -462,8 +462,11 @@ async fn chat_inner(state: &Arc<AppState>, req: axum::extract::Request, arrived:
         .await?;
     let id = state.new_id("chatcmpl-");
     if stream {
+        let text_of = Arc::clone(state);
         let encoder = ChatEncoder {
-            state: Arc::clone(state),
+            created: state.created,
+            model: state.model_id.clone(),
+            token_text: Arc::new(move |t| text_of.token_text(t)),
             id,
             include_usage,
             logprobs: logprobs.is_some(),
@@ -555,7 +558,7 @@ async fn collect(mut g: Generation, state: &AppState, logprobs: bool) -> Result<
                 text.push_str(&t);
                 reasoning.push_str(&r);
                 if let (true, Some(lp)) = (logprobs, lp) {
-                    chat_logprobs.push(chat_logprob_entry(state, token_id, &lp));
+                    chat_logprobs.push(chat_logprob_entry(&|t| state.token_text(t), token_id, &lp));
                     tokens.push((token_id, lp));
                 }
             }
@@ -572,20 +575,26 @@ async fn collect(mut g: Generation, state: &AppState, logprobs: bool) -> Result<
     }
 }
 
-fn token_entry(state: &AppState, id: u32, logprob: f32) -> Value {
-    let token = state.token_text(id);
+/// A token's text for logprobs (the served tokenizer's, [`AppState::token_text`]).
+type TokenText<'a> = &'a dyn Fn(u32) -> String;
+
+fn token_entry(text: TokenText, id: u32, logprob: f32) -> Value {
+    let token = text(id);
     json!({"token": token, "logprob": logprob, "bytes": token.as_bytes()})
 }
 
-fn chat_logprob_entry(state: &AppState, id: u32, lp: &TokenLogprobs) -> Value {
-    let mut entry = token_entry(state, id, lp.logprob);
-    let top: Vec<Value> = lp.top.iter().map(|&(t, l)| token_entry(state, t, l)).collect();
+fn chat_logprob_entry(text: TokenText, id: u32, lp: &TokenLogprobs) -> Value {
+    let mut entry = token_entry(text, id, lp.logprob);
+    let top: Vec<Value> = lp.top.iter().map(|&(t, l)| token_entry(text, t, l)).collect();
     entry["top_logprobs"] = Value::Array(top);
     entry
 }
 
 struct ChatEncoder {
-    state: Arc<AppState>,
+    /// `created` and `model` of every chunk.
+    created: u64,
+    model: String,
+    token_text: Arc<dyn Fn(u32) -> String + Send + Sync>,
     id: String,
     include_usage: bool,
     logprobs: bool,
@@ -602,8 +611,8 @@ impl ChatEncoder {
         let mut c = json!({
             "id": self.id,
             "object": "chat.completion.chunk",
-            "created": self.state.created,
-            "model": self.state.model_id,
+            "created": self.created,
+            "model": self.model,
             "system_fingerprint": system_fingerprint(),
             "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
         });
@@ -653,7 +662,7 @@ impl StreamEncoder for ChatEncoder {
         match ev {
             Event::Token { token_id, text, reasoning, logprobs, tool_calls } => {
                 let lp = match (self.logprobs, logprobs) {
-                    (true, Some(lp)) => Some(json!({"content": [chat_logprob_entry(&self.state, *token_id, lp)]})),
+                    (true, Some(lp)) => Some(json!({"content": [chat_logprob_entry(&*self.token_text, *token_id, lp)]})),
                     _ => None,
                 };
                 self.text_chunks(index, reasoning, text, lp) + &self.tool_chunks(index, tool_calls)
@@ -687,8 +696,8 @@ impl StreamEncoder for ChatEncoder {
             out += &sse_data(&json!({
                 "id": self.id,
                 "object": "chat.completion.chunk",
-                "created": self.state.created,
-                "model": self.state.model_id,
+                "created": self.created,
+                "model": self.model,
                 "system_fingerprint": system_fingerprint(),
                 "choices": [],
                 "usage": usage_json(&self.usage),
@@ -984,6 +993,76 @@ pub async fn model(State(state): State<Arc<AppState>>, Path(id): Path<String>) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn chat_encoder(n: usize) -> ChatEncoder {
+        ChatEncoder {
+            created: 1,
+            model: "m".into(),
+            token_text: Arc::new(|t| format!("<{t}>")),
+            id: "chatcmpl-1".into(),
+            include_usage: true,
+            logprobs: false,
+            n,
+            usage: Usage::default(),
+            failed: false,
+        }
+    }
+
+    fn chunks(sse: &str) -> Vec<Value> {
+        sse.split("\n\n")
+            .filter(|f| !f.is_empty() && *f != "data: [DONE]")
+            .map(|f| serde_json::from_str(f.trim_start_matches("data: ")).unwrap())
+            .collect()
+    }
+
+    fn end(usage: Usage) -> Event {
+        Event::Done {
+            finish_reason: FinishReason::Stop,
+            stop: None,
+            text: String::new(),
+            reasoning: String::new(),
+            usage,
+            first_logits: vec![],
+            tool_deltas: vec![],
+            tool_calls: vec![],
+        }
+    }
+
+    /// Synthetic events of two choices: reasoning goes out as `reasoning_content` deltas,
+    /// text as `content`, each chunk under its choice's index; one usage chunk (prompt once,
+    /// completions and reasoning summed) after both finished, then `[DONE]`.
+    #[test]
+    fn chat_stream_forwards_reasoning_and_indexes_choices() {
+        let mut e = chat_encoder(2);
+        let token = |r: &str, t: &str| Event::Token { token_id: 3, text: t.into(), reasoning: r.into(), logprobs: None, tool_calls: vec![] };
+        let mut sse = e.start();
+        sse += &e.event_at(1, &token("Hm.", ""));
+        sse += &e.event_at(0, &token("", "Hi"));
+        let u = |c, r| Usage { prompt_tokens: 5, completion_tokens: c, cached_tokens: 0, reasoning_tokens: r };
+        sse += &e.event_at(0, &end(u(1, 0)));
+        sse += &e.event_at(1, &token("", "Yo"));
+        sse += &e.event_at(1, &end(u(2, 1)));
+        sse += &e.finish();
+        assert!(sse.ends_with("data: [DONE]\n\n"));
+        let c = chunks(&sse);
+        let deltas: Vec<(u64, Value)> =
+            c.iter().filter(|c| !c["choices"].as_array().unwrap().is_empty()).map(|c| (c["choices"][0]["index"].as_u64().unwrap(), c["choices"][0]["delta"].clone())).collect();
+        assert_eq!(
+            deltas,
+            [
+                (0, json!({"role": "assistant", "content": ""})),
+                (1, json!({"role": "assistant", "content": ""})),
+                (1, json!({"reasoning_content": "Hm."})),
+                (0, json!({"content": "Hi"})),
+                (0, json!({})),
+                (1, json!({"content": "Yo"})),
+                (1, json!({})),
+            ]
+        );
+        let usage = &c.last().unwrap()["usage"];
+        assert_eq!((usage["prompt_tokens"].as_u64(), usage["completion_tokens"].as_u64()), (Some(5), Some(3)));
+        assert_eq!(usage["completion_tokens_details"]["reasoning_tokens"], 1);
+    }
 
     #[test]
     fn created_at_is_rfc3339() {
