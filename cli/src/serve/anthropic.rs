@@ -617,6 +617,7 @@ impl StreamEncoder for MessageEncoder {
 
 #[cfg(test)]
 mod tests {
+    use super::super::state::test_events::{done, token};
     use super::*;
 
     /// The stream's block grammar from synthetic engine events: reasoning opens a signed
@@ -624,20 +625,15 @@ mod tests {
     #[test]
     fn reasoning_streams_as_a_signed_thinking_block() {
         let mut e = MessageEncoder { model: "m".into(), id: "msg_1".into(), next: 0, open: Block::None };
-        let token = |r: &str, t: &str| Event::Token { token_id: 1, text: t.into(), reasoning: r.into(), logprobs: None, tool_calls: vec![] };
+        let token = |r: &str, t: &str| token(r, t, vec![]);
         let mut out = e.event(&Event::Started { prompt_tokens: 5, cached_tokens: 0 });
         out += &e.event(&token("Let me", ""));
         out += &e.event(&token(" think.", "Hi"));
-        out += &e.event(&Event::Done {
-            finish_reason: FinishReason::Stop,
-            stop: None,
-            text: "!".into(),
-            reasoning: String::new(),
-            usage: Usage { prompt_tokens: 5, completion_tokens: 3, cached_tokens: 0, reasoning_tokens: 2 },
-            first_logits: vec![],
-            tool_deltas: vec![],
-            tool_calls: vec![],
-        });
+        let mut end = done(FinishReason::Stop, Usage { prompt_tokens: 5, completion_tokens: 3, cached_tokens: 0, reasoning_tokens: 2 });
+        if let Event::Done { text, .. } = &mut end {
+            *text = "!".into();
+        }
+        out += &e.event(&end);
         let events: Vec<(String, Value)> = out
             .split("\n\n")
             .filter(|f| !f.is_empty())

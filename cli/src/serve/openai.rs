@@ -992,6 +992,7 @@ pub async fn model(State(state): State<Arc<AppState>>, Path(id): Path<String>) -
 
 #[cfg(test)]
 mod tests {
+    use super::super::state::test_events::{done, token};
     use super::*;
 
     fn chat_encoder(n: usize) -> ChatEncoder {
@@ -1015,33 +1016,20 @@ mod tests {
             .collect()
     }
 
-    fn end(usage: Usage) -> Event {
-        Event::Done {
-            finish_reason: FinishReason::Stop,
-            stop: None,
-            text: String::new(),
-            reasoning: String::new(),
-            usage,
-            first_logits: vec![],
-            tool_deltas: vec![],
-            tool_calls: vec![],
-        }
-    }
-
     /// Synthetic events of two choices: reasoning goes out as `reasoning_content` deltas,
     /// text as `content`, each chunk under its choice's index; one usage chunk (prompt once,
     /// completions and reasoning summed) after both finished, then `[DONE]`.
     #[test]
     fn chat_stream_forwards_reasoning_and_indexes_choices() {
         let mut e = chat_encoder(2);
-        let token = |r: &str, t: &str| Event::Token { token_id: 3, text: t.into(), reasoning: r.into(), logprobs: None, tool_calls: vec![] };
+        let token = |r: &str, t: &str| token(r, t, vec![]);
         let mut sse = e.start();
         sse += &e.event_at(1, &token("Hm.", ""));
         sse += &e.event_at(0, &token("", "Hi"));
         let u = |c, r| Usage { prompt_tokens: 5, completion_tokens: c, cached_tokens: 0, reasoning_tokens: r };
-        sse += &e.event_at(0, &end(u(1, 0)));
+        sse += &e.event_at(0, &done(FinishReason::Stop, u(1, 0)));
         sse += &e.event_at(1, &token("", "Yo"));
-        sse += &e.event_at(1, &end(u(2, 1)));
+        sse += &e.event_at(1, &done(FinishReason::Stop, u(2, 1)));
         sse += &e.finish();
         assert!(sse.ends_with("data: [DONE]\n\n"));
         let c = chunks(&sse);

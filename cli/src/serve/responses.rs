@@ -850,24 +850,8 @@ impl StreamEncoder for ResponseEncoder {
 
 #[cfg(test)]
 mod tests {
+    use super::super::state::test_events::{done, token};
     use super::*;
-
-    fn token(reasoning: &str, text: &str, calls: Vec<ToolDelta>) -> Event {
-        Event::Token { token_id: 1, text: text.into(), reasoning: reasoning.into(), logprobs: None, tool_calls: calls }
-    }
-
-    fn done(finish_reason: FinishReason, usage: Usage) -> Event {
-        Event::Done {
-            finish_reason,
-            stop: None,
-            text: String::new(),
-            reasoning: String::new(),
-            usage,
-            first_logits: vec![],
-            tool_deltas: vec![],
-            tool_calls: vec![],
-        }
-    }
 
     /// `(type, data)` of each SSE frame; checks each names its type and the numbering.
     fn frames(sse: &str) -> Vec<(String, Value)> {

@@ -483,3 +483,30 @@ pub fn sse_data(v: &serde_json::Value) -> String {
 pub fn sse_event(name: &str, v: &serde_json::Value) -> String {
     format!("event: {name}\ndata: {v}\n\n")
 }
+
+/// Synthetic engine events for the protocols' encoder tests.
+#[cfg(test)]
+pub mod test_events {
+    use weft::engine::{Event, Usage};
+    use weft::generate::FinishReason;
+    use weft::tools::ToolDelta;
+
+    /// A token releasing `reasoning` and `text` (and tool-call pieces).
+    pub fn token(reasoning: &str, text: &str, calls: Vec<ToolDelta>) -> Event {
+        Event::Token { token_id: 1, text: text.into(), reasoning: reasoning.into(), logprobs: None, tool_calls: calls }
+    }
+
+    /// The end of a row that released nothing more.
+    pub fn done(finish_reason: FinishReason, usage: Usage) -> Event {
+        Event::Done {
+            finish_reason,
+            stop: None,
+            text: String::new(),
+            reasoning: String::new(),
+            usage,
+            first_logits: vec![],
+            tool_deltas: vec![],
+            tool_calls: vec![],
+        }
+    }
+}
