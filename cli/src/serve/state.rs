@@ -263,16 +263,17 @@ impl AppState {
             }
             queue_sink(ev)
         });
-        // Kept to count a refused prompt: one over the context is reported with its length.
-        let refused = self.engine.max_prompt_tokens().map(|_| request.clone());
+        // Kept to count a refused prompt: one over the context is reported with its length
+        // (not for requests carrying more media than a body holds: local files, whose copy
+        // would cost more than the exact count is worth; those keep the engine's message).
+        let media: usize = request.images.iter().chain(&request.audio).map(Vec::len).sum();
+        let refused = (self.engine.max_prompt_tokens().is_some() && media <= self.limits.body_bytes).then(|| request.clone());
         let id = self.engine.submit_with_flow(request, sink, queue.flow()).map_err(|e| self.refusal(e, refused))?;
         self.in_flight.lock().unwrap_or_else(|p| p.into_inner()).insert(id);
         self.metrics.in_flight.fetch_add(1, Ordering::Relaxed);
         Ok(Generation { queue, waker, guard: RowGuard { state: Arc::clone(self), id, finished: false } })
     }
-}
 
-impl AppState {
     /// The error for a request the engine refused: a prompt longer than the context is an
     /// overflow carrying its token count (counted as the engine would prefill it), so each
     /// protocol can say so in its clients' words.
