@@ -180,6 +180,16 @@ class Chat(unittest.TestCase):
         with self.assertRaises(openai.BadRequestError):
             chat([{"role": "user", "content": SEA}], n=0)
 
+    def test_parallel_tool_calls_false_is_one_call(self):
+        tool = {"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}
+        for parallel, most in ((False, 1), (True, None)):
+            r = chat([{"role": "user", "content": "Weather in Paris and Rome?"}], max_tokens=120, tools=[tool],
+                     tool_choice="required", parallel_tool_calls=parallel)
+            calls = r.choices[0].message.tool_calls or []
+            self.assertGreaterEqual(len(calls), 1)
+            if most is not None:
+                self.assertEqual((len(calls), r.choices[0].finish_reason), (most, "tool_calls"))
+
     def test_template_and_reasoning_fields(self):
         r = chat([{"role": "user", "content": SEA},
                   {"role": "assistant", "content": "Waves.", "reasoning_content": "The sea has waves."},
