@@ -129,14 +129,14 @@ fn server_tests_dir() -> PathBuf {
     repo_root().join("tests").join("server")
 }
 
-/// `.venv/bin/python` with the pinned `openai` and `anthropic` packages (installed from
+/// `.venv/bin/python` with the pinned `openai`, `anthropic` and `openai-agents` packages (installed from
 /// scripts/requirements-oracle.txt when an older venv lacks them).
 fn python() -> PathBuf {
     let py = repo_root().join(".venv").join("bin").join("python");
     assert!(py.exists(), "{} is missing: run scripts/setup", py.display());
     let has = |py: &Path| {
         Command::new(py)
-            .args(["-c", "import openai, anthropic"])
+            .args(["-c", "import openai, anthropic, agents"])
             .stderr(Stdio::null())
             .status()
             .is_ok_and(|s| s.success())
@@ -144,7 +144,7 @@ fn python() -> PathBuf {
     if !has(&py) {
         let reqs = std::fs::read_to_string(repo_root().join("scripts/requirements-oracle.txt")).unwrap();
         let pins: Vec<&str> =
-            reqs.lines().filter(|l| l.starts_with("openai==") || l.starts_with("anthropic==")).collect();
+            reqs.lines().filter(|l| ["openai==", "anthropic==", "openai-agents=="].iter().any(|p| l.starts_with(p))).collect();
         let status = Command::new(&py)
             .args(["-m", "pip", "install", "-q", "--disable-pip-version-check"])
             .args(&pins)
@@ -182,7 +182,7 @@ fn node_test(server: &Server, model_id: &str) -> Child {
 
 fn node_test_file(server: &Server, model_id: &str, file: &str) -> Child {
     let dir = server_tests_dir().join("node");
-    if !dir.join("node_modules").join("openai").exists() {
+    if !["openai", "ai", "@ai-sdk/openai"].iter().all(|p| dir.join("node_modules").join(p).exists()) {
         let status = Command::new("npm")
             .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
             .current_dir(&dir)
@@ -261,6 +261,36 @@ fn protocol_features_through_the_official_clients() {
     let server = Server::start(&tiny_model(), Fast, &["--api-key", API_KEY, "--served-model-name", "tiny"]);
     let env = [("WEFT_API_KEY", API_KEY.to_string()), ("WEFT_MODEL_ID", "tiny".to_string())];
     finish("features (test_features.py)", run_python("test_features.py", &server, &env));
+}
+
+/// What agent clients rely on (test_agents.py, test_agents_sdk.py, node/aisdk.test.mjs; tiny
+/// model): the Responses API streaming and
+/// not, its store and previous_response_id, function tools beside hosted ones, text.format;
+/// Chat Completions with `n` choices and the reasoning / template fields; Anthropic Messages
+/// as Claude Code sends them; count_tokens equal to the prefilled prompt; context overflow in
+/// each protocol's words; context lengths in /v1/models.
+#[test]
+fn agent_protocols_through_the_official_clients() {
+    let server = Server::start(
+        &tiny_model(),
+        Fast,
+        &["--api-key", API_KEY, "--served-model-name", "tiny", "--chat-template-args", r#"{"enable_thinking": true}"#],
+    );
+    let env = [("WEFT_API_KEY", API_KEY.to_string()), ("WEFT_MODEL_ID", "tiny".to_string())];
+    // All at once: their requests batch together in the engine.
+    let sdk = run_python("test_agents.py", &server, &env);
+    let agents = run_python("test_agents_sdk.py", &server, &env);
+    let aisdk = node_test_file(&server, "tiny", "aisdk.test.mjs");
+    finish("agents (test_agents.py)", sdk);
+    finish("openai-agents (test_agents_sdk.py)", agents);
+    finish("AI SDK (node/aisdk.test.mjs)", aisdk);
+    // --chat-template-args must be a JSON object: a usage error (exit 2) before the model loads.
+    let out = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["serve", "--chat-template-args", "[1]", "--port", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("JSON object"));
 }
 
 /// Tool calling through the official Python clients and the npm openai client on the default model (Weft's fallback
@@ -853,7 +883,9 @@ fn one_set_of_validation_messages_across_endpoints() {
 
 /// Gemma 3 vision (goldens/models/gemma3-vision, word-level tokenizer "t<id>", a template that
 /// writes the turns' text): an OpenAI image_url part gives mlx-vlm's greedy tokens for that
-/// image; a remote URL and an image for a text-only model are 400s; /v1/models says vision.
+/// image, and so does the same image as a Responses `input_image` part (also kept for a second
+/// turn through `previous_response_id`); Anthropic's count_tokens counts it as the engine
+/// expands it; a remote URL and an image for a text-only model are 400s; /v1/models says vision.
 #[test]
 fn image_parts_through_the_chat_endpoint() {
     let g = golden("gemma3_vision");
@@ -873,6 +905,45 @@ fn image_parts_through_the_chat_endpoint() {
     let got: Vec<&str> = v["choices"][0]["logprobs"]["content"].as_array().unwrap().iter().map(|e| e["token"].as_str().unwrap()).collect();
     assert_eq!(got, want);
     assert_eq!(v["usage"]["prompt_tokens"], 19, "{v}");
+    let chat_text = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    // The same image through /v1/responses (an input_image part), /v1/messages and its
+    // count_tokens (an image block): the same prompt and answer.
+    let url = format!("data:image/png;base64,{b64}");
+    let responses = serde_json::json!({
+        "max_output_tokens": 20, "temperature": 0, "ignore_eos": true,
+        "input": [{"role": "user", "content": [
+            {"type": "input_text", "text": "t2 t17 t93 "}, {"type": "input_image", "image_url": url},
+            {"type": "input_text", "text": " t44 t0 t301 t12 t77 t250 t5 t33"}]}]
+    });
+    let (status, _, raw) = exchange(&server.addr, "POST", "/v1/responses", &[], responses.to_string().as_bytes());
+    let r: serde_json::Value = serde_json::from_slice(&raw).unwrap();
+    assert_eq!(status, 200, "{r}");
+    assert_eq!((r["output"][0]["content"][0]["text"].as_str(), &r["usage"]["input_tokens"]), (Some(chat_text.as_str()), &serde_json::json!(19)));
+    // A second turn on the stored response keeps its image: the same prompt and answer as the
+    // whole conversation sent to chat.
+    let next = serde_json::json!({"max_output_tokens": 2, "previous_response_id": r["id"], "input": "t5 t6", "ignore_eos": true});
+    let (status, _, raw) = exchange(&server.addr, "POST", "/v1/responses", &[], next.to_string().as_bytes());
+    let r2: serde_json::Value = serde_json::from_slice(&raw).unwrap();
+    assert_eq!(status, 200, "{r2}");
+    let whole = serde_json::json!({
+        "max_tokens": 2, "temperature": 0, "ignore_eos": true,
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "t2 t17 t93 "}, {"type": "image_url", "image_url": {"url": url}},
+            {"type": "text", "text": " t44 t0 t301 t12 t77 t250 t5 t33"}]},
+            {"role": "assistant", "content": chat_text}, {"role": "user", "content": "t5 t6"}]
+    });
+    let (status, _, raw) = post(whole.to_string());
+    let c2: serde_json::Value = serde_json::from_slice(&raw).unwrap();
+    assert_eq!(status, 200, "{c2}");
+    assert_eq!(r2["usage"]["input_tokens"], c2["usage"]["prompt_tokens"], "{r2} {c2}");
+    assert_eq!(r2["output"][0]["content"][0]["text"], c2["choices"][0]["message"]["content"]);
+    let image = serde_json::json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64}});
+    let messages = serde_json::json!([{"role": "user", "content": [
+        {"type": "text", "text": "t2 t17 t93 "}, image, {"type": "text", "text": " t44 t0 t301 t12 t77 t250 t5 t33"}]}]);
+    let (status, _, raw) = exchange(&server.addr, "POST", "/v1/messages/count_tokens", &[],
+        serde_json::json!({"model": "m", "messages": messages}).to_string().as_bytes());
+    let n: serde_json::Value = serde_json::from_slice(&raw).unwrap();
+    assert_eq!((status, &n["input_tokens"]), (200, &serde_json::json!(19)), "{n}");
     let (status, _, raw) = post(body("https://example.com/a.png"));
     let text = String::from_utf8_lossy(&raw);
     assert_eq!(status, 400, "{text}");

@@ -48,11 +48,28 @@ pub struct ApiError {
     pub param: Option<String>,
     /// OpenAI's machine-readable `code` (`model_not_found`, `invalid_api_key`, ...).
     pub code: Option<&'static str>,
+    /// Set when the prompt is longer than the model's context: Anthropic clients recognise
+    /// that by Anthropic's own wording (Claude Code's auto-compact looks for "prompt is too
+    /// long"), OpenAI clients by the code `context_length_exceeded`.
+    pub overflow: Option<Overflow>,
+}
+
+/// A prompt over the context: its tokens (or a floor on them) and the most the model takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Overflow {
+    pub tokens: usize,
+    pub maximum: usize,
 }
 
 impl ApiError {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        ApiError { kind, message: message.into(), param: None, code: None }
+        ApiError { kind, message: message.into(), param: None, code: None, overflow: None }
+    }
+
+    /// A prompt of `tokens` tokens where the model takes at most `maximum`; `message` says so in
+    /// Weft's words (Anthropic's body puts its own wording first).
+    pub fn overflow(tokens: usize, maximum: usize, message: impl Into<String>) -> Self {
+        ApiError { overflow: Some(Overflow { tokens, maximum }), ..Self::invalid(message).with_code("context_length_exceeded") }
     }
 
     pub fn invalid(message: impl Into<String>) -> Self {
@@ -115,7 +132,11 @@ impl ApiError {
                     ErrorKind::Unavailable => "overloaded_error",
                     ErrorKind::Internal => "api_error",
                 };
-                json!({"type": "error", "error": {"type": kind, "message": self.message}})
+                let message = match self.overflow {
+                    Some(o) => format!("prompt is too long: {} tokens > {} maximum ({})", o.tokens, o.maximum, self.message),
+                    None => self.message.clone(),
+                };
+                json!({"type": "error", "error": {"type": kind, "message": message}})
             }
         }
     }

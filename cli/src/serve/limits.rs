@@ -70,9 +70,11 @@ impl PromptBound {
         let Some(context) = self.context else { return Ok(()) };
         let at_least = bytes / self.max_token_bytes;
         if at_least > context {
-            return Err(ApiError::invalid(format!(
-                "the prompt is {bytes} bytes, at least {at_least} tokens: longer than the model's context of {context} tokens"
-            )));
+            return Err(ApiError::overflow(
+                at_least,
+                context.saturating_sub(1),
+                format!("the prompt is {bytes} bytes, at least {at_least} tokens: longer than the model's context of {context} tokens"),
+            ));
         }
         Ok(())
     }

@@ -3,6 +3,7 @@
 //!
 //! - [`openai`]: `/v1/chat/completions`, `/v1/completions`, `/v1/models`
 //! - [`anthropic`]: `/v1/messages`, `/v1/messages/count_tokens`
+//! - [`responses`]: `/v1/responses` (OpenAI's Responses API) and its store
 //! - [`metrics`]: `/metrics` (Prometheus) and `/stats` (JSON); `/health` is here
 //! - [`state`]: shared state and the engine-sink → async bridge (disconnect = cancel)
 //! - [`params`], [`errors`]: request fields and each protocol's error JSON
@@ -22,6 +23,7 @@ mod metrics;
 mod openai;
 mod params;
 mod ranks;
+mod responses;
 mod security;
 mod state;
 
@@ -152,6 +154,10 @@ pub struct ServeArgs {
     /// A chat template replacing the model's: a file, or the template text itself.
     #[arg(long)]
     pub chat_template: Option<String>,
+    /// Default chat-template variables, a JSON object (mlx_lm.server's flag), e.g.
+    /// '{"enable_thinking": false}'; a request's `chat_template_kwargs` override them key by key.
+    #[arg(long, value_parser = parse_template_args)]
+    pub chat_template_args: Option<serde_json::Map<String, serde_json::Value>>,
     /// The model id served in responses and /v1/models (default: the --model argument, or the
     /// default model's file name).
     #[arg(long)]
@@ -181,6 +187,13 @@ pub struct ServeArgs {
     /// Split the model's layers across ranks (pipeline parallel) instead of sharding them.
     #[arg(long, requires = "hostfile")]
     pub pipeline: bool,
+    /// Bytes of `/v1/responses` answers kept for `previous_response_id` and GET (oldest
+    /// evicted first): bytes, or 64MB, 1GB. 0 = store nothing.
+    #[arg(long, value_parser = parse_bytes, default_value = "64MB")]
+    pub response_store_bytes: u64,
+    /// Seconds a stored response is kept.
+    #[arg(long, default_value_t = 3600.0, value_parser = parse_seconds)]
+    pub response_ttl: f64,
     /// Accepted for mlx_lm.server compatibility; Weft never runs model code from the model.
     #[arg(long, hide = true)]
     pub trust_remote_code: bool,
@@ -206,6 +219,14 @@ fn parse_size(s: &str, bare_unit: f64) -> std::result::Result<u64, String> {
 
 fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
     parse_size(s, 1.0)
+}
+
+fn parse_template_args(s: &str) -> std::result::Result<serde_json::Map<String, serde_json::Value>, String> {
+    match serde_json::from_str::<serde_json::Value>(s) {
+        Ok(serde_json::Value::Object(m)) => Ok(m),
+        Ok(_) => Err("expected a JSON object, e.g. '{\"enable_thinking\": false}'".into()),
+        Err(e) => Err(format!("not JSON: {e}")),
+    }
 }
 
 fn parse_seconds(s: &str) -> std::result::Result<f64, String> {
@@ -296,6 +317,7 @@ pub fn run(args: ServeArgs, opts: &crate::options::Options) -> Result<()> {
         quantized_kv_start: args.kv.quantized_kv_start,
         memory: args.memory.policy(),
         local_media: local_media_policy(&args.allowed_media_dirs)?,
+        chat_template_kwargs: args.chat_template_args.clone().unwrap_or_default(),
         // --chat-template goes with each request (Request::chat_template): it needs the
         // loaded tokenizer's special tokens.
         ..EngineConfig::default()
@@ -343,7 +365,11 @@ pub fn run(args: ServeArgs, opts: &crate::options::Options) -> Result<()> {
         min_p: args.min_p,
         max_tokens: args.max_tokens,
     };
-    let state = Arc::new(AppState::new(engine, served, defaults, chat_template, access, limits, level == "DEBUG"));
+    let store = responses::Store::new(
+        usize::try_from(args.response_store_bytes).unwrap_or(usize::MAX),
+        Duration::from_secs_f64(args.response_ttl),
+    );
+    let state = Arc::new(AppState::new(engine, served, defaults, chat_template, access, limits, store, level == "DEBUG"));
 
     // Tokenizing is CPU work: more blocking threads than cores only adds threads (and their
     // allocator arenas).
@@ -516,6 +542,8 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(openai::completions).fallback(method_not_allowed))
         .route("/v1/models", get(openai::models).fallback(method_not_allowed))
         .route("/v1/models/{*id}", get(openai::model).fallback(method_not_allowed))
+        .route("/v1/responses", post(responses::create).fallback(method_not_allowed))
+        .route("/v1/responses/{id}", get(responses::retrieve).delete(responses::delete).fallback(method_not_allowed))
         .route("/v1/messages", post(anthropic::messages).fallback(method_not_allowed))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens).fallback(method_not_allowed))
         .route("/health", get(health).fallback(method_not_allowed))
@@ -540,6 +568,8 @@ fn endpoint_of(path: &str) -> &'static str {
         "/v1/completions" => "completions",
         "/v1/messages" => "messages",
         "/v1/messages/count_tokens" => "count_tokens",
+        "/v1/responses" => "responses",
+        p if p.starts_with("/v1/responses/") => "responses",
         "/health" => "health",
         "/stats" => "stats",
         "/metrics" => "metrics",
@@ -665,6 +695,8 @@ mod tests {
         assert_eq!(parse_seconds("2.5s"), Ok(2.5));
         assert_eq!(parse_seconds("0"), Ok(0.0));
         assert!(parse_seconds("-1").is_err() && parse_seconds("soon").is_err() && parse_seconds("inf").is_err());
+        assert_eq!(parse_template_args(r#"{"enable_thinking": false}"#).unwrap()["enable_thinking"], false);
+        assert!(parse_template_args("[1]").is_err() && parse_template_args("{").is_err());
         assert_eq!(timeout(0.0), None);
         assert_eq!(timeout(1.5), Some(Duration::from_millis(1500)));
     }

@@ -50,6 +50,7 @@ pub fn usage_json(u: &Usage) -> Value {
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.prompt_tokens + u.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
     })
 }
 
@@ -113,6 +114,14 @@ fn chat_messages(
             let mut message = ChatMessage::new(role, content);
             if role == "assistant" {
                 message.tool_calls = assistant_tool_calls(get(m, "tool_calls"), &param)?;
+                // The turn's reasoning (`reasoning_content`, as this server sends it; some
+                // clients name it `reasoning`), for templates that keep or drop it.
+                for key in ["reasoning_content", "reasoning"] {
+                    if let Some(r) = opt_str(m, key).map_err(|_| ApiError::field(&format!("{param}.{key}"), format!("`{param}.{key}` must be a string")))? {
+                        message.reasoning_content = Some(r.to_string());
+                        break;
+                    }
+                }
             }
             if role == "tool" {
                 message.tool_call_id = opt_str(m, "tool_call_id")
@@ -209,15 +218,7 @@ fn content_text(
                         let Some(images) = images.as_deref_mut() else {
                             return Err(ApiError::field(&at, "this model takes no images (it has no vision tower)".to_string()));
                         };
-                        let url = match p.get("image_url") {
-                            Some(Value::String(u)) => u.as_str(),
-                            Some(Value::Object(o)) => o.get("url").and_then(Value::as_str).unwrap_or(""),
-                            _ => "",
-                        };
-                        if url.is_empty() {
-                            return Err(ApiError::field(&at, format!("`{at}` needs a string `url`")));
-                        }
-                        images.add(url, &at)?;
+                        images.add_part(p.get("image_url"), &at)?;
                         text.push_str(&images.marker);
                     }
                     (Some(kind @ ("input_audio" | "audio_url")), _) => {
@@ -260,6 +261,12 @@ impl MessageImages {
         Some(MessageImages { marker, bytes: Vec::new(), max: spec.max_images, local })
     }
 
+    /// Adds the image of an `image_url` value: the URL as a string or `{url}` (OpenAI chat's
+    /// part and the Responses `input_image` part both carry one).
+    pub fn add_part(&mut self, v: Option<&Value>, at: &str) -> Result<(), ApiError> {
+        self.add(part_url(v, at)?, at)
+    }
+
     /// Adds an image from a `data:` URL or local path (a remote URL is a 400).
     pub fn add(&mut self, url: &str, at: &str) -> Result<(), ApiError> {
         if self.bytes.len() >= self.max {
@@ -270,6 +277,19 @@ impl MessageImages {
         self.bytes.push(bytes);
         Ok(())
     }
+}
+
+/// The URL of an `image_url` / `audio_url` value: the URL as a string or `{url}`.
+fn part_url<'a>(v: Option<&'a Value>, at: &str) -> Result<&'a str, ApiError> {
+    let url = match v {
+        Some(Value::String(u)) => u.as_str(),
+        Some(Value::Object(o)) => o.get("url").and_then(Value::as_str).unwrap_or(""),
+        _ => "",
+    };
+    if url.is_empty() {
+        return Err(ApiError::field(at, format!("`{at}` needs a string `url` (a data: URL, or a local path)")));
+    }
+    Ok(url)
 }
 
 /// The audio clips of a request's messages, in order, and the audio token text each stands for.
@@ -294,7 +314,7 @@ impl MessageAudio {
 
     /// Adds a clip from an OpenAI `input_audio` part (`{data: base64, format}`) or an
     /// `audio_url` part (`{url}` or a string: a `data:` URL or a local path; remote URLs a 400).
-    fn add_part(&mut self, kind: &str, v: Option<&Value>, at: &str) -> Result<(), ApiError> {
+    pub(super) fn add_part(&mut self, kind: &str, v: Option<&Value>, at: &str) -> Result<(), ApiError> {
         if self.bytes.len() >= self.max {
             return Err(ApiError::field(at, format!("at most {} audio clips per request", self.max)));
         }
@@ -311,15 +331,7 @@ impl MessageAudio {
             }
             weft::vision::source::audio_base64(data).map_err(bad)?
         } else {
-            let url = match v {
-                Some(Value::String(u)) => u.as_str(),
-                Some(Value::Object(o)) => o.get("url").and_then(Value::as_str).unwrap_or(""),
-                _ => "",
-            };
-            if url.is_empty() {
-                return Err(ApiError::field(at, format!("`{at}` needs a string `url`")));
-            }
-            weft::vision::source::audio_from_url_with(url, &self.local).map_err(bad)?
+            weft::vision::source::audio_from_url_with(part_url(v, at)?, &self.local).map_err(bad)?
         };
         self.bytes.push(bytes);
         Ok(())
@@ -372,11 +384,52 @@ fn engine_request(
     Ok(r)
 }
 
+/// The chat-only fields about the template and reasoning: `chat_template_kwargs` (any
+/// variables the template reads, over `--chat-template-args`), `reasoning_effort` (a budget
+/// and `enable_thinking`, see [`params::REASONING_EFFORTS`]) and the extension
+/// `reasoning_budget` (reasoning tokens before the engine closes the reasoning block).
+fn thinking_fields(body: &Object, r: &mut Request) -> Result<(), ApiError> {
+    match get(body, "chat_template_kwargs") {
+        None => {}
+        Some(Value::Object(kwargs)) => r.chat_template_kwargs = kwargs.clone(),
+        Some(_) => return Err(ApiError::field("chat_template_kwargs", "`chat_template_kwargs` must be an object")),
+    }
+    // An explicit `enable_thinking` in the kwargs wins over what the effort implies.
+    let explicit = r.chat_template_kwargs.get("enable_thinking").cloned();
+    params::reasoning_effort(get(body, "reasoning_effort"), "reasoning_effort", r)?;
+    if let Some(v) = explicit {
+        r.chat_template_kwargs.insert("enable_thinking".into(), v);
+    }
+    if let Some(budget) = opt_count(body, "reasoning_budget", 0)? {
+        r.reasoning_budget = Some(budget);
+    }
+    Ok(())
+}
+
+/// `n`: how many choices (rows of one prompt, decoding together in the batch); `best_of`, if
+/// given, must equal it.
+fn choices(body: &Object, state: &AppState) -> Result<usize, ApiError> {
+    let n = opt_int(body, "n")?.unwrap_or(1);
+    let max = MAX_CHOICES.min(state.engine.config().max_batch.max(1));
+    if n < 1 || n as usize > max {
+        return Err(ApiError::field("n", format!("`n` must be between 1 and {max}, got {n}")));
+    }
+    if let Some(b) = opt_int(body, "best_of")? {
+        if b != n {
+            return Err(ApiError::field("best_of", format!("`best_of` must equal `n` ({n}), got {b}")));
+        }
+    }
+    Ok(n as usize)
+}
+
+/// The most choices one chat request may ask for (and at most the batch size).
+const MAX_CHOICES: usize = 16;
+
 async fn chat_inner(state: &Arc<AppState>, req: axum::extract::Request, arrived: Instant) -> Result<Response, ApiError> {
     state.check_open()?;
     let body = params::read_body(req, state.limits.body_bytes).await?;
     state.check_model(body.get("model"))?;
-    params::single_choice(&body)?;
+    let n = choices(&body, state)?;
     let (stream, include_usage) = stream_flags(&body)?;
     let logprobs = chat_logprobs(&body)?;
     let mut images = MessageImages::for_model(state);
@@ -385,42 +438,75 @@ async fn chat_inner(state: &Arc<AppState>, req: axum::extract::Request, arrived:
     let images = images.map(|i| i.bytes).unwrap_or_default();
     let audio = audio.map(|a| a.bytes).unwrap_or_default();
     let tools = request_tools(&body)?;
-    if !images.is_empty() && tools.is_some() {
-        return Err(ApiError::field("tools", "`tools` together with images is not supported yet".to_string()));
-    }
     state.check_prompt_bytes(messages.iter().map(|m| m.content.len()).sum())?;
     // Field checks before tokenizing: a bad request costs no tokenizer time.
-    let request = engine_request(state, &body, Input::Messages(Vec::new()), logprobs)?;
+    let mut request = engine_request(state, &body, Input::Messages(Vec::new()), logprobs)?;
+    thinking_fields(&body, &mut request)?;
     let constraint = params::constraint_field(&body);
     // The engine renders the conversation (with the server's --chat-template, tools, image and
-    // audio markers), tokenizes it and checks it: one request path for every face.
+    // audio markers, template variables), tokenizes it and checks it: one request path for
+    // every face. `n` choices are `n` rows of the same request (a seed counts up per choice, so
+    // seeded choices differ); they decode together.
     let chat_template = state.chat_template.clone();
-    let generation = state
+    let request = Request { input: Input::Messages(messages), tools, images, audio, chat_template, ..request };
+    let generations = state
         .blocking(move |state| {
-            state
-                .start(Request { input: Input::Messages(messages), tools, images, audio, chat_template, ..request }, arrived)
-                .map_err(|e| params::constraint_param(e, constraint))
+            (0..n)
+                .map(|i| {
+                    let mut r = request.clone();
+                    r.sampling.seed = r.sampling.seed.map(|s| s.wrapping_add(i as u64));
+                    state.start(r, arrived).map_err(|e| params::constraint_param(e, constraint))
+                })
+                .collect::<Result<Vec<_>, _>>()
         })
         .await?;
     let id = state.new_id("chatcmpl-");
     if stream {
+        let text_of = Arc::clone(state);
         let encoder = ChatEncoder {
-            state: Arc::clone(state),
+            created: state.created,
+            model: state.model_id.clone(),
+            token_text: Arc::new(move |t| text_of.token_text(t)),
             id,
             include_usage,
             logprobs: logprobs.is_some(),
+            n,
+            usage: Usage::default(),
+            failed: false,
         };
-        return Ok(sse_response(Body::from_stream(EventStream::new(generation, encoder))));
+        return Ok(sse_response(Body::from_stream(EventStream::many(generations, encoder))));
     }
-    let done = collect(generation, state, logprobs.is_some()).await?;
-    let logprobs_json = logprobs.map(|_| json!({"content": done.chat_logprobs}));
-    let mut message = json!({"role": "assistant", "content": done.text});
-    if !done.tool_calls.is_empty() {
-        // OpenAI: content is null when the turn is only calls.
-        if done.text.is_empty() {
-            message["content"] = Value::Null;
+    // Each choice is read on its own task, so no row waits for another's reader.
+    let tasks: Vec<_> = generations
+        .into_iter()
+        .map(|g| {
+            let state = Arc::clone(state);
+            tokio::spawn(async move { collect(g, &state, logprobs.is_some()).await })
+        })
+        .collect();
+    let mut choices = Vec::with_capacity(n);
+    let mut usage = Usage::default();
+    for (index, task) in tasks.into_iter().enumerate() {
+        let done = task.await.map_err(|e| engine_error(&e.to_string()))??;
+        add_usage(&mut usage, &done.usage, index);
+        let logprobs_json = logprobs.map(|_| json!({"content": done.chat_logprobs}));
+        let mut message = json!({"role": "assistant", "content": done.text});
+        if !done.reasoning.is_empty() {
+            message["reasoning_content"] = json!(done.reasoning);
         }
-        message["tool_calls"] = tool_calls_json(&done.tool_calls);
+        if !done.tool_calls.is_empty() {
+            // OpenAI: content is null when the turn is only calls.
+            if done.text.is_empty() {
+                message["content"] = Value::Null;
+            }
+            message["tool_calls"] = tool_calls_json(&done.tool_calls);
+        }
+        choices.push(json!({
+            "index": index,
+            "message": message,
+            "logprobs": logprobs_json,
+            "finish_reason": finish_str(done.finish_reason),
+        }));
     }
     Ok(json_response(
         StatusCode::OK,
@@ -430,20 +516,28 @@ async fn chat_inner(state: &Arc<AppState>, req: axum::extract::Request, arrived:
             "created": state.created,
             "model": state.model_id,
             "system_fingerprint": system_fingerprint(),
-            "choices": [{
-                "index": 0,
-                "message": message,
-                "logprobs": logprobs_json,
-                "finish_reason": finish_str(done.finish_reason),
-            }],
-            "usage": usage_json(&done.usage),
+            "choices": choices,
+            "usage": usage_json(&usage),
         }),
     ))
+}
+
+/// The usage of `n` choices of one prompt: the prompt once (the first row's), completion and
+/// reasoning tokens summed.
+fn add_usage(total: &mut Usage, row: &Usage, index: usize) {
+    if index == 0 {
+        total.prompt_tokens = row.prompt_tokens;
+        total.cached_tokens = row.cached_tokens;
+    }
+    total.completion_tokens += row.completion_tokens;
+    total.reasoning_tokens += row.reasoning_tokens;
 }
 
 /// A finished non-streaming generation.
 struct Collected {
     text: String,
+    /// The reasoning channel's text (empty for models that do not mark reasoning).
+    reasoning: String,
     finish_reason: FinishReason,
     usage: Usage,
     /// Chat-format logprob entries, one per generated token.
@@ -455,21 +549,24 @@ struct Collected {
 
 async fn collect(mut g: Generation, state: &AppState, logprobs: bool) -> Result<Collected, ApiError> {
     let mut text = String::new();
+    let mut reasoning = String::new();
     let mut chat_logprobs = Vec::new();
     let mut tokens = Vec::new();
     loop {
         match g.next().await {
-            Some(Event::Token { token_id, text: t, logprobs: lp, .. }) => {
+            Some(Event::Token { token_id, text: t, reasoning: r, logprobs: lp, .. }) => {
                 text.push_str(&t);
+                reasoning.push_str(&r);
                 if let (true, Some(lp)) = (logprobs, lp) {
-                    chat_logprobs.push(chat_logprob_entry(state, token_id, &lp));
+                    chat_logprobs.push(chat_logprob_entry(&|t| state.token_text(t), token_id, &lp));
                     tokens.push((token_id, lp));
                 }
             }
             Some(Event::Done { finish_reason: FinishReason::Cancelled, .. }) => return Err(cancelled_error()),
-            Some(Event::Done { finish_reason, usage, text: tail, tool_calls, .. }) => {
+            Some(Event::Done { finish_reason, usage, text: tail, reasoning: r, tool_calls, .. }) => {
                 text.push_str(&tail);
-                return Ok(Collected { text, finish_reason, usage, chat_logprobs, tokens, tool_calls });
+                reasoning.push_str(&r);
+                return Ok(Collected { text, reasoning, finish_reason, usage, chat_logprobs, tokens, tool_calls });
             }
             Some(Event::Started { .. }) => {}
             Some(Event::Error { message }) => return Err(engine_error(&message)),
@@ -478,48 +575,71 @@ async fn collect(mut g: Generation, state: &AppState, logprobs: bool) -> Result<
     }
 }
 
-fn token_entry(state: &AppState, id: u32, logprob: f32) -> Value {
-    let token = state.token_text(id);
+/// A token's text for logprobs (the served tokenizer's, [`AppState::token_text`]).
+type TokenText<'a> = &'a dyn Fn(u32) -> String;
+
+fn token_entry(text: TokenText, id: u32, logprob: f32) -> Value {
+    let token = text(id);
     json!({"token": token, "logprob": logprob, "bytes": token.as_bytes()})
 }
 
-fn chat_logprob_entry(state: &AppState, id: u32, lp: &TokenLogprobs) -> Value {
-    let mut entry = token_entry(state, id, lp.logprob);
-    let top: Vec<Value> = lp.top.iter().map(|&(t, l)| token_entry(state, t, l)).collect();
+fn chat_logprob_entry(text: TokenText, id: u32, lp: &TokenLogprobs) -> Value {
+    let mut entry = token_entry(text, id, lp.logprob);
+    let top: Vec<Value> = lp.top.iter().map(|&(t, l)| token_entry(text, t, l)).collect();
     entry["top_logprobs"] = Value::Array(top);
     entry
 }
 
 struct ChatEncoder {
-    state: Arc<AppState>,
+    /// `created` and `model` of every chunk.
+    created: u64,
+    model: String,
+    token_text: Arc<dyn Fn(u32) -> String + Send + Sync>,
     id: String,
     include_usage: bool,
     logprobs: bool,
+    /// Choices streamed together (`n`).
+    n: usize,
+    /// The choices' usage so far (prompt once, completions summed).
+    usage: Usage,
+    /// A choice failed: its error was sent, no usage chunk follows.
+    failed: bool,
 }
 
 impl ChatEncoder {
-    fn chunk(&self, delta: Value, logprobs: Value, finish_reason: Option<&str>) -> Value {
+    fn chunk(&self, index: usize, delta: Value, logprobs: Value, finish_reason: Option<&str>) -> Value {
         let mut c = json!({
             "id": self.id,
             "object": "chat.completion.chunk",
-            "created": self.state.created,
-            "model": self.state.model_id,
+            "created": self.created,
+            "model": self.model,
             "system_fingerprint": system_fingerprint(),
-            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
+            "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
         });
         if self.include_usage {
             c["usage"] = Value::Null;
         }
         c
     }
-}
 
-impl ChatEncoder {
     /// One chunk per call delta (OpenAI sends one tool call piece per chunk).
-    fn tool_chunks(&self, deltas: &[ToolDelta]) -> String {
+    fn tool_chunks(&self, index: usize, deltas: &[ToolDelta]) -> String {
         let mut out = String::new();
         for d in deltas {
-            out += &sse_data(&self.chunk(json!({"tool_calls": [tool_delta_json(d)]}), Value::Null, None));
+            out += &sse_data(&self.chunk(index, json!({"tool_calls": [tool_delta_json(d)]}), Value::Null, None));
+        }
+        out
+    }
+
+    /// The reasoning and answer text a token or the end released, as `reasoning_content` and
+    /// `content` deltas.
+    fn text_chunks(&self, index: usize, reasoning: &str, text: &str, logprobs: Option<Value>) -> String {
+        let mut out = String::new();
+        if !reasoning.is_empty() {
+            out += &sse_data(&self.chunk(index, json!({"reasoning_content": reasoning}), Value::Null, None));
+        }
+        if !text.is_empty() || logprobs.is_some() {
+            out += &sse_data(&self.chunk(index, json!({"content": text}), logprobs.unwrap_or(Value::Null), None));
         }
         out
     }
@@ -531,36 +651,59 @@ fn stream_error(e: &ApiError) -> String {
 
 impl StreamEncoder for ChatEncoder {
     fn start(&mut self) -> String {
-        sse_data(&self.chunk(json!({"role": "assistant", "content": ""}), Value::Null, None))
+        (0..self.n).map(|i| sse_data(&self.chunk(i, json!({"role": "assistant", "content": ""}), Value::Null, None))).collect()
     }
 
     fn event(&mut self, ev: &Event) -> String {
+        self.event_at(0, ev)
+    }
+
+    fn event_at(&mut self, index: usize, ev: &Event) -> String {
         match ev {
-            Event::Token { token_id, text, logprobs, tool_calls, .. } => {
+            Event::Token { token_id, text, reasoning, logprobs, tool_calls } => {
                 let lp = match (self.logprobs, logprobs) {
-                    (true, Some(lp)) => Some(json!({"content": [chat_logprob_entry(&self.state, *token_id, lp)]})),
+                    (true, Some(lp)) => Some(json!({"content": [chat_logprob_entry(&*self.token_text, *token_id, lp)]})),
                     _ => None,
                 };
-                let mut out = String::new();
-                if !text.is_empty() || lp.is_some() {
-                    out += &sse_data(&self.chunk(json!({"content": text}), lp.unwrap_or(Value::Null), None));
-                }
-                out + &self.tool_chunks(tool_calls)
+                self.text_chunks(index, reasoning, text, lp) + &self.tool_chunks(index, tool_calls)
             }
-            Event::Done { finish_reason: FinishReason::Cancelled, .. } => stream_error(&cancelled_error()),
-            Event::Done { finish_reason, usage, text, tool_deltas, .. } => {
-                let mut tail = if text.is_empty() { String::new() } else { sse_data(&self.chunk(json!({"content": text}), Value::Null, None)) };
-                tail += &self.tool_chunks(tool_deltas);
-                let last = self.chunk(json!({}), Value::Null, Some(finish_str(*finish_reason)));
-                tail + &stream_tail(&self.state, &self.id, "chat.completion.chunk", &last, self.include_usage.then_some(usage))
+            Event::Done { finish_reason: FinishReason::Cancelled, .. } => {
+                self.failed = true;
+                sse_data(&cancelled_error().body(Protocol::OpenAi))
+            }
+            Event::Done { finish_reason, usage, text, reasoning, tool_deltas, .. } => {
+                add_usage(&mut self.usage, usage, index);
+                let tail = self.text_chunks(index, reasoning, text, None) + &self.tool_chunks(index, tool_deltas);
+                tail + &sse_data(&self.chunk(index, json!({}), Value::Null, Some(finish_str(*finish_reason))))
             }
             Event::Started { .. } => String::new(),
-            Event::Error { message } => stream_error(&engine_error(message)),
+            Event::Error { message } => {
+                self.failed = true;
+                sse_data(&engine_error(message).body(Protocol::OpenAi))
+            }
         }
     }
 
     fn lost(&mut self) -> String {
-        stream_error(&engine_error("the engine stopped"))
+        self.failed = true;
+        sse_data(&engine_error("the engine stopped").body(Protocol::OpenAi))
+    }
+
+    /// The usage chunk (when asked for and every choice finished), then `[DONE]`.
+    fn finish(&mut self) -> String {
+        let mut out = String::new();
+        if self.include_usage && !self.failed {
+            out += &sse_data(&json!({
+                "id": self.id,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.model,
+                "system_fingerprint": system_fingerprint(),
+                "choices": [],
+                "usage": usage_json(&self.usage),
+            }));
+        }
+        out + "data: [DONE]\n\n"
     }
 }
 
@@ -790,22 +933,52 @@ impl StreamEncoder for CompletionEncoder {
 
 // ---------------------------------------------------------------- /v1/models
 
-/// The served model: its short id, where it was loaded from (`path`) and what inputs it takes
+/// The served model, in one shape both SDKs parse: OpenAI's (`id`, `object`, `created`,
+/// `owned_by`) and Anthropic's (`type`, `display_name`, `created_at`), plus its context length
+/// under the names llama-server / vLLM give it (`context_length`, `max_model_len`; null when
+/// the model's config does not say), where it was loaded from (`path`) and what inputs it takes
 /// (`capabilities.vision`: image content parts; `capabilities.audio`: input_audio / audio_url
-/// parts), both Weft extensions.
+/// parts), Weft extensions.
 fn model_json(state: &AppState) -> Value {
+    let context = state.engine.model_info().max_position_embeddings;
     json!({
         "id": state.model_id,
         "object": "model",
         "created": state.created,
         "owned_by": "weft",
+        "type": "model",
+        "display_name": state.model_id,
+        "created_at": rfc3339(state.created),
+        "context_length": context,
+        "max_model_len": context,
         "path": state.model.path,
         "capabilities": {"vision": state.engine.vision().is_some(), "audio": state.engine.audio().is_some()},
     })
 }
 
+/// Unix seconds as an RFC 3339 UTC time (`2026-12-02T16:45:00Z`), Anthropic's `created_at`.
+fn rfc3339(secs: u64) -> String {
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+/// The list: OpenAI's `{object: "list", data}` with Anthropic's paging fields (one page).
 pub async fn models(State(state): State<Arc<AppState>>) -> Response {
-    json_response(StatusCode::OK, &json!({"object": "list", "data": [model_json(&state)]}))
+    json_response(
+        StatusCode::OK,
+        &json!({"object": "list", "data": [model_json(&state)], "has_more": false,
+                "first_id": state.model_id, "last_id": state.model_id}),
+    )
 }
 
 /// A lookup, so only the served model's names are found (whatever `--strict-model` says).
@@ -814,5 +987,75 @@ pub async fn model(State(state): State<Arc<AppState>>, Path(id): Path<String>) -
         json_response(StatusCode::OK, &model_json(&state))
     } else {
         state.unknown_model(&id).into_response(Protocol::OpenAi)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::state::test_events::{done, token};
+    use super::*;
+
+    fn chat_encoder(n: usize) -> ChatEncoder {
+        ChatEncoder {
+            created: 1,
+            model: "m".into(),
+            token_text: Arc::new(|t| format!("<{t}>")),
+            id: "chatcmpl-1".into(),
+            include_usage: true,
+            logprobs: false,
+            n,
+            usage: Usage::default(),
+            failed: false,
+        }
+    }
+
+    fn chunks(sse: &str) -> Vec<Value> {
+        sse.split("\n\n")
+            .filter(|f| !f.is_empty() && *f != "data: [DONE]")
+            .map(|f| serde_json::from_str(f.trim_start_matches("data: ")).unwrap())
+            .collect()
+    }
+
+    /// Synthetic events of two choices: reasoning goes out as `reasoning_content` deltas,
+    /// text as `content`, each chunk under its choice's index; one usage chunk (prompt once,
+    /// completions and reasoning summed) after both finished, then `[DONE]`.
+    #[test]
+    fn chat_stream_forwards_reasoning_and_indexes_choices() {
+        let mut e = chat_encoder(2);
+        let token = |r: &str, t: &str| token(r, t, vec![]);
+        let mut sse = e.start();
+        sse += &e.event_at(1, &token("Hm.", ""));
+        sse += &e.event_at(0, &token("", "Hi"));
+        let u = |c, r| Usage { prompt_tokens: 5, completion_tokens: c, cached_tokens: 0, reasoning_tokens: r };
+        sse += &e.event_at(0, &done(FinishReason::Stop, u(1, 0)));
+        sse += &e.event_at(1, &token("", "Yo"));
+        sse += &e.event_at(1, &done(FinishReason::Stop, u(2, 1)));
+        sse += &e.finish();
+        assert!(sse.ends_with("data: [DONE]\n\n"));
+        let c = chunks(&sse);
+        let deltas: Vec<(u64, Value)> =
+            c.iter().filter(|c| !c["choices"].as_array().unwrap().is_empty()).map(|c| (c["choices"][0]["index"].as_u64().unwrap(), c["choices"][0]["delta"].clone())).collect();
+        assert_eq!(
+            deltas,
+            [
+                (0, json!({"role": "assistant", "content": ""})),
+                (1, json!({"role": "assistant", "content": ""})),
+                (1, json!({"reasoning_content": "Hm."})),
+                (0, json!({"content": "Hi"})),
+                (0, json!({})),
+                (1, json!({"content": "Yo"})),
+                (1, json!({})),
+            ]
+        );
+        let usage = &c.last().unwrap()["usage"];
+        assert_eq!((usage["prompt_tokens"].as_u64(), usage["completion_tokens"].as_u64()), (Some(5), Some(3)));
+        assert_eq!(usage["completion_tokens_details"]["reasoning_tokens"], 1);
+    }
+
+    #[test]
+    fn created_at_is_rfc3339() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(1_796_229_900), "2026-12-02T16:45:00Z");
     }
 }

@@ -188,6 +188,41 @@ pub fn generation(
     Ok(())
 }
 
+/// OpenAI's Responses: `max_output_tokens`, temperature, top_p (and the extensions top_k,
+/// min_p, seed, ignore_eos, as on chat).
+pub const RESPONSES: Dialect =
+    Dialect { fields: &["max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "ignore_eos"], aliases: &[] };
+
+/// Reasoning tokens for each OpenAI `reasoning_effort` / Responses `reasoning.effort` (the
+/// budget after which the engine closes the model's reasoning itself); `none` turns thinking
+/// off. Documented in docs/server.md.
+pub const REASONING_EFFORTS: &[(&str, Option<usize>)] = &[
+    ("none", None),
+    ("minimal", Some(256)),
+    ("low", Some(1024)),
+    ("medium", Some(4096)),
+    ("high", Some(16384)),
+    ("xhigh", Some(32768)),
+];
+
+/// A reasoning effort (`key` is the field as the body names it) set on `request`: its budget
+/// (`reasoning_budget`) and the template's `enable_thinking` (false for `none`, else true).
+/// `null` leaves both to the model and the server's defaults.
+pub fn reasoning_effort(v: Option<&Value>, key: &str, request: &mut Request) -> Result<(), ApiError> {
+    let effort = match v {
+        None | Some(Value::Null) => return Ok(()),
+        Some(Value::String(s)) => s.as_str(),
+        Some(_) => return Err(ApiError::field(key, format!("`{key}` must be a string"))),
+    };
+    let Some(&(_, budget)) = REASONING_EFFORTS.iter().find(|(name, _)| *name == effort) else {
+        let names: Vec<&str> = REASONING_EFFORTS.iter().map(|(n, _)| *n).collect();
+        return Err(ApiError::field(key, format!("`{key}` must be one of {}, got {effort:?}", names.join(", "))));
+    };
+    request.reasoning_budget = budget;
+    request.chat_template_kwargs.insert("enable_thinking".into(), Value::Bool(budget.is_some()));
+    Ok(())
+}
+
 /// What only the model can decide about the sampling fields (logit-bias ids against the
 /// vocabulary), checked before the prompt is tokenized; the engine names the field at fault.
 pub fn check_sampling(request: &Request, vocab_size: usize) -> Result<(), ApiError> {
@@ -236,3 +271,4 @@ pub fn constraint_param(mut e: ApiError, given: Option<&'static str>) -> ApiErro
 }
 
 const CONSTRAINT_FIELDS: &[&str] = &["response_format", "json_schema", "regex", "grammar", "choice"];
+

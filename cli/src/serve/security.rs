@@ -180,7 +180,7 @@ pub fn cors_headers(policy: &OriginPolicy, origin: Option<&HeaderValue>, request
     let value = if policy.allows_any() { HeaderValue::from_static("*") } else { origin.clone() };
     out.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, value);
     out.insert(header::VARY, HeaderValue::from_static("Origin"));
-    out.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static("GET, POST, OPTIONS"));
+    out.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static("GET, POST, DELETE, OPTIONS"));
     // `*` does not cover `Authorization`, so the requested headers are echoed when given.
     let allow_headers = request_headers.cloned().unwrap_or_else(|| HeaderValue::from_static("*"));
     out.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, allow_headers);

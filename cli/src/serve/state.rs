@@ -24,7 +24,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use axum::body::Bytes;
 use weft::engine::{Engine, Event, EventQueue, Next, Request, RequestId};
 use weft::generate::FinishReason;
-use weft::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
+use weft::tokenizer::{ChatTemplate, Tokenizer};
 
 use super::errors::{ApiError, ErrorKind};
 use super::limits::{Limits, PromptBound};
@@ -75,6 +75,8 @@ pub struct AppState {
     pub chat_template: Option<Arc<ChatTemplate>>,
     pub access: Access,
     pub limits: Limits,
+    /// Stored Responses (`/v1/responses` with `store`), for `previous_response_id` and GET.
+    pub responses: super::responses::Store,
     prompt_bound: PromptBound,
     pub metrics: Metrics,
     /// Unix seconds at startup (`created` in responses).
@@ -95,6 +97,7 @@ impl AppState {
         chat_template: Option<ChatTemplate>,
         access: Access,
         limits: Limits,
+        responses: super::responses::Store,
         verbose: bool,
     ) -> Self {
         let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
@@ -108,6 +111,7 @@ impl AppState {
             chat_template: chat_template.map(Arc::new),
             access,
             limits,
+            responses,
             prompt_bound,
             metrics: Metrics::new(),
             created: now.as_secs(),
@@ -181,18 +185,6 @@ impl AppState {
         tokio::task::spawn_blocking(move || f(&state))
             .await
             .unwrap_or_else(|e| Err(ApiError::new(ErrorKind::Internal, format!("request preparation failed: {e}"))))
-    }
-
-    /// The conversation's prompt ids: the chat template (`--chat-template` or the model's),
-    /// rendered with the generation prompt, encoded without adding special tokens again.
-    /// Call through [`AppState::blocking`].
-    pub fn tokenize_messages(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, ApiError> {
-        let tokenizer = self.tokenizer()?;
-        let ids = match &self.chat_template {
-            Some(t) => t.render(messages, true).and_then(|text| tokenizer.encode(&text, false)),
-            None => tokenizer.apply_chat_template(messages, true),
-        };
-        ids.map_err(ApiError::from_engine)
     }
 
     /// Raw text, encoded as the tokenizer encodes a sequence (special tokens added per its config).
@@ -271,10 +263,31 @@ impl AppState {
             }
             queue_sink(ev)
         });
-        let id = self.engine.submit_with_flow(request, sink, queue.flow()).map_err(ApiError::from_engine)?;
+        // Kept to count a refused prompt: one over the context is reported with its length
+        // (not for requests carrying more media than a body holds: local files, whose copy
+        // would cost more than the exact count is worth; those keep the engine's message).
+        let media: usize = request.images.iter().chain(&request.audio).map(Vec::len).sum();
+        let refused = (self.engine.max_prompt_tokens().is_some() && media <= self.limits.body_bytes).then(|| request.clone());
+        let id = self.engine.submit_with_flow(request, sink, queue.flow()).map_err(|e| self.refusal(e, refused))?;
         self.in_flight.lock().unwrap_or_else(|p| p.into_inner()).insert(id);
         self.metrics.in_flight.fetch_add(1, Ordering::Relaxed);
         Ok(Generation { queue, waker, guard: RowGuard { state: Arc::clone(self), id, finished: false } })
+    }
+
+    /// The error for a request the engine refused: a prompt longer than the context is an
+    /// overflow carrying its token count (counted as the engine would prefill it), so each
+    /// protocol can say so in its clients' words.
+    fn refusal(&self, e: weft::Error, request: Option<Request>) -> ApiError {
+        let (Some(request), Some(maximum)) = (request, self.engine.max_prompt_tokens()) else {
+            return ApiError::from_engine(e);
+        };
+        if e.code() != weft::ErrorCode::InvalidArgument {
+            return ApiError::from_engine(e);
+        }
+        match self.engine.count_prompt_tokens(request) {
+            Ok(tokens) if tokens > maximum => ApiError::overflow(tokens, maximum, e.message()),
+            _ => ApiError::from_engine(e),
+        }
     }
 }
 
@@ -384,28 +397,43 @@ pub trait StreamEncoder: Send + 'static {
     fn start(&mut self) -> String;
     /// Frames for one event.
     fn event(&mut self, ev: &Event) -> String;
+    /// Frames for one event of generation `index`, when a response streams several (OpenAI's
+    /// `n` choices); one generation's encoder takes them as [`StreamEncoder::event`].
+    fn event_at(&mut self, _index: usize, ev: &Event) -> String {
+        self.event(ev)
+    }
     /// Frames when the engine went away without a final event.
     fn lost(&mut self) -> String;
+    /// Frames after every generation's final event (OpenAI's `[DONE]` for `n` choices).
+    fn finish(&mut self) -> String {
+        String::new()
+    }
 }
 
 /// The SSE response body: the encoder's frames as events arrive, several events coalesced into
 /// one write when they are ready together. Dropped by hyper when the client disconnects, which
-/// drops the [`Generation`] and so cancels the row.
+/// drops the [`Generation`]s and so cancels their rows.
 pub struct EventStream<E: StreamEncoder> {
-    generation: Generation,
+    /// The generations still running (`None` once one has had its final event).
+    generations: Vec<Option<Generation>>,
     encoder: E,
     pending: VecDeque<Bytes>,
     done: bool,
 }
 
 impl<E: StreamEncoder> EventStream<E> {
-    pub fn new(generation: Generation, mut encoder: E) -> Self {
+    pub fn new(generation: Generation, encoder: E) -> Self {
+        Self::many(vec![generation], encoder)
+    }
+
+    /// One stream of several generations (each event goes to the encoder with its index).
+    pub fn many(generations: Vec<Generation>, mut encoder: E) -> Self {
         let mut pending = VecDeque::new();
         let first = encoder.start();
         if !first.is_empty() {
             pending.push_back(Bytes::from(first));
         }
-        EventStream { generation, encoder, pending, done: false }
+        EventStream { generations: generations.into_iter().map(Some).collect(), encoder, pending, done: false }
     }
 }
 
@@ -415,20 +443,26 @@ impl<E: StreamEncoder + Unpin> futures_core::Stream for EventStream<E> {
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
         let mut out = String::new();
-        while !this.done {
-            match this.generation.poll_next(cx) {
-                Poll::Ready(Some(ev)) => {
-                    out.push_str(&this.encoder.event(&ev));
-                    if ev.is_final() {
-                        this.done = true;
+        for (i, slot) in this.generations.iter_mut().enumerate() {
+            while let Some(generation) = slot.as_mut() {
+                match generation.poll_next(cx) {
+                    Poll::Ready(Some(ev)) => {
+                        out.push_str(&this.encoder.event_at(i, &ev));
+                        if ev.is_final() {
+                            *slot = None;
+                        }
                     }
+                    Poll::Ready(None) => {
+                        out.push_str(&this.encoder.lost());
+                        *slot = None;
+                    }
+                    Poll::Pending => break,
                 }
-                Poll::Ready(None) => {
-                    out.push_str(&this.encoder.lost());
-                    this.done = true;
-                }
-                Poll::Pending => break,
             }
+        }
+        if !this.done && this.generations.iter().all(Option::is_none) {
+            out.push_str(&this.encoder.finish());
+            this.done = true;
         }
         if !out.is_empty() {
             this.pending.push_back(Bytes::from(out));
@@ -449,4 +483,31 @@ pub fn sse_data(v: &serde_json::Value) -> String {
 /// `event: <name>\ndata: <json>\n\n`
 pub fn sse_event(name: &str, v: &serde_json::Value) -> String {
     format!("event: {name}\ndata: {v}\n\n")
+}
+
+/// Synthetic engine events for the protocols' encoder tests.
+#[cfg(test)]
+pub mod test_events {
+    use weft::engine::{Event, Usage};
+    use weft::generate::FinishReason;
+    use weft::tools::ToolDelta;
+
+    /// A token releasing `reasoning` and `text` (and tool-call pieces).
+    pub fn token(reasoning: &str, text: &str, calls: Vec<ToolDelta>) -> Event {
+        Event::Token { token_id: 1, text: text.into(), reasoning: reasoning.into(), logprobs: None, tool_calls: calls }
+    }
+
+    /// The end of a row that released nothing more.
+    pub fn done(finish_reason: FinishReason, usage: Usage) -> Event {
+        Event::Done {
+            finish_reason,
+            stop: None,
+            text: String::new(),
+            reasoning: String::new(),
+            usage,
+            first_logits: vec![],
+            tool_deltas: vec![],
+            tool_calls: vec![],
+        }
+    }
 }

@@ -11,6 +11,7 @@
 mod batch;
 mod constrained;
 mod core;
+mod count;
 mod events;
 mod executor;
 mod faults;
