@@ -293,6 +293,20 @@ fn agent_protocols_through_the_official_clients() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("JSON object"));
 }
 
+/// A reasoning model through the official Python clients (tests/server/test_reasoning.py): a tiny
+/// Qwen3.5 with the real Qwen3 vocabulary and Qwen3.5 template. Unfinished reasoning arrives as
+/// `reasoning_content` / `thinking`, never as content; thinking off renders the closed block; a
+/// named call comes in Qwen3-Coder XML after a budgeted block; Anthropic answers `thinking` then
+/// `tool_use`; Responses a reasoning item then the call; a call cut by max_tokens is not sent.
+#[test]
+fn reasoning_model_through_the_official_clients() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(model) = support::qwen35_chat_model(dir.path()) else { return };
+    let server = Server::start(&model, Fast, &["--api-key", API_KEY, "--served-model-name", "qwen35"]);
+    let env = [("WEFT_API_KEY", API_KEY.to_string()), ("WEFT_MODEL_ID", "qwen35".to_string())];
+    finish("reasoning (test_reasoning.py)", run_python("test_reasoning.py", &server, &env));
+}
+
 /// Tool calling through the official Python clients and the npm openai client on the default model (Weft's fallback
 /// tool prompt on SmolLM2's plain ChatML template): OpenAI and Anthropic tool loops, streaming
 /// and not, forced choices, and the 400s for bad tool input.
