@@ -297,14 +297,22 @@ fn agent_protocols_through_the_official_clients() {
 /// Qwen3.5 with the real Qwen3 vocabulary and Qwen3.5 template. Unfinished reasoning arrives as
 /// `reasoning_content` / `thinking`, never as content; thinking off renders the closed block; a
 /// named call comes in Qwen3-Coder XML after a budgeted block; Anthropic answers `thinking` then
-/// `tool_use`; Responses a reasoning item then the call; a call cut by max_tokens is not sent.
+/// `tool_use`; Responses a reasoning item then the call; a call cut by max_tokens is not sent. And
+/// a tiny Gemma 4 with the real Gemma 4 template: Gemma's own call syntax on every endpoint.
 #[test]
 fn reasoning_model_through_the_official_clients() {
     let dir = tempfile::tempdir().unwrap();
     let Some(model) = support::qwen35_chat_model(dir.path()) else { return };
     let server = Server::start(&model, Fast, &["--api-key", API_KEY, "--served-model-name", "qwen35"]);
     let env = [("WEFT_API_KEY", API_KEY.to_string()), ("WEFT_MODEL_ID", "qwen35".to_string())];
-    finish("reasoning (test_reasoning.py)", run_python("test_reasoning.py", &server, &env));
+    let qwen = run_python("test_reasoning.py", &server, &env);
+    // A tiny Gemma 4 with the real Gemma 4 template: its own call syntax on every endpoint.
+    let gemma_dir = tempfile::tempdir().unwrap();
+    let gemma = Server::start(&support::gemma4_chat_model(gemma_dir.path()), Fast, &["--api-key", API_KEY, "--served-model-name", "gemma4"]);
+    let env = [("WEFT_API_KEY", API_KEY.to_string()), ("WEFT_MODEL_ID", "gemma4".to_string())];
+    let gemma_run = run_python("test_reasoning.py", &gemma, &env);
+    finish("reasoning, Qwen3.5 (test_reasoning.py)", qwen);
+    finish("reasoning, Gemma 4 (test_reasoning.py)", gemma_run);
 }
 
 /// Tool calling through the official Python clients and the npm openai client on the default model (Weft's fallback

@@ -4,7 +4,9 @@ thinking on the template leaves the model in its <think> block, so unfinished re
 arrive as `reasoning_content` / `thinking` and never as content; thinking off renders the
 template's closed block; a forced call comes in the model's own format after a budgeted block
 (Qwen3-Coder XML, parsed back to JSON arguments); Anthropic answers `thinking` then `tool_use`;
-Responses gives a reasoning item before the function call.
+Responses gives a reasoning item before the function call. With WEFT_MODEL_ID=gemma4, a tiny
+Gemma 4 text model with the real Gemma 4 template instead: calls in Gemma 4's own syntax on
+every endpoint, thinking on and off rendered by the template.
 
     WEFT_URL=... WEFT_API_KEY=... WEFT_MODEL_ID=qwen35 .venv/bin/python tests/server/test_reasoning.py
 """
@@ -38,6 +40,11 @@ def valid_forecast(arguments):
     return set(args) == {"city", "metric"} and args["city"] in ("Paris", "Oslo") and isinstance(args["metric"], bool)
 
 
+QWEN = unittest.skipUnless(MODEL_ID == "qwen35", "the Qwen3.5 model's checks")
+GEMMA = unittest.skipUnless(MODEL_ID == "gemma4", "the Gemma 4 model's checks")
+
+
+@QWEN
 class ChatCompletions(unittest.TestCase):
     def test_unfinished_reasoning_is_reasoning_content(self):
         r = oai().chat.completions.create(model=MODEL_ID, messages=ASK, max_tokens=10, temperature=0)
@@ -83,6 +90,7 @@ class ChatCompletions(unittest.TestCase):
         self.assertFalse(r.choices[0].message.tool_calls)
 
 
+@QWEN
 class Messages(unittest.TestCase):
     def test_thinking_then_tool_use(self):
         tool = {"name": "get_forecast", "input_schema": FORECAST}
@@ -113,6 +121,7 @@ class Messages(unittest.TestCase):
         self.assertNotIn("thinking", [b.type for b in r.content])
 
 
+@QWEN
 class Responses(unittest.TestCase):
     def test_reasoning_item_then_function_call(self):
         tool = {"type": "function", "name": "get_forecast", "parameters": FORECAST}
@@ -124,6 +133,35 @@ class Responses(unittest.TestCase):
         self.assertEqual(kinds[-1], "function_call", kinds)
         self.assertTrue(valid_forecast(r.output[-1].arguments), r.output[-1])
         self.assertGreater(r.usage.output_tokens_details.reasoning_tokens, 0)
+
+
+@GEMMA
+class Gemma4(unittest.TestCase):
+    """Gemma 4's calls (`<|tool_call>call:get_forecast{city:<|"|>Paris<|"|>,metric:true}<tool_call|>`)
+    come back as JSON arguments on every endpoint."""
+
+    def test_calls_on_every_endpoint(self):
+        r = oai().chat.completions.create(model=MODEL_ID, messages=ASK, max_tokens=120, temperature=0,
+                                          tools=[CHAT_TOOL], tool_choice="required", parallel_tool_calls=False)
+        self.assertEqual(r.choices[0].finish_reason, "tool_calls", r)
+        self.assertTrue(valid_forecast(r.choices[0].message.tool_calls[0].function.arguments))
+        tool = {"name": "get_forecast", "input_schema": FORECAST}
+        m = claude().messages.create(model=MODEL_ID, max_tokens=120, messages=ASK, tools=[tool],
+                                     tool_choice={"type": "tool", "name": "get_forecast"})
+        self.assertEqual(m.content[-1].type, "tool_use", m.content)
+        self.assertTrue(valid_forecast(m.content[-1].input))
+        resp = oai().responses.create(model=MODEL_ID, input="What is the weather in Paris?", max_output_tokens=120,
+                                      tools=[{"type": "function", "name": "get_forecast", "parameters": FORECAST}],
+                                      tool_choice={"type": "function", "name": "get_forecast"})
+        self.assertEqual(resp.output[-1].type, "function_call", resp.output)
+        self.assertTrue(valid_forecast(resp.output[-1].arguments))
+
+    def test_thinking_switch(self):
+        off = oai().chat.completions.create(model=MODEL_ID, messages=ASK, max_tokens=1, temperature=0)
+        on = oai().chat.completions.create(model=MODEL_ID, messages=ASK, max_tokens=1, temperature=0,
+                                           extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+        # Thinking on adds `<|think|>` to a system turn; off closes an empty thought channel.
+        self.assertNotEqual(on.usage.prompt_tokens, off.usage.prompt_tokens)
 
 
 if __name__ == "__main__":
