@@ -5,8 +5,9 @@
 
 use mlx_rs::Dtype;
 
-use super::{ConfigReader, ModelInfo};
-use crate::nn::{AttentionOptions, DecoderScaling, DenseDecoder, DenseDecoderSpec, Weights};
+use super::llama::{base_spec, Dims};
+use super::ConfigReader;
+use crate::nn::{DecoderScaling, DenseDecoder, Weights};
 use crate::Result;
 
 pub fn load(cfg: &ConfigReader, weights: Weights, dtype: Dtype) -> Result<DenseDecoder> {
@@ -26,42 +27,18 @@ pub fn load(cfg: &ConfigReader, weights: Weights, dtype: Dtype) -> Result<DenseD
         .then(|| cfg.bool_or("mlp_bias", false))
         .unwrap_or_else(|| Err(crate::Error::ModelLoad("config.json: missing \"mlp_bias\"".into())))?;
     let rope = cfg.rope(head_dim, None, false)?;
-    let spec = DenseDecoderSpec {
-        info: ModelInfo {
-            model_type: "granite".into(),
-            vocab_size: cfg.req_i32("vocab_size")?,
-            hidden_size: hidden,
-            num_layers: cfg.req_i32("num_hidden_layers")? as usize,
-            kv_heads,
-            head_dim,
-            max_position_embeddings: (!rope.extends_context())
-                .then_some(cfg.req_i32("max_position_embeddings")? as usize),
-            activation_dtype: dtype,
-            sliding_window: None,
-        },
-        intermediate: cfg.req_i32("intermediate_size")?,
-        rms_norm_eps: cfg.req_f32("rms_norm_eps")?,
-        mlp_bias,
-        tie_word_embeddings: cfg.bool_or("tie_word_embeddings", true)?,
-        attention: AttentionOptions {
-            hidden,
-            heads,
-            kv_heads,
-            head_dim,
-            qkv_bias: attention_bias,
-            o_bias: attention_bias,
-            qk_norm_eps: None,
-            rope,
-        },
-        nope_layers: Vec::new(),
-        fused_projections: false,
-        scaling: DecoderScaling {
-            embedding: Some(cfg.req_f32("embedding_multiplier")?),
-            residual: Some(cfg.req_f32("residual_multiplier")?),
-            attention: Some(cfg.req_f32("attention_multiplier")?),
-            logits_divisor: Some(cfg.req_f32("logits_scaling")?),
-            ..DecoderScaling::default()
-        },
+    let max_positions =
+        if rope.extends_context() { None } else { Some(cfg.req_i32("max_position_embeddings")? as usize) };
+    let mut spec = base_spec(cfg, dtype, "granite", Dims { hidden, heads, kv_heads, head_dim }, rope, max_positions, true)?;
+    spec.mlp_bias = mlp_bias;
+    spec.attention.qkv_bias = attention_bias;
+    spec.attention.o_bias = attention_bias;
+    spec.scaling = DecoderScaling {
+        embedding: Some(cfg.req_f32("embedding_multiplier")?),
+        residual: Some(cfg.req_f32("residual_multiplier")?),
+        attention: Some(cfg.req_f32("attention_multiplier")?),
+        logits_divisor: Some(cfg.req_f32("logits_scaling")?),
+        ..DecoderScaling::default()
     };
     DenseDecoder::load(weights, spec)
 }

@@ -6,8 +6,9 @@
 
 use mlx_rs::Dtype;
 
-use super::{ConfigReader, ModelInfo};
-use crate::nn::{AttentionOptions, DecoderScaling, DenseDecoder, DenseDecoderSpec, Weights};
+use super::llama::{base_spec, Dims};
+use super::ConfigReader;
+use crate::nn::{DecoderScaling, DenseDecoder, Weights};
 use crate::Result;
 
 pub fn load(cfg: &ConfigReader, weights: Weights, dtype: Dtype) -> Result<DenseDecoder> {
@@ -21,41 +22,14 @@ pub fn load(cfg: &ConfigReader, weights: Weights, dtype: Dtype) -> Result<DenseD
     // Python floats, rounded once to float32 as mlx does with a scalar.
     let depth = cfg.req_f32("scale_depth")? as f64 / (layers as f64).sqrt();
     let head_divisor = hidden as f64 / cfg.req_i32("dim_model_base")? as f64;
-    let spec = DenseDecoderSpec {
-        info: ModelInfo {
-            model_type: "minicpm".into(),
-            vocab_size: cfg.req_i32("vocab_size")?,
-            hidden_size: hidden,
-            num_layers: layers as usize,
-            kv_heads,
-            head_dim,
-            max_position_embeddings: if rope.extends_context() { None } else { max_positions },
-            activation_dtype: dtype,
-            sliding_window: None,
-        },
-        intermediate: cfg.req_i32("intermediate_size")?,
-        rms_norm_eps: cfg.req_f32("rms_norm_eps")?,
-        mlp_bias: false,
-        tie_word_embeddings: cfg.bool_or("tie_word_embeddings", false)?,
-        attention: AttentionOptions {
-            hidden,
-            heads,
-            kv_heads,
-            head_dim,
-            qkv_bias: false,
-            o_bias: false,
-            qk_norm_eps: None,
-            rope,
-        },
-        nope_layers: Vec::new(),
-        fused_projections: false,
-        scaling: DecoderScaling {
-            embedding: Some(cfg.req_f32("scale_emb")?),
-            residual: Some(depth as f32),
-            head_input_divisor: Some(head_divisor as f32),
-            head_falls_back_to_embedding: true,
-            ..DecoderScaling::default()
-        },
+    let max_positions = if rope.extends_context() { None } else { max_positions };
+    let mut spec = base_spec(cfg, dtype, "minicpm", Dims { hidden, heads, kv_heads, head_dim }, rope, max_positions, false)?;
+    spec.scaling = DecoderScaling {
+        embedding: Some(cfg.req_f32("scale_emb")?),
+        residual: Some(depth as f32),
+        head_input_divisor: Some(head_divisor as f32),
+        head_falls_back_to_embedding: true,
+        ..DecoderScaling::default()
     };
     DenseDecoder::load(weights, spec)
 }

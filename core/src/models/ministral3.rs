@@ -13,8 +13,8 @@
 use mlx_rs::Dtype;
 use serde_json::Value;
 
-use super::{llama, ConfigReader, ModelInfo};
-use crate::nn::{AttentionOptions, DecoderScaling, DenseDecoder, DenseDecoderSpec, Rope, RopeContext, Weights};
+use super::{llama, ConfigReader};
+use crate::nn::{DecoderScaling, DenseDecoder, Rope, RopeContext, Weights};
 use crate::{Error, Result};
 
 pub fn load_mistral3(cfg: &ConfigReader, mut w: Weights, dtype: Dtype) -> Result<DenseDecoder> {
@@ -44,11 +44,7 @@ pub fn load(cfg: &ConfigReader, weights: Weights, dtype: Dtype) -> Result<DenseD
     let heads = cfg.req_i32("num_attention_heads")?;
     let kv_heads = cfg.opt_i32("num_key_value_heads")?.unwrap_or(heads);
     let head_dim = cfg.opt_i32("head_dim")?.unwrap_or(hidden / heads);
-    if let Some(types) = cfg.get("layer_types").and_then(|t| t.as_array()) {
-        if types.iter().any(|t| t.as_str() != Some("full_attention")) {
-            return Err(Error::Unsupported("ministral3 with sliding-window layer_types".into()));
-        }
-    }
+    llama::full_attention_only(cfg, "ministral3")?;
     let params = cfg
         .get("rope_parameters")
         .ok_or_else(|| Error::ModelLoad("config.json: ministral3 needs \"rope_parameters\"".into()))?;
@@ -67,35 +63,9 @@ pub fn load(cfg: &ConfigReader, weights: Weights, dtype: Dtype) -> Result<DenseD
     }
     let max_positions = cfg.opt_i32("max_position_embeddings")?;
     let rope = Rope::from_scaling(head_dim, theta, false, Some(params), RopeContext { max_position_embeddings: max_positions })?;
-    let spec = DenseDecoderSpec {
-        info: ModelInfo {
-            model_type: "ministral3".into(),
-            vocab_size: cfg.req_i32("vocab_size")?,
-            hidden_size: hidden,
-            num_layers: cfg.req_i32("num_hidden_layers")? as usize,
-            kv_heads,
-            head_dim,
-            max_position_embeddings: if rope.extends_context() { None } else { max_positions.map(|n| n as usize) },
-            activation_dtype: dtype,
-            sliding_window: None,
-        },
-        intermediate: cfg.req_i32("intermediate_size")?,
-        rms_norm_eps: cfg.req_f32("rms_norm_eps")?,
-        mlp_bias: false,
-        tie_word_embeddings: cfg.bool_or("tie_word_embeddings", true)?,
-        attention: AttentionOptions {
-            hidden,
-            heads,
-            kv_heads,
-            head_dim,
-            qkv_bias: false,
-            o_bias: false,
-            qk_norm_eps: None,
-            rope,
-        },
-        nope_layers: Vec::new(),
-        fused_projections: false,
-        scaling: DecoderScaling { query_position_scaling: Some((beta, original_max as i32)), ..DecoderScaling::default() },
-    };
+    let max_positions = if rope.extends_context() { None } else { max_positions.map(|n| n as usize) };
+    let dims = llama::Dims { hidden, heads, kv_heads, head_dim };
+    let mut spec = llama::base_spec(cfg, dtype, "ministral3", dims, rope, max_positions, true)?;
+    spec.scaling = DecoderScaling { query_position_scaling: Some((beta, original_max as i32)), ..DecoderScaling::default() };
     DenseDecoder::load(weights, spec)
 }

@@ -7,8 +7,9 @@
 
 use mlx_rs::Dtype;
 
-use super::{ConfigReader, ModelInfo};
-use crate::nn::{AttentionOptions, DecoderScaling, DenseDecoder, DenseDecoderSpec, Rope, Weights};
+use super::llama::{base_spec, Dims};
+use super::ConfigReader;
+use crate::nn::{DenseDecoder, Rope, Weights};
 use crate::{Error, Result};
 
 pub fn load(cfg: &ConfigReader, weights: Weights, dtype: Dtype) -> Result<DenseDecoder> {
@@ -53,35 +54,8 @@ pub fn load(cfg: &ConfigReader, weights: Weights, dtype: Dtype) -> Result<DenseD
             }
         }
     };
-    let spec = DenseDecoderSpec {
-        info: ModelInfo {
-            model_type: "phi3".into(),
-            vocab_size: cfg.req_i32("vocab_size")?,
-            hidden_size: hidden,
-            num_layers: cfg.req_i32("num_hidden_layers")? as usize,
-            kv_heads,
-            head_dim,
-            max_position_embeddings: Some(max_positions as usize),
-            activation_dtype: dtype,
-            sliding_window: None,
-        },
-        intermediate: cfg.req_i32("intermediate_size")?,
-        rms_norm_eps: cfg.req_f32("rms_norm_eps")?,
-        mlp_bias: false,
-        tie_word_embeddings: cfg.bool_or("tie_word_embeddings", false)?,
-        attention: AttentionOptions {
-            hidden,
-            heads,
-            kv_heads,
-            head_dim,
-            qkv_bias: false,
-            o_bias: false,
-            qk_norm_eps: None,
-            rope,
-        },
-        nope_layers: Vec::new(),
-        fused_projections: true,
-        scaling: DecoderScaling::default(),
-    };
+    let dims = Dims { hidden, heads, kv_heads, head_dim };
+    let mut spec = base_spec(cfg, dtype, "phi3", dims, rope, Some(max_positions as usize), false)?;
+    spec.fused_projections = true;
     DenseDecoder::load(weights, spec)
 }
