@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 use weft::loading::{self, LoadedModel};
-use weft::model_store::{named_model, named_models, ModelStore};
+use weft::model_store::{hub, named_model, named_models, ModelStore, RepoRef};
 use weft::sampling::SamplingParams;
 use weft::{Error, Result};
 
@@ -12,9 +12,11 @@ use crate::progress::stderr_progress;
 
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// Model: an mlx-lm / Hugging Face directory, a .gguf file, or the name of a model the store
-    /// installs (gemma-3-270m). Default: $WEFT_MODEL, else the built-in default model
-    /// (SmolLM2-135M-Instruct, downloaded on first use).
+    /// Model: an mlx-lm / Hugging Face directory, a .gguf file, the name of a model the store
+    /// installs (gemma-3-270m), or a Hugging Face repo id `org/repo[@revision][:file]`
+    /// (downloaded into the Hugging Face cache; HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE apply).
+    /// Default: $WEFT_MODEL, else the built-in default model (SmolLM2-135M-Instruct,
+    /// downloaded on first use).
     #[arg(long, short = 'm')]
     pub model: Option<PathBuf>,
 }
@@ -97,27 +99,51 @@ fn install_named_model(name: &str) -> Result<Option<PathBuf>> {
 
 #[derive(Args, Debug, Clone)]
 pub struct PullArgs {
-    /// A model the store knows by name (gemma-3-270m); default: the default model.
+    /// A model the store knows by name (gemma-3-270m), or a Hugging Face repo id
+    /// `org/repo[@revision][:file]`; default: the default model.
     pub name: Option<String>,
 }
 
 pub fn pull(args: PullArgs) -> Result<PathBuf> {
     match args.name {
         None => default_model_path(),
-        Some(name) => install_named_model(&name)?.ok_or_else(|| {
-            Error::InvalidRequest(format!("no model named {name:?}; the store knows: {}", named_models().join(", ")))
-        }),
+        Some(name) => match install_named_model(&name)? {
+            Some(path) => Ok(path),
+            None => match RepoRef::parse(&name) {
+                Some(r) => fetch_hub_model(&r),
+                None => Err(Error::InvalidRequest(format!(
+                    "no model named {name:?}: give a Hugging Face repo id (org/repo[@revision][:file]) or \
+                     one of the names the store knows: {}",
+                    named_models().join(", ")
+                ))),
+            },
+        },
     }
 }
 
+/// Fetches a Hub model into the Hugging Face cache (options from the HF_* variables), drawing
+/// progress on stderr.
+fn fetch_hub_model(r: &RepoRef) -> Result<PathBuf> {
+    let opts = weft::env::hub_options()?;
+    let never = std::sync::atomic::AtomicBool::new(false);
+    hub::ensure(&opts, r, &mut stderr_progress(), &never)
+}
+
 /// `--model`, else `$WEFT_MODEL`, else the default model (downloaded with a progress bar). A
-/// value that is not an existing path but names a model the store knows is installed by name.
+/// value that is not an existing path but names a model the store knows is installed by name;
+/// one shaped like a Hugging Face repo id (`org/repo[@revision][:file]`) is fetched into the
+/// Hugging Face cache.
 pub fn resolve_model_path(model: Option<&Path>) -> Result<PathBuf> {
     let given = model.map(Path::to_path_buf).or_else(|| std::env::var_os("WEFT_MODEL").filter(|p| !p.is_empty()).map(PathBuf::from));
     let Some(path) = given else { return default_model_path() };
     if !path.exists() {
-        if let Some(installed) = path.to_str().map(install_named_model).transpose()?.flatten() {
-            return Ok(installed);
+        if let Some(name) = path.to_str() {
+            if let Some(installed) = install_named_model(name)? {
+                return Ok(installed);
+            }
+            if let Some(r) = RepoRef::parse(name) {
+                return fetch_hub_model(&r);
+            }
         }
     }
     Ok(path)

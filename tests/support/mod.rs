@@ -112,20 +112,7 @@ use weft::sampling::SamplingParams;
 
 /// A greedy request for token ids that ignores EOS (as the goldens were made).
 pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
-    Request {
-        input: Input::Tokens(prompt),
-        max_tokens,
-        sampling: SamplingParams::greedy(),
-        stop: Vec::new(),
-        ignore_eos: true,
-        capture_first_logits: 0,
-        logprobs: None,
-        tools: None,
-        constraint: None,
-        images: Vec::new(),
-        audio: Vec::new(),
-        chat_template: None,
-    }
+    Request { max_tokens, sampling: SamplingParams::greedy(), ignore_eos: true, ..Request::new(Input::Tokens(prompt)) }
 }
 
 /// What one request's events amounted to.
