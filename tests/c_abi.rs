@@ -66,7 +66,7 @@ fn header_is_up_to_date() {
     for needle in [
         "#define WEFT_ABI_VERSION 1",
         "uint32_t weft_abi_version(void);",
-        "#define WEFT_ABI_MINOR 1",
+        "#define WEFT_ABI_MINOR 2",
         "uint32_t weft_abi_minor(void);",
         "WEFT_FINISH_TOOL_CALLS = 3,",
         "WEFT_TOOL_DELTA_START = 1,",
@@ -93,6 +93,7 @@ fn header_is_up_to_date() {
         "WEFT_ERR_CAPACITY = -4,",
         "WEFT_ERR_SHUTDOWN = -5,",
         "WEFT_ERR_INTERNAL = -6,",
+        "WEFT_ERR_CANCELLED = -9,",
     ] {
         assert!(generated.contains(needle), "include/weft.h lacks `{needle}`");
     }
@@ -519,6 +520,34 @@ fn constrained_output_through_the_c_abi() {
         .output()
         .expect("running the C constrained-output test");
     assert_pass(&out, "constrained_test.c on goldens/gguf/llama-q4_1.gguf");
+}
+
+#[path = "support/hub.rs"]
+mod hub_fixture;
+
+/// A Hugging Face repo id as "model" (ABI minor 2): weft_engine_new_with_progress reports the
+/// download, cancels it when the callback says so (WEFT_ERR_CANCELLED), resumes it on the next
+/// call; an unknown repo is WEFT_ERR_MODEL_LOAD with a message naming it.
+#[test]
+fn hub_models_with_progress_and_cancel_through_the_c_abi() {
+    let tokenizer = std::fs::read(repo_root().join("goldens/models/gemma3-vision/tokenizer.json")).unwrap();
+    let repo = hub_fixture::HubRepo::from_dir("org/tiny", &tiny_model_dir("qwen3"), vec![("tokenizer.json".into(), tokenizer)]);
+    let hub = hub_fixture::Hub::start(vec![repo]);
+    let cache = tempfile::tempdir().unwrap();
+    for lang in [Lang::C, Lang::Cxx] {
+        let exe = build(&repo_root().join("ffi/tests/c/hub_test.c"), lang, Link::Dynamic);
+        let dir = cache.path().join(format!("{lang:?}"));
+        let out = kernels(runs_from_rpath(Command::new(&exe)), "fast")
+            .arg("org/tiny")
+            .env("HF_ENDPOINT", &hub.url)
+            .env("HF_HUB_CACHE", &dir)
+            .env_remove("HF_HUB_OFFLINE")
+            .env_remove("HF_TOKEN")
+            .output()
+            .expect("running the C hub test");
+        assert_pass(&out, &format!("hub_test.c ({lang:?})"));
+        assert!(dir.join("models--org--tiny/refs/main").is_file());
+    }
 }
 
 /// Tool calls through weft_event (ABI minor 1) on the tiny GGUF (random weights, a ChatML
