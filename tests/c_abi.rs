@@ -530,9 +530,7 @@ mod hub_fixture;
 /// call; an unknown repo is WEFT_ERR_MODEL_LOAD with a message naming it.
 #[test]
 fn hub_models_with_progress_and_cancel_through_the_c_abi() {
-    let tokenizer = std::fs::read(repo_root().join("goldens/models/gemma3-vision/tokenizer.json")).unwrap();
-    let repo = hub_fixture::HubRepo::from_dir("org/tiny", &tiny_model_dir("qwen3"), vec![("tokenizer.json".into(), tokenizer)]);
-    let hub = hub_fixture::Hub::start(vec![repo]);
+    let hub = hub_fixture::Hub::start(vec![hub_fixture::tiny_repo("org/tiny")]);
     let cache = tempfile::tempdir().unwrap();
     for lang in [Lang::C, Lang::Cxx] {
         let exe = build(&repo_root().join("ffi/tests/c/hub_test.c"), lang, Link::Dynamic);

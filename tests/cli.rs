@@ -233,14 +233,7 @@ fn bench_measures_every_batch_size_on_one_warm_engine() {
 #[path = "support/hub.rs"]
 mod hub_fixture;
 
-use hub_fixture::{Hub, HubRepo};
-
-/// goldens/models/qwen3 (index + four shards) with the tokenizer of goldens/models/gemma3-vision
-/// (512 tokens), as repo `id`.
-fn hub_repo(id: &str) -> HubRepo {
-    let tokenizer = std::fs::read(repo_root().join("goldens/models/gemma3-vision/tokenizer.json")).unwrap();
-    HubRepo::from_dir(id, &tiny_model_dir("qwen3"), vec![("tokenizer.json".into(), tokenizer)])
-}
+use hub_fixture::{tiny_repo, Hub};
 
 /// `weft ARGS` with the Hub at `endpoint` and the cache in `cache`, nothing else of HF_* set.
 fn weft_hub(endpoint: &str, cache: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> Output {
@@ -253,7 +246,7 @@ fn weft_hub(endpoint: &str, cache: &std::path::Path, args: &[&str], env: &[(&str
 
 #[test]
 fn hub_repo_ids_download_once_then_run_from_the_cache_and_offline() {
-    let hub = Hub::start(vec![hub_repo("org/tiny")]);
+    let hub = Hub::start(vec![tiny_repo("org/tiny")]);
     let commit = hub.state.lock().unwrap().repos[0].main_commit();
     let cache = tempfile::tempdir().unwrap();
     let out = weft_hub(&hub.url, cache.path(), &["pull", "org/tiny"], &[]);
@@ -296,7 +289,7 @@ fn hub_repo_ids_download_once_then_run_from_the_cache_and_offline() {
 
 #[test]
 fn hub_errors_exit_1_with_what_went_wrong() {
-    let hub = Hub::start(vec![hub_repo("org/tiny")]);
+    let hub = Hub::start(vec![tiny_repo("org/tiny")]);
     let cache = tempfile::tempdir().unwrap();
     let out = weft_hub(&hub.url, cache.path(), &["pull", "org/missing"], &[]);
     assert_clean_error(&out, 1, "no repository org/missing");
@@ -312,7 +305,7 @@ fn hub_errors_exit_1_with_what_went_wrong() {
 /// A pull cut off mid-file keeps its bytes; the next process resumes them with `Range`.
 #[test]
 fn hub_interrupted_pull_is_resumed_by_the_next_process() {
-    let hub = Hub::start(vec![hub_repo("org/tiny")]);
+    let hub = Hub::start(vec![tiny_repo("org/tiny")]);
     let cache = tempfile::tempdir().unwrap();
     hub.set_cut(Some(4096));
     let out = weft_hub(&hub.url, cache.path(), &["pull", "org/tiny"], &[]);

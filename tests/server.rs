@@ -1309,9 +1309,7 @@ mod hub_fixture;
 /// model is a 404.
 #[test]
 fn serve_fetches_a_hub_repo_id_once() {
-    let tokenizer = std::fs::read(repo_root().join("goldens/models/gemma3-vision/tokenizer.json")).unwrap();
-    let repo = hub_fixture::HubRepo::from_dir("org/tiny-model", &tiny_model_dir("qwen3"), vec![("tokenizer.json".into(), tokenizer)]);
-    let hub = hub_fixture::Hub::start(vec![repo]);
+    let hub = hub_fixture::Hub::start(vec![hub_fixture::tiny_repo("org/tiny-model")]);
     let cache = tempfile::tempdir().unwrap();
     let env = [("HF_ENDPOINT", hub.url.as_str()), ("HF_HUB_CACHE", cache.path().to_str().unwrap()), ("HF_TOKEN", "")];
     for run in 0..2 {

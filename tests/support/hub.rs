@@ -84,6 +84,24 @@ impl HubRepo {
     }
 }
 
+/// The repository root (every test crate's manifest is one level below it).
+fn repo_root() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// goldens/models/qwen3 (an index and four shards) with the tokenizer of
+/// goldens/models/gemma3-vision (512 tokens) and a chat template: everything a text model loads
+/// from, plus a README nobody needs, as repo `id`.
+pub fn tiny_repo(id: &str) -> HubRepo {
+    let tokenizer = std::fs::read(repo_root().join("goldens/models/gemma3-vision/tokenizer.json")).unwrap();
+    let config = br#"{"chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}"}"#.to_vec();
+    HubRepo::from_dir(
+        id,
+        &repo_root().join("goldens/models/qwen3"),
+        vec![("tokenizer.json".into(), tokenizer), ("tokenizer_config.json".into(), config)],
+    )
+}
+
 #[derive(Default)]
 pub struct HubState {
     pub repos: Vec<HubRepo>,
@@ -136,17 +154,23 @@ fn is_lfs(name: &str) -> bool {
     name.ends_with(".safetensors") || name.ends_with(".gguf")
 }
 
-struct Req {
-    method: String,
-    path: String,
-    range: Option<usize>,
-    auth: Option<String>,
+/// An HTTP request as the test servers see it.
+pub struct Req {
+    /// The request line, trimmed (`GET /path HTTP/1.1`).
+    pub line: String,
+    pub method: String,
+    pub path: String,
+    /// The start of a `Range: bytes=N-` header.
+    pub range: Option<usize>,
+    pub auth: Option<String>,
 }
 
-fn read_request(s: &TcpStream) -> Option<Req> {
+/// Reads a request's line and headers (the test servers' requests have no body).
+pub fn read_request(s: &TcpStream) -> Option<Req> {
     let mut r = BufReader::new(s.try_clone().ok()?);
     let mut line = String::new();
     r.read_line(&mut line).ok()?;
+    let line = line.trim().to_string();
     let mut parts = line.split_whitespace();
     let (method, path) = (parts.next()?.to_string(), parts.next()?.to_string());
     let (mut range, mut auth) = (None, None);
@@ -163,7 +187,7 @@ fn read_request(s: &TcpStream) -> Option<Req> {
             auth = Some(h["authorization:".len()..].trim().to_string());
         }
     }
-    Some(Req { method, path, range, auth })
+    Some(Req { line, method, path, range, auth })
 }
 
 fn respond(s: &mut TcpStream, status: &str, headers: &[String], body: &[u8], head_only: bool) {

@@ -103,7 +103,7 @@ fn refusal(opts: &HubOptions, r: &RepoRef, status: u16, resp: &ureq::http::Respo
             format!("{} not found in {}@{} on {}{hub_msg}", file.unwrap_or("the file"), r.repo, r.revision(), opts.endpoint)
         }
         ("RepoNotFound", _) | ("", 401 | 404) if file.is_none() || code == "RepoNotFound" => format!(
-            "{r}: no repository {} on {}{hub_msg}; {token_hint}",
+            "{r} is not a local path, and there is no repository {} on {}{hub_msg}; {token_hint}",
             r.repo, opts.endpoint
         ),
         _ => format!(

@@ -208,7 +208,14 @@ fn select(r: &RepoRef, files: &[String]) -> Result<Selection> {
     if files.iter().any(|f| f == "config.json") {
         let mut want: Vec<String> = SUPPORT_FILES.iter().filter(|s| files.iter().any(|f| f == *s)).map(|s| s.to_string()).collect();
         if !files.iter().any(|f| f == INDEX) {
-            want.extend(files.iter().filter(|f| !f.contains('/') && f.ends_with(".safetensors")).cloned());
+            let weights: Vec<String> = files.iter().filter(|f| !f.contains('/') && f.ends_with(".safetensors")).cloned().collect();
+            if weights.is_empty() {
+                return Err(Error::Download(format!(
+                    "{r}: the repo has a config.json but no safetensors weights (Weft loads safetensors \
+                     checkpoints, as mlx-lm converts them, and GGUF files)"
+                )));
+            }
+            want.extend(weights);
         }
         return Ok(Selection::Dir(want));
     }
@@ -325,6 +332,9 @@ fn fetch_files(
 ) -> Result<()> {
     let snapshot = repo_dir.join("snapshots").join(commit);
     let blobs = repo_dir.join("blobs");
+    if let Some(bad) = files.iter().find(|f| f.starts_with('/') || f.contains('\\') || f.split('/').any(|p| p.is_empty() || p == "." || p == "..")) {
+        return Err(Error::Download(format!("{r}: the Hub lists a file {bad:?} whose path leaves the repo")));
+    }
     // A snapshot entry whose blob is there (the link resolves) is done: no request for it.
     let missing: Vec<&String> = files.iter().filter(|f| !snapshot.join(f).is_file()).collect();
     if missing.is_empty() {
@@ -452,5 +462,7 @@ mod tests {
         assert!(e.contains("no GGUF file tagged Q2_K") && e.contains("m-Q8_0.gguf"), "{e}");
         assert_eq!(select(&r("o/r"), &files(&["a.gguf", "mmproj.gguf"])).unwrap(), Selection::File("a.gguf".into()));
         assert!(select(&r("o/r"), &files(&["README.md"])).unwrap_err().to_string().contains("neither a config.json"));
+        let torch = files(&["config.json", "pytorch_model.bin"]);
+        assert!(select(&r("o/r"), &torch).unwrap_err().to_string().contains("no safetensors weights"));
     }
 }
