@@ -289,8 +289,23 @@ fn hub_repo_ids_download_once_then_run_from_the_cache_and_offline() {
 
 #[test]
 fn hub_errors_exit_1_with_what_went_wrong() {
-    let hub = Hub::start(vec![tiny_repo("org/tiny")]);
+    let mut gated = tiny_repo("org/gated");
+    gated.gated_token = Some("hf_test".into());
+    let hub = Hub::start(vec![tiny_repo("org/tiny"), gated]);
     let cache = tempfile::tempdir().unwrap();
+    // A gated repo: refused without a token, fetched with HF_TOKEN or with the token file in
+    // HF_HOME (what `hf auth login` writes).
+    let out = weft_hub(&hub.url, cache.path(), &["pull", "org/gated"], &[]);
+    assert_clean_error(&out, 1, "access to org/gated is restricted");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("HF_TOKEN"));
+    let out = weft_hub(&hub.url, cache.path(), &["pull", "org/gated"], &[("HF_TOKEN", "hf_test")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let home = tempfile::tempdir().unwrap();
+    std::fs::write(home.path().join("token"), "hf_test\n").unwrap();
+    let other = tempfile::tempdir().unwrap();
+    let out = weft_hub(&hub.url, other.path(), &["pull", "org/gated"], &[("HF_HOME", home.path().to_str().unwrap())]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
     let out = weft_hub(&hub.url, cache.path(), &["pull", "org/missing"], &[]);
     assert_clean_error(&out, 1, "no repository org/missing");
     let out = weft_hub(&hub.url, cache.path(), &["generate", "-m", "org/tiny@v9", "--prompt-ids", "1"], &[]);
