@@ -95,7 +95,7 @@ struct Inspected {
 
 pub fn run(args: ModelsArgs) -> Result<()> {
     let store = ModelStore::from_env();
-    let hf_cache = weft::env::hub_options()?.cache_dir;
+    let hf_cache = weft::model_store::HubOptions::from_env()?.cache_dir;
     let mut entries = list(&store);
     for m in hub::cached_models(&hf_cache) {
         let mut e = entry(&m.name, false, false, Some(m.path), 0);

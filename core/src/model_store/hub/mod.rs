@@ -23,7 +23,7 @@
 //! Offline ([`HubOptions::offline`], `HF_HUB_OFFLINE=1`) only the cache is read; an unreachable
 //! Hub falls back to the cache too. The options are values: the faces fill them from
 //! `HF_ENDPOINT`, `HF_TOKEN`, `HF_HUB_OFFLINE`, `HF_HUB_CACHE`, `HF_HOME` through
-//! [`crate::env::hub_options`].
+//! [`HubOptions::from_env`] (which has [`crate::env::hub_vars`] read them).
 
 mod api;
 mod cache;
@@ -61,6 +61,19 @@ impl HubOptions {
     /// The public Hub, online, caching in `cache_dir`.
     pub fn new(cache_dir: impl Into<PathBuf>) -> Self {
         HubOptions { endpoint: DEFAULT_ENDPOINT.into(), token: None, offline: false, cache_dir: cache_dir.into() }
+    }
+
+    /// The options the Hugging Face variables set, as `huggingface_hub` reads them
+    /// ([`crate::env::hub_vars`]: `HF_ENDPOINT`, `HF_TOKEN`, `HF_HUB_OFFLINE`, `HF_HUB_CACHE`,
+    /// `HF_HOME`). A face calls this for a model its caller named by repo id.
+    pub fn from_env() -> Result<Self> {
+        let v = crate::env::hub_vars()?;
+        Ok(HubOptions {
+            endpoint: v.endpoint.unwrap_or_else(|| DEFAULT_ENDPOINT.into()),
+            token: v.token,
+            offline: v.offline,
+            cache_dir: v.cache_dir,
+        })
     }
 }
 
