@@ -190,6 +190,7 @@ mod tests {
             WEFT_ERR_INTERNAL,
             WEFT_ERR_UNSUPPORTED,
             WEFT_ERR_ENGINE_FAILED,
+            WEFT_ERR_CANCELLED,
         ] {
             assert_ne!(status_str(s).to_bytes(), b"unknown status", "{s}");
         }
