@@ -131,7 +131,7 @@ pub fn resolve_model_path(model: Option<&Path>) -> Result<PathBuf> {
         announce_named_model(name);
     }
     let never = std::sync::atomic::AtomicBool::new(false);
-    resolve_model(Some(&path), &weft::model_store::HubOptions::from_env()?, &mut stderr_progress(), &never)
+    resolve_model(Some(&path), weft::model_store::HubOptions::from_env, &mut stderr_progress(), &never)
 }
 
 pub fn load_model(args: &ModelArgs, opts: &crate::options::Options) -> Result<LoadedModel> {

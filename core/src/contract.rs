@@ -85,16 +85,17 @@ impl EngineOptions {
     }
 
     /// The local path of the model these options name, fetching it first if needed
-    /// ([`crate::model_store::resolve_model`]); a Hub model with the Hub options the environment
-    /// sets ([`crate::model_store::HubOptions::from_env`]: `HF_ENDPOINT`, `HF_TOKEN`, `HF_HUB_OFFLINE`, the
-    /// cache). `progress` hears about downloads; setting `cancel` stops a Hub download.
+    /// ([`crate::model_store::resolve_model`]); a Hub model with the Hub options the
+    /// environment sets ([`crate::model_store::HubOptions::from_env`]: `HF_ENDPOINT`,
+    /// `HF_TOKEN`, `HF_HUB_OFFLINE`, the cache), read only for a repo id. `progress` hears about
+    /// downloads; setting `cancel` stops a Hub download.
     pub fn model_path(
         &self,
         progress: &mut dyn FnMut(crate::model_store::Progress),
         cancel: &std::sync::atomic::AtomicBool,
     ) -> Result<PathBuf> {
-        let hub = crate::model_store::HubOptions::from_env()?;
-        crate::model_store::resolve_model(self.model.as_deref(), &hub, progress, cancel)
+        use crate::model_store::{resolve_model, HubOptions};
+        resolve_model(self.model.as_deref(), HubOptions::from_env, progress, cancel)
     }
 
     /// The engine configuration with what the environment sets and the contract has no field

@@ -290,11 +290,12 @@ pub fn ensure_named_model(name: &str, progress: &mut dyn FnMut(Progress)) -> Res
 /// The model a face was given, as a local path: `None` is the default model; an existing path
 /// is itself; a name the store knows ([`named_model`]) is installed into the store; a Hugging
 /// Face repo id (`org/repo[@revision][:file]`, [`RepoRef`]) is fetched into the Hugging Face
-/// cache `hub` describes ([`hub::ensure`]). Anything else comes back as given, for the loader
-/// to report as missing. `cancel` stops a Hub download.
+/// cache the options `hub` returns describe ([`hub::ensure`]; `hub` is called only then, e.g.
+/// [`HubOptions::from_env`]). Anything else comes back as given, for the loader to report as
+/// missing. `cancel` stops a Hub download.
 pub fn resolve_model(
     model: Option<&Path>,
-    hub: &HubOptions,
+    hub: impl FnOnce() -> Result<HubOptions>,
     progress: &mut dyn FnMut(Progress),
     cancel: &std::sync::atomic::AtomicBool,
 ) -> Result<PathBuf> {
@@ -305,7 +306,7 @@ pub fn resolve_model(
                 return ModelStore::from_env().ensure_split(&spec, progress);
             }
             if let Some(r) = RepoRef::parse(name) {
-                return hub::ensure(hub, &r, progress, cancel);
+                return hub::ensure(&hub()?, &r, progress, cancel);
             }
         }
     }
