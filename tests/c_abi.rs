@@ -93,6 +93,7 @@ fn header_is_up_to_date() {
         "WEFT_ERR_CAPACITY = -4,",
         "WEFT_ERR_SHUTDOWN = -5,",
         "WEFT_ERR_INTERNAL = -6,",
+        "WEFT_ERR_CANCELLED = -9,",
     ] {
         assert!(generated.contains(needle), "include/weft.h lacks `{needle}`");
     }
@@ -519,6 +520,32 @@ fn constrained_output_through_the_c_abi() {
         .output()
         .expect("running the C constrained-output test");
     assert_pass(&out, "constrained_test.c on goldens/gguf/llama-q4_1.gguf");
+}
+
+#[path = "support/hub.rs"]
+mod hub_fixture;
+
+/// A Hugging Face repo id as "model" (ABI minor 2): weft_engine_new_with_progress reports the
+/// download, cancels it when the callback says so (WEFT_ERR_CANCELLED), resumes it on the next
+/// call; an unknown repo is WEFT_ERR_MODEL_LOAD with a message naming it.
+#[test]
+fn hub_models_with_progress_and_cancel_through_the_c_abi() {
+    let hub = hub_fixture::Hub::start(vec![hub_fixture::tiny_repo("org/tiny")]);
+    let cache = tempfile::tempdir().unwrap();
+    for lang in [Lang::C, Lang::Cxx] {
+        let exe = build(&repo_root().join("ffi/tests/c/hub_test.c"), lang, Link::Dynamic);
+        let dir = cache.path().join(format!("{lang:?}"));
+        let out = kernels(runs_from_rpath(Command::new(&exe)), "fast")
+            .arg("org/tiny")
+            .env("HF_ENDPOINT", &hub.url)
+            .env("HF_HUB_CACHE", &dir)
+            .env_remove("HF_HUB_OFFLINE")
+            .env_remove("HF_TOKEN")
+            .output()
+            .expect("running the C hub test");
+        assert_pass(&out, &format!("hub_test.c ({lang:?})"));
+        assert!(dir.join("models--org--tiny/refs/main").is_file());
+    }
 }
 
 /// Tool calls through weft_event (ABI minor 1) on the tiny GGUF (random weights, a ChatML

@@ -167,7 +167,10 @@ fn models_lists_known_and_installed_models_with_what_their_files_say() {
     std::fs::write(vl.join("tokenizer_config.json"), r#"{"chat_template": "{% if tools %}{{ tools | tojson }}{% endif %}"}"#).unwrap();
     std::fs::create_dir_all(root.join("not-a-model")).unwrap();
 
-    let run = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_weft")).args(args).env("WEFT_MODELS_DIR", root).output().unwrap();
+    let hf_cache = root.join("no-hf-cache");
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_weft")).args(args).env("WEFT_MODELS_DIR", root).env("HF_HUB_CACHE", &hf_cache).output().unwrap()
+    };
     let v = json_of(&run(&["models", "--json"]));
     assert_eq!(v["store"].as_str(), root.to_str());
     let models = v["models"].as_array().unwrap();
@@ -222,4 +225,120 @@ fn bench_measures_every_batch_size_on_one_warm_engine() {
         // Three 8-token prompts submitted together take one prefill forward, as one does.
         assert_eq!(r["prefill_forwards"].as_f64().unwrap(), 1.0, "{r}");
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Models by Hugging Face repo id, against a local Hub (tests/support/hub.rs).
+
+#[path = "support/hub.rs"]
+mod hub_fixture;
+
+use hub_fixture::{tiny_repo, Hub};
+
+/// `weft ARGS` with the Hub at `endpoint` and the cache in `cache`, nothing else of HF_* set.
+fn weft_hub(endpoint: &str, cache: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_weft"));
+    for v in ["HF_TOKEN", "HF_HUB_OFFLINE", "HF_HOME", "HF_TOKEN_PATH", "HUGGING_FACE_HUB_TOKEN", "WEFT_MODEL"] {
+        cmd.env_remove(v);
+    }
+    cmd.args(args).env("HF_ENDPOINT", endpoint).env("HF_HUB_CACHE", cache).envs(env.iter().copied()).output().unwrap()
+}
+
+#[test]
+fn hub_repo_ids_download_once_then_run_from_the_cache_and_offline() {
+    let hub = Hub::start(vec![tiny_repo("org/tiny")]);
+    let commit = hub.state.lock().unwrap().repos[0].main_commit();
+    let cache = tempfile::tempdir().unwrap();
+    let out = weft_hub(&hub.url, cache.path(), &["pull", "org/tiny"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let snapshot = cache.path().join("models--org--tiny/snapshots").join(&commit);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), snapshot.to_str().unwrap());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("downloading"), "progress is drawn on stderr");
+
+    // A second process downloads nothing: one API call.
+    hub.clear_requests();
+    let gen = ["generate", "--model", "org/tiny", "--prompt-ids", "5,17,3", "--max-tokens", "3", "--temp", "0", "--json"];
+    let v = json_of(&weft_hub(&hub.url, cache.path(), &gen, &[]));
+    assert_eq!(ids(&v["tokens"]).len(), 3);
+    assert_eq!(hub.requests().len(), 1, "{:?}", hub.requests());
+    assert!(hub.downloads().is_empty());
+
+    // Offline: the cache alone, no request; an empty cache is a clear error.
+    hub.clear_requests();
+    let v2 = json_of(&weft_hub(&hub.url, cache.path(), &gen, &[("HF_HUB_OFFLINE", "1")]));
+    assert_eq!(v2["tokens"], v["tokens"]);
+    assert!(hub.requests().is_empty(), "{:?}", hub.requests());
+    let empty = tempfile::tempdir().unwrap();
+    let out = weft_hub(&hub.url, empty.path(), &gen, &[("HF_HUB_OFFLINE", "1")]);
+    assert_clean_error(&out, 1, "HF_HUB_OFFLINE is set");
+    assert!(hub.requests().is_empty());
+
+    // `weft ls` lists it from the cache, by the name --model takes.
+    let v = json_of(&weft_hub(&hub.url, cache.path(), &["ls", "--json"], &[("WEFT_MODELS_DIR", empty.path().to_str().unwrap())]));
+    assert_eq!(v["hf_cache"].as_str(), cache.path().to_str());
+    let m = v["models"].as_array().unwrap().iter().find(|m| m["name"] == "org/tiny").unwrap_or_else(|| panic!("{v}"));
+    assert_eq!((m["source"].as_str(), m["architecture"].as_str()), (Some("huggingface"), Some("qwen3")));
+    assert_eq!(m["path"].as_str(), snapshot.to_str());
+    assert!(m["size_bytes"].as_u64().unwrap() > 1_000_000, "blob sizes through the links: {m}");
+    let v = json_of(&weft_hub(&hub.url, cache.path(), &["ls", "--json", "--max-size", "1GB"], &[("WEFT_MODELS_DIR", empty.path().to_str().unwrap())]));
+    assert!(v["models"].as_array().unwrap().iter().any(|m| m["name"] == "org/tiny"));
+    let out = weft_hub(&hub.url, cache.path(), &["ls", "--vision"], &[("WEFT_MODELS_DIR", empty.path().to_str().unwrap())]);
+    assert_clean_error(&out, 1, "no model matches");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("org/tiny"));
+}
+
+#[test]
+fn hub_errors_exit_1_with_what_went_wrong() {
+    let mut gated = tiny_repo("org/gated");
+    gated.gated_token = Some("hf_test".into());
+    let hub = Hub::start(vec![tiny_repo("org/tiny"), gated]);
+    let cache = tempfile::tempdir().unwrap();
+    // A gated repo: refused without a token, fetched with HF_TOKEN or with the token file in
+    // HF_HOME (what `hf auth login` writes).
+    let out = weft_hub(&hub.url, cache.path(), &["pull", "org/gated"], &[]);
+    assert_clean_error(&out, 1, "access to org/gated is restricted");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("HF_TOKEN"));
+    let out = weft_hub(&hub.url, cache.path(), &["pull", "org/gated"], &[("HF_TOKEN", "hf_test")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let home = tempfile::tempdir().unwrap();
+    std::fs::write(home.path().join("token"), "hf_test\n").unwrap();
+    let other = tempfile::tempdir().unwrap();
+    let out = weft_hub(&hub.url, other.path(), &["pull", "org/gated"], &[("HF_HOME", home.path().to_str().unwrap())]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let out = weft_hub(&hub.url, cache.path(), &["pull", "org/missing"], &[]);
+    assert_clean_error(&out, 1, "no repository org/missing");
+    let out = weft_hub(&hub.url, cache.path(), &["generate", "-m", "org/tiny@v9", "--prompt-ids", "1"], &[]);
+    assert_clean_error(&out, 1, "revision \"v9\" not found in org/tiny");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let out = weft_hub(&format!("http://127.0.0.1:{port}"), cache.path(), &["pull", "org/tiny"], &[]);
+    assert_clean_error(&out, 1, "cannot reach the Hugging Face Hub");
+    let out = weft_hub(&hub.url, cache.path(), &["pull", "no-such-name"], &[]);
+    assert_clean_error(&out, 1, "no model named \"no-such-name\"");
+}
+
+/// A pull cut off mid-file keeps its bytes; the next process resumes them with `Range`.
+#[test]
+fn hub_interrupted_pull_is_resumed_by_the_next_process() {
+    let hub = Hub::start(vec![tiny_repo("org/tiny")]);
+    let cache = tempfile::tempdir().unwrap();
+    hub.set_cut(Some(4096));
+    let out = weft_hub(&hub.url, cache.path(), &["pull", "org/tiny"], &[]);
+    assert_clean_error(&out, 1, "kept for resuming");
+    let blobs = cache.path().join("models--org--tiny/blobs");
+    let partial: Vec<(String, u64)> = std::fs::read_dir(&blobs)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".incomplete"))
+        .map(|e| (e.file_name().to_string_lossy().trim_end_matches(".incomplete").to_string(), e.metadata().unwrap().len()))
+        .collect();
+    assert_eq!(partial.len(), 1, "{partial:?}");
+    let (sha, kept) = &partial[0];
+    hub.set_cut(None);
+    hub.clear_requests();
+    let out = weft_hub(&hub.url, cache.path(), &["pull", "org/tiny"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let gets: Vec<String> = hub.requests().into_iter().filter(|r| r.contains(&format!("/cdn/{sha}"))).collect();
+    assert_eq!(gets.len(), 1, "{gets:?}");
+    assert!(gets[0].contains(&format!("range=Some({kept})")), "{gets:?}");
 }

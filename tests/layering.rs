@@ -129,12 +129,13 @@ const ORDER: &[&str] = &[
     "loading",
     "prefill",
     // The engine and what sits on it: the single-sequence facade, the one place that reads
-    // the environment, the request contract every face parses with, the model store.
+    // the environment, the model store, the request contract every face parses with (its
+    // engine options resolve a model name through the store).
     "engine",
     "generate",
     "env",
-    "contract",
     "model_store",
+    "contract",
 ];
 
 #[test]

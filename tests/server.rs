@@ -1393,3 +1393,42 @@ fn gemma3_vision_request(url: &str) -> String {
     })
     .to_string()
 }
+
+#[path = "support/hub.rs"]
+mod hub_fixture;
+
+/// `weft serve --model org/repo` with HF_ENDPOINT at a local Hub: fetched into the Hugging Face
+/// cache, served under the repo id; a second server downloads nothing; a request naming another
+/// model is a 404.
+#[test]
+fn serve_fetches_a_hub_repo_id_once() {
+    let hub = hub_fixture::Hub::start(vec![hub_fixture::tiny_repo("org/tiny-model")]);
+    let cache = tempfile::tempdir().unwrap();
+    let env = [("HF_ENDPOINT", hub.url.as_str()), ("HF_HUB_CACHE", cache.path().to_str().unwrap()), ("HF_TOKEN", "")];
+    for run in 0..2 {
+        hub.clear_requests();
+        let server = Server::start_with_env(Path::new("org/tiny-model"), Fast, &["--strict-model"], &env);
+        let (status, body) = server.get("/v1/models", "");
+        assert_eq!(status, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["data"][0]["id"], "org/tiny-model", "{v}");
+        let downloads = hub.downloads();
+        if run == 0 {
+            assert!(downloads.iter().filter(|r| r.contains("/cdn/")).count() == 4, "{downloads:?}");
+        } else {
+            assert!(downloads.is_empty(), "the second server downloaded {downloads:?}");
+        }
+        let body = r#"{"model": "org/other", "prompt": [1, 2], "max_tokens": 1}"#;
+        let mut s = TcpStream::connect(&server.addr).unwrap();
+        write!(
+            s,
+            "POST /v1/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            server.addr,
+            body.len()
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        assert!(out.starts_with("HTTP/1.1 404") && out.contains("model_not_found"), "{out}");
+    }
+}

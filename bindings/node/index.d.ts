@@ -290,8 +290,9 @@ export interface GenerateOptions {
 /** Options for {@link Engine.load}. */
 export interface LoadOptions {
   /**
-   * An mlx-lm model directory or a `.gguf` file. Omitted: the default model
-   * (SmolLM2-135M-Instruct), downloaded and verified on first use.
+   * An mlx-lm model directory or a `.gguf` file, or a Hugging Face repo id
+   * (`org/repo[@revision][:file]`, fetched into the Hugging Face cache; no progress yet).
+   * Omitted: the default model (SmolLM2-135M-Instruct), downloaded and verified on first use.
    */
   model?: string
   /**

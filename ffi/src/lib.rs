@@ -14,27 +14,28 @@
 // them `unsafe` would add nothing for C and put Rust-only "# Safety" sections in the header.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
+mod download;
 mod event;
 mod json;
 mod status;
 
 use std::cell::Cell;
 use std::ffi::{c_char, c_void, CStr};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use weft::engine::Engine;
-use weft::model_store::ModelStore;
 
 pub use event::{
     weft_event, weft_event_fn, weft_event_kind, weft_finish_reason, weft_token_logprob, weft_tool_call, weft_tool_delta,
     weft_tool_delta_kind,
 };
+pub use download::{weft_download_phase, weft_download_progress, weft_progress_fn};
 pub use status::weft_status;
 
 use status::{
-    from_engine_error, guard, Failure, FfiResult, WEFT_ERR_CAPACITY, WEFT_ERR_INTERNAL, WEFT_ERR_NOT_FOUND,
-    WEFT_ERR_SHUTDOWN,
+    from_engine_error, guard, Failure, FfiResult, WEFT_ERR_CANCELLED, WEFT_ERR_CAPACITY, WEFT_ERR_INTERNAL,
+    WEFT_ERR_NOT_FOUND, WEFT_ERR_SHUTDOWN,
 };
 
 /// The ABI version this header describes. It changes only when an existing function, type,
@@ -44,9 +45,11 @@ pub const WEFT_ABI_VERSION: u32 = 1;
 
 /// Compatible additions within WEFT_ABI_VERSION, counted: 0 = the first release; 1 = tool calls
 /// (weft_event's tool_deltas .. tool_calls_len, WEFT_FINISH_TOOL_CALLS, weft_tool_delta,
-/// weft_tool_call, weft_abi_minor); 2 = reasoning (weft_event's reasoning .. reasoning_tokens).
-/// Compare with weft_abi_minor() before reading a field added in a later minor (docs/c-api.md,
-/// Versioning).
+/// weft_tool_call, weft_abi_minor); 2 = reasoning (weft_event's reasoning .. reasoning_tokens)
+/// and model downloads with progress and cancellation (weft_engine_new_with_progress,
+/// weft_progress_fn, weft_download_progress, weft_download_phase, WEFT_ERR_CANCELLED) with
+/// Hugging Face repo ids as "model". Compare with weft_abi_minor() before reading a field added
+/// in a later minor (docs/c-api.md, Versioning).
 pub const WEFT_ABI_MINOR: u32 = 2;
 
 static VERSION: &CStr = match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
@@ -164,7 +167,10 @@ pub extern "C" fn weft_last_error() -> *const c_char {
 /// Loads a model and starts its engine thread.
 ///
 /// options_json: a JSON object (NULL means "{}"), every field optional, null = default:
-///   "model": path of an mlx-lm model directory or a .gguf file; absent/null = the default model
+///   "model": path of an mlx-lm model directory or a .gguf file, a name the model store knows
+///            (gemma-3-270m), or a Hugging Face repo id "org/repo[@revision][:file]" (fetched into
+///            the Hugging Face cache; HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE, HF_HUB_CACHE and
+///            HF_HOME apply as for huggingface_hub); absent/null = the default model
 ///            (SmolLM2-135M-Instruct, downloaded to the model store on first use);
 ///   "max_batch": rows decoding together (default 8);
 ///   "prompt_concurrency": requests prefilling at once (default 8);
@@ -185,31 +191,59 @@ pub extern "C" fn weft_last_error() -> *const c_char {
 ///
 /// On success stores a new handle in *out_engine and returns WEFT_OK; free it with
 /// weft_engine_free. On failure stores NULL (if out_engine is not NULL) and returns
-/// WEFT_ERR_INVALID_ARGUMENT, WEFT_ERR_MODEL_LOAD or WEFT_ERR_UNSUPPORTED. May block for a long
-/// time (model loading, the first download of the default model).
+/// WEFT_ERR_INVALID_ARGUMENT, WEFT_ERR_MODEL_LOAD (also for a model that could not be downloaded:
+/// an unknown repo, an unreachable Hub, a gated repo without HF_TOKEN; weft_last_error says
+/// which) or WEFT_ERR_UNSUPPORTED. May block for a long time (model loading, the first download
+/// of a model; weft_engine_new_with_progress reports it).
 #[no_mangle]
 pub extern "C" fn weft_engine_new(options_json: *const c_char, out_engine: *mut *mut weft_engine) -> i32 {
-    const F: &str = "weft_engine_new";
-    guard(F, || {
+    engine_new("weft_engine_new", options_json, None, std::ptr::null_mut(), out_engine)
+}
+
+/// weft_engine_new, reporting the model's download to `progress` (NULL: none) with `user_data`,
+/// on the calling thread; `progress` returning non-zero cancels a Hugging Face download, and
+/// the call then returns WEFT_ERR_CANCELLED. With a model already on disk or in the cache it
+/// reports nothing (or one WEFT_DOWNLOAD_DONE) and behaves as weft_engine_new.
+#[no_mangle]
+pub extern "C" fn weft_engine_new_with_progress(
+    options_json: *const c_char,
+    progress: weft_progress_fn,
+    user_data: *mut c_void,
+    out_engine: *mut *mut weft_engine,
+) -> i32 {
+    engine_new("weft_engine_new_with_progress", options_json, progress, user_data, out_engine)
+}
+
+fn engine_new(
+    name: &'static str,
+    options_json: *const c_char,
+    progress: weft_progress_fn,
+    user_data: *mut c_void,
+    out_engine: *mut *mut weft_engine,
+) -> i32 {
+    guard(name, || {
         if out_engine.is_null() {
-            return Err(Failure::invalid(format!("{F}: out_engine is NULL")));
+            return Err(Failure::invalid(format!("{name}: out_engine is NULL")));
         }
         // SAFETY: checked non-NULL; the caller provides a writable pointer slot.
         unsafe { *out_engine = std::ptr::null_mut() };
         let options = if options_json.is_null() {
             json::parse_options("{}")?
         } else {
-            json::parse_options(str_arg(options_json, F, "options_json")?)?
+            json::parse_options(str_arg(options_json, name, "options_json")?)?
         };
-        // Options left unset come from the environment (WEFT_CPU_KERNELS, ...): the one
-        // documented place, EngineOptions::load_options / engine_config.
+        // Options left unset come from the environment (WEFT_CPU_KERNELS, HF_TOKEN, ...): the
+        // one documented place, EngineOptions::load_options / engine_config / model_path.
         let config = options.engine_config().map_err(|e| from_engine_error(&e, false))?;
         config.validate().map_err(|e| from_engine_error(&e, false))?;
         let load_options = options.load_options().map_err(|e| from_engine_error(&e, true))?;
-        let path = match options.model {
-            Some(p) => p,
-            None => ModelStore::from_env().default_model_path(&mut |_| {}).map_err(|e| from_engine_error(&e, true))?,
-        };
+        let cancel = AtomicBool::new(false);
+        let fetched = options.model_path(&mut download::adapter(progress, user_data, &cancel), &cancel);
+        if cancel.load(Ordering::Relaxed) {
+            let why = fetched.err().map(|e| format!(": {}", e.message())).unwrap_or_default();
+            return Err(Failure::new(WEFT_ERR_CANCELLED, format!("{name}: the progress callback cancelled the download{why}")));
+        }
+        let path = fetched.map_err(|e| from_engine_error(&e, true))?;
         let model = weft::loading::load_with(&path, &load_options).map_err(|e| from_engine_error(&e, true))?;
         let engine = Engine::start(model, config).map_err(|e| from_engine_error(&e, false))?;
         let handle = Box::new(weft_engine {

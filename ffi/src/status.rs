@@ -32,6 +32,9 @@ pub enum weft_status {
     /// The engine's thread failed (a bug): every outstanding request got an ERROR event and the
     /// engine takes no more requests. Free it and create a new one.
     WEFT_ERR_ENGINE_FAILED = -8,
+    /// (ABI minor 2) The caller cancelled the call: a weft_progress_fn returned non-zero during
+    /// the model's download.
+    WEFT_ERR_CANCELLED = -9,
 }
 
 pub(crate) const WEFT_OK: i32 = weft_status::WEFT_OK as i32;
@@ -43,6 +46,7 @@ pub(crate) const WEFT_ERR_SHUTDOWN: i32 = weft_status::WEFT_ERR_SHUTDOWN as i32;
 pub(crate) const WEFT_ERR_INTERNAL: i32 = weft_status::WEFT_ERR_INTERNAL as i32;
 pub(crate) const WEFT_ERR_UNSUPPORTED: i32 = weft_status::WEFT_ERR_UNSUPPORTED as i32;
 pub(crate) const WEFT_ERR_ENGINE_FAILED: i32 = weft_status::WEFT_ERR_ENGINE_FAILED as i32;
+pub(crate) const WEFT_ERR_CANCELLED: i32 = weft_status::WEFT_ERR_CANCELLED as i32;
 
 pub(crate) fn status_str(status: i32) -> &'static CStr {
     match status {
@@ -55,6 +59,7 @@ pub(crate) fn status_str(status: i32) -> &'static CStr {
         WEFT_ERR_INTERNAL => c"internal error",
         WEFT_ERR_UNSUPPORTED => c"unsupported model",
         WEFT_ERR_ENGINE_FAILED => c"engine failed",
+        WEFT_ERR_CANCELLED => c"cancelled",
         _ => c"unknown status",
     }
 }
@@ -185,6 +190,7 @@ mod tests {
             WEFT_ERR_INTERNAL,
             WEFT_ERR_UNSUPPORTED,
             WEFT_ERR_ENGINE_FAILED,
+            WEFT_ERR_CANCELLED,
         ] {
             assert_ne!(status_str(s).to_bytes(), b"unknown status", "{s}");
         }

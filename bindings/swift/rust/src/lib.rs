@@ -198,10 +198,10 @@ fn load_engine(options_json: String) -> Result<RustEngine, RustError> {
     // place, EngineOptions::load_options / engine_config.
     let config = options.engine_config()?;
     let load_options = options.load_options()?;
-    let path = match options.model {
-        Some(p) => p,
-        None => weft::model_store::ModelStore::from_env().default_model_path(&mut |_| {}).map_err(RustError::loading)?,
-    };
+    // A Hugging Face repo id is fetched into the shared cache (no progress reported here yet).
+    let path = options
+        .model_path(&mut |_| {}, &std::sync::atomic::AtomicBool::new(false))
+        .map_err(RustError::loading)?;
     let loaded = weft::loading::load_with(&path, &load_options).map_err(RustError::loading)?;
     let engine = weft::engine::Engine::start(loaded, config)?;
     let info = engine.model_info().clone();
