@@ -125,6 +125,8 @@ pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
         images: Vec::new(),
         audio: Vec::new(),
         chat_template: None,
+        chat_template_kwargs: Default::default(),
+        reasoning_budget: None,
     }
 }
 
