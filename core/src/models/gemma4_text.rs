@@ -18,6 +18,7 @@
 //!   (RMSNorm with a learned scale, top-k of the projected scores, softmax over the chosen,
 //!   times a per-expert scale) picks `top_k_experts` GeGLU experts ([`SwitchGlu`], dense or
 //!   quantized); the two branches are normed and summed (mlx-lm `Router` / `Experts`).
+//!
 //! With KV sharing a quantized KV cache is refused when the engine starts: KV-shared layers
 //! read another layer's cached keys and values, which mlx-lm cannot do on quantized caches
 //! either.

@@ -22,7 +22,7 @@ enum Mixer {
 
 enum FeedForward {
     Dense(Mlp),
-    Moe(SharedExpertMoe),
+    Moe(Box<SharedExpertMoe>),
 }
 
 /// The feed-forward of one layer.
@@ -120,7 +120,7 @@ impl HybridDecoder {
                     FeedForward::Dense(Mlp::load(&mut w, &format!("{p}.mlp"), hidden, *intermediate, false)?)
                 }
                 FeedForwardSpec::Moe(opts) => {
-                    FeedForward::Moe(SharedExpertMoe::load(&mut w, &format!("{p}.mlp"), opts.clone())?)
+                    FeedForward::Moe(Box::new(SharedExpertMoe::load(&mut w, &format!("{p}.mlp"), opts.clone())?))
                 }
             };
             layers.push(HybridBlock {
