@@ -58,6 +58,21 @@ def llama(hidden, inter, layers, heads, kv_heads, vocab, tie, rope_theta=500000.
     return c
 
 
+def qwen3_5(hidden, inter, layers, heads, kv_heads, head_dim, lin_k_heads, lin_v_heads, lin_dim, vocab):
+    """A dense Qwen3.5 hybrid (mlx-lm `qwen3_5`): every 4th layer full attention, the others gated
+    DeltaNet; nested text_config as the released checkpoints have it; tied embeddings."""
+    text = {"model_type": "qwen3_5_text", "hidden_size": hidden, "intermediate_size": inter,
+            "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+            "head_dim": head_dim, "linear_num_key_heads": lin_k_heads, "linear_num_value_heads": lin_v_heads,
+            "linear_key_head_dim": lin_dim, "linear_value_head_dim": lin_dim, "linear_conv_kernel_dim": 4,
+            "full_attention_interval": 4, "rms_norm_eps": 1e-6, "vocab_size": vocab,
+            "max_position_embeddings": 262144, "tie_word_embeddings": True,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0,
+                                "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10]}}
+    return {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
+            "tie_word_embeddings": True, "text_config": text}
+
+
 # name -> (config, dtype, quantization bits or None)
 BASES = {
     "llama-1b": llama(2048, 8192, 16, 32, 8, 128256, True, rope_scaling=LLAMA3_ROPE, head_dim=64),
@@ -71,13 +86,19 @@ BASES = {
                         "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
                         "vocab_size": 32000, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
                         "tie_word_embeddings": False, "max_position_embeddings": 32768},
+    # Qwen3.5-4B's published shape (hidden 2560, 32 layers, 16 query / 4 KV heads of 256,
+    # vocab 248320); the DeltaNet head counts (16 key / 32 value heads of 128) and the MLP width
+    # (9216) are Qwen3-Next's ratios, not read from the released config.
+    "qwen3_5-4b": qwen3_5(2560, 9216, 32, 16, 4, 256, 16, 32, 128, 248320),
+    # A small hybrid for the CPU (8 layers: 6 DeltaNet, 2 attention).
+    "qwen3_5-small": qwen3_5(512, 1536, 8, 8, 2, 64, 4, 8, 64, 32000),
 }
-SHAPES = {f"{base}-{kind}": (base, kind) for base in BASES for kind in ("bf16", "4bit")}
+SHAPES = {f"{base}-{kind}": (base, kind) for base in BASES for kind in ("bf16", "4bit", "fp32")}
 
 
 def make_model(shape, out_dir, seed=0):
     """A random-weight model of `shape` written with mlx-lm's own classes."""
-    from mlx.utils import tree_flatten, tree_map
+    from mlx.utils import tree_flatten, tree_map_with_path
     from mlx_lm.utils import _get_classes, quantize_model, save_config, save_model
 
     base, kind = SHAPES[shape]
@@ -88,13 +109,17 @@ def make_model(shape, out_dir, seed=0):
     mx.random.seed(seed)
     model_class, args_class = _get_classes(config)
     model = model_class(args_class.from_dict(config))
-    # mlx_lm.convert's set_dtype: floating parameters to bfloat16.
-    model.update(tree_map(lambda v: v.astype(mx.bfloat16) if mx.issubdtype(v.dtype, mx.floating) else v,
-                          model.parameters()))
+    # mlx_lm.convert's set_dtype: floating parameters to bfloat16, except those the model's
+    # cast_predicate keeps (Qwen3.5's A_log); fp32 (for MLX's CPU backend) keeps everything.
+    keep = getattr(model, "cast_predicate", lambda _: True)
+    if kind != "fp32":
+        model.update(tree_map_with_path(
+            lambda p, v: v.astype(mx.bfloat16) if keep(p) and mx.issubdtype(v.dtype, mx.floating) else v,
+            model.parameters()))
     mx.eval(model.parameters())
     if kind == "4bit":
         model, config = quantize_model(model, config, 64, 4)
-    config["torch_dtype"] = "bfloat16"
+    config["torch_dtype"] = "float32" if kind == "fp32" else "bfloat16"
     save_model(out, model)
     save_config(config, out / "config.json")
     print(f"made {shape}: {sum(v.size for _, v in tree_flatten(model.parameters())) / 1e6:.0f}M stored elements"
@@ -147,7 +172,7 @@ def mlx_lm_once(model, prompts, gen, prefill_step_size, temp=0.0, top_p=1.0):
 def mlx_lm_bench(model_dir, batches, prompt_len, gen, runs, seed, prefill_step_size, temp=0.0, top_p=1.0):
     model, config = load_model(pathlib.Path(model_dir))
     mx.eval(model.parameters())
-    vocab = config["vocab_size"]
+    vocab = config.get("vocab_size") or config["text_config"]["vocab_size"]
     results = []
     for b in batches:
         prompts = random_prompts(seed, b, prompt_len, vocab)

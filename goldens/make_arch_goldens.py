@@ -31,6 +31,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import make_goldens as mg  # noqa: E402
+import make_moe_goldens  # noqa: E402,F401  (patches QuantizedSwitchLinear for mlx 0.32.2)
 
 
 def llama(**kw):
@@ -68,6 +69,22 @@ _GEMMA4_E2B = mg._base_config(
             "sliding_attention": {"partial_rotary_factor": 1.0, "rope_theta": 10000.0,
                                   "rope_type": "default"}},
         tie_word_embeddings=True, bos_token_id=2, eos_token_id=1, torch_dtype="float32")
+
+# Gemma 4 31B shape: no KV sharing or per-layer inputs; full layers use the raw keys as values
+# (attention_k_eq_v) with their own head count; explicit layer_types; untied head.
+_GEMMA4_31B = mg._base_config(
+        "gemma4_text", "Gemma4ForCausalLM",
+        hidden_size=64, num_hidden_layers=4, intermediate_size=96, num_attention_heads=4,
+        num_key_value_heads=2, num_global_key_value_heads=1, head_dim=16, global_head_dim=32,
+        attention_k_eq_v=True, rms_norm_eps=1e-6, vocab_size=256, hidden_size_per_layer_input=0,
+        num_kv_shared_layers=0, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        max_position_embeddings=4096, final_logit_softcapping=10.0,
+        rope_parameters={
+            "full_attention": {"partial_rotary_factor": 0.5, "rope_theta": 1000000.0,
+                               "rope_type": "proportional"},
+            "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}},
+        tie_word_embeddings=False, bos_token_id=2, eos_token_id=1, torch_dtype="float32")
 
 MODELS = {
     "rope-linear": dict(seed=2001, config=llama(rope_scaling={"type": "linear", "factor": 2.0})),
@@ -182,23 +199,29 @@ MODELS = {
         suffix_scales={"layer_scalar": 0.75, "per_layer_input_gate.weight": 3.0,
                        "per_layer_model_projection.weight": 3.0},
         batch=False, batch_reference=True),
-    # Gemma 4 31B shape: no KV sharing or per-layer inputs; full layers use the raw keys as
-    # values (attention_k_eq_v) with their own head count; explicit layer_types; untied head.
-    "gemma4_text-kv": dict(seed=2109, config=mg._base_config(
-        "gemma4_text", "Gemma4ForCausalLM",
-        hidden_size=64, num_hidden_layers=4, intermediate_size=96, num_attention_heads=4,
-        num_key_value_heads=2, num_global_key_value_heads=1, head_dim=16, global_head_dim=32,
-        attention_k_eq_v=True, rms_norm_eps=1e-6, vocab_size=256, hidden_size_per_layer_input=0,
-        num_kv_shared_layers=0, sliding_window=8,
-        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
-        max_position_embeddings=4096, final_logit_softcapping=10.0,
-        rope_parameters={
-            "full_attention": {"partial_rotary_factor": 0.5, "rope_theta": 1000000.0,
-                               "rope_type": "proportional"},
-            "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}},
-        tie_word_embeddings=False, bos_token_id=2, eos_token_id=1, torch_dtype="float32"),
+    # Gemma 4 31B shape (_GEMMA4_31B above).
+    "gemma4_text-kv": dict(seed=2109, config=_GEMMA4_31B,
         scales=dict(embed=0.5, qk=3.0, lm_head=4.0),
         suffix_scales={"layer_scalar": 0.75}),
+    # Gemma 4 26B-A4B shape: the 31B-like stack with the MoE block on every layer (router:
+    # RMSNorm with a learned scale, top-2 of 8 experts, softmax, per-expert scale; GeGLU
+    # experts of width 32 beside the dense MLP, mlx-lm's SwitchGLU through gather_mm, sorted
+    # once 64 (token, expert) pairs are routed). Router sharpened so the choice follows the
+    # token. Float32 (MLX's CPU gather_mm is float32-only).
+    "gemma4_text-moe": dict(seed=2110, config=dict(
+        _GEMMA4_31B, enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=32),
+        scales=dict(embed=0.5, qk=3.0, lm_head=4.0, mlp=2.0),
+        suffix_scales={"layer_scalar": 0.75, "router.proj.weight": 6.0}),
+    # The same shape with 4-bit g64 experts (QuantizedSwitchLinear -> gather_qmm) and an 8-bit
+    # router (the model's quant_predicate); moe_intermediate 64 so the experts' down_proj
+    # quantizes too. Through make_moe_goldens.py's patch: mlx-lm 0.32.2 passes global_scale=
+    # to gather_qmm, which mlx 0.32.2 rejects.
+    "gemma4_text-moe-4bit": dict(seed=2111, config=dict(
+        _GEMMA4_31B, enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=64),
+        scales=dict(embed=0.5, qk=3.0, lm_head=4.0, mlp=2.0),
+        suffix_scales={"layer_scalar": 0.75, "router.proj.weight": 6.0},
+        quantize=dict(group_size=64, bits=4, overrides={
+            f"model.layers.{i}.router.proj": {"group_size": 64, "bits": 8} for i in range(4)})),
 }
 
 
@@ -275,7 +298,8 @@ def make(name):
               "query_pre_attn_scalar", "global_head_dim", "num_kv_shared_layers",
               "hidden_size_per_layer_input", "vocab_size_per_layer_input", "sliding_window",
               "sliding_window_pattern", "use_double_wide_mlp", "attention_k_eq_v",
-              "num_global_key_value_heads", "layer_types"):
+              "num_global_key_value_heads", "layer_types", "enable_moe_block", "num_experts",
+              "top_k_experts", "moe_intermediate_size"):
         if k in config:
             cfg[k] = config[k]
     doc["config"] = cfg

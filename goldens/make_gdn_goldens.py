@@ -6,7 +6,10 @@ Usage (from the repo root):
 Builds tiny random-weight models with mlx-lm's own classes (goldens/models/<name>/), then
 records, with the helpers of make_goldens.py (same JSON schema as goldens/llama-fp32.json):
 single greedy trajectories + first-step logits (incl. a chunked prefill), batch_generate
-B=2 / B=4 and BatchGenerator continuous schedules. Every batched row also carries
+B=2 / B=4 and BatchGenerator continuous schedules, and two bursts (`burst`, `burst_chunked`):
+ten rows of different lengths inserted into one BatchGenerator at once, prefilled together in
+right-padded chunks (prefill_step_size 2048 and 8), with each row's first-step logprobs from
+the batched run. Every batched row also carries
 `single_tokens`: mlx-lm's single-sequence greedy trajectory for that prompt (generate_step),
 so a row whose batched tokens differ (equals_single false) can still be checked against the
 single-sequence oracle. Deterministic: re-running rewrites byte-identical files.
@@ -21,9 +24,11 @@ import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map_with_path
 
 import mlx_lm.utils as lm_utils
+from mlx_lm.generate import BatchGenerator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_goldens as mg  # noqa: E402
+import make_moe_goldens  # noqa: E402,F401  (patches QuantizedSwitchLinear for mlx 0.32.2)
 
 GDN_MODELS = {
     # qwen3_next: layers 0-2 gated DeltaNet, layer 3 full attention (full_attention_interval 4);
@@ -85,8 +90,7 @@ GDN_MODELS = {
 
 # qwen3_5 affine-quantized as mlx_lm.convert does by default (4 bits, group 64; layers whose
 # input width is not a multiple of 64, here mlp.down_proj (160), stay float). Float parts
-# float32. (A quantized qwen3_next cannot be recorded: mlx-lm 0.32.2's QuantizedSwitchLinear
-# passes `global_scale` to mx.gather_qmm, which MLX 0.32.2 rejects.)
+# float32.
 GDN_MODELS["qwen3_5-4bit"] = dict(
     GDN_MODELS["qwen3_5"], seed=2004, quantize=dict(group_size=64, bits=4),
 )
@@ -106,6 +110,24 @@ GDN_MODELS["qwen3_5_moe"] = dict(
         ),
     ),
     scales=dict(embed=8.0, qk=3.0, lm_head=12.0),
+)
+
+# Quantized experts (SwitchGLU -> QuantizedSwitchLinear -> gather_qmm): qwen3_next and
+# qwen3_5_moe at 4 bits g64 with the router (mlp.gate) and shared_expert_gate at 8 bits (the
+# models' own quant_predicate); moe_intermediate_size 64 so every expert projection quantizes.
+# mlx-lm 0.32.2's QuantizedSwitchLinear passes `global_scale=` to mx.gather_qmm, which MLX
+# 0.32.2 rejects; make_moe_goldens.py's patch (imported below) calls gather_qmm with the same
+# arguments minus that keyword (None in affine mode).
+GDN_MODELS["qwen3_next-4bit"] = dict(
+    GDN_MODELS["qwen3_next"], seed=2006, quantize=dict(group_size=64, bits=4),
+    config=dict(GDN_MODELS["qwen3_next"]["config"], moe_intermediate_size=64),
+)
+GDN_MODELS["qwen3_5_moe-4bit"] = dict(
+    GDN_MODELS["qwen3_5_moe"], seed=2007, quantize=dict(group_size=64, bits=4),
+    config=dict(
+        GDN_MODELS["qwen3_5_moe"]["config"],
+        text_config=dict(GDN_MODELS["qwen3_5_moe"]["config"]["text_config"], moe_intermediate_size=64),
+    ),
 )
 
 # qwen3_5 in bfloat16 the way mlx_lm.convert casts it: every float tensor except those the
@@ -181,6 +203,58 @@ def single_tokens(model, prompt, n, memo):
     return memo[key]
 
 
+BURST_NOTE = (
+    "Ten rows inserted together into BatchGenerator(model, stop_tokens=[], prefill_step_size=P) "
+    "(default prefill_batch_size 8, completion_batch_size 32), then next() until every row has "
+    "max_tokens tokens: mlx-lm prefills up to 8 rows at a time in right-padded chunks of <= P "
+    "tokens per row (ArraysCache masks the padding out of the recurrent layers). tokens = the "
+    "row's greedy tokens; first_logprobs = the logprobs row returned with its first token "
+    "(float32 values, computed in the batch); single_tokens / first_logprobs_equal_single: the "
+    "row's prompt alone through generate_step with the same prefill_step_size."
+)
+BURST_LENS = [3, 26, 1, 11, 40, 17, 6, 33, 9, 2]
+BURST_MAX_TOKENS = [10, 8, 12, 6, 8, 10, 9, 7, 11, 8]
+
+
+def run_burst(model, prompts, max_tokens, prefill_step_size):
+    """Every prompt inserted at once; greedy tokens and first-step logprobs per row."""
+    gen = BatchGenerator(model, stop_tokens=[], prefill_step_size=prefill_step_size)
+    uids = gen.insert(prompts, max_tokens)
+    toks = {u: [] for u in uids}
+    first_lp = {}
+    steps = 0
+    while len(first_lp) < len(uids) or any(len(toks[u]) < m for u, m in zip(uids, max_tokens)):
+        _, gen_resps = gen.next()
+        for r in gen_resps:
+            if r.uid not in first_lp:
+                first_lp[r.uid] = mg.f32_list(r.logprobs)
+            toks[r.uid].append(int(r.token))
+        steps += 1
+        assert steps < 1000
+    gen.close()
+    return [toks[u] for u in uids], [first_lp[u] for u in uids]
+
+
+def bursts(name, model, vocab):
+    draw = mg.prompt_pool(f"{name}/burst", vocab)
+    prompts = [draw(L) for L in BURST_LENS]
+    out = {}
+    for key, pss in (("burst", 2048), ("burst_chunked", 8)):
+        tokens, first_lp = run_burst(model, prompts, BURST_MAX_TOKENS, pss)
+        rows = []
+        for i, (p, m, t, lp) in enumerate(zip(prompts, BURST_MAX_TOKENS, tokens, first_lp)):
+            assert len(t) == m
+            single, _ = mg.single_greedy(model, p, m, prefill_step_size=pss)
+            rows.append({
+                "id": i, "prompt_ids": p, "max_tokens": m, "at_step": 0, "tokens": t,
+                "first_logprobs": lp, "single_tokens": single["tokens"],
+                "equals_single": t == single["tokens"],
+                "first_logprobs_equal_single": lp == single["first_logprobs"],
+            })
+        out[key] = {"prefill_step_size": pss, "rows": rows}
+    return out
+
+
 def goldens(name):
     model, config = build(name)
     mg.TINY_MODELS[name] = GDN_MODELS[name]  # goldens_tiny reads the "batch" flag there
@@ -195,11 +269,14 @@ def goldens(name):
     for key in ("schedule", "schedule_chunked"):
         for r in doc[key]["rows"]:
             r["single_tokens"] = single_tokens(model, r["prompt_ids"], r["max_tokens"], memo)
+    doc["note_burst"] = BURST_NOTE
+    doc.update(bursts(name, model, flat["vocab_size"]))
     doc["note_gdn"] = (
         "single_tokens (batch and schedule rows) = generate_step greedy tokens for the row's "
         "prompt alone (max_tokens of the row); equals_single = (tokens == single_tokens). "
-        "Weft prefills each row alone (no padding ever enters the recurrent state) and is "
-        "checked against tokens where equals_single holds and single_tokens otherwise."
+        "Weft prefills rows together as mlx-lm does (padding masked out of the recurrent "
+        "layers) and is checked against tokens where equals_single holds and single_tokens "
+        "otherwise."
     )
     return doc
 

@@ -1,6 +1,7 @@
 //! Architectures from mlx-lm 0.32.2 (granite, minicpm, smollm3, phi3, ministral3 and the
 //! mistral3 text path on the shared dense decoder; gemma2 with soft-capped attention;
-//! gemma4_text with KV-shared layers and per-layer inputs), against goldens/make_arch_goldens.py: single-sequence trajectories with
+//! gemma4_text with KV-shared layers and per-layer inputs, and the 26B-A4B MoE block with
+//! float32 and 4-bit experts), against goldens/make_arch_goldens.py: single-sequence trajectories with
 //! bit-equal first-step logits, batch_generate B=2/B=4 and BatchGenerator join/evict
 //! schedules (plain and chunked prefill) through the engine, and config errors. gemma2's
 //! batch references are single-sequence trajectories (mlx-lm's batched gemma2 mis-broadcasts
@@ -13,7 +14,19 @@ use support::*;
 use weft::engine::{Engine, EngineConfig};
 
 /// Golden name = model dir.
-const ARCHS: &[&str] = &["granite", "minicpm", "smollm3", "phi3", "gemma2", "ministral3", "mistral3", "gemma4_text", "gemma4_text-kv"];
+const ARCHS: &[&str] = &[
+    "granite",
+    "minicpm",
+    "smollm3",
+    "phi3",
+    "gemma2",
+    "ministral3",
+    "mistral3",
+    "gemma4_text",
+    "gemma4_text-kv",
+    "gemma4_text-moe",
+    "gemma4_text-moe-4bit",
+];
 
 #[test]
 fn single_sequence_tokens_and_first_logits_are_exact() {
@@ -23,7 +36,7 @@ fn single_sequence_tokens_and_first_logits_are_exact() {
         // mistral3 is a wrapper: its text model is a ministral3.
         let want_type = match *name {
             "mistral3" => "ministral3",
-            "gemma4_text-kv" => "gemma4_text",
+            "gemma4_text-kv" | "gemma4_text-moe" | "gemma4_text-moe-4bit" => "gemma4_text",
             other => other,
         };
         assert_eq!(loaded.model.info().model_type, want_type);
@@ -114,6 +127,23 @@ fn phi3_rope_options_are_read_or_refused() {
     }
 }
 
+type Tensors = std::collections::HashMap<String, mlx_rs::Array>;
+
+/// A copy of tiny model `name` whose single safetensors file is rewritten by `edit` (another
+/// checkpoint layout of the same weights).
+fn relaid_model(name: &str, edit: impl FnOnce(Tensors) -> Tensors) -> tempfile::TempDir {
+    let tmp = copy_model(name);
+    let _ = std::fs::remove_file(tmp.path().join("model.safetensors.index.json"));
+    let path = tmp.path().join("model.safetensors");
+    let tensors = edit(mlx_rs::Array::load_safetensors(&path).unwrap());
+    // Arrays load lazily from `path`: write elsewhere, then replace it.
+    let out = tmp.path().join("renamed.safetensors");
+    mlx_rs::Array::save_safetensors(&tensors, None::<&std::collections::HashMap<String, String>>, &out).unwrap();
+    drop(tensors);
+    std::fs::rename(&out, &path).unwrap();
+    tmp
+}
+
 #[test]
 fn ministral3_query_scaling_and_mistral3_layouts() {
     let want = ids(&golden("ministral3")["single"][2]["tokens"]);
@@ -126,27 +156,19 @@ fn ministral3_query_scaling_and_mistral3_layouts() {
     assert!(err.contains("llama_4_scaling_beta"), "{err}");
     // Hugging Face's layout of a mistral3 checkpoint (model.language_model.*, lm_head.weight,
     // a vision tower) loads the same model as mlx-lm's (language_model.*).
-    let tmp = copy_model("mistral3");
-    let idx = tmp.path().join("model.safetensors.index.json");
-    let _ = std::fs::remove_file(&idx);
-    let path = tmp.path().join("model.safetensors");
-    let tensors = mlx_rs::Array::load_safetensors(&path).unwrap();
-    let renamed: std::collections::HashMap<String, mlx_rs::Array> = tensors
-        .into_iter()
-        .map(|(k, v)| {
-            let k = match k.strip_prefix("language_model.model.") {
-                Some(rest) => format!("model.language_model.{rest}"),
-                None => k.strip_prefix("language_model.").unwrap().to_string(),
-            };
-            (k, v)
-        })
-        .chain([("model.vision_tower.patch_conv.weight".to_string(), mlx_rs::Array::from_slice(&[0f32; 4], &[2, 2]))])
-        .collect();
-    // Arrays load lazily from `path`: write elsewhere, then replace it.
-    let out = tmp.path().join("renamed.safetensors");
-    mlx_rs::Array::save_safetensors(&renamed, None::<&std::collections::HashMap<String, String>>, &out).unwrap();
-    drop(renamed);
-    std::fs::rename(&out, &path).unwrap();
+    let tmp = relaid_model("mistral3", |tensors| {
+        tensors
+            .into_iter()
+            .map(|(k, v)| {
+                let k = match k.strip_prefix("language_model.model.") {
+                    Some(rest) => format!("model.language_model.{rest}"),
+                    None => k.strip_prefix("language_model.").unwrap().to_string(),
+                };
+                (k, v)
+            })
+            .chain([("model.vision_tower.patch_conv.weight".to_string(), mlx_rs::Array::from_slice(&[0f32; 4], &[2, 2]))])
+            .collect()
+    });
     let loaded = support::load_exact(tmp.path()).unwrap();
     assert_single_cases_exact("mistral3 (Hugging Face layout)", loaded.model.as_ref(), &golden("mistral3"));
 }
@@ -173,7 +195,7 @@ fn granite_minicpm_phi3_and_gemma2_gguf_files_load_the_same_models() {
 /// the engine's batched first logits turned into logprobs the same way (MLX ops).
 #[test]
 fn gemma4_batch_first_logprobs_equal_mlx_lm_batched() {
-    for name in ["gemma4_text", "gemma4_text-kv"] {
+    for name in ["gemma4_text", "gemma4_text-kv", "gemma4_text-moe", "gemma4_text-moe-4bit"] {
         let g = golden(name);
         let engine = Engine::start(support::load_exact(&tiny_model_dir(name)).unwrap(), EngineConfig::default()).unwrap();
         for batch in g["batch"].as_array().unwrap() {
@@ -285,26 +307,39 @@ fn gemma4_options_the_trajectories_depend_on() {
 fn gemma4_multimodal_form_and_hugging_face_layout_load_the_text_model() {
     // A gemma4 checkpoint: the text config under text_config, tensors under
     // model.language_model.* (Hugging Face) beside a vision tower, which is dropped.
-    let tmp = copy_model("gemma4_text");
+    let tmp = relaid_model("gemma4_text", |tensors| {
+        tensors
+            .into_iter()
+            .map(|(k, v)| (format!("model.language_model.{}", k.strip_prefix("model.").unwrap()), v))
+            .chain([("model.vision_tower.patch.weight".to_string(), mlx_rs::Array::from_slice(&[0f32; 4], &[2, 2]))])
+            .collect()
+    });
     edit_config(tmp.path(), |v| {
         let text = v.clone();
         *v = json!({"model_type": "gemma4", "text_config": text, "vocab_size": text["vocab_size"]});
     });
-    let _ = std::fs::remove_file(tmp.path().join("model.safetensors.index.json"));
-    let path = tmp.path().join("model.safetensors");
-    let tensors = mlx_rs::Array::load_safetensors(&path).unwrap();
-    let renamed: std::collections::HashMap<String, mlx_rs::Array> = tensors
-        .into_iter()
-        .map(|(k, v)| (format!("model.language_model.{}", k.strip_prefix("model.").unwrap()), v))
-        .chain([("model.vision_tower.patch.weight".to_string(), mlx_rs::Array::from_slice(&[0f32; 4], &[2, 2]))])
-        .collect();
-    let out = tmp.path().join("renamed.safetensors");
-    mlx_rs::Array::save_safetensors(&renamed, None::<&std::collections::HashMap<String, String>>, &out).unwrap();
-    drop(renamed);
-    std::fs::rename(&out, &path).unwrap();
     let loaded = support::load_exact(tmp.path()).unwrap();
     assert_eq!(loaded.model.info().model_type, "gemma4_text");
     assert_single_cases_exact("gemma4 (Hugging Face layout)", loaded.model.as_ref(), &golden("gemma4_text"));
+}
+
+#[test]
+fn gemma4_moe_experts_in_hugging_face_layout_load_the_same_model() {
+    // Hugging Face stores each layer's experts as one `[E, 2I, H]` `experts.gate_up_proj`
+    // (gate rows first) and `experts.down_proj`; mlx-lm's sanitize splits and renames them.
+    let tmp = relaid_model("gemma4_text-moe", |mut tensors| {
+        for i in 0..4 {
+            let p = format!("model.layers.{i}.experts");
+            let gate = tensors.remove(&format!("{p}.switch_glu.gate_proj.weight")).unwrap();
+            let up = tensors.remove(&format!("{p}.switch_glu.up_proj.weight")).unwrap();
+            let down = tensors.remove(&format!("{p}.switch_glu.down_proj.weight")).unwrap();
+            tensors.insert(format!("{p}.gate_up_proj"), mlx_rs::ops::concatenate(&[gate, up], -2).unwrap());
+            tensors.insert(format!("{p}.down_proj"), down);
+        }
+        tensors
+    });
+    let loaded = support::load_exact(tmp.path()).unwrap();
+    assert_single_cases_exact("gemma4 MoE (Hugging Face expert layout)", loaded.model.as_ref(), &golden("gemma4_text-moe"));
 }
 
 #[test]

@@ -556,7 +556,7 @@ fn golden_cases(name: &str) -> Vec<(Vec<u32>, Vec<u32>)> {
 
 #[test]
 fn fast_mode_next_token_distribution_stays_close_on_tiny_quantized_models() {
-    for name in ["llama-4bit", "qwen3_5-4bit", "qwen3_moe-4bit"] {
+    for name in ["llama-4bit", "qwen3_5-4bit", "qwen3_moe-4bit", "qwen3_5_moe-4bit"] {
         compare_modes(name, &tiny_model_dir(name), &golden_cases(name));
     }
 }

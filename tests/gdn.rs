@@ -1,27 +1,32 @@
 //! Hybrid gated-DeltaNet models against mlx-lm 0.32.2: qwen3_next (GDN + gated attention +
-//! shared-expert MoE), qwen3_5 (dense hybrid; float32, bfloat16, 4-bit) and qwen3_5_moe.
+//! shared-expert MoE; float32 and 4-bit experts through `gather_qmm`), qwen3_5 (dense hybrid;
+//! float32, bfloat16, 4-bit) and qwen3_5_moe (float32 and 4-bit experts).
 //! Single-sequence trajectories and first-step logits bit-exact, batch_generate and
-//! BatchGenerator continuous schedules token-exact, and prompt-cache reuse that never trims
-//! recurrent state.
+//! BatchGenerator continuous schedules token-exact, bursts of rows of different lengths
+//! prefilled together (right-padded chunks, padding masked out of the recurrent layers) with
+//! first-step logits bit-equal to each row's single-sequence run and mlx-lm's batched
+//! logprobs, and prompt-cache reuse that never trims recurrent state.
 
 mod support;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::Value;
 use support::*;
-use weft::engine::{Engine, EngineConfig, Event, Request};
+use weft::engine::{prepare, Engine, EngineConfig, EngineCore, EngineStats, Event, Request};
 use weft::generate::{generate, FinishReason, GenerateOptions};
 use weft::loading::LoadedModel;
 
-const GDN_MODELS: &[&str] = &["qwen3_next", "qwen3_5", "qwen3_5-bf16", "qwen3_5-4bit", "qwen3_5_moe"];
+const GDN_MODELS: &[&str] =
+    &["qwen3_next", "qwen3_5", "qwen3_5-bf16", "qwen3_5-4bit", "qwen3_5_moe", "qwen3_next-4bit", "qwen3_5_moe-4bit"];
 
 fn load(name: &str) -> LoadedModel {
     support::load_exact(&tiny_model_dir(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
 /// What Weft must produce for a batched golden row: mlx-lm's batched tokens where they equal
-/// its single-sequence run, else the single-sequence tokens (Weft never pads recurrent state).
+/// its single-sequence run, else the single-sequence tokens.
 fn expected(row: &Value) -> Vec<u32> {
     if row["equals_single"].as_bool().unwrap() {
         assert_eq!(ids(&row["tokens"]), ids(&row["single_tokens"]));
@@ -66,6 +71,83 @@ fn continuous_schedules_match_batch_generator() {
                     assert_eq!(out.error, None, "{what}");
                     assert_eq!(out.tokens, expected(r), "{what}");
                 }
+            }
+        }
+    }
+}
+
+/// Every row of a burst enqueued before the engine's first iteration (as mlx-lm's
+/// `BatchGenerator.insert` of them all), run to the end with first-step logits captured.
+fn run_burst(model: weft::loading::LoadedModel, rows: &[Value], config: EngineConfig) -> (Vec<Outcome>, EngineStats) {
+    let info = model.model.info().clone();
+    let mut core = EngineCore::new(model, config.clone());
+    let outs: Vec<Arc<Mutex<Outcome>>> = rows.iter().map(|_| Arc::default()).collect();
+    for (i, r) in rows.iter().enumerate() {
+        let out = Arc::clone(&outs[i]);
+        let sink = Box::new(move |ev: &Event| {
+            out.lock().unwrap().record(ev);
+            true
+        });
+        let mut req = greedy(ids(&r["prompt_ids"]), r["max_tokens"].as_u64().unwrap() as usize);
+        req.capture_first_logits = info.vocab_size as usize;
+        core.enqueue(prepare(i as u64 + 1, req, sink, None, &Default::default(), &info, &[], &config).unwrap());
+    }
+    for _ in 0..10_000 {
+        if core.is_idle() {
+            let outs = outs.iter().map(|o| o.lock().unwrap().clone()).collect();
+            return (outs, core.stats());
+        }
+        core.iterate();
+    }
+    panic!("the burst did not finish");
+}
+
+/// mlx-lm's logprobs (`logits - logsumexp(logits)` in the model's dtype) of captured logits.
+fn logprobs(logits: &[f32], dtype: mlx_rs::Dtype) -> Vec<f32> {
+    let a = mlx_rs::Array::from_slice(logits, &[1, logits.len() as i32]).as_dtype(dtype).unwrap();
+    let lp = weft::sampling::Sampler::logprobs(&a).unwrap().as_dtype(mlx_rs::Dtype::Float32).unwrap();
+    lp.eval().unwrap();
+    lp.as_slice::<f32>().to_vec()
+}
+
+#[test]
+fn bursts_of_different_lengths_prefill_together_exactly() {
+    use weft::generate::{generate, GenerateOptions};
+    for name in GDN_MODELS {
+        let g = golden(name);
+        let single = load(name);
+        let info = single.model.info().clone();
+        for key in ["burst", "burst_chunked"] {
+            let burst = &g[key];
+            let step = burst["prefill_step_size"].as_u64().unwrap() as usize;
+            let rows = burst["rows"].as_array().unwrap();
+            // mlx-lm's BatchGenerator defaults: 8 rows prefill at a time, 32 decode.
+            let config = EngineConfig { max_batch: 32, prompt_concurrency: 8, prefill_step_size: step, ..Default::default() };
+            let (outs, stats) = run_burst(load(name), rows, config);
+            // Rows prefill together: a chunk forward serves every waiting row, so the forwards
+            // are bounded by the longest prompt's chunks (+1 for the rows admitted later), not
+            // by the sum over rows as when each row prefilled alone.
+            let chunks = |r: &Value| ids(&r["prompt_ids"]).len().saturating_sub(1).div_ceil(step) as u64;
+            let longest = rows.iter().map(chunks).max().unwrap();
+            let alone: u64 = rows.iter().map(chunks).sum();
+            assert!(stats.prefill_forwards <= longest + 1, "{name}/{key}: {} prefill forwards", stats.prefill_forwards);
+            assert!(stats.prefill_forwards < alone, "{name}/{key}");
+            for (r, out) in rows.iter().zip(&outs) {
+                let what = format!("{name}/{key}: row {} ({} tokens)", r["id"], ids(&r["prompt_ids"]).len());
+                assert_eq!((out.finals, &out.error), (1, &None), "{what}");
+                assert_eq!(out.tokens, expected(r), "{what}");
+                let opts = GenerateOptions {
+                    max_tokens: 1,
+                    prefill_step_size: step,
+                    capture_first_logits: info.vocab_size as usize,
+                    ..Default::default()
+                };
+                let solo = generate(single.model.as_ref(), None, &ids(&r["prompt_ids"]), &opts, |_| true).unwrap();
+                let diffs = bit_diffs(&out.first_logits, &solo.first_logits);
+                assert_eq!(diffs, 0, "{what}: {diffs} first-step logits differ from the row alone");
+                let lp = logprobs(&out.first_logits, info.activation_dtype);
+                let diffs = bit_diffs(&lp, &floats(&r["first_logprobs"]));
+                assert_eq!(diffs, 0, "{what}: {diffs} first-step logprobs differ from mlx-lm's batch");
             }
         }
     }

@@ -161,13 +161,7 @@ impl RightPadding for BatchKvCache {
     /// Right padding needs no mask of its own: a row's padded tokens come after its real ones,
     /// so the causal mask already hides them from the real queries.
     fn prepare_right_padding(&mut self, right_padding: &[i32]) -> Result<()> {
-        if right_padding.len() != self.left_padding.len() {
-            return Err(Error::Mlx(format!(
-                "right padding for {} rows given to a batch of {}",
-                right_padding.len(),
-                self.left_padding.len()
-            )));
-        }
+        super::check_padding_rows(right_padding.len(), self.left_padding.len())?;
         self.right_padding = right_padding.iter().any(|&p| p > 0).then(|| right_padding.to_vec());
         Ok(())
     }

@@ -173,8 +173,8 @@ pub trait KvCache: Any + Send {
         None
     }
     /// Whether rows with caches of this kind can prefill together as one batch: their batched
-    /// form has a [`RightPadding`] face. Kinds that cannot (ring buffers, recurrent state,
-    /// quantized KV) prefill alone.
+    /// form has a [`RightPadding`] face. Kinds that cannot (ring buffers, quantized KV)
+    /// prefill alone.
     fn batched_prefill(&self) -> bool {
         false
     }
@@ -249,6 +249,14 @@ pub fn extract_row(caches: &[Box<dyn KvCache>], row: usize) -> Result<Vec<Box<dy
                 .extract_row(row)
         })
         .collect()
+}
+
+/// A right padding announced for `given` rows of a `rows`-row batch must name every row once.
+pub(crate) fn check_padding_rows(given: usize, rows: usize) -> Result<()> {
+    if given != rows {
+        return Err(Error::Mlx(format!("right padding for {given} rows given to a batch of {rows}")));
+    }
+    Ok(())
 }
 
 fn padding_of(cache: &mut dyn KvCache) -> Result<&mut dyn RightPadding> {

@@ -3,14 +3,16 @@
 //! state summarizes every token seen, so unlike KV it cannot be trimmed: `trim` drops nothing
 //! (returns 0) and the prompt cache reuses such entries only for exact prefixes.
 //!
-//! Rows are never padded: the engine prefills each row alone and batches rows only for
-//! one-token decode steps, so no padding ever enters the state (mlx-lm masks it instead).
+//! Rows prefill together as mlx-lm's `ArraysCache` lets them: a batched chunk is right-padded
+//! ([`RightPadding`]), the layer masks the padded positions out of its conv input and keeps each
+//! row's recurrent state unchanged over them, and takes each row's conv window at its own end,
+//! so padding never enters a row's state and the row ends as it would alone.
 
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{concatenate, zeros_dtype};
 use mlx_rs::Array;
 
-use super::{BatchRows, KvCache};
+use super::{BatchRows, KvCache, RightPadding};
 use crate::{Error, Result};
 
 /// The arrays a linear-attention layer reads and replaces each forward.
@@ -22,17 +24,38 @@ pub struct RecurrentState {
     pub ssm: Option<Array>,
     /// Tokens seen per row.
     lengths: Vec<i32>,
+    /// Per-row right padding of the batched chunk being prefilled (mlx-lm `ArraysCache.lengths`
+    /// as `n - right_padding`); `None` when no row is padded.
+    right_padding: Option<Vec<i32>>,
 }
 
 impl RecurrentState {
     fn with_rows(rows: usize) -> Self {
-        RecurrentState { conv: None, ssm: None, lengths: vec![0; rows] }
+        RecurrentState { conv: None, ssm: None, lengths: vec![0; rows], right_padding: None }
     }
 
-    /// Records that every row consumed `n` more tokens.
+    /// Each row's real tokens in a forward of `n` positions, when some row is right-padded
+    /// (mlx-lm's `clip(lengths, 0, n)`); `None` when every row fills all `n`.
+    pub fn chunk_lengths(&self, n: i32) -> Option<Vec<i32>> {
+        self.right_padding.as_ref().map(|rp| rp.iter().map(|&p| (n - p).clamp(0, n)).collect())
+    }
+
+    /// `[B, n]` bool, true at each row's real positions (mlx-lm `ArraysCache.make_mask`), or
+    /// `None` when no row is padded: what a linear-attention layer masks its inputs and state
+    /// updates with.
+    pub fn make_mask(&self, n: i32) -> Result<Option<Array>> {
+        let Some(lengths) = self.chunk_lengths(n) else { return Ok(None) };
+        let rows = lengths.len() as i32;
+        let pos = Array::from_iter(0..n, &[1, n]);
+        let lengths = Array::from_slice(&lengths, &[rows, 1]);
+        Ok(Some(pos.lt(&lengths)?))
+    }
+
+    /// Records that every row consumed the real part of `n` more positions.
     pub fn advance(&mut self, n: i32) {
-        for l in &mut self.lengths {
-            *l += n;
+        let real = self.chunk_lengths(n);
+        for (b, l) in self.lengths.iter_mut().enumerate() {
+            *l += real.as_ref().map_or(n, |r| r[b]);
         }
     }
 
@@ -82,6 +105,10 @@ impl KvCache for RecurrentCache {
 
     fn into_batched(self: Box<Self>) -> Result<Box<dyn KvCache>> {
         Ok(Box::new(BatchRecurrentCache { state: self.state }))
+    }
+
+    fn batched_prefill(&self) -> bool {
+        true
     }
 
     fn recurrent_state(&mut self) -> Option<&mut RecurrentState> {
@@ -137,6 +164,9 @@ impl BatchRows for BatchRecurrentCache {
             .into_any()
             .downcast::<BatchRecurrentCache>()
             .map_err(|_| Error::Unsupported("joining caches of different kinds".into()))?;
+        if self.state.right_padding.is_some() || other.state.right_padding.is_some() {
+            return Err(Error::Unsupported("rows join a recurrent cache only between padded chunks".into()));
+        }
         let (ra, rb) = (self.state.rows(), other.state.rows());
         let s = &mut self.state;
         s.conv = Self::cat(s.conv.take(), ra, other.state.conv, rb)?;
@@ -159,6 +189,7 @@ impl BatchRows for BatchRecurrentCache {
             s.ssm = Some(h.take_axis(&idx, 0)?);
         }
         s.lengths = keep.iter().map(|&i| s.lengths[i]).collect();
+        s.right_padding = s.right_padding.take().map(|rp| keep.iter().map(|&i| rp[i]).collect());
         Ok(())
     }
 
@@ -174,13 +205,33 @@ impl BatchRows for BatchRecurrentCache {
             conv: take(&self.state.conv)?,
             ssm: take(&self.state.ssm)?,
             lengths: vec![self.state.lengths[row]],
+            right_padding: None,
         };
         Ok(Box::new(RecurrentCache { state }))
     }
 }
 
+impl RightPadding for BatchRecurrentCache {
+    fn prepare_right_padding(&mut self, right_padding: &[i32]) -> Result<()> {
+        super::check_padding_rows(right_padding.len(), self.state.rows())?;
+        self.state.right_padding = right_padding.iter().any(|&p| p > 0).then(|| right_padding.to_vec());
+        Ok(())
+    }
+
+    /// Nothing moves: each row's state already ends at its last real token (mlx-lm's
+    /// `ArraysCache.finalize` only forgets the lengths).
+    fn finalize_padding(&mut self) -> Result<()> {
+        self.state.right_padding = None;
+        Ok(())
+    }
+}
+
 impl KvCache for BatchRecurrentCache {
-    super::faces!(batch_rows);
+    super::faces!(batch_rows, right_padding);
+
+    fn batched_prefill(&self) -> bool {
+        true
+    }
 
     fn into_batched(self: Box<Self>) -> Result<Box<dyn KvCache>> {
         Ok(self)
@@ -249,6 +300,33 @@ mod tests {
         assert_eq!(second.len(), 5);
         assert_eq!(values(second.recurrent_state().unwrap().conv.as_ref().unwrap()), vec![1.0; 6]);
         assert!(batch.extract_row(2).is_err());
+    }
+
+    #[test]
+    fn right_padded_chunks_mask_each_row_and_count_its_real_tokens() {
+        let mut batched = single(1.0, 5).into_batched().unwrap();
+        batched.batch_rows().unwrap().extend_rows(Box::new(RecurrentCache::new()).into_batched().unwrap()).unwrap();
+        // Equal chunks: no mask, as in a decode step.
+        batched.right_padding().unwrap().prepare_right_padding(&[0, 0]).unwrap();
+        assert!(batched.recurrent_state().unwrap().make_mask(4).unwrap().is_none());
+        assert!(batched.right_padding().unwrap().prepare_right_padding(&[1]).is_err());
+
+        batched.right_padding().unwrap().prepare_right_padding(&[0, 3]).unwrap();
+        let state = batched.recurrent_state().unwrap();
+        assert_eq!(state.chunk_lengths(4), Some(vec![4, 1]));
+        let mask = state.make_mask(4).unwrap().unwrap();
+        mask.eval().unwrap();
+        assert_eq!(mask.shape(), &[2, 4]);
+        assert_eq!(mask.as_slice::<bool>(), &[true, true, true, true, true, false, false, false]);
+        state.advance(4);
+        // Rows join only between chunks.
+        let joiner = Box::new(RecurrentCache::new()).into_batched().unwrap();
+        assert!(batched.batch_rows().unwrap().extend_rows(joiner).is_err());
+        batched.right_padding().unwrap().finalize_padding().unwrap();
+        assert!(batched.recurrent_state().unwrap().make_mask(4).unwrap().is_none());
+        let rows = batched.batch_rows().unwrap();
+        assert_eq!(rows.extract_row(0).unwrap().len(), 9);
+        assert_eq!(rows.extract_row(1).unwrap().len(), 1);
     }
 
     #[test]

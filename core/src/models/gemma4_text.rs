@@ -14,9 +14,14 @@
 //!   checkpoint has `lm_head.weight`, `final_logit_softcapping`;
 //! - `attention_k_eq_v` (full layers use the raw keys as values, with
 //!   `num_global_key_value_heads`).
-//! Not supported (refused at load): the MoE block (`enable_moe_block`). With KV sharing a
-//! quantized KV cache is refused when the engine starts: KV-shared layers read another
-//! layer's cached keys and values, which mlx-lm cannot do on quantized caches either.
+//! - the MoE block (`enable_moe_block`, 26B-A4B): beside each layer's dense MLP, a router
+//!   (RMSNorm with a learned scale, top-k of the projected scores, softmax over the chosen,
+//!   times a per-expert scale) picks `top_k_experts` GeGLU experts ([`SwitchGlu`], dense or
+//!   quantized); the two branches are normed and summed (mlx-lm `Router` / `Experts`).
+//!
+//! With KV sharing a quantized KV cache is refused when the engine starts: KV-shared layers
+//! read another layer's cached keys and values, which mlx-lm cannot do on quantized caches
+//! either.
 
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
@@ -26,7 +31,7 @@ use super::gemma4_vision::{self, Gemma4Vision};
 use crate::vision::VisionTower;
 use super::{ConfigReader, LanguageModel, ModelInfo, SlidingWindowLayers};
 use crate::cache::{self, sdpa, AttentionMask, KvCache, KvCacheSingle, RopeOffset, RotatingKvCache};
-use crate::nn::{gelu_approx, Embedding, Linear, Mlp, MlpActivation, RmsNorm, Rope, RopeContext, Weights};
+use crate::nn::{gelu_approx, Embedding, Linear, Mlp, MlpActivation, RmsNorm, Rope, RopeContext, SwitchGlu, Weights};
 use crate::{Error, Result};
 
 const QUANTIZED_KV: &str =
@@ -69,9 +74,79 @@ struct PerLayerGate {
     post_norm: RmsNorm,
 }
 
+/// The MoE branch of a 26B-A4B layer (mlx-lm `Router` + `Experts` and their norms).
+struct MoeBranch {
+    router_proj: Linear,
+    /// `[hidden]`; the router's RMSNorm weight is `scale * hidden^-1/2`.
+    router_scale: Array,
+    /// `[experts]`, multiplies each chosen expert's weight.
+    per_expert_scale: Array,
+    experts: SwitchGlu,
+    top_k: i32,
+    eps: f32,
+    root_size: f32,
+    pre_feedforward_layernorm_2: RmsNorm,
+    post_feedforward_layernorm_1: RmsNorm,
+    post_feedforward_layernorm_2: RmsNorm,
+}
+
+impl MoeBranch {
+    fn load(w: &mut Weights, p: &str, hidden: i32, moe: (i32, i32, i32), eps: f32) -> Result<Self> {
+        let (experts, top_k, intermediate) = moe;
+        // Hugging Face layout (mlx-lm `sanitize`): one `[E, 2I, H]` gate/up tensor.
+        if let Some(gate_up) = w.remove(&format!("{p}.experts.gate_up_proj")) {
+            let halves = mlx_rs::ops::split_equal(&gate_up, 2, -2)?;
+            for (half, name) in halves.iter().zip(["gate_proj", "up_proj"]) {
+                w.insert(format!("{p}.experts.switch_glu.{name}.weight"), half.contiguous()?);
+            }
+        }
+        if let Some(down) = w.remove(&format!("{p}.experts.down_proj")) {
+            w.insert(format!("{p}.experts.switch_glu.down_proj.weight"), down);
+        }
+        let norm = |w: &mut Weights, name: &str| RmsNorm::load(w, &format!("{p}.{name}"), hidden, eps);
+        Ok(MoeBranch {
+            router_proj: Linear::load(w, &format!("{p}.router.proj"), hidden, experts, false)?,
+            router_scale: w.take(&format!("{p}.router.scale"), &[hidden])?,
+            per_expert_scale: w.take(&format!("{p}.router.per_expert_scale"), &[experts])?,
+            experts: SwitchGlu::load_with(
+                w,
+                &format!("{p}.experts.switch_glu"),
+                experts,
+                hidden,
+                intermediate,
+                MlpActivation::GeluApprox,
+            )?,
+            top_k,
+            eps,
+            root_size: (hidden as f64).powf(-0.5) as f32,
+            pre_feedforward_layernorm_2: norm(w, "pre_feedforward_layernorm_2")?,
+            post_feedforward_layernorm_1: norm(w, "post_feedforward_layernorm_1")?,
+            post_feedforward_layernorm_2: norm(w, "post_feedforward_layernorm_2")?,
+        })
+    }
+
+    /// `h`: the residual stream `[B, L, hidden]`; `dense`: the dense MLP's output. Returns
+    /// both branches normed and summed (what the block's `post_feedforward_layernorm` takes).
+    fn forward(&self, h: &Array, dense: &Array) -> Result<Array> {
+        use mlx_rs::ops::{argpartition_axis, softmax_axis};
+        let x = mlx_rs::fast::rms_norm(h, Some(&times(&self.router_scale, self.root_size)?), self.eps)?;
+        let scores = self.router_proj.forward(&x)?;
+        let experts = scores.dim(-1);
+        let inds = argpartition_axis(&scores, -self.top_k, -1)?.index((.., .., experts - self.top_k..));
+        let weights = softmax_axis(&scores.take_along_axis(&inds, -1)?, -1, false)?;
+        let weights = weights.multiply(self.per_expert_scale.take_axis(&inds, 0)?)?;
+        let y = self.experts.forward(&self.pre_feedforward_layernorm_2.forward(h)?, &inds)?;
+        let y = weights.expand_dims(-1)?.multiply(&y)?.sum_axis(-2, false)?;
+        let h1 = self.post_feedforward_layernorm_1.forward(dense)?;
+        Ok(h1.add(&self.post_feedforward_layernorm_2.forward(&y)?)?)
+    }
+}
+
 struct Block {
     self_attn: Attention,
     mlp: Mlp,
+    /// 26B-A4B: the experts beside the dense MLP.
+    moe: Option<MoeBranch>,
     input_layernorm: RmsNorm,
     post_attention_layernorm: RmsNorm,
     pre_feedforward_layernorm: RmsNorm,
@@ -180,11 +255,22 @@ pub fn load(cfg: &ConfigReader, mut w: Weights, dtype: Dtype) -> Result<Gemma4Te
         text_weights(&mut w);
     }
     let cfg = &tcfg;
-    if cfg.bool_or("enable_moe_block", false)? {
-        return Err(Error::Unsupported(
-            "gemma4_text: the mixture-of-experts block (enable_moe_block) is not supported yet".into(),
-        ));
-    }
+    let moe = if cfg.bool_or("enable_moe_block", false)? {
+        let need = |key: &str| -> Result<i32> {
+            cfg.opt_i32(key)?.filter(|&v| v > 0).ok_or_else(|| {
+                Error::ModelLoad(format!("config.json: enable_moe_block needs a positive \"{key}\""))
+            })
+        };
+        let (experts, top_k) = (need("num_experts")?, need("top_k_experts")?);
+        if top_k > experts {
+            return Err(Error::ModelLoad(format!(
+                "config.json: enable_moe_block routes to top_k_experts {top_k} of num_experts {experts}"
+            )));
+        }
+        Some((experts, top_k, need("moe_intermediate_size")?))
+    } else {
+        None
+    };
     let hidden = positive_or(cfg, "hidden_size", 1536)?;
     let num_layers = positive_or(cfg, "num_hidden_layers", 35)? as usize;
     let intermediate = positive_or(cfg, "intermediate_size", 6144)?;
@@ -346,6 +432,7 @@ pub fn load(cfg: &ConfigReader, mut w: Weights, dtype: Dtype) -> Result<Gemma4Te
         layers.push(Block {
             self_attn,
             mlp: Mlp::load_with(&mut w, &format!("{p}.mlp"), hidden, inter, false, MlpActivation::GeluApprox)?,
+            moe: moe.map(|m| MoeBranch::load(&mut w, &p, hidden, m, eps)).transpose()?,
             input_layernorm: norm(&mut w, "input_layernorm", hidden)?,
             post_attention_layernorm: norm(&mut w, "post_attention_layernorm", hidden)?,
             pre_feedforward_layernorm: norm(&mut w, "pre_feedforward_layernorm", hidden)?,
@@ -531,7 +618,10 @@ impl Gemma4Text {
             let (r, kv) = layer.self_attn.forward(&layer.input_layernorm.forward(&h)?, mask, caches, &kvs)?;
             kvs[i] = kv;
             h = h.add(&layer.post_attention_layernorm.forward(&r)?)?;
-            let r = layer.mlp.forward(&layer.pre_feedforward_layernorm.forward(&h)?)?;
+            let mut r = layer.mlp.forward(&layer.pre_feedforward_layernorm.forward(&h)?)?;
+            if let Some(moe) = &layer.moe {
+                r = moe.forward(&h, &r)?;
+            }
             h = h.add(&layer.post_feedforward_layernorm.forward(&r)?)?;
             if let (Some(gate), Some(inputs)) = (&layer.per_layer, &per_layer) {
                 let input = inputs.index((.., .., i as i32, ..));

@@ -4,7 +4,7 @@
 //! in the cache → SiLU → L2-normalized q/k → gated delta recurrence → gated RMSNorm → out_proj.
 
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::ops::{concatenate, conv1d, exp, logaddexp, sigmoid, split_at_indices, stack, zeros_dtype};
+use mlx_rs::ops::{concatenate, conv1d, exp, logaddexp, select, sigmoid, split_at_indices, stack, zeros_dtype};
 use mlx_rs::{Array, Dtype};
 
 use super::{Linear, Weights};
@@ -149,15 +149,22 @@ impl GatedDeltaNet {
         })
     }
 
-    /// `x`: `[B, S, hidden]` (unpadded rows) → `[B, S, hidden]`; reads and replaces the
-    /// layer's conv window and recurrent state.
-    pub fn forward(&self, x: &Array, state: &mut RecurrentState) -> Result<Array> {
+    /// `x`: `[B, S, hidden]` → `[B, S, hidden]`; reads and replaces the layer's conv window and
+    /// recurrent state. `mask` (`[B, S]` bool, from [`RecurrentState::make_mask`] of the
+    /// stack's first linear-attention cache) marks each row's real positions in a right-padded
+    /// batched chunk, as mlx-lm's `ArraysCache` mask does: padded inputs enter the conv as
+    /// zeros, the recurrent state does not move over them, and each row's conv window is taken
+    /// at its own end.
+    pub fn forward(&self, x: &Array, mask: Option<&Array>, state: &mut RecurrentState) -> Result<Array> {
         let (bsz, s) = (x.dim(0), x.dim(1));
         let o = &self.opts;
         if state.rows() != bsz as usize {
             return Err(Error::Mlx(format!("{bsz} input rows for a {}-row recurrent cache", state.rows())));
         }
-        let (mixed, z, b, a) = self.project(x)?;
+        let (mut mixed, z, b, a) = self.project(x)?;
+        if let Some(m) = mask {
+            mixed = select(m.expand_dims(-1)?, &mixed, scalar(0.0, mixed.dtype())?)?;
+        }
 
         let n_keep = o.conv_kernel - 1;
         let conv_state = match &state.conv {
@@ -165,8 +172,18 @@ impl GatedDeltaNet {
             None => zeros_dtype(&[bsz, n_keep, self.conv_dim], x.dtype())?,
         };
         let conv_input = concatenate(&[conv_state, mixed], 1)?;
-        let total = conv_input.dim(1);
-        let new_conv = conv_input.index((.., total - n_keep.., ..)).contiguous()?;
+        let new_conv = match state.chunk_lengths(s) {
+            // mlx-lm: take_along_axis(conv_input, (ends[:, None] + arange(n_keep))[..., None], 1).
+            Some(ends) => {
+                let positions: Vec<i32> = ends.iter().flat_map(|&e| (0..n_keep).map(move |j| e + j)).collect();
+                let positions = Array::from_slice(&positions, &[bsz, n_keep, 1]);
+                conv_input.take_along_axis(&positions, 1)?
+            }
+            None => {
+                let total = conv_input.dim(1);
+                conv_input.index((.., total - n_keep.., ..)).contiguous()?
+            }
+        };
         let conv = conv1d(&conv_input, &self.conv_weight, 1, 0, 1, self.conv_dim)?;
         let conv = conv.multiply(sigmoid(&conv)?)?;
 
@@ -176,7 +193,8 @@ impl GatedDeltaNet {
         let v = parts[2].reshape(&[bsz, s, o.num_v_heads, o.head_v_dim])?;
         let (q, k) = normalize_qk(&q, &k, o.head_k_dim)?;
 
-        let (out, new_state) = gated_delta_update(&q, &k, &v, &a, &b, &self.a_log, &self.dt_bias, state.ssm.clone())?;
+        let (out, new_state) =
+            gated_delta_update(&q, &k, &v, &a, &b, &self.a_log, &self.dt_bias, state.ssm.clone(), mask)?;
         // The state changes only once the whole step is built.
         state.conv = Some(new_conv);
         state.ssm = Some(new_state);
@@ -212,7 +230,8 @@ fn compute_g(a_log: &Array, a: &Array, dt_bias: &Array) -> Result<Array> {
 
 /// The gated delta rule over `T` steps (mlx-lm `gated_delta_update` → `gated_delta_ops`).
 /// q, k: `[B,T,Hk,Dk]`; v: `[B,T,Hv,Dv]`; a, b: `[B,T,Hv]`; state `[B,Hv,Dv,Dk]` (float32,
-/// zeros if `None`). Returns `y [B,T,Hv,Dv]` and the new state.
+/// zeros if `None`); `mask` `[B,T]` bool (false: the row's state stays as it was over that
+/// step). Returns `y [B,T,Hv,Dv]` and the new state.
 #[allow(clippy::too_many_arguments)]
 pub fn gated_delta_update(
     q: &Array,
@@ -223,6 +242,7 @@ pub fn gated_delta_update(
     a_log: &Array,
     dt_bias: &Array,
     state: Option<Array>,
+    mask: Option<&Array>,
 ) -> Result<(Array, Array)> {
     let beta = sigmoid(b)?;
     let g = compute_g(a_log, a, dt_bias)?;
@@ -247,6 +267,7 @@ pub fn gated_delta_update(
             &g.index((.., i)),
             &beta.index((.., i)),
             &state,
+            mask.map(|m| m.index((.., i))).as_ref(),
         )?;
         ys.push(y);
         state = next;
@@ -254,15 +275,27 @@ pub fn gated_delta_update(
     Ok((stack(&ys, 1)?, state))
 }
 
-/// One recurrence step (mlx-lm `_gated_delta_step_ops`, scalar gate, no mask):
-/// q, k `[B,H,Dk]`, v `[B,H,Dv]`, g, beta `[B,H]`, state `[B,H,Dv,Dk]`.
-fn gated_delta_step(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, state: &Array) -> Result<(Array, Array)> {
+/// One recurrence step (mlx-lm `_gated_delta_step_ops`, scalar gate):
+/// q, k `[B,H,Dk]`, v `[B,H,Dv]`, g, beta `[B,H]`, state `[B,H,Dv,Dk]`, mask `[B]`.
+fn gated_delta_step(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    g: &Array,
+    beta: &Array,
+    old_state: &Array,
+    mask: Option<&Array>,
+) -> Result<(Array, Array)> {
     let decay = g.expand_dims_axes(&[2, 3])?;
-    let state = state.multiply(&decay)?;
+    let state = old_state.multiply(&decay)?;
     let k_row = k.expand_dims(-2)?;
     let kv_mem = state.multiply(&k_row)?.sum_axis(-1, None)?;
     let delta = v.subtract(&kv_mem)?.multiply(beta.expand_dims(-1)?)?;
     let state = state.add(k_row.multiply(delta.expand_dims(-1)?)?)?;
     let y = state.multiply(q.expand_dims(-2)?)?.sum_axis(-1, None)?;
+    let state = match mask {
+        Some(m) => select(m.expand_dims_axes(&[1, 2, 3])?, &state, old_state)?,
+        None => state,
+    };
     Ok((y.as_dtype(q.dtype())?, state))
 }

@@ -22,7 +22,7 @@ enum Mixer {
 
 enum FeedForward {
     Dense(Mlp),
-    Moe(SharedExpertMoe),
+    Moe(Box<SharedExpertMoe>),
 }
 
 /// The feed-forward of one layer.
@@ -63,6 +63,9 @@ pub struct HybridDecoder {
     lm_head: Option<Linear>,
     /// The first full-attention layer (its cache provides the attention mask).
     first_attention: Option<usize>,
+    /// The first linear-attention layer (its cache provides the padding mask of batched
+    /// prefill chunks, mlx-lm's `create_ssm_mask`).
+    first_linear: Option<usize>,
     info: ModelInfo,
     /// Under pipeline parallel: this rank's stage (`layers` holds only its layers).
     stage: Option<super::pipeline::Stage>,
@@ -96,6 +99,7 @@ impl HybridDecoder {
         let embed_tokens = Embedding::load(&mut w, &format!("{pre}.embed_tokens"), vocab, hidden)?;
         let mut layers = Vec::with_capacity(info.num_layers);
         let mut first_attention = None;
+        let mut first_linear = None;
         for (i, ffn) in spec.feed_forward.iter().enumerate() {
             let p = format!("{pre}.layers.{i}");
             if stage.as_ref().is_some_and(|s| !s.layers.contains(&i)) {
@@ -105,6 +109,7 @@ impl HybridDecoder {
             // Layer numbers stay global (which layers attend); indices into `layers` are the stage's.
             let is_linear = (i + 1) % spec.full_attention_interval != 0;
             let mixer = if is_linear {
+                first_linear.get_or_insert(layers.len());
                 Mixer::Linear(GatedDeltaNet::load(&mut w, &format!("{p}.linear_attn"), spec.linear.clone())?)
             } else {
                 first_attention.get_or_insert(layers.len());
@@ -115,7 +120,7 @@ impl HybridDecoder {
                     FeedForward::Dense(Mlp::load(&mut w, &format!("{p}.mlp"), hidden, *intermediate, false)?)
                 }
                 FeedForwardSpec::Moe(opts) => {
-                    FeedForward::Moe(SharedExpertMoe::load(&mut w, &format!("{p}.mlp"), opts.clone())?)
+                    FeedForward::Moe(Box::new(SharedExpertMoe::load(&mut w, &format!("{p}.mlp"), opts.clone())?))
                 }
             };
             layers.push(HybridBlock {
@@ -133,7 +138,7 @@ impl HybridDecoder {
         w.finish()?;
         // Caches (and their memory) are per rank: this stage's layers.
         info.num_layers = layers.len();
-        Ok(HybridDecoder { embed_tokens, layers, norm, lm_head, first_attention, info, stage })
+        Ok(HybridDecoder { embed_tokens, layers, norm, lm_head, first_attention, first_linear, info, stage })
     }
 }
 
@@ -147,11 +152,14 @@ impl LanguageModel for HybridDecoder {
             )));
         }
         let mut h = self.embed_tokens.forward(tokens)?;
-        // Linear-attention layers never see padding (rows are prefilled alone), so only the
-        // attention layers take a mask.
         let mask = match self.first_attention {
             Some(i) => cache::make_mask(caches[i].as_ref(), h.dim(1), None)?,
             None => AttentionMask::None,
+        };
+        // Right-padded batched prefill chunks: linear-attention layers mask the padding out.
+        let ssm_mask = match self.first_linear {
+            Some(i) => cache::recurrent(caches[i].as_mut())?.make_mask(h.dim(1))?,
+            None => None,
         };
         if let Some(stage) = &self.stage {
             h = stage.receive(h)?;
@@ -159,7 +167,7 @@ impl LanguageModel for HybridDecoder {
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
             let x = layer.input_layernorm.forward(&h)?;
             let r = match &layer.mixer {
-                Mixer::Linear(gdn) => gdn.forward(&x, cache::recurrent(cache.as_mut())?)?,
+                Mixer::Linear(gdn) => gdn.forward(&x, ssm_mask.as_ref(), cache::recurrent(cache.as_mut())?)?,
                 Mixer::Attention(attn) => attn.forward(&x, &mask, cache::attention(cache.as_mut())?)?,
             };
             let h1 = h.add(&r)?;

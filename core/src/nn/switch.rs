@@ -7,7 +7,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{argpartition_axis, argsort, gather_mm, gather_qmm, softmax_axis, unflatten};
 use mlx_rs::Array;
 
-use super::{swiglu, Linear, QuantSpec, Weights};
+use super::{gelu_approx, swiglu, Linear, MlpActivation, QuantSpec, Weights};
 use crate::{Error, Result};
 
 /// `SwitchGLU` sorts the (token, expert) pairs by expert once this many pairs are routed.
@@ -63,19 +63,33 @@ impl SwitchLinear {
     }
 }
 
-/// `SwitchGLU`: per routed expert `down(silu(gate(x)) * up(x))`.
+/// `SwitchGLU`: per routed expert `down(act(gate(x)) * up(x))`, `act` SiLU (mlx-lm's default
+/// `SwiGLU`) or tanh-approximated GELU (Gemma 4's `GeGLU`).
 pub struct SwitchGlu {
     gate_proj: SwitchLinear,
     up_proj: SwitchLinear,
     down_proj: SwitchLinear,
+    activation: MlpActivation,
 }
 
 impl SwitchGlu {
     pub fn load(w: &mut Weights, prefix: &str, experts: i32, hidden: i32, intermediate: i32) -> Result<Self> {
+        Self::load_with(w, prefix, experts, hidden, intermediate, MlpActivation::Silu)
+    }
+
+    pub fn load_with(
+        w: &mut Weights,
+        prefix: &str,
+        experts: i32,
+        hidden: i32,
+        intermediate: i32,
+        activation: MlpActivation,
+    ) -> Result<Self> {
         Ok(SwitchGlu {
             gate_proj: SwitchLinear::load(w, &format!("{prefix}.gate_proj"), experts, hidden, intermediate)?,
             up_proj: SwitchLinear::load(w, &format!("{prefix}.up_proj"), experts, hidden, intermediate)?,
             down_proj: SwitchLinear::load(w, &format!("{prefix}.down_proj"), experts, intermediate, hidden)?,
+            activation,
         })
     }
 
@@ -99,7 +113,11 @@ impl SwitchGlu {
         };
         let up = self.up_proj.forward(&x, &idx, sort)?;
         let gate = self.gate_proj.forward(&x, &idx, sort)?;
-        let mut y = self.down_proj.forward(&swiglu(&gate, &up)?, &idx, sort)?;
+        let h = match self.activation {
+            MlpActivation::Silu => swiglu(&gate, &up)?,
+            MlpActivation::GeluApprox => gelu_approx(&gate)?.multiply(&up)?,
+        };
+        let mut y = self.down_proj.forward(&h, &idx, sort)?;
         if let Some(inv) = inv_order {
             y = unflatten(y.take_axis(&inv, 0)?, 0, indices.shape())?;
         }
