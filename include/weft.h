@@ -35,10 +35,11 @@
 /**
  * Compatible additions within WEFT_ABI_VERSION, counted: 0 = the first release; 1 = tool calls
  * (weft_event's tool_deltas .. tool_calls_len, WEFT_FINISH_TOOL_CALLS, weft_tool_delta,
- * weft_tool_call, weft_abi_minor); 2 = model downloads with progress and cancellation
- * (weft_engine_new_with_progress, weft_progress_fn, weft_download_progress, weft_download_phase,
- * WEFT_ERR_CANCELLED) and Hugging Face repo ids as "model". Compare with weft_abi_minor() before
- * reading a field added in a later minor (docs/c-api.md, Versioning).
+ * weft_tool_call, weft_abi_minor); 2 = reasoning (weft_event's reasoning .. reasoning_tokens)
+ * and model downloads with progress and cancellation (weft_engine_new_with_progress,
+ * weft_progress_fn, weft_download_progress, weft_download_phase, WEFT_ERR_CANCELLED) with
+ * Hugging Face repo ids as "model". Compare with weft_abi_minor() before reading a field added
+ * in a later minor (docs/c-api.md, Versioning).
  */
 #define WEFT_ABI_MINOR 2
 
@@ -464,14 +465,31 @@ typedef struct weft_event {
    */
   size_t tool_deltas_len;
   /**
-   * (ABI minor 1) DONE of a request with "tools": every call the output made, complete (also
-   * with WEFT_FINISH_LENGTH, whose last call may be cut short). NULL when tool_calls_len is 0.
+   * (ABI minor 1) DONE of a request with "tools": every call the output made, complete (a
+   * call the output did not finish, e.g. cut by max_tokens, is not delivered, not even in
+   * part: a call's deltas come once it is complete). NULL when tool_calls_len is 0.
    */
   const struct weft_tool_call *tool_calls;
   /**
    * Number of entries in tool_calls.
    */
   size_t tool_calls_len;
+  /**
+   * (ABI minor 2) TOKEN and DONE of a model that reasons ("thinks") before it answers: the
+   * reasoning text this event adds, markers removed (text holds only the answer). DONE's is
+   * the reasoning still held back at the end. UTF-8, NUL-terminated, see reasoning_len;
+   * never NULL ("" when there is none).
+   */
+  const char *reasoning;
+  /**
+   * Length of reasoning in bytes, excluding the terminating NUL.
+   */
+  size_t reasoning_len;
+  /**
+   * (ABI minor 2) DONE: how many of completion_tokens were spent reasoning (the block and
+   * its markers); 0 for other kinds.
+   */
+  uint32_t reasoning_tokens;
 } weft_event;
 
 /**
