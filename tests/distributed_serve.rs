@@ -142,10 +142,13 @@ fn constrained_requests() -> Vec<(&'static str, serde_json::Value)> {
             "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {
                 "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}},
         })),
+        // An enum argument and one call: the call completes within the budget whatever the
+        // weights (a call cut by max_tokens is not delivered).
         ("tools", serde_json::json!({
             "messages": user, "max_tokens": 48, "temperature": 0, "tool_choice": "required",
+            "parallel_tool_calls": false,
             "tools": [{"type": "function", "function": {"name": "f", "parameters": {
-                "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}],
+                "type": "object", "properties": {"a": {"enum": [1, 2]}}, "required": ["a"]}}}],
         })),
     ]
 }

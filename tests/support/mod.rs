@@ -6,8 +6,11 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 use weft::model_store::{DefaultModel, ModelStore};
 
+/// The repository's root: the nearest folder above the including crate that holds `goldens/`
+/// (core, cli and ffi sit one level down, bindings/node two).
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.ancestors().find(|d| d.join("goldens").is_dir()).unwrap_or(manifest).to_path_buf()
 }
 
 pub fn goldens_dir() -> PathBuf {
