@@ -61,6 +61,12 @@ pub fn default_model() -> Option<PathBuf> {
         return Some(p);
     }
     let message = "the default model is not installed (run `weft pull`)";
+    missing(message)
+}
+
+/// What a test fixture that is not installed gives: a failure under
+/// `WEFT_REQUIRE_DEFAULT_MODEL=1` (CI), else a loud skip.
+fn missing(message: &str) -> Option<PathBuf> {
     if std::env::var("WEFT_REQUIRE_DEFAULT_MODEL").as_deref() == Ok("1") {
         panic!("{message}; required because WEFT_REQUIRE_DEFAULT_MODEL=1");
     }
@@ -77,12 +83,7 @@ pub fn gemma3_270m() -> Option<PathBuf> {
         return Some(p);
     }
     let message = "gemma-3-270m is not installed (run `weft pull gemma-3-270m`)";
-    if std::env::var("WEFT_REQUIRE_DEFAULT_MODEL").as_deref() == Ok("1") {
-        panic!("{message}; required because WEFT_REQUIRE_DEFAULT_MODEL=1");
-    }
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "\n!!!!!!!! SKIPPING: {message} !!!!!!!!\n");
-    None
+    missing(message)
 }
 
 /// A copy of a tiny model directory in a fresh temp dir, to break in a test.
@@ -338,12 +339,7 @@ pub fn qwen3_tokenizer_dir() -> Option<PathBuf> {
         return Some(dir);
     }
     let message = "the Qwen3 test tokenizer is not fetched (run scripts/fetch-test-tokenizers)";
-    if std::env::var("WEFT_REQUIRE_DEFAULT_MODEL").as_deref() == Ok("1") {
-        panic!("{message}; required because WEFT_REQUIRE_DEFAULT_MODEL=1");
-    }
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "\n!!!!!!!! SKIPPING: {message} !!!!!!!!\n");
-    None
+    missing(message)
 }
 
 /// A tiny Qwen3.5-architecture model that speaks the real Qwen3 vocabulary with the real
