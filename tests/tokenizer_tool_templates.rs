@@ -151,3 +151,46 @@ fn real_templates_name_their_native_call_syntax() {
         assert_eq!(TemplateTools::detect(&source), expected, "{file}");
     }
 }
+
+/// Weft's native call parsers give what mlx-lm's own parsers give on the same raw text
+/// (goldens/native_calls.json, made by goldens/make_native_call_goldens.py), fed in small
+/// streamed pieces.
+#[test]
+fn native_parsers_agree_with_mlx_lm() {
+    use weft::tools::{NativeCallParser, NativeFormat, ToolSpec};
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../goldens/native_calls.json");
+    let g: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let specs: Vec<ToolSpec> = g["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .map(|(i, t)| ToolSpec::parse(t, &format!("tools[{i}]")).unwrap())
+        .collect();
+    let cases = g["cases"].as_array().unwrap();
+    assert!(cases.len() >= 9);
+    for case in cases {
+        let format = match case["format"].as_str().unwrap() {
+            "qwen3_coder" => NativeFormat::Qwen3Coder,
+            _ => NativeFormat::Gemma4,
+        };
+        let what = format!("{} / {}", case["format"], case["title"]);
+        let text: Vec<char> = case["text"].as_str().unwrap().chars().collect();
+        let mut parser = NativeCallParser::new(format, &specs);
+        let mut leaked = String::new();
+        for piece in text.chunks(3) {
+            leaked.push_str(&parser.push(&piece.iter().collect::<String>()).text);
+        }
+        leaked.push_str(&parser.finish().text);
+        assert_eq!(leaked.trim(), "", "{what}: call text leaked as text");
+        let want = case["calls"].as_array().unwrap();
+        let got = parser.calls();
+        assert_eq!(got.len(), want.len(), "{what}: {got:?}");
+        assert_eq!(parser.completed_calls(), want.len(), "{what}");
+        for (call, want) in got.iter().zip(want) {
+            assert_eq!(call.name, want["name"].as_str().unwrap(), "{what}");
+            let args: Value = serde_json::from_str(&call.arguments).unwrap_or_else(|e| panic!("{what}: {e}: {call:?}"));
+            assert_eq!(args, want["arguments"], "{what}");
+        }
+    }
+}
