@@ -220,10 +220,9 @@ fn json_value(schema: &Value) -> String {
 impl Tools {
     /// The grammar of calls in a native syntax.
     fn native_grammar(&self, format: ToolFormat, special: SpecialTokens) -> Option<Constraint> {
-        let mut rules = Vec::new();
-        let (open, close) = match format {
-            ToolFormat::Gemma4 => ("<|tool_call>", "<tool_call|>"),
-            _ => ("<tool_call>", "</tool_call>"),
+        let (open, close, mut rules) = match format {
+            ToolFormat::Gemma4 => ("<|tool_call>", "<tool_call|>", Self::gemma_value_rules(special)),
+            _ => ("<tool_call>", "</tool_call>", Vec::new()),
         };
         let (open_m, close_m) = (marker(open, special), marker(close, special));
         // Each tool: its name, its parameters, the end of the call.
@@ -293,27 +292,31 @@ impl Tools {
         }
     }
 
+    /// Gemma's untyped values (`gval`, for objects, arrays and schemas without a type) and its
+    /// strings (`gstr`): text between `<|"|>` quotes, which a vocabulary may hold as a special
+    /// token (then no text can contain it) or as text (then the string ends at its first quote).
+    fn gemma_value_rules(special: SpecialTokens) -> Vec<String> {
+        let quote = marker("<|\"|>", special);
+        let mut rules = Vec::new();
+        if special("<|\"|>").is_some() {
+            rules.push(format!("gstr: {quote} /(?s:[^\\x00]+)/? {quote}"));
+        } else {
+            rules.push(format!("gtext[suffix={quote}]: /(?s:.*)/"));
+            rules.push(format!("gstr: {quote} gtext"));
+        }
+        rules.push("gnum: /-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][-+]?[0-9]+)?/".into());
+        rules.push("gkey: /[A-Za-z_][A-Za-z0-9_]*/".into());
+        rules.push("gval: gstr | gnum | \"true\" | \"false\" | \"null\" | gobj | garr".into());
+        rules.push("gobj: \"{\" (gkey \":\" gval (\",\" gkey \":\" gval)*)? \"}\"".into());
+        rules.push("garr: \"[\" (gval (\",\" gval)*)? \"]\"".into());
+        rules
+    }
+
     /// Gemma 4: `key:VALUE` pairs in key order joined by commas (optional ones may be left
     /// out); strings between `<|"|>` quotes, numbers and literals bare, nested values in the
     /// same syntax.
     fn gemma_arguments(&self, i: usize, spec: &ToolSpec, special: SpecialTokens, rules: &mut Vec<String>) -> String {
         let quote = marker("<|\"|>", special);
-        if !rules.iter().any(|r| r.starts_with("gval:")) {
-            // Gemma's untyped values, for objects and arrays (and schemas without a type).
-            let text = if special("<|\"|>").is_some() {
-                "/(?s:[^\\x00]+)/?".to_string()
-            } else {
-                rules.push(format!("gtext[suffix={}]: /(?s:.*)/", literal("<|\"|>")));
-                "gtext".to_string()
-            };
-            let close_quote = if special("<|\"|>").is_some() { format!(" {quote}") } else { String::new() };
-            rules.push(format!("gstr: {quote} {text}{close_quote}"));
-            rules.push("gnum: /-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][-+]?[0-9]+)?/".into());
-            rules.push("gkey: /[A-Za-z_][A-Za-z0-9_]*/".into());
-            rules.push("gval: gstr | gnum | \"true\" | \"false\" | \"null\" | gobj | garr".into());
-            rules.push("gobj: \"{\" (gkey \":\" gval (\",\" gkey \":\" gval)*)? \"}\"".into());
-            rules.push("garr: \"[\" (gval (\",\" gval)*)? \"]\"".into());
-        }
         let params = parameters(spec, true);
         let n = params.len();
         for (j, (name, schema, _)) in params.iter().enumerate() {
