@@ -95,18 +95,21 @@ impl RunningBatch {
     }
 
     /// Takes the rows `remove` says out of the batch (caches and in-flight tokens alike), in
-    /// batch order, extracting their KV where `extract` says so. An extraction failure leaves
-    /// that row's caches `None`; a failure to filter the batch is an error for the whole batch.
+    /// batch order, extracting their KV where `extract` says so. Each predicate is asked once per
+    /// row: a consumer may pause or resume its row from another thread meanwhile. An extraction
+    /// failure leaves that row's caches `None`; a failure to filter the batch is an error for the
+    /// whole batch.
     pub(super) fn remove(&mut self, remove: impl Fn(&Row) -> bool, extract: impl Fn(&Row) -> bool) -> Result<Vec<Removed>> {
-        if !self.rows.iter().any(&remove) {
+        let removing: Vec<bool> = self.rows.iter().map(remove).collect();
+        if !removing.contains(&true) {
             return Ok(Vec::new());
         }
-        let keep: Vec<usize> = (0..self.rows.len()).filter(|&i| !remove(&self.rows[i])).collect();
+        let keep: Vec<usize> = (0..self.rows.len()).filter(|&i| !removing[i]).collect();
         let extracted: Vec<Option<Vec<Box<dyn KvCache>>>> = self
             .rows
             .iter()
             .enumerate()
-            .map(|(i, r)| match (&self.caches, remove(r) && extract(r)) {
+            .map(|(i, r)| match (&self.caches, removing[i] && extract(r)) {
                 (Some(caches), true) => cache::extract_row(caches, i).ok(),
                 _ => None,
             })
@@ -124,7 +127,7 @@ impl RunningBatch {
         }
         let mut removed = Vec::new();
         for ((i, row), caches) in std::mem::take(&mut self.rows).into_iter().enumerate().zip(extracted) {
-            if keep.binary_search(&i).is_ok() {
+            if !removing[i] {
                 self.rows.push(row);
             } else {
                 removed.push(Removed { row, caches });
