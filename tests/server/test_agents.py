@@ -1,7 +1,7 @@
 """What agent clients rely on, through the official clients on the tiny goldens GGUF (random
 weights, a small byte-level tokenizer and chat template; context 2048): the Responses API
-(`responses.create` streaming and not, the SDK's stream helper, previous_response_id and the
-store, function tools with hosted tools left out, text.format json_schema, reasoning items in
+(`responses.create` streaming and not, the SDK's stream helper, previous_response_id, the
+store and its input_items, function tools with hosted tools left out, text.format json_schema, reasoning items in
 the input), Chat Completions `n` > 1 (streaming and not), Anthropic Messages as Claude Code
 sends them (system-role messages, `?beta=true`, beta headers, cache_control, thinking), exact
 count_tokens with tools, context overflow in each protocol's words, context lengths in
@@ -104,6 +104,27 @@ class Responses(unittest.TestCase):
         unstored = respond(input=SEA, store=False)
         with self.assertRaises(openai.NotFoundError):
             oai().responses.retrieve(unstored.id)
+
+    def test_input_items_list_the_request_input(self):
+        first = respond(input=SEA)
+        items = list(oai().responses.input_items.list(first.id))
+        self.assertEqual(len(items), 1)
+        self.assertEqual((items[0].type, items[0].role, items[0].content[0].text), ("message", "user", SEA))
+        given = [{"role": "user", "content": "One."}, {"role": "assistant", "content": "Two."},
+                 {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Three."}]}]
+        r = respond(input=given)
+        newest_first = oai().responses.input_items.list(r.id)
+        texts = [i.content[0].text if isinstance(i.content, list) else i.content for i in newest_first.data]
+        self.assertEqual(texts, ["Three.", "Two.", "One."])
+        page = oai().responses.input_items.list(r.id, order="asc", limit=2)
+        self.assertEqual(([i.id for i in page.data], page.has_more), ([newest_first.data[2].id, newest_first.data[1].id], True))
+        rest = oai().responses.input_items.list(r.id, order="asc", after=page.last_id)
+        self.assertEqual(([i.id for i in rest.data], rest.has_more), ([newest_first.data[0].id], False))
+        with self.assertRaises(openai.BadRequestError) as e:
+            oai().responses.input_items.list(r.id, limit=0)
+        self.assertIn("limit", str(e.exception))
+        with self.assertRaises(openai.NotFoundError):
+            oai().responses.input_items.list("resp_missing")
 
     def test_function_call_loop(self):
         tools = [WEATHER, {"type": "web_search"}]

@@ -546,6 +546,7 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models/{*id}", get(openai::model).fallback(method_not_allowed))
         .route("/v1/responses", post(responses::create).fallback(method_not_allowed))
         .route("/v1/responses/{id}", get(responses::retrieve).delete(responses::delete).fallback(method_not_allowed))
+        .route("/v1/responses/{id}/input_items", get(responses::input_items).fallback(method_not_allowed))
         .route("/v1/messages", post(anthropic::messages).fallback(method_not_allowed))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens).fallback(method_not_allowed))
         .route("/health", get(health).fallback(method_not_allowed))

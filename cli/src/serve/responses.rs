@@ -56,12 +56,7 @@ struct StoreInner {
 /// One stored response and the conversation it ended (for `previous_response_id`).
 pub struct Stored {
     response: Value,
-    /// The conversation without `instructions` (those are not carried over, as OpenAI's), the
-    /// answer included as assistant turns.
-    history: Vec<ChatMessage>,
-    /// The history's images and audio clips, in prompt order.
-    images: Vec<Vec<u8>>,
-    audio: Vec<Vec<u8>>,
+    kept: Keep,
     at: Instant,
     bytes: usize,
 }
@@ -77,11 +72,13 @@ impl Store {
     }
 
     /// Keeps `id` unless it alone is over the cap; evicts the expired, then the oldest, to fit.
-    fn put(&self, id: String, response: Value, history: Vec<ChatMessage>, images: Vec<Vec<u8>>, audio: Vec<Vec<u8>>) {
+    fn put(&self, id: String, response: Value, kept: Keep) {
+        let Keep { history, images, audio, input_items } = &kept;
         let text: usize = history.iter().map(|m| m.content.len() + m.reasoning_content.as_ref().map_or(0, String::len)).sum();
         let calls: usize = history.iter().flat_map(|m| &m.tool_calls).map(|c| c.arguments.len() + c.name.len() + c.id.len()).sum();
-        let media: usize = images.iter().chain(&audio).map(Vec::len).sum();
-        let bytes = response.to_string().len() + text + calls + media + 64 * history.len();
+        let media: usize = images.iter().chain(audio).map(Vec::len).sum();
+        let items: usize = input_items.iter().map(|i| i.to_string().len()).sum();
+        let bytes = response.to_string().len() + text + calls + media + items + 64 * history.len();
         if bytes > self.cap_bytes {
             return;
         }
@@ -99,7 +96,7 @@ impl Store {
         }
         s.bytes += bytes;
         s.order.push_back(id.clone());
-        s.map.insert(id, Arc::new(Stored { response, history, images, audio, at: now, bytes }));
+        s.map.insert(id, Arc::new(Stored { response, kept, at: now, bytes }));
     }
 
     fn get(&self, id: &str) -> Option<Arc<Stored>> {
@@ -129,6 +126,102 @@ pub async fn retrieve(State(state): State<Arc<AppState>>, Path(id): Path<String>
         Some(r) => json_response(StatusCode::OK, &r.response),
         None => not_found(&id).into_response(Protocol::OpenAi),
     }
+}
+
+/// `GET /v1/responses/{id}/input_items`: the items the response was asked with (a string
+/// `input` as one user message), newest first unless `order=asc`, paged by `limit` (1–100,
+/// default 20) and `after` (an item id).
+pub async fn input_items(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    uri: axum::http::Uri,
+) -> Response {
+    let query = query_pairs(uri.query().unwrap_or(""));
+    let Some(stored) = state.responses.get(&id) else { return not_found(&id).into_response(Protocol::OpenAi) };
+    match page_items(&stored.kept.input_items, &query) {
+        Ok(page) => json_response(StatusCode::OK, &page),
+        Err(e) => e.into_response(Protocol::OpenAi),
+    }
+}
+
+/// `a=1&b=x%20y` as a map (`+` as a space, `%XX` decoded; a later key wins).
+fn query_pairs(query: &str) -> HashMap<String, String> {
+    let decode = |s: &str| {
+        let b = s.as_bytes();
+        let mut out = Vec::with_capacity(b.len());
+        let mut i = 0;
+        while i < b.len() {
+            match (b[i], b.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok())) {
+                (b'%', Some(byte)) => {
+                    out.push(byte);
+                    i += 3;
+                    continue;
+                }
+                (b'+', _) => out.push(b' '),
+                (c, _) => out.push(c),
+            }
+            i += 1;
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| p.split_once('=').unwrap_or((p, "")))
+        .map(|(k, v)| (decode(k), decode(v)))
+        .collect()
+}
+
+fn page_items(items: &[Value], query: &HashMap<String, String>) -> Result<Value, ApiError> {
+    let limit = match query.get("limit") {
+        None => 20,
+        Some(l) => l.parse::<usize>().ok().filter(|n| (1..=100).contains(n)).ok_or_else(|| {
+            ApiError::field("limit", format!("`limit` must be an integer from 1 to 100, got '{l}'"))
+        })?,
+    };
+    let mut ordered: Vec<&Value> = items.iter().collect();
+    match query.get("order").map(String::as_str) {
+        None | Some("desc") => ordered.reverse(),
+        Some("asc") => {}
+        Some(o) => return Err(ApiError::field("order", format!("`order` must be 'asc' or 'desc', got '{o}'"))),
+    }
+    let start = match query.get("after") {
+        None => 0,
+        Some(after) => {
+            ordered.iter().position(|i| i["id"].as_str() == Some(after.as_str())).ok_or_else(|| {
+                ApiError::field("after", format!("no input item with id '{after}' in this response"))
+            })? + 1
+        }
+    };
+    let page: Vec<&Value> = ordered.iter().skip(start).take(limit).copied().collect();
+    Ok(json!({
+        "object": "list",
+        "data": page,
+        "first_id": page.first().map(|i| &i["id"]),
+        "last_id": page.last().map(|i| &i["id"]),
+        "has_more": start + page.len() < ordered.len(),
+    }))
+}
+
+/// The request's `input` as the items `input_items` lists: a string is one user message; each
+/// item keeps the fields it came with and gets an id when it had none.
+fn listed_items(input: &Value, response_id: &str) -> Vec<Value> {
+    let items = match input {
+        Value::String(s) => vec![json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": s}]})],
+        Value::Array(items) => items.clone(),
+        _ => Vec::new(),
+    };
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut item)| {
+            if let Some(o) = item.as_object_mut() {
+                o.entry("type").or_insert_with(|| json!("message"));
+                o.entry("id").or_insert_with(|| json!(format!("item_{}_{i}", response_id.trim_start_matches("resp_"))));
+            }
+            item
+        })
+        .collect()
 }
 
 pub async fn delete(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
@@ -405,17 +498,17 @@ fn parse(state: &AppState, body: &Object) -> Result<Parsed, ApiError> {
     let mut audio = MessageAudio::for_model(state);
     if let Some(p) = &previous {
         // The earlier turns' media come first, as their markers do.
-        if !p.images.is_empty() {
+        if !p.kept.images.is_empty() {
             let i = images.as_mut().ok_or_else(|| ApiError::invalid("the previous response has images; this model takes none"))?;
-            i.bytes.extend(p.images.iter().cloned());
+            i.bytes.extend(p.kept.images.iter().cloned());
         }
-        if !p.audio.is_empty() {
+        if !p.kept.audio.is_empty() {
             let a = audio.as_mut().ok_or_else(|| ApiError::invalid("the previous response has audio; this model takes none"))?;
-            a.bytes.extend(p.audio.iter().cloned());
+            a.bytes.extend(p.kept.audio.iter().cloned());
         }
     }
     let mut c = Conversation {
-        messages: previous.as_ref().map(|p| p.history.clone()).unwrap_or_default(),
+        messages: previous.as_ref().map(|p| p.kept.history.clone()).unwrap_or_default(),
         reasoning: None,
         images,
         audio,
@@ -480,7 +573,12 @@ async fn create_inner(state: &Arc<AppState>, req: axum::extract::Request, arrive
     let id = state.new_id("resp_");
     let mut builder = ResponseBuilder::new(&id, &state.model_id, unix_now(), echo, summary, namespaces);
     // What the store keeps when the response is done (the request's media are moved into it).
-    let keep = store.then(|| Keep { history, images: request.images.clone(), audio: request.audio.clone() });
+    let keep = store.then(|| Keep {
+        history,
+        images: request.images.clone(),
+        audio: request.audio.clone(),
+        input_items: listed_items(body.get("input").unwrap_or(&Value::Null), &id),
+    });
     // A schema the engine refuses is named by the field the request gave it in.
     let constraint = get(&body, "text").and_then(|t| t.get("format")).is_some().then_some("text.format");
     let generation = state
@@ -527,17 +625,21 @@ fn unix_now() -> u64 {
 
 /// The request's conversation and media, kept until the response is done, then stored.
 struct Keep {
+    /// The conversation without `instructions` (those are not carried over, as OpenAI's); once
+    /// stored, the answer included as an assistant turn.
     history: Vec<ChatMessage>,
+    /// The history's images and audio clips, in prompt order.
     images: Vec<Vec<u8>>,
     audio: Vec<Vec<u8>>,
+    /// This request's own `input`, as `GET /v1/responses/{id}/input_items` lists it.
+    input_items: Vec<Value>,
 }
 
 impl Keep {
     /// Stores the response with its conversation, the answer appended as an assistant turn.
-    fn store(self, state: &AppState, builder: &ResponseBuilder, response: &Value) {
-        let mut history = self.history;
-        history.push(builder.answer());
-        state.responses.put(builder.id.clone(), response.clone(), history, self.images, self.audio);
+    fn store(mut self, state: &AppState, builder: &ResponseBuilder, response: &Value) {
+        self.history.push(builder.answer());
+        state.responses.put(builder.id.clone(), response.clone(), self);
     }
 }
 
@@ -1040,15 +1142,15 @@ mod tests {
     #[test]
     fn the_store_is_bounded_and_expires() {
         let store = Store::new(2000, Duration::from_secs(3600));
-        let big = |n: usize| vec![ChatMessage::new("user", "x".repeat(n))];
-        store.put("a".into(), json!({}), big(1200), vec![], vec![]);
-        store.put("b".into(), json!({}), big(1200), vec![], vec![]);
+        let big = |n: usize| Keep { history: vec![ChatMessage::new("user", "x".repeat(n))], images: vec![], audio: vec![], input_items: vec![] };
+        store.put("a".into(), json!({}), big(1200));
+        store.put("b".into(), json!({}), big(1200));
         assert!(store.get("a").is_none() && store.get("b").is_some(), "the oldest is evicted to fit");
-        store.put("huge".into(), json!({}), big(5000), vec![], vec![]);
+        store.put("huge".into(), json!({}), big(5000));
         assert!(store.get("huge").is_none() && store.get("b").is_some());
         assert!(store.delete("b") && !store.delete("b"));
         let short = Store::new(10_000, Duration::from_millis(0));
-        short.put("c".into(), json!({}), big(1), vec![], vec![]);
+        short.put("c".into(), json!({}), big(1));
         std::thread::sleep(Duration::from_millis(5));
         assert!(short.get("c").is_none());
     }
