@@ -10,6 +10,8 @@ export type WeftErrorCode =
   | 'MODEL_LOAD'
   /** The model uses an architecture or option Weft does not implement. */
   | 'UNSUPPORTED'
+  /** A model download was cancelled through `Engine.load`'s `signal`. */
+  | 'CANCELLED'
   /** The engine was closed. */
   | 'ENGINE_CLOSED'
   /** The engine's thread failed (a bug): every request got an error; load a new engine. */

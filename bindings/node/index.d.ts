@@ -10,6 +10,8 @@ export type WeftErrorCode =
   | 'MODEL_LOAD'
   /** The model uses an architecture or option Weft does not implement. */
   | 'UNSUPPORTED'
+  /** A model download was cancelled through `Engine.load`'s `signal`. */
+  | 'CANCELLED'
   /** The engine was closed. */
   | 'ENGINE_CLOSED'
   /** The engine's thread failed (a bug): every request got an error; load a new engine. */
@@ -168,6 +170,19 @@ export interface Completion {
   toolCalls?: Array<ToolCall>
 }
 
+/** One report of a model download, as {@link LoadOptions.onProgress} receives it. */
+export interface DownloadProgress {
+  /**
+   * `waiting` (another process is downloading the same file), `downloading`, `verifying`
+   * (hashing a local file), `extracting` (unpacking the default model), `done` (once, at the end).
+   */
+  phase: 'waiting' | 'downloading' | 'verifying' | 'extracting' | 'done'
+  /** Bytes done in this phase (a repo's small files, then its weights, each count from 0). */
+  downloaded: number
+  /** Bytes the phase will reach, when known. */
+  total?: number
+}
+
 /** A snapshot of the engine's scheduler and counters. */
 export interface EngineStats {
   activeRows: number
@@ -291,7 +306,7 @@ export interface GenerateOptions {
 export interface LoadOptions {
   /**
    * An mlx-lm model directory or a `.gguf` file, or a Hugging Face repo id
-   * (`org/repo[@revision][:file]`, fetched into the Hugging Face cache; no progress yet).
+   * (`org/repo[@revision][:file]`, fetched into the Hugging Face cache; see `onProgress`).
    * Omitted: the default model (SmolLM2-135M-Instruct), downloaded and verified on first use.
    */
   model?: string
@@ -341,6 +356,18 @@ export interface LoadOptions {
   chatTemplateKwargs?: Record<string, unknown>
   /** Reasoning tokens allowed when a request names no `reasoningBudget` (default: unbounded). */
   reasoningBudget?: number
+  /**
+   * Hears about the model's download, on the JS thread, at most every ~100 ms per phase plus
+   * once when a phase starts and ends (nothing when the model is already on disk). The load
+   * waits for each call, so every report arrives before the promise settles.
+   */
+  onProgress?: (progress: DownloadProgress) => void
+  /**
+   * Aborting it cancels a Hugging Face download: the promise rejects with a `WeftError` of
+   * code `CANCELLED`; what was received stays in the cache's `.incomplete` file (never under a
+   * name that loads) and a later load resumes it.
+   */
+  signal?: AbortSignal
 }
 
 export interface ModelInfo {

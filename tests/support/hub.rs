@@ -84,9 +84,11 @@ impl HubRepo {
     }
 }
 
-/// The repository root (every test crate's manifest is one level below it).
+/// The repository root: the test crate's manifest folder or the nearest one above it that
+/// holds goldens/ (bindings/node is two levels down).
 fn repo_root() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.ancestors().find(|d| d.join("goldens").is_dir()).unwrap_or(manifest).to_path_buf()
 }
 
 /// goldens/models/qwen3 (an index and four shards) with the tokenizer of

@@ -22,7 +22,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Weak};
 
-use napi::bindgen_prelude::{AsyncTask, Either, ObjectFinalize, PromiseRaw, ToNapiValue, Unknown};
+use napi::bindgen_prelude::{AsyncTask, Either, FromNapiValue, ObjectFinalize, PromiseRaw, ToNapiValue, Unknown};
+use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi::{sys, Env, JsDeferred, JsValue, Task};
 use napi_derive::napi;
 use parking_lot::Mutex;
@@ -39,7 +40,7 @@ use crate::js::{Fail, JsRef, Raw, Res};
 #[napi(object, object_to_js = false)]
 pub struct LoadOptions {
     /// An mlx-lm model directory or a `.gguf` file, or a Hugging Face repo id
-    /// (`org/repo[@revision][:file]`, fetched into the Hugging Face cache; no progress yet).
+    /// (`org/repo[@revision][:file]`, fetched into the Hugging Face cache; see `onProgress`).
     /// Omitted: the default model (SmolLM2-135M-Instruct), downloaded and verified on first use.
     pub model: Option<String>,
     /// CPU kernels of this engine's model: `'fast'` (Weft's) or `'exact'` (MLX's own, bit for bit
@@ -84,6 +85,43 @@ pub struct LoadOptions {
     pub chat_template_kwargs: Option<bool>,
     /// Reasoning tokens allowed when a request names no `reasoningBudget` (default: unbounded).
     pub reasoning_budget: Option<u32>,
+    /// Hears about the model's download, on the JS thread, at most every ~100 ms per phase plus
+    /// once when a phase starts and ends (nothing when the model is already on disk). The load
+    /// waits for each call, so every report arrives before the promise settles.
+    #[napi(ts_type = "(progress: DownloadProgress) => void")]
+    pub on_progress: Option<bool>,
+    /// Aborting it cancels a Hugging Face download: the promise rejects with a `WeftError` of
+    /// code `CANCELLED`; what was received stays in the cache's `.incomplete` file (never under a
+    /// name that loads) and a later load resumes it.
+    #[napi(ts_type = "AbortSignal")]
+    pub signal: Option<bool>,
+}
+
+/// One report of a model download, as {@link LoadOptions.onProgress} receives it.
+#[napi(object)]
+pub struct DownloadProgress {
+    /// `waiting` (another process is downloading the same file), `downloading`, `verifying`
+    /// (hashing a local file), `extracting` (unpacking the default model), `done` (once, at the end).
+    #[napi(ts_type = "'waiting' | 'downloading' | 'verifying' | 'extracting' | 'done'")]
+    pub phase: String,
+    /// Bytes done in this phase (a repo's small files, then its weights, each count from 0).
+    pub downloaded: f64,
+    /// Bytes the phase will reach, when known.
+    pub total: Option<f64>,
+}
+
+impl From<weft::model_store::Progress> for DownloadProgress {
+    fn from(p: weft::model_store::Progress) -> Self {
+        use weft::model_store::Phase;
+        let phase = match p.phase {
+            Phase::Waiting => "waiting",
+            Phase::Downloading => "downloading",
+            Phase::Verifying => "verifying",
+            Phase::Extracting => "extracting",
+            Phase::Done => "done",
+        };
+        DownloadProgress { phase: phase.into(), downloaded: p.downloaded as f64, total: p.total.map(|t| t as f64) }
+    }
 }
 
 /// One turn of a conversation.
@@ -455,9 +493,32 @@ pub struct Engine {
     shared: Arc<Shared>,
 }
 
+type ProgressFn = ThreadsafeFunction<DownloadProgress, Unknown<'static>, DownloadProgress, napi::Status, false>;
+
 pub struct LoadTask {
     params: Option<options::LoadParams>,
+    /// `onProgress`, callable from the loading thread (released when the download is over).
+    progress: Option<ProgressFn>,
+    /// Set by the `signal`'s abort listener (registered under `serial`).
+    cancel: Arc<AtomicBool>,
+    serial: u64,
     fail: Option<Fail>,
+}
+
+impl LoadTask {
+    /// Calls `onProgress` and waits until JavaScript ran it (reports stay in order and all
+    /// arrive before the promise settles; a load never outruns its listener).
+    fn report(progress: &ProgressFn, p: weft::model_store::Progress) {
+        let (tx, rx) = mpsc::channel::<()>();
+        let status = progress.call_with_return_value(p.into(), ThreadsafeFunctionCallMode::Blocking, move |_, _| {
+            let _ = tx.send(());
+            Ok(())
+        });
+        if status == napi::Status::Ok {
+            // A dropped callback (the environment is going away) also ends the wait.
+            let _ = rx.recv();
+        }
+    }
 }
 
 impl Task for LoadTask {
@@ -466,7 +527,15 @@ impl Task for LoadTask {
 
     fn compute(&mut self) -> napi::Result<Self::Output> {
         let params = self.params.take().expect("load runs once");
-        load_engine(params).map_err(|f| {
+        let progress = self.progress.take();
+        let mut report = |p| {
+            if let Some(f) = &progress {
+                LoadTask::report(f, p);
+            }
+        };
+        let loaded = load_engine(params, &mut report, &self.cancel);
+        drop(progress);
+        loaded.map_err(|f| {
             let e = napi::Error::from_reason(f.message.clone());
             self.fail = Some(f);
             e
@@ -474,18 +543,29 @@ impl Task for LoadTask {
     }
 
     fn resolve(&mut self, env: Env, (engine, info): Self::Output) -> napi::Result<Engine> {
+        release_listener(env.raw(), self.serial);
         let preparer = Preparer::start(engine.submitter()).map_err(|f| js::to_napi(env.raw(), &f))?;
         Ok(Engine { shared: Arc::new(Shared { engine: Mutex::new(Some(engine)), preparer, info }) })
     }
 
     fn reject(&mut self, env: Env, err: napi::Error) -> napi::Result<Engine> {
+        release_listener(env.raw(), self.serial);
         let fail = self.fail.take().unwrap_or_else(|| Fail::new("INTERNAL", err.reason.clone()));
         Err(js::to_napi(env.raw(), &fail))
     }
 }
 
-fn load_engine(params: options::LoadParams) -> Res<(weft::engine::Engine, ModelInfo)> {
-    let path = params.options.model_path(&mut |_| {}, &AtomicBool::new(false)).map_err(Fail::loading)?;
+fn load_engine(
+    params: options::LoadParams,
+    progress: &mut dyn FnMut(weft::model_store::Progress),
+    cancel: &AtomicBool,
+) -> Res<(weft::engine::Engine, ModelInfo)> {
+    let fetched = params.options.model_path(progress, cancel);
+    if cancel.load(Ordering::SeqCst) {
+        let why = fetched.err().map(|e| format!(": {e}")).unwrap_or_default();
+        return Err(Fail::new("CANCELLED", format!("the model download was cancelled by the signal{why}")));
+    }
+    let path = fetched.map_err(Fail::loading)?;
     let loaded = weft::loading::load_with(&path, &params.load).map_err(Fail::loading)?;
     let engine = weft::engine::Engine::start(loaded, params.config)?;
     let i = engine.model_info();
@@ -534,8 +614,24 @@ impl Engine {
     /// loaded with `MODEL_LOAD`, `UNSUPPORTED`, `DOWNLOAD`...
     #[napi(ts_args_type = "options?: LoadOptions", ts_return_type = "Promise<Engine>")]
     pub fn load(env: Env, options: Option<Unknown>) -> napi::Result<Either<AsyncTask<LoadTask>, Raw>> {
-        match options::load_params(env.raw(), options.map(|o| o.raw())) {
-            Ok(params) => Ok(Either::A(AsyncTask::new(LoadTask { params: Some(params), fail: None }))),
+        let raw = env.raw();
+        let task = (|| -> Res<LoadTask> {
+            let (params, hooks) = options::load_params(raw, options.map(|o| o.raw()))?;
+            let progress = match hooks.on_progress {
+                // SAFETY: a function value of this call's environment (checked by load_params).
+                Some(f) => Some(unsafe { ProgressFn::from_napi_value(raw, f) }?),
+                None => None,
+            };
+            let cancel = Arc::new(AtomicBool::new(false));
+            let serial = NEXT_SERIAL.fetch_add(1, Ordering::Relaxed);
+            if let Some(signal) = hooks.signal {
+                let flag = Arc::clone(&cancel);
+                listen_for_abort(raw, signal, serial, move || flag.store(true, Ordering::SeqCst))?;
+            }
+            Ok(LoadTask { params: Some(params), progress, cancel, serial, fail: None })
+        })();
+        match task {
+            Ok(task) => Ok(Either::A(AsyncTask::new(task))),
             Err(f) => Ok(Either::B(rejected(&env, &f)?)),
         }
     }
@@ -685,24 +781,32 @@ static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
 fn watch_signal(env: sys::napi_env, signal: sys::napi_value, generation: &Generation) -> Res<()> {
     let row = Arc::downgrade(&generation.row);
     let shared: Weak<Shared> = Arc::downgrade(&generation.shared);
-    if js::as_bool(env, js::get(env, signal, "aborted")?)? {
-        generation.cancel_row();
-        return Ok(());
-    }
-    let env_ = Env::from_raw(env);
-    let func = env_.create_function_from_closure::<(), (), _>("weftAbort", move |_ctx| {
+    listen_for_abort(env, signal, generation.row.serial, move || {
         if let Some(row) = row.upgrade() {
             row.cancelled.store(true, Ordering::SeqCst);
             if let Some(shared) = shared.upgrade() {
                 shared.cancel(&row);
             }
         }
+    })
+}
+
+/// Runs `on_abort` now if `signal` is already aborted, else when it aborts, through a listener
+/// kept under `serial` until [`release_listener`].
+fn listen_for_abort(env: sys::napi_env, signal: sys::napi_value, serial: u64, on_abort: impl Fn() + 'static) -> Res<()> {
+    if js::as_bool(env, js::get(env, signal, "aborted")?)? {
+        on_abort();
+        return Ok(());
+    }
+    let env_ = Env::from_raw(env);
+    let func = env_.create_function_from_closure::<(), (), _>("weftAbort", move |_ctx| {
+        on_abort();
         Ok(())
     })?;
     let func = func.raw();
     js::call_method(env, signal, "addEventListener", &[js::string(env, "abort")?, func])?;
     let listener = Listener { signal: JsRef::new(env, signal)?, func: JsRef::new(env, func)? };
-    LISTENERS.with(|l| l.borrow_mut().insert(generation.row.serial, listener));
+    LISTENERS.with(|l| l.borrow_mut().insert(serial, listener));
     Ok(())
 }
 

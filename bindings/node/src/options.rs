@@ -88,20 +88,57 @@ pub struct LoadParams {
     pub config: EngineConfig,
 }
 
-pub fn load_params(env: sys::napi_env, options: Option<sys::napi_value>) -> Res<LoadParams> {
+/// `Engine.load`'s JavaScript-only options: the download's `onProgress` function and `signal`.
+pub struct LoadHooks {
+    pub on_progress: Option<sys::napi_value>,
+    pub signal: Option<sys::napi_value>,
+}
+
+pub fn load_params(env: sys::napi_env, options: Option<sys::napi_value>) -> Res<(LoadParams, LoadHooks)> {
+    let options = options.filter(|&o| !matches!(js::type_of(env, o), Ok(ValueType::Undefined | ValueType::Null)));
     let value = match options {
         None => Value::Object(Map::new()),
-        Some(v) => match to_json(env, v, "Engine.load options", 0, &[])? {
-            Value::Null => Value::Object(Map::new()),
-            other => other,
-        },
+        Some(v) => to_json(env, v, "Engine.load options", 0, &["onProgress", "signal"])?,
     };
     let o = contract::parse_engine_options(&value, Spelling::Camel)?;
     // Options left unset come from the environment (WEFT_CPU_KERNELS, ...): the one documented
     // place, EngineOptions::load_options / engine_config.
     let load = o.load_options()?;
     let config = o.engine_config()?;
-    Ok(LoadParams { options: o, load, config })
+    let hooks = match options.filter(|&o| is_plain_object(env, o).unwrap_or(false)) {
+        None => LoadHooks { on_progress: None, signal: None },
+        Some(opts) => {
+            let on_progress = present(env, js::get(env, opts, "onProgress")?)?;
+            if let Some(f) = on_progress {
+                if js::type_of(env, f)? != ValueType::Function {
+                    return Err(Fail::arg(format!("onProgress must be a function, got {}", js::describe(env, f))));
+                }
+            }
+            LoadHooks { on_progress, signal: abort_signal(env, opts)? }
+        }
+    };
+    Ok((LoadParams { options: o, load, config }, hooks))
+}
+
+fn is_plain_object(env: sys::napi_env, v: sys::napi_value) -> Res<bool> {
+    Ok(js::type_of(env, v)? == ValueType::Object && !js::is_array(env, v)?)
+}
+
+/// `v` unless it is `undefined` or `null`.
+fn present(env: sys::napi_env, v: sys::napi_value) -> Res<Option<sys::napi_value>> {
+    Ok((!matches!(js::type_of(env, v)?, ValueType::Undefined | ValueType::Null)).then_some(v))
+}
+
+/// The options object's `signal`, checked to look like an AbortSignal.
+fn abort_signal(env: sys::napi_env, options: sys::napi_value) -> Res<Option<sys::napi_value>> {
+    let Some(sig) = present(env, js::get(env, options, "signal")?)? else { return Ok(None) };
+    let looks_right = js::type_of(env, sig)? == ValueType::Object
+        && js::type_of(env, js::get(env, sig, "aborted")?)? == ValueType::Boolean
+        && js::type_of(env, js::get(env, sig, "addEventListener")?)? == ValueType::Function;
+    if !looks_right {
+        return Err(Fail::arg(format!("signal must be an AbortSignal, got {}", js::describe(env, sig))));
+    }
+    Ok(Some(sig))
 }
 
 /// A request plus its `signal` (validated to look like an AbortSignal).
@@ -122,19 +159,6 @@ pub fn generate_params(
     let value = to_json(env, options, "generate options", 0, &["signal"])?;
     let request = contract::parse_request_with(&value, Spelling::Camel, local)?;
 
-    let is_object = js::type_of(env, options)? == ValueType::Object && !js::is_array(env, options)?;
-    let signal = if is_object { Some(js::get(env, options, "signal")?) } else { None };
-    let signal = match signal {
-        Some(s) if !matches!(js::type_of(env, s)?, ValueType::Undefined | ValueType::Null) => Some(s),
-        _ => None,
-    };
-    if let Some(sig) = signal {
-        let looks_right = js::type_of(env, sig)? == ValueType::Object
-            && js::type_of(env, js::get(env, sig, "aborted")?)? == ValueType::Boolean
-            && js::type_of(env, js::get(env, sig, "addEventListener")?)? == ValueType::Function;
-        if !looks_right {
-            return Err(Fail::arg(format!("signal must be an AbortSignal, got {}", js::describe(env, sig))));
-        }
-    }
+    let signal = if is_plain_object(env, options)? { abort_signal(env, options)? } else { None };
     Ok(GenerateParams { request, signal })
 }

@@ -9,6 +9,8 @@
 
 #[path = "../../../tests/support/mod.rs"]
 mod support;
+#[path = "../../../tests/support/hub.rs"]
+mod hub;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -107,15 +109,28 @@ fn node_and_bun_suites_pass() {
     let env: Vec<(&str, String)> =
         qwen35.iter().map(|p| ("WEFT_TEST_QWEN35_MODEL", p.display().to_string())).collect();
 
+    // download.test.mjs loads a repo id from this local Hub, into a cache of each runner's own
+    // (so both see the download start from nothing).
+    let hub = hub::Hub::start(vec![hub::tiny_repo("org/tiny")]);
+    let caches = tempfile::tempdir().expect("a temp dir");
+    let mut env = env;
+    env.push(("WEFT_TEST_HUB", hub.url.clone()));
+    env.push(("HF_ENDPOINT", hub.url.clone()));
+    let with_cache = |runner: &str| {
+        let mut env = env.clone();
+        env.push(("HF_HUB_CACHE", caches.path().join(runner).display().to_string()));
+        env
+    };
+
     let mut args = vec!["--test", "--test-reporter=tap"];
     args.extend(files.iter().map(String::as_str));
-    let out = run(&dir, "node", &args, &env);
+    let out = run(&dir, "node", &args, &with_cache("node"));
     let (pass, fail) = node_counts(&out);
     assert_eq!(fail, 0, "{out}");
     assert!(pass >= 20, "only {pass} node tests passed:\n{out}");
 
     let bun = dir.join("node_modules").join(".bin").join("bun");
-    let out = run(&dir, bun.to_str().unwrap(), &["test", "./test/"], &env);
+    let out = run(&dir, bun.to_str().unwrap(), &["test", "./test/"], &with_cache("bun"));
     assert!(out.contains(" 0 fail"), "{out}");
     // bun's summary: " 30 pass", " 1 skip", " 0 fail".
     let bun_counts: Vec<&str> = out
