@@ -13,7 +13,8 @@ import WeftBridge
 public final class Engine: Sendable {
     public struct Options: Sendable {
         /// An mlx-lm model directory or a `.gguf` file, or a Hugging Face repo id
-        /// (`org/repo[@revision][:file]`, fetched into the Hugging Face cache; no progress yet);
+        /// (`org/repo[@revision][:file]`, fetched into the Hugging Face cache; `Engine.load`
+        /// reports the download);
         /// `nil` is the default model (SmolLM2-135M-Instruct), downloaded and verified on first use.
         public var model: String?
         /// CPU kernels: `"fast"` (Weft's, the default) or `"exact"` (MLX's own, bit for bit
@@ -113,12 +114,72 @@ public final class Engine: Sendable {
     /// Loads the model and starts the engine thread. Blocks while loading; call it off the main
     /// actor in apps. Throws `WeftError` (`.invalidArgument`, `.modelLoad`, `.unsupported`,
     /// `.capacity`...).
-    public init(options: Options = Options()) throws {
+    public convenience init(options: Options = Options()) throws {
         do {
-            rust = try load_engine(ContractJSON.text(options.contractFields))
+            self.init(rust: try load_engine(ContractJSON.text(options.contractFields)))
         } catch let e as RustError {
             throw WeftError(e)
         }
+    }
+
+    /// Loads the model like `init(options:)`, handing each report of its download (a Hugging
+    /// Face repo id not yet in the cache) to `onProgress` on the loading thread, at most every
+    /// ~100 ms per phase plus when a phase starts and ends. `onProgress` returning `false`
+    /// cancels the download: the init throws `.cancelled`, the bytes received stay in the cache's
+    /// `.incomplete` file (never under a name that loads) and the next load resumes them.
+    public convenience init(options: Options = Options(), onProgress: @escaping (DownloadProgress) -> Bool) throws {
+        // The bridge's sink answers "cancel?"; the handler answers "go on?".
+        let sink = ProgressSink { phase, downloaded, total in
+            !onProgress(DownloadProgress(phase: .init(code: phase), downloaded: downloaded, total: total == 0 ? nil : total))
+        }
+        do {
+            self.init(rust: try load_engine_reporting(ContractJSON.text(options.contractFields), sink))
+        } catch let e as RustError {
+            throw WeftError(e)
+        }
+    }
+
+    /// What `Engine.load` streams: download reports, then the engine.
+    public enum LoadEvent: Sendable {
+        case progress(DownloadProgress)
+        case loaded(Engine)
+    }
+
+    /// Loads the model on a thread of its own, streaming its download's progress and then the
+    /// engine:
+    ///
+    /// ```swift
+    /// for try await event in Engine.load(options: .init(model: "mlx-community/Qwen3-0.6B-4bit")) {
+    ///     switch event {
+    ///     case .progress(let p): bar.show(p.phase, p.downloaded, p.total)
+    ///     case .loaded(let engine): self.engine = engine
+    ///     }
+    /// }
+    /// ```
+    ///
+    /// Leaving the loop early or cancelling the consuming task cancels the download (a load
+    /// already past it still finishes, and its engine is closed when released).
+    public static func load(options: Options = Options()) -> AsyncThrowingStream<LoadEvent, Error> {
+        AsyncThrowingStream { continuation in
+            let stopped = StopFlag()
+            continuation.onTermination = { _ in stopped.set() }
+            Thread.detachNewThread {
+                do {
+                    let engine = try Engine(options: options) { progress in
+                        continuation.yield(.progress(progress))
+                        return !stopped.isSet
+                    }
+                    continuation.yield(.loaded(engine))
+                    continuation.finish()
+                } catch {
+                    continuation.finish(throwing: error)
+                }
+            }
+        }
+    }
+
+    private init(rust: RustEngine) {
+        self.rust = rust
         let context = rust.context_length()
         modelInfo = ModelInfo(
             path: rust.model_path().toString(),
@@ -226,6 +287,56 @@ public final class Engine: Sendable {
             state.fail(WeftError(code: .generationFailed, message: "\(error)"))
         }
         return Generation(state: state)
+    }
+}
+
+/// One report of a model download.
+public struct DownloadProgress: Sendable, Equatable {
+    public enum Phase: Sendable, Equatable {
+        /// Another process is downloading the same file; waiting for it.
+        case waiting
+        /// Receiving bytes (a repo's small files, then its weights: each batch counts from 0).
+        case downloading
+        /// Hashing a local file.
+        case verifying
+        /// Unpacking the default model.
+        case extracting
+        /// The model is in place; once, at the end.
+        case done
+
+        init(code: UInt8) {
+            switch code {
+            case 0: self = .waiting
+            case 1: self = .downloading
+            case 2: self = .verifying
+            case 3: self = .extracting
+            default: self = .done
+            }
+        }
+    }
+
+    public let phase: Phase
+    /// Bytes done in this phase.
+    public let downloaded: UInt64
+    /// Bytes the phase will reach, when known.
+    public let total: UInt64?
+}
+
+/// Set once from any thread (a stream's termination), read by the loading thread.
+final class StopFlag: @unchecked Sendable {
+    private let lock = NSLock()
+    private var stopped = false
+
+    func set() {
+        lock.lock()
+        stopped = true
+        lock.unlock()
+    }
+
+    var isSet: Bool {
+        lock.lock()
+        defer { lock.unlock() }
+        return stopped
     }
 }
 

@@ -16,6 +16,8 @@ public struct WeftError: Error, Sendable, Equatable, CustomStringConvertible {
         public static let unsupported = Code(rawValue: "UNSUPPORTED")
         /// The request can never fit the engine's KV budget.
         public static let capacity = Code(rawValue: "CAPACITY")
+        /// A model download was cancelled (by the progress handler or the loading task).
+        public static let cancelled = Code(rawValue: "CANCELLED")
         /// The engine was closed.
         public static let engineClosed = Code(rawValue: "ENGINE_CLOSED")
         /// The engine's thread failed (a bug): every request got an error; create a new engine.

@@ -84,3 +84,18 @@ public final class EventSink {
 
 // Generated functions returning `Result<_, RustError>` throw the RustError itself.
 extension RustError: Error {}
+
+/// Hears about a model download while an engine loads (`load_engine_reporting`), on the loading
+/// thread. `onProgress` gets the phase (0 waiting, 1 downloading, 2 verifying, 3 extracting,
+/// 4 done), bytes done and bytes in all (0 when unknown); returning `true` cancels the download.
+public final class ProgressSink {
+    let report: (UInt8, UInt64, UInt64) -> Bool
+
+    public init(onProgress: @escaping (UInt8, UInt64, UInt64) -> Bool) {
+        report = onProgress
+    }
+
+    func on_progress(phase: UInt8, downloaded: UInt64, total: UInt64) -> Bool {
+        report(phase, downloaded, total)
+    }
+}

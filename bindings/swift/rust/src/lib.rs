@@ -35,6 +35,8 @@ mod ffi {
         type RustError;
 
         fn load_engine(options_json: String) -> Result<RustEngine, RustError>;
+        // The same, reporting a model download to the sink (which can cancel it).
+        fn load_engine_reporting(options_json: String, sink: ProgressSink) -> Result<RustEngine, RustError>;
         // The engine's flow-control watermarks (weft::engine::PAUSE_AT / RESUME_AT): unread
         // chunks at which a row is paused, and at which it resumes. (No doc comments in the
         // bridge: swift-bridge's parser refuses them.)
@@ -89,9 +91,16 @@ mod ffi {
         );
         fn on_error(&self, code: String, message: String);
     }
+
+    extern "Swift" {
+        type ProgressSink;
+        // phase: 0 waiting, 1 downloading, 2 verifying, 3 extracting, 4 done; total 0 when
+        // unknown. Called on the loading thread; returning true cancels the download.
+        fn on_progress(&self, phase: u8, downloaded: u64, total: u64) -> bool;
+    }
 }
 
-use ffi::EventSink;
+use ffi::{EventSink, ProgressSink};
 
 // ---------------------------------------------------------------------------------------------
 // Errors
@@ -193,15 +202,48 @@ fn flow_resume_at() -> u64 {
 }
 
 fn load_engine(options_json: String) -> Result<RustEngine, RustError> {
+    load(options_json, &mut |_| {}, &AtomicBool::new(false))
+}
+
+fn load_engine_reporting(options_json: String, sink: ProgressSink) -> Result<RustEngine, RustError> {
+    use weft::model_store::Phase;
+    let cancel = AtomicBool::new(false);
+    let mut report = |p: weft::model_store::Progress| {
+        if cancel.load(Ordering::SeqCst) {
+            return;
+        }
+        let phase = match p.phase {
+            Phase::Waiting => 0,
+            Phase::Downloading => 1,
+            Phase::Verifying => 2,
+            Phase::Extracting => 3,
+            Phase::Done => 4,
+        };
+        if sink.on_progress(phase, p.downloaded, p.total.unwrap_or(0)) {
+            cancel.store(true, Ordering::SeqCst);
+        }
+    };
+    load(options_json, &mut report, &cancel)
+}
+
+/// Loads the model the options name (a Hugging Face repo id is fetched into the shared cache,
+/// reported to `progress`, stopped by `cancel`) and starts its engine.
+fn load(
+    options_json: String,
+    progress: &mut dyn FnMut(weft::model_store::Progress),
+    cancel: &AtomicBool,
+) -> Result<RustEngine, RustError> {
     let options = contract::parse_engine_options(&parse_json(&options_json)?, Spelling::Camel)?;
     // Options left unset come from the environment (WEFT_CPU_KERNELS, ...): the one documented
     // place, EngineOptions::load_options / engine_config.
     let config = options.engine_config()?;
     let load_options = options.load_options()?;
-    // A Hugging Face repo id is fetched into the shared cache (no progress reported here yet).
-    let path = options
-        .model_path(&mut |_| {}, &std::sync::atomic::AtomicBool::new(false))
-        .map_err(RustError::loading)?;
+    let fetched = options.model_path(progress, cancel);
+    if cancel.load(Ordering::SeqCst) {
+        let why = fetched.err().map(|e| format!(": {e}")).unwrap_or_default();
+        return Err(RustError::new("CANCELLED", format!("the model download was cancelled{why}")));
+    }
+    let path = fetched.map_err(RustError::loading)?;
     let loaded = weft::loading::load_with(&path, &load_options).map_err(RustError::loading)?;
     let engine = weft::engine::Engine::start(loaded, config)?;
     let info = engine.model_info().clone();
