@@ -314,7 +314,7 @@ fn image_sizes_are_checked_from_the_header() {
         assert!(t.elapsed().as_millis() < 200, "{w}x{h}: {:?}", t.elapsed());
         assert!(e.starts_with("invalid request: image:"), "{w}x{h}: {e}");
         if w > 0 {
-            assert!(e.contains("32768") && e.contains(&preprocess::MAX_PIXELS.to_string()), "{w}x{h}: {e}");
+            assert!(e.contains("32768") && e.contains(&weft::limits::MAX_PIXELS.to_string()), "{w}x{h}: {e}");
         }
     }
 }

@@ -149,11 +149,7 @@ pub const ENGINE_OPTION_FIELDS: &[&str] = &[
     "reasoning_budget",
 ];
 
-/// The most top alternatives a request may ask for (the engine's one limit).
-pub const MAX_TOP_LOGPROBS: u64 = crate::engine::MAX_TOP_LOGPROBS as u64;
-
-/// The largest token id (ids are `u32`).
-const MAX_TOKEN_ID: u64 = u32::MAX as u64;
+use crate::limits::{MAX_AUDIO_CLIPS, MAX_IMAGES, MAX_TOKEN_ID, MAX_TOP_LOGPROBS};
 
 /// The logit-bias value that bans a token (JSON has no infinities).
 pub const BAN: &str = "-Infinity";
@@ -309,7 +305,7 @@ pub fn parse_request_with(v: &Value, spelling: Spelling, local: &LocalMedia) -> 
     let mut req = Request::new(input);
     generation_fields(&f).map_err(|e| invalid(e.message))?.apply(&mut req);
     let logprobs = f.bool("logprobs")?.unwrap_or(false);
-    let top = f.usize("top_logprobs", 0, MAX_TOP_LOGPROBS)?;
+    let top = f.usize("top_logprobs", 0, MAX_TOP_LOGPROBS as u64)?;
     req.logprobs = match (logprobs, top) {
         (true, top) => Some(top.unwrap_or(0)),
         (false, None) => None,
@@ -351,14 +347,14 @@ fn reasoning_fields(f: &Fields) -> Result<(serde_json::Map<String, Value>, Optio
 /// `images`: encoded image files in prompt order, each a string (a `data:` URL or a local
 /// file path; remote URLs are refused) or `{ "base64": "..." }`.
 fn parse_images(f: &Fields, local: &LocalMedia) -> Result<Vec<Vec<u8>>> {
-    use crate::vision::source::{base64_bytes, image_from_url_with, MAX_IMAGES};
+    use crate::vision::source::{base64_bytes, image_from_url_with};
     parse_media(f, "images", "images", MAX_IMAGES, |u| image_from_url_with(u, local), base64_bytes)
 }
 
 /// `audio`: encoded audio clips (WAV / MP3 / FLAC / Ogg) in prompt order, spelled as `images`.
 fn parse_audio(f: &Fields, local: &LocalMedia) -> Result<Vec<Vec<u8>>> {
-    use crate::vision::source::{audio_base64, audio_from_url_with, MAX_CLIPS};
-    parse_media(f, "audio", "audio clips", MAX_CLIPS, |u| audio_from_url_with(u, local), audio_base64)
+    use crate::vision::source::{audio_base64, audio_from_url_with};
+    parse_media(f, "audio", "audio clips", MAX_AUDIO_CLIPS, |u| audio_from_url_with(u, local), audio_base64)
 }
 
 fn parse_media(

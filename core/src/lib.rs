@@ -19,6 +19,7 @@ pub mod env;
 pub mod generate;
 pub mod gguf;
 pub mod language_model;
+pub mod limits;
 pub mod kernels;
 pub mod loading;
 pub mod model_store;

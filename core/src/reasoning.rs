@@ -16,7 +16,7 @@
 //! follows the closing marker (as llama.cpp, vLLM and mlx-lm's servers deliver them).
 
 /// How a model family marks its reasoning.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum ReasoningSyntax {
     /// `<think>` … `</think>`.
     Think,
@@ -57,11 +57,6 @@ impl ReasoningSyntax {
         }
     }
 
-    /// The syntax of [`ReasoningSyntax::name`].
-    pub fn from_name(name: &str) -> Option<Self> {
-        [Self::Think, Self::MistralThink, Self::GemmaChannel, Self::Harmony].into_iter().find(|s| s.name() == name)
-    }
-
     /// The opening and closing markers of a reasoning block (harmony: the analysis header and
     /// the end of a message).
     pub fn markers(self) -> (&'static str, &'static str) {
@@ -97,7 +92,7 @@ impl ReasoningSyntax {
 
 /// A request's reasoning, decided when its prompt is rendered: the family's markers, whether
 /// the prompt left the model inside a reasoning block, and the token budget.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ReasoningPlan {
     pub syntax: ReasoningSyntax,
     pub starts_open: bool,

@@ -410,7 +410,7 @@ fn thinking_fields(body: &Object, r: &mut Request) -> Result<(), ApiError> {
 /// given, must equal it.
 fn choices(body: &Object, state: &AppState) -> Result<usize, ApiError> {
     let n = opt_int(body, "n")?.unwrap_or(1);
-    let max = MAX_CHOICES.min(state.engine.config().max_batch.max(1));
+    let max = weft::limits::MAX_CHOICES.min(state.engine.config().max_batch.max(1));
     if n < 1 || n as usize > max {
         return Err(ApiError::field("n", format!("`n` must be between 1 and {max}, got {n}")));
     }
@@ -421,9 +421,6 @@ fn choices(body: &Object, state: &AppState) -> Result<usize, ApiError> {
     }
     Ok(n as usize)
 }
-
-/// The most choices one chat request may ask for (and at most the batch size).
-const MAX_CHOICES: usize = 16;
 
 async fn chat_inner(state: &Arc<AppState>, req: axum::extract::Request, arrived: Instant) -> Result<Response, ApiError> {
     state.check_open()?;
@@ -761,7 +758,7 @@ fn completion_logprobs(body: &Object) -> Result<Option<usize>, ApiError> {
                 weft::engine::check_top_logprobs(k as usize, "logprobs").map_err(ApiError::from_engine)?;
                 Ok(Some(k as usize))
             }
-            _ => Err(ApiError::field("logprobs", format!("logprobs must be an integer in [0, {}]", weft::engine::MAX_TOP_LOGPROBS))),
+            _ => Err(ApiError::field("logprobs", format!("logprobs must be an integer in [0, {}]", weft::limits::MAX_TOP_LOGPROBS))),
         },
     }
 }

@@ -19,13 +19,7 @@ use crate::{Error, Result};
 
 /// The rate the frontend and the tower work at.
 pub const SAMPLE_RATE: u32 = 16_000;
-/// Longest clip accepted (the extractor's `max_length` of 480 000 samples; 750 soft tokens).
-pub const MAX_SECONDS: f64 = 30.0;
-/// Lowest source sample rate accepted (Hz).
-pub const MIN_SAMPLE_RATE: u32 = 1_000;
-/// Highest source sample rate accepted (Hz): a header's rate sizes the decoded clip (30 s of it)
-/// and the resampler's work, so it is bounded before anything is allocated from it.
-pub const MAX_SAMPLE_RATE: u32 = 384_000;
+use crate::limits::{MAX_AUDIO_SECONDS as MAX_SECONDS, MAX_SAMPLE_RATE, MIN_SAMPLE_RATE};
 /// Mel frames the Gemma 4 audio tower needs at least (its two stride-2 convolutions).
 pub const MIN_MEL_FRAMES: usize = 3;
 
@@ -47,8 +41,6 @@ pub fn load_clip(bytes: &[u8], format_hint: Option<&str>) -> Result<Vec<f32>> {
     Ok(samples)
 }
 
-/// Most clips one request may carry.
-pub const MAX_CLIPS: usize = 8;
 
 /// What a request with audio needs from the model, off the engine thread: the frontend (the
 /// checkpoint's extractor settings), the token rule and the clip limit.

@@ -30,7 +30,7 @@ use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 
 /// What a request's output must match.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Constraint {
     /// A JSON Schema (the subset OpenAI's "strict" structured outputs accept, and more:
     /// `$ref`/`$defs`, `anyOf`, `enum`, `const`, string/number/array bounds).
@@ -48,7 +48,7 @@ pub enum Constraint {
 }
 
 /// A grammar that switches on mid-output.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Triggered {
     /// What switches the grammar on (the first to appear).
     pub triggers: Vec<Trigger>,
@@ -57,7 +57,7 @@ pub struct Triggered {
 }
 
 /// One way a [`Triggered`] grammar switches on.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Trigger {
     /// The text that fires it; a special token of this name fires it too.
     pub text: String,
@@ -112,9 +112,7 @@ impl Constraint {
     }
 }
 
-/// Largest expansion of a regular expression's counted repetitions accepted (see
-/// [`check_regex_size`]).
-pub const MAX_REGEX_EXPANSION: u64 = 50_000;
+pub use crate::limits::MAX_REGEX_EXPANSION;
 
 /// Refuses a regex whose counted repetitions multiply out past [`MAX_REGEX_EXPANSION`]
 /// (`(a{1000}){1000}` is a million): llguidance compiles it lazily, accepts it, and then spends

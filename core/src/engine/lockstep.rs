@@ -24,7 +24,7 @@
 //! which MLX cannot interrupt: a watchdog fails every outstanding request after
 //! [`LockstepOptions::rank_timeout`], marks the engine failed and abandons the driver thread.
 
-use crate::reasoning::{ReasoningPlan, ReasoningSyntax};
+use crate::reasoning::ReasoningPlan;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -37,11 +37,11 @@ use serde::{Deserialize, Serialize};
 
 use super::{events, Command, Engine, EngineConfig, EngineCore, EngineStats, Event, EventSink, Health, Input, Request};
 use super::{RequestId, Sink, Submission};
-use crate::constrain::{Constraint, Trigger, Triggered};
+use crate::constrain::Constraint;
 use crate::distributed::Group;
 use crate::loading::LoadedModel;
 use crate::sampling::SamplingParams;
-use crate::tools::{ToolChoice, ToolFormat, Tools};
+use crate::tools::Tools;
 use crate::{Error, Result};
 
 /// Timeouts of a rank group.
@@ -83,103 +83,13 @@ struct WireRequest {
     logprobs: Option<usize>,
     /// The row's grammar (its own or its tools'): every rank compiles it and runs the same
     /// matcher over the same tokens, so the masks, and the tokens they allow, agree.
-    constraint: Option<WireConstraint>,
-    /// What decides where a row with tools ends (its call parser and call limit).
-    tools: Option<WireTools>,
-    /// The row's reasoning (syntax name, starts open, budget): it gates the grammar and forces
-    /// the block's end, so every rank must track it alike.
-    reasoning: Option<(String, bool, Option<usize>)>,
-}
-
-/// [`Constraint`] as the plan carries it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-enum WireConstraint {
-    JsonSchema(serde_json::Value),
-    JsonObject,
-    Regex(String),
-    Lark(String),
-    Choice(Vec<String>),
-    /// Triggers as (text, included, at_start).
-    Triggered { triggers: Vec<(String, bool, bool)>, lark: String },
-}
-
-impl From<&Constraint> for WireConstraint {
-    fn from(c: &Constraint) -> Self {
-        match c {
-            Constraint::JsonSchema(v) => WireConstraint::JsonSchema(v.clone()),
-            Constraint::JsonObject => WireConstraint::JsonObject,
-            Constraint::Regex(r) => WireConstraint::Regex(r.clone()),
-            Constraint::Lark(l) => WireConstraint::Lark(l.clone()),
-            Constraint::Choice(c) => WireConstraint::Choice(c.clone()),
-            Constraint::Triggered(t) => WireConstraint::Triggered {
-                triggers: t.triggers.iter().map(|t| (t.text.clone(), t.included, t.at_start)).collect(),
-                lark: t.lark.clone(),
-            },
-        }
-    }
-}
-
-impl From<WireConstraint> for Constraint {
-    fn from(c: WireConstraint) -> Self {
-        match c {
-            WireConstraint::JsonSchema(v) => Constraint::JsonSchema(v),
-            WireConstraint::JsonObject => Constraint::JsonObject,
-            WireConstraint::Regex(r) => Constraint::Regex(r),
-            WireConstraint::Lark(l) => Constraint::Lark(l),
-            WireConstraint::Choice(c) => Constraint::Choice(c),
-            WireConstraint::Triggered { triggers, lark } => Constraint::Triggered(Triggered {
-                triggers: triggers.into_iter().map(|(text, included, at_start)| Trigger { text, included, at_start }).collect(),
-                lark,
-            }),
-        }
-    }
-}
-
-/// The part of a request's [`Tools`] a row's end depends on (its call parser and limit); the
-/// specs only matter to rank 0's faces.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct WireTools {
-    /// `auto`, `none`, `required`, or `function:` and the name.
-    choice: String,
-    parallel: bool,
-    format: Option<String>,
-    opening: String,
-    opening_in_prompt: bool,
-}
-
-impl WireTools {
-    fn of(t: &Tools) -> Self {
-        let choice = match &t.choice {
-            ToolChoice::Auto => "auto".to_string(),
-            ToolChoice::None => "none".to_string(),
-            ToolChoice::Required => "required".to_string(),
-            ToolChoice::Function(name) => format!("function:{name}"),
-        };
-        let format = t.format.map(|f| f.name().to_string());
-        WireTools { choice, parallel: t.parallel, format, opening: t.opening.clone(), opening_in_prompt: t.opening_in_prompt }
-    }
-
-    fn tools(self) -> Result<Tools> {
-        let bad = || Error::EngineFailed(format!("a step plan from rank 0 has unknown tools settings {self:?}"));
-        let choice = match self.choice.as_str() {
-            "auto" => ToolChoice::Auto,
-            "none" => ToolChoice::None,
-            "required" => ToolChoice::Required,
-            other => ToolChoice::Function(other.strip_prefix("function:").ok_or_else(bad)?.to_string()),
-        };
-        let format = match self.format.as_deref() {
-            None => None,
-            Some(name) => Some(ToolFormat::from_name(name).ok_or_else(bad)?),
-        };
-        Ok(Tools {
-            specs: Vec::new(),
-            choice,
-            parallel: self.parallel,
-            format,
-            opening: self.opening,
-            opening_in_prompt: self.opening_in_prompt,
-        })
-    }
+    constraint: Option<Constraint>,
+    /// What decides where a row with tools ends (its call parser and call limit); the specs
+    /// only matter to rank 0's faces and are left out.
+    tools: Option<Tools>,
+    /// The row's reasoning: it gates the grammar and forces the block's end, so every rank must
+    /// track it alike.
+    reasoning: Option<ReasoningPlan>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -208,7 +118,9 @@ struct Plan {
 }
 
 /// Values per rank in the exchange's header: the rank's state digest, then its memory.
-const DIGEST: usize = 4;
+/// The digest: decode steps, tokens generated, requests finished, active, prefilling and
+/// queued rows, each as two 32-bit halves.
+const DIGEST: usize = 12;
 type Digest = [i32; DIGEST];
 /// MLX's active, peak and cache bytes, each as two 32-bit halves.
 const MEMORY: usize = 6;
@@ -383,15 +295,17 @@ impl LockstepCore {
             if theirs != lead {
                 return Err(Error::EngineFailed(format!(
                     "rank {r}'s engine state diverged from rank 0's before step plan {} (decode steps, tokens, \
-                     finished, rows: {theirs:?} vs {lead:?})",
-                    self.seq
+                     finished, active, prefilling and queued rows: {:?} vs {:?})",
+                    self.seq,
+                    wholes(theirs),
+                    wholes(lead)
                 )));
             }
         }
         for (r, stats) in self.ranks.iter_mut().enumerate() {
             let m = &h[2 + r * SLOT + DIGEST..2 + (r + 1) * SLOT];
-            let bytes = |i: usize| (m[2 * i] as u32 as u64) | ((m[2 * i + 1] as u32 as u64) << 32);
-            (stats.mlx_active_bytes, stats.mlx_peak_bytes, stats.mlx_cache_bytes) = (bytes(0), bytes(1), bytes(2));
+            let bytes = wholes(m);
+            (stats.mlx_active_bytes, stats.mlx_peak_bytes, stats.mlx_cache_bytes) = (bytes[0], bytes[1], bytes[2]);
             if first {
                 let at = 2 + size * SLOT + r * NAME_BYTES / 4;
                 stats.device = words_name(&h[at..at + NAME_BYTES / 4]);
@@ -414,8 +328,18 @@ impl LockstepCore {
 fn memory() -> [i32; MEMORY] {
     let (active, cache) = super::memory::mlx_memory();
     let peak = mlx_rs::memory::peak_memory().unwrap_or(0) as u64;
-    let mut out = [0i32; MEMORY];
-    for (i, v) in [active, peak, cache].into_iter().enumerate() {
+    halves([active, peak, cache])
+}
+
+/// The values [`halves`] wrote.
+fn wholes(words: &[i32]) -> Vec<u64> {
+    words.chunks(2).map(|p| (p[0] as u32 as u64) | ((p[1] as u32 as u64) << 32)).collect()
+}
+
+/// Each value as its low and high 32 bits, in order.
+fn halves<const N: usize, const W: usize>(values: [u64; N]) -> [i32; W] {
+    let mut out = [0i32; W];
+    for (i, v) in values.into_iter().enumerate() {
         out[2 * i] = v as u32 as i32;
         out[2 * i + 1] = (v >> 32) as u32 as i32;
     }
@@ -442,11 +366,11 @@ fn words_name(words: &[i32]) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-/// The state every rank must share after the same plans (wrapping at 2^31 alike everywhere).
+/// The state every rank must share after the same plans, every count at full width.
 fn digest(core: &EngineCore) -> Digest {
     let s = core.stats();
-    let rows = s.active_rows + (s.prefilling_rows << 10) + (s.queued_rows << 20);
-    [s.decode_steps as i32, s.tokens_generated as i32, s.requests_finished as i32, rows as i32]
+    let rows = [s.active_rows, s.prefilling_rows, s.queued_rows].map(|n| n as u64);
+    halves([s.decode_steps, s.tokens_generated, s.requests_finished as u64, rows[0], rows[1], rows[2]])
 }
 
 /// The settings that decide scheduling and the model's shape: equal on every rank or the
@@ -515,9 +439,9 @@ fn wire(sub: &mut Submission) -> Result<WireRequest> {
         stop_token_ids: sub.stop_token_ids.clone(),
         capture_first_logits: r.capture_first_logits,
         logprobs: r.logprobs,
-        constraint: r.constraint.as_ref().map(WireConstraint::from),
-        tools: r.tools.as_ref().map(WireTools::of),
-        reasoning: sub.reasoning.map(|p| (p.syntax.name().to_string(), p.starts_open, p.budget)),
+        constraint: r.constraint.clone(),
+        tools: r.tools.as_ref().map(|t| Tools { specs: Vec::new(), ..t.clone() }),
+        reasoning: sub.reasoning,
     })
 }
 
@@ -529,14 +453,6 @@ fn submission(
     tokenizer: Option<&crate::tokenizer::Tokenizer>,
     constraints: &crate::constrain::ConstraintFactoryCell,
 ) -> Result<Submission> {
-    let reasoning = match &w.reasoning {
-        None => None,
-        Some((name, starts_open, budget)) => {
-            let syntax = ReasoningSyntax::from_name(name)
-                .ok_or_else(|| Error::EngineFailed(format!("a step plan from rank 0 names an unknown reasoning syntax {name:?}")))?;
-            Some(ReasoningPlan { syntax, starts_open: *starts_open, budget: *budget })
-        }
-    };
     let mut request = Request::new(Input::Tokens(w.prompt.clone()));
     request.max_tokens = w.max_tokens;
     request.sampling = w.sampling;
@@ -544,8 +460,8 @@ fn submission(
     request.ignore_eos = w.ignore_eos;
     request.capture_first_logits = w.capture_first_logits;
     request.logprobs = w.logprobs;
-    request.tools = w.tools.map(WireTools::tools).transpose()?;
-    request.constraint = w.constraint.map(Constraint::from);
+    request.tools = w.tools;
+    request.constraint = w.constraint;
     let constraint = match &request.constraint {
         Some(c) => {
             let tokenizer = tokenizer.ok_or_else(|| {
@@ -567,7 +483,7 @@ fn submission(
         constraint,
         images: Vec::new(),
         audio: Vec::new(),
-        reasoning,
+        reasoning: w.reasoning,
         rendered: None,
     })
 }

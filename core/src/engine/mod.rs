@@ -59,9 +59,7 @@ use crate::{Error, Result};
 
 pub type RequestId = u64;
 
-/// The most top alternatives a request may ask for with its log-probabilities (OpenAI's
-/// limit): the one place every face's check reads it from.
-pub const MAX_TOP_LOGPROBS: usize = 20;
+use crate::limits::MAX_TOP_LOGPROBS;
 
 /// The one rule (and message) for a requested number of top alternatives; `key` names the
 /// field as the caller wrote it.

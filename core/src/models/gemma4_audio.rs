@@ -678,7 +678,7 @@ impl Gemma4Audio {
         let spec = crate::audio::AudioSpec {
             frontend: frontend.clone(),
             tokens,
-            max_clips: crate::audio::MAX_CLIPS,
+            max_clips: crate::limits::MAX_AUDIO_CLIPS,
             min_frames: crate::audio::MIN_MEL_FRAMES,
         };
         Ok(Gemma4Audio { tower, frontend, tokens, spec })

@@ -20,7 +20,7 @@ use serde_json::Value;
 use crate::Error;
 
 /// One function the model may call.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ToolSpec {
     pub name: String,
     pub description: Option<String>,
@@ -32,7 +32,7 @@ pub struct ToolSpec {
 }
 
 /// How the model may use the tools.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub enum ToolChoice {
     /// The model decides whether to call.
     #[default]
@@ -46,7 +46,7 @@ pub enum ToolChoice {
 }
 
 /// The tool side of a request.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Tools {
     pub specs: Vec<ToolSpec>,
     pub choice: ToolChoice,

@@ -9,7 +9,7 @@ use crate::reasoning::ReasoningSyntax;
 use crate::tokenizer::{ChatMessage, ChatTemplate};
 
 /// The call syntax a model family writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ToolFormat {
     /// `<tool_call>{"name", "arguments"}</tool_call>` (Hermes, Qwen 2.5 / 3, Weft's fallback).
@@ -44,13 +44,6 @@ impl ToolFormat {
             ToolFormat::Qwen3Coder => "qwen3_coder",
             ToolFormat::Gemma4 => "gemma4",
         }
-    }
-
-    /// The format of [`ToolFormat::name`].
-    pub fn from_name(name: &str) -> Option<ToolFormat> {
-        [ToolFormat::Hermes, ToolFormat::Llama3Json, ToolFormat::Mistral, ToolFormat::Qwen3Coder, ToolFormat::Gemma4]
-            .into_iter()
-            .find(|f| f.name() == name)
     }
 }
 

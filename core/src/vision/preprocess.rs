@@ -204,11 +204,7 @@ pub struct Rgb8 {
     pub data: Vec<u8>,
 }
 
-/// Largest decoded image accepted (pixels), so a small file cannot expand into gigabytes.
-pub const MAX_PIXELS: u64 = 64 << 20;
-/// Longest side accepted (pixels): the resize's per-axis coefficient tables grow with it, so a
-/// 1 x 64M-pixel strip is refused rather than resized.
-pub const MAX_SIDE: u32 = 32_768;
+use crate::limits::{MAX_PIXELS, MAX_SIDE};
 
 /// Decodes PNG / JPEG / WebP bytes to RGB (transparency composited onto white).
 pub fn decode(bytes: &[u8]) -> Result<Rgb8> {

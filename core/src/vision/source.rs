@@ -58,13 +58,7 @@ impl LocalMedia {
     }
 }
 
-/// Largest encoded image a request may carry (bytes).
-pub const MAX_IMAGE_BYTES: usize = 20 << 20;
-/// Most images one request may carry at the contract level (a model may allow fewer).
-pub const MAX_IMAGES: usize = 16;
-
-/// Most audio clips one request may carry at the contract level (a model may allow fewer).
-pub const MAX_CLIPS: usize = 8;
+use crate::limits::MAX_IMAGE_BYTES;
 
 /// What a source holds, for messages and examples.
 #[derive(Clone, Copy)]
