@@ -200,3 +200,17 @@ fn a_mixed_batch_decodes_the_same_pipelined_and_synchronous() {
     let greedy_out = run(&engine, &[Row { what: "greedy twin".into(), request: as_greedy, golden: None }]);
     assert_ne!(greedy_out[0].tokens, pipelined[sampled].tokens, "a sampled row decoded its greedy trajectory");
 }
+
+/// `generate()` (the CLI's `weft generate` / `weft run` path) honours the decode mode: pipelined
+/// and synchronous single-sequence runs both reproduce mlx-lm's greedy trajectory.
+#[test]
+fn generate_runs_pipelined_and_synchronous_alike() {
+    let model = support::load_exact(&tiny_model_dir(MODEL)).unwrap();
+    let case = &golden(MODEL)["single"][0];
+    let (prompt, want) = (ids(&case["prompt_ids"]), ids(&case["tokens"]));
+    for decode in [DecodeMode::Pipelined, DecodeMode::Synchronous] {
+        let opts = weft::generate::GenerateOptions { max_tokens: want.len(), decode, ..Default::default() };
+        let g = weft::generate::generate(model.model.as_ref(), None, &prompt, &opts, |_| true).unwrap();
+        assert_eq!(g.tokens, want, "{decode:?}");
+    }
+}

@@ -3,6 +3,7 @@
 use std::io::{BufRead, IsTerminal, Write};
 
 use clap::Args;
+use weft::engine::EngineConfig;
 use weft::generate::{generate, GenerateOptions};
 use weft::loading::LoadedModel;
 use weft::tokenizer::ChatMessage;
@@ -40,7 +41,7 @@ pub fn run(args: RunArgs, opts: &Options) -> Result<()> {
             let loaded = load_model(&args.chat.model, opts)?;
             let mut messages = system_messages(&args.chat);
             messages.push(ChatMessage::new("user", prompt));
-            reply(&loaded, &args.chat, &messages)?;
+            reply(&loaded, &args.chat, &messages, opts)?;
             Ok(())
         }
     }
@@ -74,7 +75,7 @@ pub fn chat(args: ChatArgs, opts: &Options) -> Result<()> {
             _ => {}
         }
         messages.push(ChatMessage::new("user", line.to_string()));
-        let answer = reply(&loaded, &args, &messages)?;
+        let answer = reply(&loaded, &args, &messages, opts)?;
         messages.push(ChatMessage::new("assistant", answer));
     }
     Ok(())
@@ -88,13 +89,14 @@ fn system_messages(args: &ChatArgs) -> Vec<ChatMessage> {
 }
 
 /// Streams the assistant's reply to stdout and returns its text.
-fn reply(loaded: &LoadedModel, args: &ChatArgs, messages: &[ChatMessage]) -> Result<String> {
+fn reply(loaded: &LoadedModel, args: &ChatArgs, messages: &[ChatMessage], options: &Options) -> Result<String> {
     let tok = require_tokenizer(loaded)?;
     let ids = tok.apply_chat_template(messages, true)?;
     let opts = GenerateOptions {
         max_tokens: args.max_tokens,
         sampling: args.sampling.params(loaded),
         stop_token_ids: loaded.eos_token_ids.clone(),
+        decode: options.engine_config(EngineConfig::default())?.decode,
         ..GenerateOptions::default()
     };
     let mut stdout = std::io::stdout();

@@ -4,7 +4,7 @@ use std::io::Write;
 
 use clap::Args;
 use serde_json::json;
-use weft::engine::{Input, Request};
+use weft::engine::{EngineConfig, Input, Request};
 use weft::generate::{generate, GenerateOptions, Generation};
 use weft::tokenizer::ChatMessage;
 use weft::{Error, Result};
@@ -78,6 +78,7 @@ pub fn run(args: GenerateArgs, options: &Options) -> Result<()> {
         prefill_step_size: args.prefill_step_size.max(1),
         capture_first_logits: if args.json { FIRST_LOGITS } else { 0 },
         kv_quantization: args.kv.quantization(),
+        decode: options.engine_config(EngineConfig::default())?.decode,
     };
     let model = loaded.model.as_ref();
     let tokenizer = loaded.tokenizer.as_ref();

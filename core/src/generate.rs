@@ -8,7 +8,7 @@
 use std::time::Instant;
 
 use crate::cache::KvQuantization;
-use crate::engine::{run_single, Event, Input, Request, SingleRow};
+use crate::engine::{run_single, DecodeMode, Event, Input, Request, SingleRow};
 use crate::models::LanguageModel;
 use crate::sampling::SamplingParams;
 use crate::tokenizer::Tokenizer;
@@ -32,6 +32,8 @@ pub struct GenerateOptions {
     /// Quantize the KV cache (mlx-lm's `kv_bits` / `kv_group_size` / `quantized_kv_start`);
     /// `None` keeps it in full precision.
     pub kv_quantization: Option<KvQuantization>,
+    /// Pipelined (the default) or synchronous decode steps, as [`crate::engine::EngineConfig::decode`].
+    pub decode: DecodeMode,
 }
 
 impl Default for GenerateOptions {
@@ -44,6 +46,7 @@ impl Default for GenerateOptions {
             prefill_step_size: 2048,
             capture_first_logits: 0,
             kv_quantization: None,
+            decode: DecodeMode::default(),
         }
     }
 }
@@ -135,6 +138,7 @@ pub fn generate(
         stop_token_ids: opts.stop_token_ids.clone(),
         prefill_step_size: opts.prefill_step_size,
         kv_quantization: opts.kv_quantization,
+        decode: opts.decode,
     };
     let mut out = Generation::empty(prompt.len());
     let mut first_token_at: Option<Instant> = None;
