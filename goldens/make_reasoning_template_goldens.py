@@ -8,9 +8,9 @@ produces with `chat_template_kwargs` passed as extra template variables, or the 
 
     .venv/bin/python goldens/make_reasoning_template_goldens.py
 
-Pinned: transformers 5.24.0, jinja2 3.1.6 (scripts/requirements-oracle.txt). gpt-oss's template
-prints today's date (`strftime_now`): it is stored as `<<TODAY>>`, which the test replaces with
-its own date the same way.
+Pinned: transformers 5.24.0, jinja2 3.1.6 (scripts/requirements-oracle.txt). gpt-oss's and
+Llama 3.2's templates print today's date (`strftime_now`, as 2026-12-02 and 02 Dec 2026): it is
+stored as `<<TODAY>>` and `<<TODAY_DMY>>`, which the test replaces with its own date the same way.
 """
 
 import json
@@ -98,7 +98,12 @@ def main():
                         eos_token="</s>",
                         **kwargs,
                     )
-                    case["text"] = rendered[0].replace(datetime.now().strftime("%Y-%m-%d"), "<<TODAY>>")
+                    now = datetime.now()
+                    case["text"] = (
+                        rendered[0]
+                        .replace(now.strftime("%Y-%m-%d"), "<<TODAY>>")
+                        .replace(now.strftime("%d %b %Y"), "<<TODAY_DMY>>")
+                    )
                 except Exception as e:  # the template's own raise_exception, or a Jinja error
                     case["error"] = f"{type(e).__name__}: {e}"
                 cases.append(case)

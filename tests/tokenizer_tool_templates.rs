@@ -109,8 +109,12 @@ fn reasoning_templates_match_transformers_with_chat_template_kwargs() {
     let g: Value = serde_json::from_str(&std::fs::read_to_string(path).expect("goldens/reasoning_templates.json")).unwrap();
     let mut compared = 0;
     let mut raised = Vec::new();
-    // gpt-oss prints the date (`strftime_now("%Y-%m-%d")`); the goldens store it as <<TODAY>>.
-    let today = ChatTemplate::new("{{ strftime_now('%Y-%m-%d') }}", None, None).unwrap().render(&[], false).unwrap();
+    // gpt-oss and Llama 3.2 print the date (`strftime_now`); the goldens store it as <<TODAY>>
+    // and <<TODAY_DMY>>.
+    let date = |format: &str| {
+        ChatTemplate::new(&format!("{{{{ strftime_now('{format}') }}}}"), None, None).unwrap().render(&[], false).unwrap()
+    };
+    let (today, today_dmy) = (date("%Y-%m-%d"), date("%d %b %Y"));
     for case in g["cases"].as_array().unwrap() {
         let name = case["template"].as_str().unwrap();
         let t = ChatTemplate::new(g["templates"][name].as_str().unwrap(), Some("<s>".into()), Some("</s>".into()))
@@ -121,7 +125,7 @@ fn reasoning_templates_match_transformers_with_chat_template_kwargs() {
         match case["text"].as_str() {
             Some(text) => {
                 let rendered = rendered.unwrap_or_else(|e| panic!("{name} / {}: {e}", case["title"]));
-                let rendered = rendered.replace(&today, "<<TODAY>>");
+                let rendered = rendered.replace(&today, "<<TODAY>>").replace(&today_dmy, "<<TODAY_DMY>>");
                 assert_eq!(rendered, text, "{name} / {}", case["title"]);
                 compared += 1;
             }

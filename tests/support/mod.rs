@@ -377,10 +377,25 @@ pub fn qwen35_chat_model(dir: &Path) -> Option<PathBuf> {
 /// special tokens (no registry ships Gemma 4's own vocabulary): the gemma4_text golden's random
 /// weights, both embeddings widened to the vocabulary with seeded random rows. Written into `dir`.
 pub fn gemma4_chat_model(dir: &Path) -> PathBuf {
+    gemma4_chat_model_from(dir, "gemma4_text")
+}
+
+/// [`gemma4_chat_model`] over the gemma4-vision golden's weights (its vision tower too), with
+/// Gemma 4's image markers added to the vocabulary: images and tools in one request.
+pub fn gemma4_vision_chat_model(dir: &Path) -> PathBuf {
+    gemma4_chat_model_from(dir, "gemma4-vision")
+}
+
+fn gemma4_chat_model_from(dir: &Path, source_name: &str) -> PathBuf {
     const SPECIAL: &[&str] = &[
         "<pad>", "<eos>", "<bos>", "<|turn>", "<turn|>", "<|think|>", "<|channel>", "<channel|>", "<|tool>", "<tool|>",
         "<|tool_call>", "<tool_call|>", "<|tool_response>", "<tool_response|>", "<|\"|>",
     ];
+    const IMAGE: &[&str] = &["<|image|>", "<|image>", "<image|>"];
+    let source = tiny_model_dir(source_name);
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(source.join("config.json")).unwrap()).unwrap();
+    let vision = config.get("vision_config").is_some();
+    let special: Vec<&str> = SPECIAL.iter().chain(if vision { IMAGE } else { &[] }).copied().collect();
     // GPT-2's byte-to-character map: every byte one token.
     let mut printable: Vec<u32> = (33..=126).chain(161..=172).chain(174..=255).collect();
     let mut chars = printable.clone();
@@ -394,7 +409,7 @@ pub fn gemma4_chat_model(dir: &Path) -> PathBuf {
     for (b, c) in printable.iter().zip(&chars) {
         vocab.insert(char::from_u32(*c).unwrap().to_string(), (*b).into());
     }
-    let added: Vec<Value> = SPECIAL
+    let added: Vec<Value> = special
         .iter()
         .enumerate()
         .map(|(i, t)| serde_json::json!({"id": 256 + i, "content": t, "single_word": false, "lstrip": false,
@@ -414,19 +429,26 @@ pub fn gemma4_chat_model(dir: &Path) -> PathBuf {
         "pad_token": "<pad>", "add_bos_token": false});
     std::fs::write(dir.join("tokenizer_config.json"), tok_config.to_string()).unwrap();
 
-    let vocab_size = 256 + SPECIAL.len();
-    let id = |t: &str| 256 + SPECIAL.iter().position(|s| *s == t).unwrap();
-    let source = tiny_model_dir("gemma4_text");
-    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(source.join("config.json")).unwrap()).unwrap();
-    config["vocab_size"] = vocab_size.into();
-    config["vocab_size_per_layer_input"] = vocab_size.into();
-    config["bos_token_id"] = id("<bos>").into();
-    config["eos_token_id"] = id("<turn|>").into();
+    let vocab_size = 256 + special.len();
+    let id = |t: &str| 256 + special.iter().position(|s| *s == t).unwrap();
+    let text = if vision { &mut config["text_config"] } else { &mut config };
+    text["vocab_size"] = vocab_size.into();
+    text["vocab_size_per_layer_input"] = vocab_size.into();
+    text["bos_token_id"] = id("<bos>").into();
+    text["eos_token_id"] = id("<turn|>").into();
+    if vision {
+        config["vocab_size"] = vocab_size.into();
+        config["eos_token_id"] = id("<turn|>").into();
+        config["image_token_id"] = id("<|image|>").into();
+        config["boi_token_id"] = id("<|image>").into();
+        config["eoi_token_id"] = id("<image|>").into();
+        std::fs::copy(source.join("processor_config.json"), dir.join("processor_config.json")).unwrap();
+    }
     std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config).unwrap()).unwrap();
-    widen_embeddings(&source.join("model.safetensors"), &dir.join("model.safetensors"), vocab_size, &[
-        "model.embed_tokens.weight",
-        "model.embed_tokens_per_layer.weight",
-    ]);
+    let prefix = if vision { "language_model." } else { "" };
+    let embeddings = [format!("{prefix}model.embed_tokens.weight"), format!("{prefix}model.embed_tokens_per_layer.weight")];
+    let embeddings: Vec<&str> = embeddings.iter().map(String::as_str).collect();
+    widen_embeddings(&source.join("model.safetensors"), &dir.join("model.safetensors"), vocab_size, &embeddings);
     dir.to_path_buf()
 }
 

@@ -260,7 +260,7 @@ impl ConstraintFactoryCell {
     /// pass the same model's tokenizer every time).
     pub fn get_or_build(&self, tokenizer: &Tokenizer) -> Result<Arc<ConstraintFactory>> {
         self.0
-            .get_or_init(|| ConstraintFactory::new(tokenizer).map(Arc::new).map_err(|e| e.to_string()))
+            .get_or_init(|| ConstraintFactory::new(tokenizer).map(Arc::new).map_err(|e| e.message()))
             .clone()
             .map_err(Error::Unsupported)
     }

@@ -768,6 +768,8 @@ fn compile_constraint(c: &Constraint, tokenizer: Option<&Tokenizer>, constraints
     // The constraint's own field names what a schema or grammar that does not compile is about.
     constraints.compile(c, tokenizer).map_err(|e| match e {
         Error::InvalidRequest(message) => Error::Field { key: c.field().to_string(), message },
+        // A vocabulary the grammar engine cannot read refuses this request, not the model.
+        Error::Unsupported(why) => Error::field(c.field(), format!("{}: this model's tokenizer cannot constrain output ({why})", c.field())),
         other => other,
     })
 }

@@ -327,9 +327,9 @@ impl Tools {
                     format!("({})", alts.join(" | "))
                 }
                 (Some("string"), None) => "gstr".to_string(),
-                (Some("integer"), None) => "/-?(0|[1-9][0-9]*)/".to_string(),
-                (Some("number"), None) => "gnum".to_string(),
-                (Some("boolean"), None) => "(\"true\" | \"false\")".to_string(),
+                // Gemma writes numbers and booleans bare, as JSON does: the schema's own JSON
+                // grammar keeps its bounds (minimum, maximum, multipleOf...).
+                (Some("integer" | "number" | "boolean"), None) => json_value(schema),
                 _ => "gval".to_string(),
             };
             rules.push(format!("{}: {} {value}", rule("pair", i, j), literal(&format!("{name}:"))));
