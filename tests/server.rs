@@ -1004,14 +1004,14 @@ fn audio_parts_through_the_official_clients() {
     assert!(text.contains("takes no audio") && text.contains("messages[0].content[0].input_audio"), "{text}");
 }
 
-/// Images and tools in one request (an agent sending a screenshot): a tiny Gemma 4 vision model
-/// with the real Gemma 4 template and a vocabulary that has its call markers. A named call on
-/// the OpenAI and on the Anthropic endpoint comes in Gemma's own syntax with schema-valid
-/// arguments, and the prompt holds the image's soft tokens.
+/// Images, audio and tools in one request (an agent sending a screenshot or a voice note): a tiny
+/// Gemma 4 vision + audio model with the real Gemma 4 template and a vocabulary that has its
+/// call and media markers. A named call on the OpenAI and on the Anthropic endpoint comes in
+/// Gemma's own syntax with schema-valid arguments, and the prompt holds the media's soft tokens.
 #[test]
-fn images_and_tools_in_one_request() {
+fn media_and_tools_in_one_request() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(&support::gemma4_vision_chat_model(dir.path()), Fast, &[]);
+    let server = Server::start(&support::gemma4_media_chat_model(dir.path()), Fast, &[]);
     let b64 = base64_encode(&std::fs::read(goldens_dir().join("vision").join("a.png")).unwrap());
     let post = |path: &str, b: serde_json::Value| {
         let (status, _, raw) = exchange(&server.addr, "POST", path, &[("Content-Type", "application/json")], b.to_string().as_bytes());
@@ -1022,11 +1022,9 @@ fn images_and_tools_in_one_request() {
     let parameters = serde_json::json!({"type": "object", "properties": {
         "unit": {"type": "string", "enum": ["c", "f"]}, "days": {"type": "integer", "minimum": 1, "maximum": 9}},
         "required": ["unit", "days"], "additionalProperties": false});
-    let openai = |image: bool| {
-        let mut content = vec![serde_json::json!({"type": "text", "text": "What is the weather where this photo was taken?"})];
-        if image {
-            content.push(serde_json::json!({"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{b64}")}}));
-        }
+    let openai = |media: Option<serde_json::Value>| {
+        let mut content = vec![serde_json::json!({"type": "text", "text": "What is the weather where this was recorded?"})];
+        content.extend(media);
         post("/v1/chat/completions", serde_json::json!({
             "max_tokens": 60, "temperature": 0, "messages": [{"role": "user", "content": content}],
             "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": parameters}}],
@@ -1038,20 +1036,24 @@ fn images_and_tools_in_one_request() {
         assert!((1..=9).contains(&args["days"].as_i64().unwrap()), "{args}");
         assert_eq!(args.as_object().unwrap().len(), 2, "{args}");
     };
-    let with = openai(true);
-    let without = openai(false);
-    assert_eq!(with["choices"][0]["finish_reason"], "tool_calls", "{with}");
-    let call = &with["choices"][0]["message"]["tool_calls"][0]["function"];
-    assert_eq!(call["name"], "get_weather", "{with}");
-    valid(&serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap());
-    // a.png is 12 soft tokens between its begin/end markers.
-    let extra = with["usage"]["prompt_tokens"].as_u64().unwrap() - without["usage"]["prompt_tokens"].as_u64().unwrap();
-    assert!(extra >= 12, "the image added {extra} prompt tokens: {with} {without}");
+    let without = openai(None);
+    let clip = base64_encode(&std::fs::read(goldens_dir().join("audio").join("tones-16k-mono.wav")).unwrap());
+    let audio = openai(Some(serde_json::json!({"type": "input_audio", "input_audio": {"data": clip, "format": "wav"}})));
+    let with = openai(Some(serde_json::json!({"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{b64}")}})));
+    for (what, v, soft) in [("image", &with, 12), ("audio", &audio, 10)] {
+        assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{what}: {v}");
+        let call = &v["choices"][0]["message"]["tool_calls"][0]["function"];
+        assert_eq!(call["name"], "get_weather", "{what}: {v}");
+        valid(&serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap());
+        // The media's soft tokens between their begin/end markers.
+        let extra = v["usage"]["prompt_tokens"].as_u64().unwrap() - without["usage"]["prompt_tokens"].as_u64().unwrap();
+        assert!(extra >= soft, "the {what} added {extra} prompt tokens: {v} {without}");
+    }
 
     let v = post("/v1/messages", serde_json::json!({
         "model": "m", "max_tokens": 60, "temperature": 0,
         "messages": [{"role": "user", "content": [
-            {"type": "text", "text": "What is the weather where this photo was taken?"},
+            {"type": "text", "text": "What is the weather where this was recorded?"},
             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64}}]}],
         "tools": [{"name": "get_weather", "input_schema": parameters}],
         "tool_choice": {"type": "tool", "name": "get_weather"}

@@ -380,10 +380,11 @@ pub fn gemma4_chat_model(dir: &Path) -> PathBuf {
     gemma4_chat_model_from(dir, "gemma4_text")
 }
 
-/// [`gemma4_chat_model`] over the gemma4-vision golden's weights (its vision tower too), with
-/// Gemma 4's image markers added to the vocabulary: images and tools in one request.
-pub fn gemma4_vision_chat_model(dir: &Path) -> PathBuf {
-    gemma4_chat_model_from(dir, "gemma4-vision")
+/// [`gemma4_chat_model`] over the gemma4-vision-audio golden's weights (its vision and audio
+/// towers too), with Gemma 4's image and audio markers added to the vocabulary: media and tools
+/// in one request.
+pub fn gemma4_media_chat_model(dir: &Path) -> PathBuf {
+    gemma4_chat_model_from(dir, "gemma4-vision-audio")
 }
 
 fn gemma4_chat_model_from(dir: &Path, source_name: &str) -> PathBuf {
@@ -392,10 +393,13 @@ fn gemma4_chat_model_from(dir: &Path, source_name: &str) -> PathBuf {
         "<|tool_call>", "<tool_call|>", "<|tool_response>", "<tool_response|>", "<|\"|>",
     ];
     const IMAGE: &[&str] = &["<|image|>", "<|image>", "<image|>"];
+    const AUDIO: &[&str] = &["<|audio|>", "<|audio>", "<audio|>"];
     let source = tiny_model_dir(source_name);
     let mut config: Value = serde_json::from_str(&std::fs::read_to_string(source.join("config.json")).unwrap()).unwrap();
     let vision = config.get("vision_config").is_some();
-    let special: Vec<&str> = SPECIAL.iter().chain(if vision { IMAGE } else { &[] }).copied().collect();
+    let audio = config.get("audio_config").is_some();
+    let special: Vec<&str> =
+        SPECIAL.iter().chain(if vision { IMAGE } else { &[] }).chain(if audio { AUDIO } else { &[] }).copied().collect();
     // GPT-2's byte-to-character map: every byte one token.
     let mut printable: Vec<u32> = (33..=126).chain(161..=172).chain(174..=255).collect();
     let mut chars = printable.clone();
@@ -443,6 +447,12 @@ fn gemma4_chat_model_from(dir: &Path, source_name: &str) -> PathBuf {
         config["boi_token_id"] = id("<|image>").into();
         config["eoi_token_id"] = id("<image|>").into();
         std::fs::copy(source.join("processor_config.json"), dir.join("processor_config.json")).unwrap();
+    }
+    if audio {
+        config["audio_token_id"] = id("<|audio|>").into();
+        config["boa_token_id"] = id("<|audio>").into();
+        config["eoa_token_id"] = id("<audio|>").into();
+        std::fs::copy(source.join("model-audio.safetensors"), dir.join("model-audio.safetensors")).unwrap();
     }
     std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config).unwrap()).unwrap();
     let prefix = if vision { "language_model." } else { "" };
