@@ -78,6 +78,7 @@ pub fn run(args: GenerateArgs, options: &Options) -> Result<()> {
         prefill_step_size: args.prefill_step_size.max(1),
         capture_first_logits: if args.json { FIRST_LOGITS } else { 0 },
         kv_quantization: args.kv.quantization(),
+        num_draft_tokens: args.engine.num_draft_tokens,
     };
     let model = loaded.model.as_ref();
     let tokenizer = loaded.tokenizer.as_ref();

@@ -147,6 +147,7 @@ pub const ENGINE_OPTION_FIELDS: &[&str] = &[
     "local_media",
     "chat_template_kwargs",
     "reasoning_budget",
+    "num_draft_tokens",
 ];
 
 /// The most top alternatives a request may ask for (the engine's one limit).
@@ -413,6 +414,8 @@ pub struct GenerationFields {
     pub logit_bias: Option<Vec<(u32, f32)>>,
     pub stop: Vec<String>,
     pub ignore_eos: Option<bool>,
+    /// Prompt-lookup speculative decoding's draft length (0: off).
+    pub num_draft_tokens: Option<usize>,
 }
 
 /// The fields [`GenerationFields`] reads, snake_case.
@@ -430,7 +433,11 @@ pub const GENERATION_FIELDS: &[&str] = &[
     "logit_bias",
     "stop",
     "ignore_eos",
+    "num_draft_tokens",
 ];
+
+/// The most draft tokens a speculative step verifies per row.
+pub const MAX_DRAFT_TOKENS: u64 = 64;
 
 impl GenerationFields {
     /// Sets the given fields on `request`, leaving the others as they are (its defaults).
@@ -474,6 +481,9 @@ impl GenerationFields {
         }
         if let Some(b) = self.ignore_eos {
             request.ignore_eos = b;
+        }
+        if self.num_draft_tokens.is_some() {
+            request.num_draft_tokens = self.num_draft_tokens;
         }
     }
 }
@@ -527,6 +537,7 @@ fn generation_fields(f: &Fields) -> std::result::Result<GenerationFields, FieldE
     };
     let stop = parse_stop(f).map_err(at("stop"))?;
     let ignore_eos = f.bool("ignore_eos").map_err(at("ignore_eos"))?;
+    let num_draft_tokens = f.usize("num_draft_tokens", 0, MAX_DRAFT_TOKENS).map_err(at("num_draft_tokens"))?;
     Ok(GenerationFields {
         max_tokens,
         temperature,
@@ -541,6 +552,7 @@ fn generation_fields(f: &Fields) -> std::result::Result<GenerationFields, FieldE
         logit_bias,
         stop,
         ignore_eos,
+        num_draft_tokens,
     })
 }
 
@@ -848,6 +860,9 @@ pub fn parse_engine_options(v: &Value, spelling: Spelling) -> Result<EngineOptio
     m.memory_limit_bytes = f.usize("memory_limit_bytes", 1, u64::MAX)?;
     m.wired_limit_bytes = f.usize("wired_limit_bytes", 0, u64::MAX)?;
     (config.chat_template_kwargs, config.reasoning_budget) = reasoning_fields(&f)?;
+    if let Some(n) = f.usize("num_draft_tokens", 0, MAX_DRAFT_TOKENS)? {
+        config.num_draft_tokens = n;
+    }
     if let Some(v) = f.get("local_media") {
         config.local_media = LocalMedia::from_json(v, &f.name("local_media"))?;
     }

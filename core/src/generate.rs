@@ -32,6 +32,8 @@ pub struct GenerateOptions {
     /// Quantize the KV cache (mlx-lm's `kv_bits` / `kv_group_size` / `quantized_kv_start`);
     /// `None` keeps it in full precision.
     pub kv_quantization: Option<KvQuantization>,
+    /// Prompt-lookup speculative decoding: draft up to this many tokens per step (0: off).
+    pub num_draft_tokens: usize,
 }
 
 impl Default for GenerateOptions {
@@ -44,6 +46,7 @@ impl Default for GenerateOptions {
             prefill_step_size: 2048,
             capture_first_logits: 0,
             kv_quantization: None,
+            num_draft_tokens: 0,
         }
     }
 }
@@ -135,6 +138,7 @@ pub fn generate(
         stop_token_ids: opts.stop_token_ids.clone(),
         prefill_step_size: opts.prefill_step_size,
         kv_quantization: opts.kv_quantization,
+        num_draft_tokens: opts.num_draft_tokens,
     };
     let mut out = Generation::empty(prompt.len());
     let mut first_token_at: Option<Instant> = None;

@@ -162,6 +162,8 @@ impl Metrics {
             ("weft_prompt_cache_hits_total", "counter", "Prompt-cache hits.", Some(stats.prompt_cache_hits as f64)),
             ("weft_decode_steps_total", "counter", "Batched decode steps run.", Some(stats.decode_steps as f64)),
             ("weft_engine_tokens_generated_total", "counter", "Tokens the engine generated (all requests).", Some(stats.tokens_generated as f64)),
+            ("weft_draft_tokens_total", "counter", "Speculative draft tokens verified.", Some(stats.draft_tokens as f64)),
+            ("weft_draft_tokens_accepted_total", "counter", "Speculative draft tokens accepted.", Some(stats.draft_tokens_accepted as f64)),
         ];
         for (name, kind, help, value) in scalars {
             if let Some(v) = value {

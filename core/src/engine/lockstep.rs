@@ -89,6 +89,9 @@ struct WireRequest {
     /// The row's reasoning (syntax name, starts open, budget): it gates the grammar and forces
     /// the block's end, so every rank must track it alike.
     reasoning: Option<(String, bool, Option<usize>)>,
+    /// The request's speculative draft length (drafts come from its tokens, alike on every rank).
+    #[serde(default)]
+    num_draft_tokens: Option<usize>,
 }
 
 /// [`Constraint`] as the plan carries it.
@@ -464,7 +467,7 @@ fn settings(core: &EngineCore) -> String {
     };
     format!(
         "max_batch {} prompt_concurrency {} prefill_step_size {} kv_budget {:?} prompt_cache {} kv_bits {:?} \
-         kv_group {} quantized_kv_start {}; model vocab {} kv_heads {} head_dim {}{layers}",
+         kv_group {} quantized_kv_start {} num_draft_tokens {}; model vocab {} kv_heads {} head_dim {}{layers}",
         c.max_batch,
         c.prompt_concurrency,
         c.prefill_step_size,
@@ -473,6 +476,7 @@ fn settings(core: &EngineCore) -> String {
         c.kv_bits,
         c.kv_group_size,
         c.quantized_kv_start,
+        c.num_draft_tokens,
         i.vocab_size,
         i.kv_heads,
         i.head_dim
@@ -518,6 +522,7 @@ fn wire(sub: &mut Submission) -> Result<WireRequest> {
         constraint: r.constraint.as_ref().map(WireConstraint::from),
         tools: r.tools.as_ref().map(WireTools::of),
         reasoning: sub.reasoning.map(|p| (p.syntax.name().to_string(), p.starts_open, p.budget)),
+        num_draft_tokens: r.num_draft_tokens,
     })
 }
 
@@ -544,6 +549,7 @@ fn submission(
     request.ignore_eos = w.ignore_eos;
     request.capture_first_logits = w.capture_first_logits;
     request.logprobs = w.logprobs;
+    request.num_draft_tokens = w.num_draft_tokens;
     request.tools = w.tools.map(WireTools::tools).transpose()?;
     request.constraint = w.constraint.map(Constraint::from);
     let constraint = match &request.constraint {

@@ -22,6 +22,8 @@ pub struct SingleRow<'a> {
     pub stop_token_ids: Vec<u32>,
     pub prefill_step_size: usize,
     pub kv_quantization: Option<KvQuantization>,
+    /// Prompt-lookup speculative decoding's draft length (0: off).
+    pub num_draft_tokens: usize,
 }
 
 /// Runs `row` as the only row of an executor over the borrowed model, on the caller's thread.
@@ -35,9 +37,10 @@ pub fn run_single(
     mut on_event: impl FnMut(Event) -> bool,
 ) -> Result<()> {
     const ID: u64 = 1;
-    let SingleRow { prompt, request, stop_token_ids, prefill_step_size, kv_quantization } = row;
-    let mut executor =
-        Executor::new(model, tokenizer.cloned(), prefill_step_size, 0).with_kv_quantization(kv_quantization);
+    let SingleRow { prompt, request, stop_token_ids, prefill_step_size, kv_quantization, num_draft_tokens } = row;
+    let mut executor = Executor::new(model, tokenizer.cloned(), prefill_step_size, 0)
+        .with_kv_quantization(kv_quantization)
+        .with_speculation(num_draft_tokens);
     let events: Arc<Mutex<Vec<Event>>> = Arc::default();
     let sink_events = Arc::clone(&events);
     let sub = Submission {
