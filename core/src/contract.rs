@@ -437,7 +437,7 @@ pub const GENERATION_FIELDS: &[&str] = &[
 ];
 
 /// The most draft tokens a speculative step verifies per row.
-pub const MAX_DRAFT_TOKENS: u64 = 64;
+pub const MAX_DRAFT_TOKENS: u64 = crate::engine::MAX_DRAFT_TOKENS as u64;
 
 impl GenerationFields {
     /// Sets the given fields on `request`, leaving the others as they are (its defaults).
@@ -1298,4 +1298,16 @@ mod tests {
         assert_eq!(o.config.reasoning_budget, Some(0));
     }
 
+    #[test]
+    fn draft_token_counts_in_requests_and_engine_options() {
+        let r = parse_request(&json!({"prompt": "q", "numDraftTokens": 5}), Spelling::Camel).unwrap();
+        assert_eq!(r.num_draft_tokens, Some(5));
+        assert_eq!(parse_request(&json!({"prompt": "q"}), Spelling::Snake).unwrap().num_draft_tokens, None);
+        let e = parse_request(&json!({"prompt": "q", "num_draft_tokens": 65}), Spelling::Snake).unwrap_err().to_string();
+        assert!(e.contains("num_draft_tokens must be an integer in [0, 64], got 65"), "{e}");
+        let o = parse_engine_options(&json!({"num_draft_tokens": 4}), Spelling::Snake).unwrap();
+        assert_eq!(o.config.num_draft_tokens, 4);
+        assert_eq!(parse_engine_options(&json!({}), Spelling::Snake).unwrap().config.num_draft_tokens, 0);
+        assert!(parse_engine_options(&json!({"numDraftTokens": -1}), Spelling::Camel).is_err());
+    }
 }

@@ -73,6 +73,16 @@ pub fn check_top_logprobs(k: usize, key: &str) -> Result<()> {
     Ok(())
 }
 
+/// The most draft tokens a speculative step verifies per row (the contract's range too).
+pub const MAX_DRAFT_TOKENS: usize = 64;
+
+fn check_draft_tokens(n: usize) -> Result<()> {
+    if n > MAX_DRAFT_TOKENS {
+        return Err(Error::field("num_draft_tokens", format!("num_draft_tokens must be an integer in [0, {MAX_DRAFT_TOKENS}], got {n}")));
+    }
+    Ok(())
+}
+
 /// What to generate from.
 #[derive(Debug, Clone)]
 pub enum Input {
@@ -355,6 +365,7 @@ impl EngineConfig {
         if self.kv_budget_bytes == Some(0) {
             return Err(Error::InvalidRequest("kv_budget_bytes must be positive when set".into()));
         }
+        check_draft_tokens(self.num_draft_tokens)?;
         if let Some(q) = self.kv_quantization() {
             q.validate(None)?;
         }
@@ -719,6 +730,9 @@ pub fn check_request(
     info: &ModelInfo,
     config: &EngineConfig,
 ) -> Result<CheckedRequest> {
+    if let Some(n) = request.num_draft_tokens {
+        check_draft_tokens(n)?;
+    }
     let need_tokenizer = || {
         tokenizer.ok_or_else(|| Error::InvalidRequest("this model has no tokenizer; send token ids".into()))
     };
