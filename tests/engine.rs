@@ -248,10 +248,22 @@ fn shutdown_cancels_outstanding_requests_with_final_events() {
 
 #[test]
 fn stress_many_requests_random_params_and_cancellations() {
+    stress(0);
+}
+
+/// The stress run with prompt-lookup speculation on (greedy rows draft; the sampled ones have a
+/// penalty, so they decode plainly in the same steps).
+#[test]
+fn stress_with_speculative_decoding() {
+    let stats = stress(4);
+    assert!(stats.draft_tokens > 0, "{stats:?}");
+}
+
+fn stress(num_draft_tokens: usize) -> weft::engine::EngineStats {
     // 64 requests through max_batch 8: random prompt lengths and max_tokens, a third sampled
     // with random params, ~30% cancelled at a random point. Every request must end with exactly
     // one final event and greedy survivors must equal their single-sequence result.
-    let engine = start("llama-4bit", EngineConfig { max_batch: 8, prefill_step_size: 16, ..Default::default() });
+    let engine = start("llama-4bit", EngineConfig { max_batch: 8, prefill_step_size: 16, num_draft_tokens, ..Default::default() });
     let single = load_exact(&tiny_model_dir("llama-4bit")).unwrap();
     let mut rng = 0x2545_f491_4f6c_dd1du64;
     let mut next = move |n: u64| {
@@ -332,6 +344,7 @@ fn stress_many_requests_random_params_and_cancellations() {
     let stats = settled_stats(&engine, |s| s.requests_finished == 64);
     assert_eq!((stats.active_rows, stats.prefilling_rows, stats.queued_rows), (0, 0, 0), "{stats:?}");
     assert_eq!(stats.requests_finished, 64);
+    stats
 }
 
 /// A model that fails whenever a forward pass carries `fail_rows` rows.
@@ -889,4 +902,21 @@ fn default_model_copying_accepts_most_drafts_with_the_same_text() {
     assert_eq!(got.tokens.len(), 48);
     assert!(stats.draft_acceptance_rate > 0.5, "{:?}: {stats:?}", got.text);
     assert!(stats.decode_steps * 2 < 48, "{} steps for 48 tokens", stats.decode_steps);
+}
+
+/// A row that speculated leaves KV that holds exactly its tokens: a request extending its
+/// prompt and output reuses it from the prompt cache and continues like a cold plain run.
+#[test]
+fn prompt_cache_entries_of_speculative_rows_continue_exactly() {
+    let name = "qwen3";
+    let first = repetitive_prompt(name);
+    let (plain_first, _) = staggered(name, EngineConfig::default(), &[greedy(first.clone(), 12)], &[0], &[]);
+    let second: Vec<u32> = first.iter().chain(&plain_first[0].tokens).chain(&[7, 8, 9]).copied().collect();
+    let (want, _) = staggered(name, EngineConfig::default(), &[greedy(second.clone(), 16)], &[0], &[]);
+    let config = EngineConfig { num_draft_tokens: 4, prompt_cache_bytes: 64 << 20, ..Default::default() };
+    let (got, stats) = staggered(name, config, &[greedy(first, 12), greedy(second, 16)], &[0, 40], &[]);
+    assert_eq!(got[0].tokens, plain_first[0].tokens);
+    assert_eq!(got[1].tokens, want[0].tokens);
+    assert_eq!(stats.prompt_cache_hits, 1, "{stats:?}");
+    assert!(got[1].usage.cached_tokens > 0 && stats.draft_tokens_accepted > 0, "{:?} {stats:?}", got[1].usage);
 }
