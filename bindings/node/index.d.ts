@@ -199,6 +199,9 @@ export interface EngineStats {
   requestsFinished: number
   /** Rows parked because their stream went unread (see `generate`). */
   pausedRows: number
+  /** Speculative decoding (`numDraftTokens`): draft tokens verified and accepted. */
+  draftTokens: number
+  draftTokensAccepted: number
 }
 
 /**

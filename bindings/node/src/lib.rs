@@ -379,6 +379,9 @@ pub struct EngineStats {
     pub requests_finished: f64,
     /// Rows parked because their stream went unread (see `generate`).
     pub paused_rows: u32,
+    /// Speculative decoding (`numDraftTokens`): draft tokens verified and accepted.
+    pub draft_tokens: f64,
+    pub draft_tokens_accepted: f64,
 }
 
 #[napi(object)]
@@ -705,6 +708,8 @@ impl Engine {
             decode_steps: s.decode_steps as f64,
             requests_finished: s.requests_finished as f64,
             paused_rows: s.paused_rows as u32,
+            draft_tokens: s.draft_tokens as f64,
+            draft_tokens_accepted: s.draft_tokens_accepted as f64,
         })
     }
 
