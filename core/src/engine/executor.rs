@@ -17,6 +17,9 @@
 //! masks while the forward runs, then mask and choose. Joins append rows after the in-flight
 //! ones and evictions filter the in-flight arrays too, so neither needs a flush.
 //! [`DecodeMode::Synchronous`] reads every step's tokens at once (the synchronous reference).
+//! With speculative decoding on ([`super::speculative`]), a step where some row has a
+//! prompt-lookup draft reads the step in flight and verifies every row's draft in one
+//! `[B, 1 + k]` forward instead ([`Executor::speculative_step`]).
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
