@@ -562,7 +562,9 @@ const char *weft_last_error(void);
  *   "clear_cache_every_steps": return MLX's buffer cache every this many decode steps
  *                              (default 256; 0 = only when idle);
  *   "memory_limit_bytes": MLX's memory limit, >= 1 (default: MLX's);
- *   "wired_limit_bytes": memory MLX may keep wired on Apple GPUs (default: MLX's).
+ *   "wired_limit_bytes": memory MLX may keep wired on Apple GPUs (default: MLX's);
+ *   "num_draft_tokens": prompt-lookup speculative decoding for requests that name none: draft
+ *                       up to this many tokens per step, 0 to 64 (default 0 = off).
  * Unknown fields are errors (WEFT_ERR_INVALID_ARGUMENT). The schema is weft::contract's, shared
  * with the Node and Swift packages (docs/c-api.md lists every field and range).
  *
@@ -623,6 +625,7 @@ void weft_engine_free(struct weft_engine *engine);
  * "repetition_penalty", "presence_penalty", "frequency_penalty", "penalty_context" (>= 1,
  * default 20), "logit_bias" ({"<token id>": bias}; the bias "-Infinity" bans the token),
  * "stop" (a string or an array of non-empty strings), "ignore_eos" (default false),
+ * "num_draft_tokens" (0..64, prompt-lookup speculative decoding; default: the engine's),
  * "logprobs" (bool), "top_logprobs" (0..20, needs "logprobs"), one constraint of
  * "response_format" / "json_schema" / "regex" / "grammar" / "choice", and (ABI minor 1) "tools",
  * "tool_choice", "parallel_tool_calls", whose calls arrive in weft_event's tool_deltas /

@@ -227,6 +227,24 @@ fn bench_measures_every_batch_size_on_one_warm_engine() {
     }
 }
 
+/// `weft bench --copy --num-draft-tokens`: copy-heavy prompts (their last n-gram occurred
+/// earlier, so the first step already drafts) and the speculation figures in the JSON.
+#[test]
+fn bench_reports_speculative_decoding() {
+    let m = tiny_model_dir("qwen2");
+    let v = json_of(&weft(&[
+        "bench", "-m", m.to_str().unwrap(), "--batch", "1,2", "--gen", "16", "--runs", "1", "--prompt-len", "16", "--copy",
+        "--num-draft-tokens", "4", "--json",
+    ]));
+    assert_eq!((v["num_draft_tokens"].as_u64(), v["copy"].as_bool()), (Some(4), Some(true)), "{v}");
+    for r in v["results"].as_array().unwrap() {
+        assert!(r["draft_tokens"].as_f64().unwrap() > 0.0, "{r}");
+        assert!((0.0..=1.0).contains(&r["draft_acceptance_rate"].as_f64().unwrap()), "{r}");
+        // Plain decoding takes ~1 step per token (a pipelined step may run past the last).
+        assert!(r["tokens_per_step"].as_f64().unwrap() > 0.9, "{r}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Models by Hugging Face repo id, against a local Hub (tests/support/hub.rs).
 

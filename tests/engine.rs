@@ -248,10 +248,22 @@ fn shutdown_cancels_outstanding_requests_with_final_events() {
 
 #[test]
 fn stress_many_requests_random_params_and_cancellations() {
+    stress(0);
+}
+
+/// The stress run with prompt-lookup speculation on (greedy rows draft; the sampled ones have a
+/// penalty, so they decode plainly in the same steps).
+#[test]
+fn stress_with_speculative_decoding() {
+    let stats = stress(4);
+    assert!(stats.draft_tokens > 0, "{stats:?}");
+}
+
+fn stress(num_draft_tokens: usize) -> weft::engine::EngineStats {
     // 64 requests through max_batch 8: random prompt lengths and max_tokens, a third sampled
     // with random params, ~30% cancelled at a random point. Every request must end with exactly
     // one final event and greedy survivors must equal their single-sequence result.
-    let engine = start("llama-4bit", EngineConfig { max_batch: 8, prefill_step_size: 16, ..Default::default() });
+    let engine = start("llama-4bit", EngineConfig { max_batch: 8, prefill_step_size: 16, num_draft_tokens, ..Default::default() });
     let single = load_exact(&tiny_model_dir("llama-4bit")).unwrap();
     let mut rng = 0x2545_f491_4f6c_dd1du64;
     let mut next = move |n: u64| {
@@ -332,6 +344,7 @@ fn stress_many_requests_random_params_and_cancellations() {
     let stats = settled_stats(&engine, |s| s.requests_finished == 64);
     assert_eq!((stats.active_rows, stats.prefilling_rows, stats.queued_rows), (0, 0, 0), "{stats:?}");
     assert_eq!(stats.requests_finished, 64);
+    stats
 }
 
 /// A model that fails whenever a forward pass carries `fail_rows` rows.
@@ -708,4 +721,202 @@ fn ring_buffer_caches_fall_back_to_solo_prefill() {
     let (outs, stats) = burst("gemma3-text", &prompts, 2048, 2);
     assert_eq!(stats.prefill_forwards, 2);
     assert!(outs.iter().all(|o| o.finals == 1 && o.error.is_none() && o.tokens.len() == 2));
+}
+
+/// Runs `reqs` through an `EngineCore` over `name` with `config`; request `i` is enqueued
+/// before iteration `at[i]` (later ones join a running batch). `eos` are the stop ids.
+fn staggered(
+    name: &str,
+    config: EngineConfig,
+    reqs: &[Request],
+    at: &[usize],
+    eos: &[u32],
+) -> (Vec<Outcome>, weft::engine::EngineStats) {
+    let model = load_exact(&tiny_model_dir(name)).unwrap();
+    let mut core = weft::engine::EngineCore::new(model, config.clone());
+    let info = core.model_info().clone();
+    let outs: Vec<Arc<Mutex<Outcome>>> = reqs.iter().map(|_| Arc::default()).collect();
+    for it in 0..10_000 {
+        for (i, req) in reqs.iter().enumerate().filter(|(i, _)| at[*i] == it) {
+            let out = Arc::clone(&outs[i]);
+            let sink = Box::new(move |ev: &Event| {
+                out.lock().unwrap().record(ev);
+                true
+            });
+            core.enqueue(weft::engine::prepare(i as u64 + 1, req.clone(), sink, None, &Default::default(), &info, eos, &config).unwrap());
+        }
+        if it > at.iter().copied().max().unwrap_or(0) && core.is_idle() {
+            return (outs.iter().map(|o| o.lock().unwrap().clone()).collect(), core.stats());
+        }
+        core.iterate();
+    }
+    panic!("the run did not finish");
+}
+
+/// A prompt that repeats itself where `name` (a tiny random model) goes on repeating: a block,
+/// the model's own greedy continuation of it, then the block again, so prompt-lookup drafts
+/// taken from the first continuation get accepted where the model repeats it.
+fn repetitive_prompt(name: &str) -> Vec<u32> {
+    let block = [3u32, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46];
+    let (out, _) = staggered(name, EngineConfig::default(), &[greedy(block.to_vec(), 40)], &[0], &[]);
+    block.iter().chain(&out[0].tokens).chain(&block).copied().collect()
+}
+
+const SPEC_PROMPTS: &[&[u32]] = &[&[27, 18, 28, 1, 41, 42, 13], &[9], &[61, 80, 33, 98, 5, 11, 60, 24, 71, 61, 80, 33]];
+
+/// Greedy rows with prompt-lookup speculation produce the tokens of plain decoding, alone and
+/// in a batch whose rows join while others decode (some with drafts, some without), on prompts
+/// that repeat themselves (drafts accepted) and prompts that do not.
+#[test]
+fn speculative_greedy_rows_are_token_exact_alone_and_batched() {
+    // The tiny qwen3 and qwen2 models repeat their own output (drafts accepted); the tiny llama
+    // does not (drafts rejected, exactness still holds).
+    for (name, repeats) in [("qwen3", true), ("qwen2", true), ("llama-fp32", false)] {
+        let prompts: Vec<Vec<u32>> = std::iter::once(repetitive_prompt(name)).chain(SPEC_PROMPTS.iter().map(|p| p.to_vec())).collect();
+        let reqs: Vec<Request> = prompts.iter().map(|p| greedy(p.clone(), 40)).collect();
+        let plain = EngineConfig::default();
+        let spec = EngineConfig { num_draft_tokens: 4, ..Default::default() };
+        // Alone.
+        for (i, r) in reqs.iter().enumerate() {
+            let (want, _) = staggered(name, plain.clone(), std::slice::from_ref(r), &[0], &[]);
+            let (got, stats) = staggered(name, spec.clone(), std::slice::from_ref(r), &[0], &[]);
+            assert_eq!(got[0].tokens, want[0].tokens, "{name}: prompt {i} alone");
+            assert_eq!((got[0].finals, got[0].finish), (1, Some(FinishReason::Length)), "{name}: prompt {i}");
+            assert!(stats.speculation_off.is_none(), "{name}: {:?}", stats.speculation_off);
+            if i == 0 && repeats {
+                assert!(stats.draft_tokens_accepted > 0, "{name}: no draft accepted on the repetitive prompt: {stats:?}");
+                assert!(stats.decode_steps < 39, "{name}: speculation saved no steps ({} steps)", stats.decode_steps);
+            }
+        }
+        // Batched, with continuous joins; one row asks for no drafts.
+        let mut reqs = reqs;
+        reqs[2].num_draft_tokens = Some(0);
+        let at = [0, 0, 3, 7];
+        let (want, _) = staggered(name, plain.clone(), &reqs, &at, &[]);
+        let (got, stats) = staggered(name, spec.clone(), &reqs, &at, &[]);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.tokens, w.tokens, "{name}: batched row {i}");
+            assert_eq!(g.finals, 1);
+        }
+        assert!(stats.draft_tokens > 0, "{name}: {stats:?}");
+        if repeats {
+            assert!(stats.draft_tokens_accepted > 0 && stats.draft_acceptance_rate > 0.0, "{name}: {stats:?}");
+        }
+    }
+}
+
+/// A stop id or `max_tokens` falling inside an accepted draft ends the row exactly where plain
+/// decoding ends it: same tokens, same finish, nothing after.
+#[test]
+fn stops_and_length_limits_inside_drafts_end_rows_like_plain_decoding() {
+    let name = "qwen3";
+    let prompt = repetitive_prompt(name);
+    let plain = EngineConfig::default();
+    let spec = EngineConfig { num_draft_tokens: 6, ..Default::default() };
+    let (full, _) = staggered(name, plain.clone(), &[greedy(prompt.clone(), 40)], &[0], &[]);
+    let full = &full[0].tokens;
+    let mut accepted = 0;
+    for max_tokens in 1..=24 {
+        let r = greedy(prompt.clone(), max_tokens);
+        let (got, stats) = staggered(name, spec.clone(), std::slice::from_ref(&r), &[0], &[]);
+        assert_eq!(got[0].tokens, full[..max_tokens], "max_tokens {max_tokens}");
+        assert_eq!((got[0].finish, got[0].after_final), (Some(FinishReason::Length), 0));
+        accepted += stats.draft_tokens_accepted;
+    }
+    assert!(accepted > 0, "no draft was accepted");
+    // Each later token of the plain output as the stop id (with EOS honoured).
+    for at in [3, 8, 15, 27] {
+        let stop = full[at];
+        let r = Request { ignore_eos: false, ..greedy(prompt.clone(), 40) };
+        let (want, _) = staggered(name, plain.clone(), std::slice::from_ref(&r), &[0], &[stop]);
+        let (got, _) = staggered(name, spec.clone(), std::slice::from_ref(&r), &[0], &[stop]);
+        assert_eq!(got[0].tokens, want[0].tokens, "stop id {stop}");
+        assert_eq!((got[0].finish, got[0].after_final), (Some(FinishReason::Stop), 0), "stop id {stop}");
+        assert_eq!(got[0].tokens.len(), full.iter().position(|&t| t == stop).unwrap(), "stop id {stop}");
+    }
+}
+
+/// Sampled rows take the rejection-sampling path; with `top_k = 1` their target distribution is
+/// the argmax alone, so they must produce greedy plain decoding's tokens exactly.
+#[test]
+fn sampled_rows_verify_drafts_by_rejection_sampling() {
+    let name = "qwen3";
+    let sampled = |p: Vec<u32>, seed| Request {
+        sampling: SamplingParams { temperature: 0.7, top_k: 1, seed: Some(seed), ..SamplingParams::default() },
+        ..greedy(p, 30)
+    };
+    let prompts: Vec<Vec<u32>> = vec![repetitive_prompt(name), SPEC_PROMPTS[0].to_vec()];
+    let (want, _) =
+        staggered(name, EngineConfig::default(), &prompts.iter().map(|p| greedy(p.clone(), 30)).collect::<Vec<_>>(), &[0, 2], &[]);
+    let reqs: Vec<Request> = prompts.iter().enumerate().map(|(i, p)| sampled(p.clone(), i as u64)).collect();
+    let (got, stats) = staggered(name, EngineConfig { num_draft_tokens: 4, ..Default::default() }, &reqs, &[0, 2], &[]);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g.tokens, w.tokens, "row {i}");
+    }
+    assert!(stats.draft_tokens_accepted > 0, "{stats:?}");
+    // At a real temperature the rows still finish with their full length and drafts verified.
+    let free: Vec<Request> = reqs
+        .iter()
+        .map(|r| Request { sampling: SamplingParams { top_k: 0, temperature: 1.0, ..r.sampling.clone() }, ..r.clone() })
+        .collect();
+    let (got, stats) = staggered(name, EngineConfig { num_draft_tokens: 4, ..Default::default() }, &free, &[0, 2], &[]);
+    assert!(got.iter().all(|o| o.finals == 1 && o.error.is_none() && o.tokens.len() == 30), "{got:?}");
+    assert!(stats.draft_tokens > 0, "{stats:?}");
+}
+
+/// Models whose caches cannot drop rejected positions (recurrent layers, sliding-window rings)
+/// do not speculate: the engine says why and decodes plainly, with the same tokens.
+#[test]
+fn models_whose_caches_cannot_trim_do_not_speculate() {
+    for name in ["qwen3_next", "gemma3-text"] {
+        let reqs = [greedy(SPEC_PROMPTS[2].to_vec(), 12), greedy(SPEC_PROMPTS[0].to_vec(), 12)];
+        let (want, _) = staggered(name, EngineConfig::default(), &reqs, &[0, 1], &[]);
+        let (got, stats) = staggered(name, EngineConfig { num_draft_tokens: 4, ..Default::default() }, &reqs, &[0, 1], &[]);
+        let why = stats.speculation_off.as_deref().unwrap_or_else(|| panic!("{name}: speculation not turned off"));
+        assert!(why.contains("cannot drop"), "{name}: {why}");
+        assert_eq!((stats.draft_tokens, stats.speculative_steps), (0, 0), "{name}");
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!(g.tokens, w.tokens, "{name}");
+        }
+    }
+}
+
+/// On the default model (a real one), copying is the case prompt lookup is for: a text written
+/// twice, which the model goes on repeating. Most drafts are accepted, the steps are fewer than
+/// the tokens, and the output equals plain decoding's.
+#[test]
+fn default_model_copying_accepts_most_drafts_with_the_same_text() {
+    let Some(path) = default_model() else { return };
+    let text = "The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with a single step.\n";
+    let req = Request { max_tokens: 48, ignore_eos: true, ..Request::new(Input::Prompt(text.repeat(2))) };
+    let run = |config: EngineConfig| {
+        let engine = Engine::start(load_exact(&path).unwrap(), config).unwrap();
+        let out = collect(&engine.submit_channel(req.clone()).unwrap().1);
+        let stats = settled_stats(&engine, |s| s.requests_finished == 1);
+        (out, stats)
+    };
+    let (want, _) = run(EngineConfig::default());
+    let (got, stats) = run(EngineConfig { num_draft_tokens: 8, ..Default::default() });
+    assert_eq!(got.tokens, want.tokens);
+    assert_eq!(got.text, want.text);
+    assert_eq!(got.tokens.len(), 48);
+    assert!(stats.draft_acceptance_rate > 0.5, "{:?}: {stats:?}", got.text);
+    assert!(stats.decode_steps * 2 < 48, "{} steps for 48 tokens", stats.decode_steps);
+}
+
+/// A row that speculated leaves KV that holds exactly its tokens: a request extending its
+/// prompt and output reuses it from the prompt cache and continues like a cold plain run.
+#[test]
+fn prompt_cache_entries_of_speculative_rows_continue_exactly() {
+    let name = "qwen3";
+    let first = repetitive_prompt(name);
+    let (plain_first, _) = staggered(name, EngineConfig::default(), &[greedy(first.clone(), 12)], &[0], &[]);
+    let second: Vec<u32> = first.iter().chain(&plain_first[0].tokens).chain(&[7, 8, 9]).copied().collect();
+    let (want, _) = staggered(name, EngineConfig::default(), &[greedy(second.clone(), 16)], &[0], &[]);
+    let config = EngineConfig { num_draft_tokens: 4, prompt_cache_bytes: 64 << 20, ..Default::default() };
+    let (got, stats) = staggered(name, config, &[greedy(first, 12), greedy(second, 16)], &[0, 40], &[]);
+    assert_eq!(got[0].tokens, plain_first[0].tokens);
+    assert_eq!(got[1].tokens, want[0].tokens);
+    assert_eq!(stats.prompt_cache_hits, 1, "{stats:?}");
+    assert!(got[1].usage.cached_tokens > 0 && stats.draft_tokens_accepted > 0, "{:?} {stats:?}", got[1].usage);
 }

@@ -1501,3 +1501,34 @@ fn serve_fetches_a_hub_repo_id_once() {
         assert!(out.starts_with("HTTP/1.1 404") && out.contains("model_not_found"), "{out}");
     }
 }
+
+/// `--num-draft-tokens` and the request field `num_draft_tokens`: a completion with drafts
+/// equals the one without, `/stats` and `/metrics` count the drafts, and an out-of-range count
+/// is a 400 naming the field.
+#[test]
+fn speculative_decoding_through_the_flag_and_the_request_field() {
+    let server = Server::start(&tiny_model(), Exact, &["--num-draft-tokens", "4"]);
+    let prompt = "one two three four five one two three four five one two three four five one two";
+    let post = |extra: serde_json::Value| {
+        let mut body = serde_json::json!({"model": "m", "prompt": prompt, "max_tokens": 64, "ignore_eos": true});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let (status, _, body) =
+            exchange(&server.addr, "POST", "/v1/completions", &[("Content-Type", "application/json")], body.to_string().as_bytes());
+        (status, serde_json::from_slice::<serde_json::Value>(&body).unwrap())
+    };
+    let (status, spec) = post(serde_json::json!({}));
+    assert_eq!(status, 200, "{spec}");
+    let s = stats(&server);
+    assert!(s["draft_tokens"].as_u64().unwrap() > 0 && s["speculative_steps"].as_u64().unwrap() > 0, "{s}");
+    assert!(s["draft_acceptance_rate"].is_number() && s.get("speculation_off").is_none(), "{s}");
+    let (status, plain) = post(serde_json::json!({"num_draft_tokens": 0}));
+    assert_eq!(status, 200, "{plain}");
+    assert_eq!(spec["choices"][0]["text"], plain["choices"][0]["text"]);
+    assert_eq!(stats(&server)["draft_tokens"], s["draft_tokens"], "a request with num_draft_tokens 0 drafts nothing");
+    let (status, err) = post(serde_json::json!({"num_draft_tokens": 65}));
+    assert_eq!(status, 400, "{err}");
+    assert_eq!(err["error"]["param"], "num_draft_tokens", "{err}");
+    let (status, metrics) = server.get("/metrics", "");
+    assert_eq!(status, 200);
+    assert!(metrics.contains("weft_draft_tokens_total ") && metrics.contains("weft_draft_tokens_accepted_total "), "{metrics}");
+}

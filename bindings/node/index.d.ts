@@ -199,6 +199,9 @@ export interface EngineStats {
   requestsFinished: number
   /** Rows parked because their stream went unread (see `generate`). */
   pausedRows: number
+  /** Speculative decoding (`numDraftTokens`): draft tokens verified and accepted. */
+  draftTokens: number
+  draftTokensAccepted: number
 }
 
 /**
@@ -284,6 +287,12 @@ export interface GenerateOptions {
    */
   reasoningBudget?: number
   /**
+   * Prompt-lookup speculative decoding: draft up to this many tokens per step, 0 to 64 (0:
+   * off); default: the engine's `numDraftTokens`. Greedy output is unchanged, sampled output
+   * keeps its distribution.
+   */
+  numDraftTokens?: number
+  /**
    * Images for a model with a vision tower (`modelInfo.vision`), in prompt order: a file's
    * bytes (`Uint8Array` / `Buffer`), a local file path or a `data:` URL. The prompt holds the
    * model's image marker once per image (docs/node.md).
@@ -356,6 +365,11 @@ export interface LoadOptions {
   chatTemplateKwargs?: Record<string, unknown>
   /** Reasoning tokens allowed when a request names no `reasoningBudget` (default: unbounded). */
   reasoningBudget?: number
+  /**
+   * Prompt-lookup speculative decoding for requests that name no `numDraftTokens`: draft up
+   * to this many tokens per step, 0 to 64 (default 0: off).
+   */
+  numDraftTokens?: number
   /**
    * Hears about the model's download, on the JS thread, at most every ~100 ms per phase plus
    * once when a phase starts and ends (nothing when the model is already on disk). The load

@@ -74,6 +74,13 @@ pub struct BenchArgs {
     /// compared with) joins.
     #[arg(long, default_value_t = 4)]
     pub media_rows: usize,
+    /// Prompt-lookup speculative decoding: draft up to this many tokens per step (0 = off).
+    #[arg(long, default_value_t = 0)]
+    pub num_draft_tokens: usize,
+    /// Copy-heavy prompts: each prompt is a random block of `--prompt-len / 2` ids written
+    /// twice, so the model goes on copying it (the workload prompt lookup speeds up).
+    #[arg(long)]
+    pub copy: bool,
 }
 
 /// The sampling of row `i` of a batch: `--sampled` rows at `--temp` / `--top-p`, seeded by
@@ -116,6 +123,20 @@ struct Measure {
     prefill_forwards: f64,
     /// Rows that ended before `gen` tokens (a constraint that completed).
     short_rows: f64,
+    /// Speculative decoding: draft tokens proposed and the share accepted.
+    drafted: f64,
+    acceptance: f64,
+    /// Tokens per row per decode step (1 without speculation).
+    tokens_per_step: f64,
+}
+
+/// `--copy`'s prompts: a random block of half the length, twice (an odd length repeats one
+/// more id of the block).
+fn copy_prompts(seed: u64, count: usize, len: usize, vocab: u64) -> Vec<Vec<u32>> {
+    random_prompts(seed, count, len.div_ceil(2), vocab)
+        .into_iter()
+        .map(|block| block.iter().chain(&block).copied().take(len).collect())
+        .collect()
 }
 
 /// The same xorshift stream benches/ scripts use, so both sides see identical prompts.
@@ -145,6 +166,8 @@ struct Counters {
     mask: f64,
     mask_wait: f64,
     prefill_forwards: u64,
+    drafted: u64,
+    accepted: u64,
 }
 
 impl Counters {
@@ -158,6 +181,8 @@ impl Counters {
             mask: s.decode_mask_compute_s,
             mask_wait: s.decode_mask_wait_s,
             prefill_forwards: s.prefill_forwards,
+            drafted: s.draft_tokens,
+            accepted: s.draft_tokens_accepted,
         }
     }
 }
@@ -165,7 +190,10 @@ impl Counters {
 /// Submits `batch` prompts at once to the warm engine and runs them to completion.
 fn run_once(engine: &mut Collector, args: &BenchArgs, batch: usize, gen: usize, vocab: u64) -> Result<Measure> {
     let before = Counters::read(engine);
-    let prompts = random_prompts(args.seed, batch, args.prompt_len.max(1), vocab);
+    let prompts = match args.copy {
+        true => copy_prompts(args.seed, batch, args.prompt_len.max(2), vocab),
+        false => random_prompts(args.seed, batch, args.prompt_len.max(1), vocab),
+    };
     let start = Instant::now();
     for (i, p) in prompts.into_iter().enumerate() {
         engine.submit(Request {
@@ -212,6 +240,9 @@ fn run_once(engine: &mut Collector, args: &BenchArgs, batch: usize, gen: usize, 
         peak_kv_bytes: peak_kv as f64,
         prefill_forwards: (after.prefill_forwards - before.prefill_forwards) as f64,
         short_rows: short as f64,
+        drafted: (after.drafted - before.drafted) as f64,
+        acceptance: (after.accepted - before.accepted) as f64 / (after.drafted - before.drafted).max(1) as f64,
+        tokens_per_step: tokens.saturating_sub(batch) as f64 / (after.steps - before.steps).max(1) as f64 / batch as f64,
     };
     Ok(m)
 }
@@ -252,6 +283,7 @@ pub fn run(args: BenchArgs, opts: &crate::options::Options) -> Result<()> {
         max_batch: widest,
         prompt_concurrency: widest,
         prefill_step_size: args.prefill_step_size.max(1),
+        num_draft_tokens: args.num_draft_tokens,
         ..EngineConfig::default()
     });
     let mut engine = Collector::new(model, opts.engine_config(config)?)?;
@@ -278,6 +310,9 @@ pub fn run(args: BenchArgs, opts: &crate::options::Options) -> Result<()> {
                 peak_kv_bytes: pick(|m| m.peak_kv_bytes),
                 prefill_forwards: pick(|m| m.prefill_forwards),
                 short_rows: pick(|m| m.short_rows),
+                drafted: pick(|m| m.drafted),
+                acceptance: pick(|m| m.acceptance),
+                tokens_per_step: pick(|m| m.tokens_per_step),
             },
         ));
     }
@@ -294,7 +329,8 @@ pub fn run(args: BenchArgs, opts: &crate::options::Options) -> Result<()> {
             .map(|(b, m)| json!({"batch": b, "agg_tok_s": m.agg_tok_s, "decode_tok_s": m.decode_tok_s,
                                  "prefill_tok_s": m.prefill_tok_s, "ttft_ms": m.ttft_ms, "ttft_p50_ms": m.ttft_ms,
                                  "peak_kv_bytes": m.peak_kv_bytes, "prefill_forwards": m.prefill_forwards,
-                                 "short_rows": m.short_rows,
+                                 "short_rows": m.short_rows, "draft_tokens": m.drafted,
+                                 "draft_acceptance_rate": m.acceptance, "tokens_per_step": m.tokens_per_step,
                                  "step_ms": {"graph_build": m.build_ms, "eval_wait": m.wait_ms, "host": m.host_ms,
                                              "mask": m.mask_ms, "mask_wait": m.mask_wait_ms}}))
             .collect();
@@ -302,6 +338,7 @@ pub fn run(args: BenchArgs, opts: &crate::options::Options) -> Result<()> {
             "{}",
             json!({"model": source.display().to_string(), "prompt_len": args.prompt_len, "gen": args.gen,
                    "runs": args.runs, "constrained": args.constrained, "constraint": args.constraint,
+                   "num_draft_tokens": args.num_draft_tokens, "copy": args.copy,
                    "sampled": args.sampled, "temp": args.temp, "top_p": args.top_p, "logprobs": args.logprobs,
                    "kv": {"mode": args.kv.describe(), "kv_bits": args.kv.kv_bits,
                           "kv_group_size": args.kv.kv_group_size, "quantized_kv_start": args.kv.quantized_kv_start,
@@ -321,6 +358,15 @@ pub fn run(args: BenchArgs, opts: &crate::options::Options) -> Result<()> {
         );
         if args.sampled > 0 || args.logprobs > 0 {
             println!("sampled rows: {} (temp {}, top_p {})  rows with logprobs: {}", args.sampled, args.temp, args.top_p, args.logprobs);
+        }
+        if args.num_draft_tokens > 0 {
+            println!(
+                "speculative decoding: prompt lookup, {} draft tokens{}  acceptance (median): {}  tokens/row/step: {}",
+                args.num_draft_tokens,
+                if args.copy { ", copy-heavy prompts" } else { "" },
+                results.iter().map(|(_, m)| format!("{:.2}", m.acceptance)).collect::<Vec<_>>().join(","),
+                results.iter().map(|(_, m)| format!("{:.2}", m.tokens_per_step)).collect::<Vec<_>>().join(",")
+            );
         }
         if args.constrained > 0 {
             println!("constrained rows: {} ({})  rows ended early (median): {}", args.constrained, args.constraint,

@@ -22,6 +22,9 @@ pub struct ChatArgs {
     /// Maximum tokens per reply.
     #[arg(long, default_value_t = 512)]
     pub max_tokens: usize,
+    /// Prompt-lookup speculative decoding: draft up to this many tokens per step (0 = off).
+    #[arg(long, default_value_t = 0)]
+    pub num_draft_tokens: usize,
     #[command(flatten)]
     pub sampling: SamplingArgs,
 }
@@ -97,6 +100,7 @@ fn reply(loaded: &LoadedModel, args: &ChatArgs, messages: &[ChatMessage], option
         sampling: args.sampling.params(loaded),
         stop_token_ids: loaded.eos_token_ids.clone(),
         decode: options.engine_config(EngineConfig::default())?.decode,
+        num_draft_tokens: args.num_draft_tokens,
         ..GenerateOptions::default()
     };
     let mut stdout = std::io::stdout();

@@ -163,6 +163,9 @@ pub struct EngineArgs {
     /// Bytes of finished requests' KV kept for prompt-prefix reuse (0 = off).
     #[arg(long, default_value_t = 0)]
     pub prompt_cache_bytes: u64,
+    /// Prompt-lookup speculative decoding: draft up to this many tokens per step (0 = off).
+    #[arg(long, default_value_t = 0)]
+    pub num_draft_tokens: usize,
 }
 
 impl EngineArgs {
@@ -173,6 +176,7 @@ impl EngineArgs {
             prefill_step_size,
             kv_budget_bytes: self.kv_budget_bytes,
             prompt_cache_bytes: self.prompt_cache_bytes,
+            num_draft_tokens: self.num_draft_tokens,
             ..weft::engine::EngineConfig::default()
         }
     }

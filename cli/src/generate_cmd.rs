@@ -79,6 +79,7 @@ pub fn run(args: GenerateArgs, options: &Options) -> Result<()> {
         capture_first_logits: if args.json { FIRST_LOGITS } else { 0 },
         kv_quantization: args.kv.quantization(),
         decode: options.engine_config(EngineConfig::default())?.decode,
+        num_draft_tokens: args.engine.num_draft_tokens,
     };
     let model = loaded.model.as_ref();
     let tokenizer = loaded.tokenizer.as_ref();

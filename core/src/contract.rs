@@ -147,9 +147,11 @@ pub const ENGINE_OPTION_FIELDS: &[&str] = &[
     "local_media",
     "chat_template_kwargs",
     "reasoning_budget",
+    "num_draft_tokens",
 ];
 
 use crate::limits::{MAX_AUDIO_CLIPS, MAX_IMAGES, MAX_TOKEN_ID, MAX_TOP_LOGPROBS};
+const MAX_DRAFT_TOKENS: u64 = crate::limits::MAX_DRAFT_TOKENS as u64;
 
 /// The logit-bias value that bans a token (JSON has no infinities).
 pub const BAN: &str = "-Infinity";
@@ -409,6 +411,8 @@ pub struct GenerationFields {
     pub logit_bias: Option<Vec<(u32, f32)>>,
     pub stop: Vec<String>,
     pub ignore_eos: Option<bool>,
+    /// Prompt-lookup speculative decoding's draft length (0: off).
+    pub num_draft_tokens: Option<usize>,
 }
 
 /// The fields [`GenerationFields`] reads, snake_case.
@@ -426,7 +430,9 @@ pub const GENERATION_FIELDS: &[&str] = &[
     "logit_bias",
     "stop",
     "ignore_eos",
+    "num_draft_tokens",
 ];
+
 
 impl GenerationFields {
     /// Sets the given fields on `request`, leaving the others as they are (its defaults).
@@ -470,6 +476,9 @@ impl GenerationFields {
         }
         if let Some(b) = self.ignore_eos {
             request.ignore_eos = b;
+        }
+        if self.num_draft_tokens.is_some() {
+            request.num_draft_tokens = self.num_draft_tokens;
         }
     }
 }
@@ -523,6 +532,7 @@ fn generation_fields(f: &Fields) -> std::result::Result<GenerationFields, FieldE
     };
     let stop = parse_stop(f).map_err(at("stop"))?;
     let ignore_eos = f.bool("ignore_eos").map_err(at("ignore_eos"))?;
+    let num_draft_tokens = f.usize("num_draft_tokens", 0, MAX_DRAFT_TOKENS).map_err(at("num_draft_tokens"))?;
     Ok(GenerationFields {
         max_tokens,
         temperature,
@@ -537,6 +547,7 @@ fn generation_fields(f: &Fields) -> std::result::Result<GenerationFields, FieldE
         logit_bias,
         stop,
         ignore_eos,
+        num_draft_tokens,
     })
 }
 
@@ -844,6 +855,9 @@ pub fn parse_engine_options(v: &Value, spelling: Spelling) -> Result<EngineOptio
     m.memory_limit_bytes = f.usize("memory_limit_bytes", 1, u64::MAX)?;
     m.wired_limit_bytes = f.usize("wired_limit_bytes", 0, u64::MAX)?;
     (config.chat_template_kwargs, config.reasoning_budget) = reasoning_fields(&f)?;
+    if let Some(n) = f.usize("num_draft_tokens", 0, MAX_DRAFT_TOKENS)? {
+        config.num_draft_tokens = n;
+    }
     if let Some(v) = f.get("local_media") {
         config.local_media = LocalMedia::from_json(v, &f.name("local_media"))?;
     }
@@ -1279,4 +1293,16 @@ mod tests {
         assert_eq!(o.config.reasoning_budget, Some(0));
     }
 
+    #[test]
+    fn draft_token_counts_in_requests_and_engine_options() {
+        let r = parse_request(&json!({"prompt": "q", "numDraftTokens": 5}), Spelling::Camel).unwrap();
+        assert_eq!(r.num_draft_tokens, Some(5));
+        assert_eq!(parse_request(&json!({"prompt": "q"}), Spelling::Snake).unwrap().num_draft_tokens, None);
+        let e = parse_request(&json!({"prompt": "q", "num_draft_tokens": 65}), Spelling::Snake).unwrap_err().to_string();
+        assert!(e.contains("num_draft_tokens must be an integer in [0, 64], got 65"), "{e}");
+        let o = parse_engine_options(&json!({"num_draft_tokens": 4}), Spelling::Snake).unwrap();
+        assert_eq!(o.config.num_draft_tokens, 4);
+        assert_eq!(parse_engine_options(&json!({}), Spelling::Snake).unwrap().config.num_draft_tokens, 0);
+        assert!(parse_engine_options(&json!({"numDraftTokens": -1}), Spelling::Camel).is_err());
+    }
 }

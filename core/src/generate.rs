@@ -34,6 +34,8 @@ pub struct GenerateOptions {
     pub kv_quantization: Option<KvQuantization>,
     /// Pipelined (the default) or synchronous decode steps, as [`crate::engine::EngineConfig::decode`].
     pub decode: DecodeMode,
+    /// Prompt-lookup speculative decoding: draft up to this many tokens per step (0: off).
+    pub num_draft_tokens: usize,
 }
 
 impl Default for GenerateOptions {
@@ -47,6 +49,7 @@ impl Default for GenerateOptions {
             capture_first_logits: 0,
             kv_quantization: None,
             decode: DecodeMode::default(),
+            num_draft_tokens: 0,
         }
     }
 }
@@ -139,6 +142,7 @@ pub fn generate(
         prefill_step_size: opts.prefill_step_size,
         kv_quantization: opts.kv_quantization,
         decode: opts.decode,
+        num_draft_tokens: opts.num_draft_tokens,
     };
     let mut out = Generation::empty(prompt.len());
     let mut first_token_at: Option<Instant> = None;

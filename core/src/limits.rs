@@ -9,6 +9,10 @@ pub const MAX_TOP_LOGPROBS: usize = 20;
 /// The largest token id a request may name (ids are `u32`).
 pub const MAX_TOKEN_ID: u64 = u32::MAX as u64;
 
+/// The most draft tokens a speculative decoding step verifies per row (`num_draft_tokens`, in
+/// engine options and requests).
+pub const MAX_DRAFT_TOKENS: usize = 64;
+
 /// The most choices (`n`) one OpenAI request may ask for; a server also caps it at its batch.
 pub const MAX_CHOICES: usize = 16;
 

@@ -136,6 +136,11 @@ impl Sampler {
         Sampler { params, rng, recent: Vec::new() }
     }
 
+    /// The request's host RNG (speculative decoding's acceptance draws).
+    pub(crate) fn rng(&mut self) -> &mut StdRng {
+        &mut self.rng
+    }
+
     pub fn params(&self) -> &SamplingParams {
         &self.params
     }

@@ -85,6 +85,9 @@ pub struct LoadOptions {
     pub chat_template_kwargs: Option<bool>,
     /// Reasoning tokens allowed when a request names no `reasoningBudget` (default: unbounded).
     pub reasoning_budget: Option<u32>,
+    /// Prompt-lookup speculative decoding for requests that name no `numDraftTokens`: draft up
+    /// to this many tokens per step, 0 to 64 (default 0: off).
+    pub num_draft_tokens: Option<u32>,
     /// Hears about the model's download, on the JS thread, at most every ~100 ms per phase plus
     /// once when a phase starts and ends (nothing when the model is already on disk). The load
     /// waits for each call, so every report arrives before the promise settles.
@@ -224,6 +227,10 @@ pub struct GenerateOptions {
     /// Reasoning tokens the model may spend before its reasoning block is closed for it and the
     /// answer begins (`Chunk.reasoning`); default: the engine's, else unbounded.
     pub reasoning_budget: Option<u32>,
+    /// Prompt-lookup speculative decoding: draft up to this many tokens per step, 0 to 64 (0:
+    /// off); default: the engine's `numDraftTokens`. Greedy output is unchanged, sampled output
+    /// keeps its distribution.
+    pub num_draft_tokens: Option<u32>,
     /// Images for a model with a vision tower (`modelInfo.vision`), in prompt order: a file's
     /// bytes (`Uint8Array` / `Buffer`), a local file path or a `data:` URL. The prompt holds the
     /// model's image marker once per image (docs/node.md).
@@ -372,6 +379,9 @@ pub struct EngineStats {
     pub requests_finished: f64,
     /// Rows parked because their stream went unread (see `generate`).
     pub paused_rows: u32,
+    /// Speculative decoding (`numDraftTokens`): draft tokens verified and accepted.
+    pub draft_tokens: f64,
+    pub draft_tokens_accepted: f64,
 }
 
 #[napi(object)]
@@ -698,6 +708,8 @@ impl Engine {
             decode_steps: s.decode_steps as f64,
             requests_finished: s.requests_finished as f64,
             paused_rows: s.paused_rows as u32,
+            draft_tokens: s.draft_tokens as f64,
+            draft_tokens_accepted: s.draft_tokens_accepted as f64,
         })
     }
 

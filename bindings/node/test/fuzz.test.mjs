@@ -29,7 +29,7 @@ function random(seed) {
 }
 
 const LOAD_KEYS = ['model', 'maxBatch', 'promptConcurrency', 'prefillStepSize', 'kvBudgetBytes', 'promptCacheBytes', 'kvBits', 'kvGroupSize', 'quantizedKvStart']
-const GENERATE_KEYS = ['messages', 'prompt', 'promptIds', 'maxTokens', 'temperature', 'topP', 'topK', 'minP', 'repetitionPenalty', 'presencePenalty', 'frequencyPenalty', 'penaltyContext', 'logitBias', 'seed', 'stop', 'ignoreEos', 'signal']
+const GENERATE_KEYS = ['messages', 'prompt', 'promptIds', 'maxTokens', 'temperature', 'topP', 'topK', 'minP', 'repetitionPenalty', 'presencePenalty', 'frequencyPenalty', 'penaltyContext', 'logitBias', 'seed', 'stop', 'ignoreEos', 'numDraftTokens', 'signal']
 
 class Boom extends Error {}
 

@@ -72,6 +72,10 @@ pub struct ServeArgs {
     /// Prompt tokens per prefill chunk (decode steps of running rows interleave between chunks).
     #[arg(long, default_value_t = 2048)]
     pub prefill_step_size: usize,
+    /// Prompt-lookup speculative decoding for requests that do not set `num_draft_tokens`:
+    /// draft up to this many tokens per step (0 = off; mlx_lm.server's flag).
+    #[arg(long, default_value_t = 0)]
+    pub num_draft_tokens: usize,
     /// Default `max_tokens` for requests that do not set it.
     #[arg(long, default_value_t = 512)]
     pub max_tokens: usize,
@@ -320,6 +324,7 @@ pub fn run(args: ServeArgs, opts: &crate::options::Options) -> Result<()> {
         memory: args.memory.policy(),
         local_media: local_media_policy(&args.allowed_media_dirs)?,
         chat_template_kwargs: args.chat_template_args.clone().unwrap_or_default(),
+        num_draft_tokens: args.num_draft_tokens,
         // --chat-template goes with each request (Request::chat_template): it needs the
         // loaded tokenizer's special tokens.
         ..EngineConfig::default()

@@ -142,7 +142,7 @@ pub const OPENAI: Dialect = Dialect { fields: GENERATION_FIELDS, aliases: &[("pe
 
 /// Anthropic's messages: temperature, top_p, top_k, stop_sequences (and `ignore_eos`).
 pub const ANTHROPIC: Dialect = Dialect {
-    fields: &["max_tokens", "temperature", "top_p", "top_k", "stop", "ignore_eos"],
+    fields: &["max_tokens", "temperature", "top_p", "top_k", "stop", "ignore_eos", "num_draft_tokens"],
     aliases: &[("stop", "stop_sequences")],
 };
 
@@ -191,7 +191,7 @@ pub fn generation(
 /// OpenAI's Responses: `max_output_tokens`, temperature, top_p (and the extensions top_k,
 /// min_p, seed, ignore_eos, as on chat).
 pub const RESPONSES: Dialect =
-    Dialect { fields: &["max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "ignore_eos"], aliases: &[] };
+    Dialect { fields: &["max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "ignore_eos", "num_draft_tokens"], aliases: &[] };
 
 /// Reasoning tokens for each OpenAI `reasoning_effort` / Responses `reasoning.effort` (the
 /// budget after which the engine closes the model's reasoning itself); `none` turns thinking

@@ -155,6 +155,28 @@ impl BatchRows for BatchKvCache {
         let v = v.index((r..r + 1, .., lp..self.idx, ..)).contiguous()?;
         Ok(Box::new(KvCacheSingle::from_keys_values(k, v)))
     }
+
+    fn trims_rows(&self) -> bool {
+        true
+    }
+
+    /// The positions every row drops leave through `idx`; a row dropping more has its columns
+    /// rolled right by the difference (as [`RightPadding::finalize_padding`] does), the dropped
+    /// ones going past `idx` and the wrapped capacity columns becoming masked left padding.
+    fn trim_rows(&mut self, n: &[usize]) -> Result<()> {
+        super::check_padding_rows(n.len(), self.left_padding.len())?;
+        let shared = n.iter().copied().min().unwrap_or(0).min(self.idx as usize);
+        self.idx -= shared as i32;
+        let rest: Vec<i32> = n.iter().map(|&x| (x - shared) as i32).collect();
+        if rest.iter().any(|&x| x > self.idx) {
+            return Err(Error::Mlx(format!("trimming {n:?} positions from rows of a {}-column cache", self.idx + shared as i32)));
+        }
+        if rest.iter().any(|&x| x > 0) {
+            self.right_padding = Some(rest);
+            self.finalize_padding()?;
+        }
+        Ok(())
+    }
 }
 
 impl RightPadding for BatchKvCache {

@@ -101,6 +101,15 @@ pub trait BatchRows {
     fn filter_rows(&mut self, keep: &[usize]) -> Result<()>;
     /// Row `row` as a single-sequence cache.
     fn extract_row(&self, row: usize) -> Result<Box<dyn KvCache>>;
+    /// Whether [`BatchRows::trim_rows`] works on this kind (speculative decoding needs it; a
+    /// recurrent state or a ring cannot forget tokens, so those models do not speculate).
+    fn trims_rows(&self) -> bool {
+        false
+    }
+    /// Drops the last `n[b]` positions of each row `b` (rejected draft tokens).
+    fn trim_rows(&mut self, _n: &[usize]) -> Result<()> {
+        Err(Error::Unsupported("this cache cannot drop positions row by row".into()))
+    }
 }
 
 /// Right-padded batched prefill (mlx-lm's `prepare` / `finalize`): rows prefill together as one
@@ -237,6 +246,17 @@ pub fn extend_rows(dst: &mut dyn KvCache, other: Box<dyn KvCache>) -> Result<()>
 /// Keeps rows `keep` of every layer's batched cache.
 pub fn filter_rows(caches: &mut [Box<dyn KvCache>], keep: &[usize]) -> Result<()> {
     caches.iter_mut().try_for_each(|c| batch_of(c.as_mut())?.filter_rows(keep))
+}
+
+/// Drops the last `n[b]` positions of row `b` in every layer's batched cache.
+pub fn trim_rows(caches: &mut [Box<dyn KvCache>], n: &[usize]) -> Result<()> {
+    caches.iter_mut().try_for_each(|c| batch_of(c.as_mut())?.trim_rows(n))
+}
+
+/// Whether every cache of `fresh` (a model's `make_caches`) can drop positions row by row once
+/// batched ([`BatchRows::trim_rows`]).
+pub fn trims_rows(fresh: Vec<Box<dyn KvCache>>) -> bool {
+    fresh.into_iter().all(|c| c.into_batched().ok().and_then(|b| b.batch_rows_ref().map(|r| r.trims_rows())).unwrap_or(false))
 }
 
 /// Row `row` of every layer's batched cache, as single-sequence caches.

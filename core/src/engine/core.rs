@@ -33,6 +33,7 @@ impl EngineCore {
         let executor = Executor::new(model.model, model.tokenizer, config.prefill_step_size, config.prompt_cache_bytes)
             .with_kv_quantization(config.kv_quantization())
             .with_decode_mode(config.decode)
+            .with_speculation(config.num_draft_tokens)
             .with_faults(faults);
         EngineCore { scheduler: Scheduler::new(config), executor, constraints, faults, released_at_step: 0, idle_mark: None }
     }
@@ -205,6 +206,14 @@ impl EngineCore {
             decode_host_s: self.executor.timing.host.as_secs_f64(),
             decode_mask_compute_s: self.executor.timing.mask_compute.as_secs_f64(),
             decode_mask_wait_s: self.executor.timing.mask_wait.as_secs_f64(),
+            speculative_steps: self.executor.speculative_steps,
+            draft_tokens: self.executor.draft_tokens,
+            draft_tokens_accepted: self.executor.draft_tokens_accepted,
+            draft_acceptance_rate: match self.executor.draft_tokens {
+                0 => 0.0,
+                n => self.executor.draft_tokens_accepted as f64 / n as f64,
+            },
+            speculation_off: self.executor.speculation_off.clone(),
             mlx_active_bytes,
             mlx_cache_bytes,
             ranks: Vec::new(),

@@ -17,6 +17,9 @@
 //! masks while the forward runs, then mask and choose. Joins append rows after the in-flight
 //! ones and evictions filter the in-flight arrays too, so neither needs a flush.
 //! [`DecodeMode::Synchronous`] reads every step's tokens at once (the synchronous reference).
+//! With speculative decoding on ([`super::speculative`]), a step where some row has a
+//! prompt-lookup draft reads the step in flight and verifies every row's draft in one
+//! `[B, 1 + k]` forward instead ([`Executor::speculative_step`]).
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -32,6 +35,7 @@ use super::faults::Faults;
 use super::media::{self, RowMedia};
 use super::prompt_cache::PromptCache;
 use super::row::{Parked, Prefilling, Row};
+use super::speculative;
 use super::{Event, RequestId, Submission};
 use crate::cache::{self, KvCache, KvQuantization};
 use crate::prefill::{as_f32_slice, prefill};
@@ -110,6 +114,13 @@ pub(super) struct Executor<M: ModelHandle = Box<dyn LanguageModel>> {
     pub timing: StepTiming,
     pub tokens_generated: u64,
     pub finished: u64,
+    /// Draft length for rows whose request names none (0: no speculation).
+    num_draft_tokens: usize,
+    /// Why this model cannot speculate (`None`: it can).
+    pub speculation_off: Option<String>,
+    pub speculative_steps: u64,
+    pub draft_tokens: u64,
+    pub draft_tokens_accepted: u64,
 }
 
 impl<M: ModelHandle> Executor<M> {
@@ -120,6 +131,9 @@ impl<M: ModelHandle> Executor<M> {
         prompt_cache_bytes: u64,
     ) -> Self {
         let prefill_together = model.get().batched_prefill() && model.get().make_caches().iter().all(|c| c.batched_prefill());
+        let speculation_off = (!cache::trims_rows(model.get().make_caches())).then(|| {
+            "its caches cannot drop rejected draft positions (recurrent or sliding-window layers)".to_string()
+        });
         Executor {
             model,
             tokenizer,
@@ -138,6 +152,11 @@ impl<M: ModelHandle> Executor<M> {
             timing: StepTiming::default(),
             tokens_generated: 0,
             finished: 0,
+            num_draft_tokens: 0,
+            speculation_off,
+            speculative_steps: 0,
+            draft_tokens: 0,
+            draft_tokens_accepted: 0,
         }
     }
 
@@ -146,6 +165,9 @@ impl<M: ModelHandle> Executor<M> {
     pub fn with_kv_quantization(mut self, kv: Option<KvQuantization>) -> Self {
         // Quantized caches have no right-padded batched prefill (mlx-lm does not batch kv_bits).
         self.prefill_together &= kv.is_none();
+        if kv.is_some() {
+            self.speculation_off = Some("quantized KV caches cannot drop rejected draft positions".into());
+        }
         self.kv = kv;
         self
     }
@@ -153,6 +175,12 @@ impl<M: ModelHandle> Executor<M> {
     /// Schedules decode steps as `mode` says.
     pub fn with_decode_mode(mut self, mode: DecodeMode) -> Self {
         self.synchronous = mode == DecodeMode::Synchronous;
+        self
+    }
+
+    /// Rows whose request names no draft length draft up to `n` tokens a step (0: none).
+    pub fn with_speculation(mut self, n: usize) -> Self {
+        self.num_draft_tokens = n;
         self
     }
 
@@ -598,6 +626,22 @@ impl<M: ModelHandle> Executor<M> {
         if Faults::fire(&mut self.faults.step_panic_at_step, step) {
             panic!("injected fault: step-panic at decode step {step}");
         }
+        if self.batch.rows.iter().any(|r| self.draft_budget(r) > 0) {
+            // Drafts come from the rows' last tokens: read the step in flight first.
+            self.read_in_flight()?;
+            let drafts: Vec<Vec<u32>> = self
+                .batch
+                .rows
+                .iter()
+                .map(|r| speculative::lookup(&r.prompt, &r.generated, self.draft_budget(r)))
+                .collect();
+            if drafts.iter().any(|d| !d.is_empty()) {
+                return self.speculative_step(drafts);
+            }
+            if self.batch.is_empty() {
+                return Ok(());
+            }
+        }
         let started = Instant::now();
         let constrained = self.batch.rows.iter().any(Row::needs_host_choice);
         // With every last token on the host, constrained rows' masks start now, on a worker,
@@ -647,6 +691,113 @@ impl<M: ModelHandle> Executor<M> {
             self.read_in_flight()?;
         }
         Ok(())
+    }
+
+    /// How many draft tokens row `r` may verify this step: its (or the engine's) draft length,
+    /// within what `max_tokens` and the context leave after the step's own token.
+    fn draft_budget(&self, r: &Row) -> usize {
+        if self.speculation_off.is_some() || !r.speculates() {
+            return 0;
+        }
+        let k = r.num_draft_tokens.unwrap_or(self.num_draft_tokens);
+        k.min(r.max_tokens.saturating_sub(r.generated.len() + 1)).min(self.context_left(r))
+    }
+
+    /// One speculative step (every row's last token on the host): the rows' inputs then drafts,
+    /// right-padded to the longest, in one `[B, 1 + k]` forward. Rows without a draft take
+    /// their token from position 0 as a plain step would ([`choose`]: constraints, processors,
+    /// log-probabilities); rows with one keep the verified prefix of their draft and the token
+    /// after it ([`speculative`]). Each row's tokens go through `accept` one by one, so a stop
+    /// (id, string, `max_tokens`) inside a draft ends it exactly where plain decoding would;
+    /// positions past what a row kept leave its KV cache.
+    fn speculative_step(&mut self, drafts: Vec<Vec<u32>>) -> Result<()> {
+        let started = Instant::now();
+        let rows = self.batch.len();
+        let k = drafts.iter().map(Vec::len).max().unwrap_or(0);
+        let width = k + 1;
+        let mut input = Vec::with_capacity(rows * width);
+        for (r, d) in self.batch.rows.iter().zip(&drafts) {
+            input.push(r.next_input.ok_or_else(|| Error::Mlx("a decoding row has no input token".into()))?);
+            input.extend(d);
+            input.extend(std::iter::repeat_n(0, k - d.len()));
+        }
+        let inputs = Array::from_slice(&input, &[rows as i32, width as i32]);
+        let masks = self.batch.rows.iter().any(Row::needs_host_choice).then(|| PendingMasks::start(&mut self.batch.rows));
+        let caches = self.batch.caches_mut()?;
+        let logits = self.model.get().forward(&inputs, caches)?;
+        self.decode_steps += 1;
+        self.speculative_steps += 1;
+        for r in &mut self.batch.rows {
+            r.next_input = None;
+        }
+        if let Some(masks) = masks {
+            self.timing.mask_compute += masks.join(&mut self.batch.rows)?;
+        }
+        let (tokens, logprobs) = choose(&mut self.batch.rows, &logits.index((.., 0, ..)), None)?;
+        let argmax = Sampler::argmax(&logits)?.as_dtype(Dtype::Uint32)?;
+        let sampled: Vec<usize> =
+            (0..rows).filter(|&b| !drafts[b].is_empty() && self.batch.rows[b].sampler.params().temperature > 0.0).collect();
+        let sampled_lp = match sampled.is_empty() {
+            true => None,
+            false => {
+                let idx: Vec<i32> = sampled.iter().map(|&b| b as i32).collect();
+                let sub = logits.take_axis(&Array::from_slice(&idx, &[idx.len() as i32]), 0)?;
+                Some(Sampler::logprobs(&sub.as_dtype(Dtype::Float32)?)?)
+            }
+        };
+        self.timing.graph_build += started.elapsed();
+        let wait = Instant::now();
+        eval([&tokens, &argmax].into_iter().chain(logprobs.iter().flatten()).chain(sampled_lp.iter()))?;
+        self.timing.eval_wait += wait.elapsed();
+        let host = Instant::now();
+        let read = |a: &Array| a.try_as_slice::<u32>().map(<[u32]>::to_vec).map_err(|e| Error::Mlx(format!("reading tokens: {e}")));
+        let (tokens, argmax) = (read(&tokens)?, read(&argmax)?);
+        let sampled_lp = sampled_lp.as_ref().map(as_f32_slice).transpose()?;
+        let vocab = *logits.shape().last().unwrap_or(&0) as usize;
+        let mut batch = std::mem::take(&mut self.batch);
+        let mut trims = vec![0usize; rows];
+        let mut result = Ok(());
+        for b in 0..rows {
+            let draft = &drafts[b];
+            let (accepted, next) = if draft.is_empty() {
+                (0, tokens[b])
+            } else if let Some(s) = sampled.iter().position(|&x| x == b) {
+                let lp = sampled_lp.as_ref().expect("read with the sampled rows");
+                let row = &lp[s * width * vocab..(s + 1) * width * vocab];
+                let params = batch.rows[b].sampler.params().clone();
+                let probs: Vec<Vec<f32>> =
+                    (0..=draft.len()).map(|i| speculative::target_probs(&row[i * vocab..(i + 1) * vocab], &params)).collect();
+                speculative::accept_sampled(&probs, draft, batch.rows[b].sampler.rng())
+            } else {
+                let a = speculative::accept_greedy(&argmax[b * width..(b + 1) * width], draft);
+                (a, argmax[b * width + a])
+            };
+            self.draft_tokens += draft.len() as u64;
+            self.draft_tokens_accepted += accepted as u64;
+            let lp = match logprobs.get(b).and_then(Option::as_ref).map(as_f32_slice).transpose() {
+                Ok(lp) => lp,
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            };
+            let mut taken = 0;
+            for token in draft[..accepted].iter().copied().chain([next]) {
+                if batch.rows[b].finish.is_some() {
+                    break;
+                }
+                self.accept_at(&mut batch, b, token, lp);
+                taken += 1;
+            }
+            // The KV keeps the row's input and the accepted drafts it went on past (the last
+            // token taken is the next input, not yet forwarded).
+            trims[b] = width - (accepted + 1).min(taken.max(1));
+        }
+        let trimmed = result.and_then(|()| cache::trim_rows(batch.caches_mut()?, &trims));
+        self.batch = batch;
+        self.timing.host += host.elapsed();
+        trimmed?;
+        self.evict_finished()
     }
 
     /// Gives row `b` of `batch` its token; a row whose text handling fails is failed alone.

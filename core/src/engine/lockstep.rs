@@ -90,6 +90,9 @@ struct WireRequest {
     /// The row's reasoning: it gates the grammar and forces the block's end, so every rank must
     /// track it alike.
     reasoning: Option<ReasoningPlan>,
+    /// The request's speculative draft length (drafts come from its tokens, alike on every rank).
+    #[serde(default)]
+    num_draft_tokens: Option<usize>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -388,7 +391,7 @@ fn settings(core: &EngineCore) -> String {
     };
     format!(
         "max_batch {} prompt_concurrency {} prefill_step_size {} kv_budget {:?} prompt_cache {} kv_bits {:?} \
-         kv_group {} quantized_kv_start {}; model vocab {} kv_heads {} head_dim {}{layers}",
+         kv_group {} quantized_kv_start {} num_draft_tokens {}; model vocab {} kv_heads {} head_dim {}{layers}",
         c.max_batch,
         c.prompt_concurrency,
         c.prefill_step_size,
@@ -397,6 +400,7 @@ fn settings(core: &EngineCore) -> String {
         c.kv_bits,
         c.kv_group_size,
         c.quantized_kv_start,
+        c.num_draft_tokens,
         i.vocab_size,
         i.kv_heads,
         i.head_dim
@@ -442,6 +446,7 @@ fn wire(sub: &mut Submission) -> Result<WireRequest> {
         constraint: r.constraint.clone(),
         tools: r.tools.as_ref().map(|t| Tools { specs: Vec::new(), ..t.clone() }),
         reasoning: sub.reasoning,
+        num_draft_tokens: r.num_draft_tokens,
     })
 }
 
@@ -460,6 +465,7 @@ fn submission(
     request.ignore_eos = w.ignore_eos;
     request.capture_first_logits = w.capture_first_logits;
     request.logprobs = w.logprobs;
+    request.num_draft_tokens = w.num_draft_tokens;
     request.tools = w.tools;
     request.constraint = w.constraint;
     let constraint = match &request.constraint {

@@ -23,6 +23,7 @@ mod queue;
 mod row;
 mod scheduler;
 mod single;
+mod speculative;
 mod thinking;
 pub use single::{run_single, SingleRow};
 
@@ -59,13 +60,21 @@ use crate::{Error, Result};
 
 pub type RequestId = u64;
 
-use crate::limits::MAX_TOP_LOGPROBS;
+use crate::limits::{MAX_DRAFT_TOKENS, MAX_TOP_LOGPROBS};
 
 /// The one rule (and message) for a requested number of top alternatives; `key` names the
 /// field as the caller wrote it.
 pub fn check_top_logprobs(k: usize, key: &str) -> Result<()> {
     if k > MAX_TOP_LOGPROBS {
         return Err(Error::field(key, format!("{key} must be an integer in [0, {MAX_TOP_LOGPROBS}], got {k}")));
+    }
+    Ok(())
+}
+
+
+fn check_draft_tokens(n: usize) -> Result<()> {
+    if n > MAX_DRAFT_TOKENS {
+        return Err(Error::field("num_draft_tokens", format!("num_draft_tokens must be an integer in [0, {MAX_DRAFT_TOKENS}], got {n}")));
     }
     Ok(())
 }
@@ -122,6 +131,10 @@ pub struct Request {
     /// the answer begins ([`crate::reasoning`]); `None`: the engine's default
     /// ([`EngineConfig::reasoning_budget`]).
     pub reasoning_budget: Option<usize>,
+    /// Prompt-lookup speculative decoding: draft up to this many tokens per step
+    /// (mlx_lm.server's `num_draft_tokens`; 0 turns it off); `None`: the engine's default
+    /// ([`EngineConfig::num_draft_tokens`]).
+    pub num_draft_tokens: Option<usize>,
 }
 
 impl Request {
@@ -141,6 +154,7 @@ impl Request {
             chat_template: None,
             chat_template_kwargs: serde_json::Map::new(),
             reasoning_budget: None,
+            num_draft_tokens: None,
         }
     }
 }
@@ -306,6 +320,11 @@ pub struct EngineConfig {
     pub reasoning_budget: Option<usize>,
     /// Which local files requests may name as images / audio (default: any readable file).
     pub local_media: crate::vision::source::LocalMedia,
+    /// Prompt-lookup speculative decoding for requests that name no count: draft up to this
+    /// many tokens per step (0, the default, turns it off). Models whose caches cannot drop
+    /// rejected positions (recurrent layers, sliding-window rings, quantized KV) never
+    /// speculate ([`EngineStats::speculation_off`] says why).
+    pub num_draft_tokens: usize,
 }
 
 impl Default for EngineConfig {
@@ -327,6 +346,7 @@ impl Default for EngineConfig {
             chat_template_kwargs: serde_json::Map::new(),
             reasoning_budget: None,
             local_media: Default::default(),
+            num_draft_tokens: 0,
         }
     }
 }
@@ -341,6 +361,7 @@ impl EngineConfig {
         if self.kv_budget_bytes == Some(0) {
             return Err(Error::InvalidRequest("kv_budget_bytes must be positive when set".into()));
         }
+        check_draft_tokens(self.num_draft_tokens)?;
         if let Some(q) = self.kv_quantization() {
             q.validate(None)?;
         }
@@ -391,6 +412,15 @@ pub struct EngineStats {
     /// decode steps waited for them after submitting the forward (the part not overlapped).
     pub decode_mask_compute_s: f64,
     pub decode_mask_wait_s: f64,
+    /// Speculative decoding: verification steps run, draft tokens proposed and accepted, and
+    /// the acceptance rate (accepted / drafted, 0 before any draft).
+    pub speculative_steps: u64,
+    pub draft_tokens: u64,
+    pub draft_tokens_accepted: u64,
+    pub draft_acceptance_rate: f64,
+    /// Why this engine's model does not speculate (`None`: it can).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speculation_off: Option<String>,
     /// Bytes MLX has allocated now (weights, KV, activations) and holds in its buffer cache.
     pub mlx_active_bytes: u64,
     pub mlx_cache_bytes: u64,
@@ -696,6 +726,9 @@ pub fn check_request(
     info: &ModelInfo,
     config: &EngineConfig,
 ) -> Result<CheckedRequest> {
+    if let Some(n) = request.num_draft_tokens {
+        check_draft_tokens(n)?;
+    }
     let need_tokenizer = || {
         tokenizer.ok_or_else(|| Error::InvalidRequest("this model has no tokenizer; send token ids".into()))
     };

@@ -84,6 +84,8 @@ pub(super) struct Row {
     pub(super) media: RowMedia,
     /// The prompt as the prompt cache names it, when it has images ([`super::media::cache_key`]).
     pub(super) cache_key: Option<Vec<u32>>,
+    /// The request's draft length for speculative decoding (`None`: the engine's).
+    pub(super) num_draft_tokens: Option<usize>,
 }
 
 impl Row {
@@ -220,6 +222,17 @@ impl Row {
         self.constraint.is_some() || self.reasoning.as_ref().is_some_and(RowReasoning::needs_host_choice)
     }
 
+    /// Whether this row may take a speculative draft: its tokens depend only on the logits
+    /// (no grammar, reasoning budget, history-dependent processors or media), and it reports
+    /// no log-probabilities (a rejected position's would be wrong to report).
+    pub(super) fn speculates(&self) -> bool {
+        self.finish.is_none()
+            && self.logprobs.is_none()
+            && !self.needs_host_choice()
+            && !self.sampler.params().has_processors()
+            && self.media.is_empty()
+    }
+
     /// The request's constraint is in force for the next token (not waiting out the reasoning).
     pub(super) fn constraint_active(&self) -> bool {
         self.constraint.is_some() && !self.reasoning.as_ref().is_some_and(RowReasoning::is_open)
@@ -284,6 +297,7 @@ impl Row {
             prompt,
             media: RowMedia::default(),
             cache_key: None,
+            num_draft_tokens: request.num_draft_tokens,
         }
     }
 

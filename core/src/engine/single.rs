@@ -23,6 +23,8 @@ pub struct SingleRow<'a> {
     pub prefill_step_size: usize,
     pub kv_quantization: Option<KvQuantization>,
     pub decode: DecodeMode,
+    /// Prompt-lookup speculative decoding's draft length (0: off).
+    pub num_draft_tokens: usize,
 }
 
 /// Runs `row` as the only row of an executor over the borrowed model, on the caller's thread.
@@ -36,10 +38,11 @@ pub fn run_single(
     mut on_event: impl FnMut(Event) -> bool,
 ) -> Result<()> {
     const ID: u64 = 1;
-    let SingleRow { prompt, request, stop_token_ids, prefill_step_size, kv_quantization, decode } = row;
+    let SingleRow { prompt, request, stop_token_ids, prefill_step_size, kv_quantization, decode, num_draft_tokens } = row;
     let mut executor = Executor::new(model, tokenizer.cloned(), prefill_step_size, 0)
         .with_kv_quantization(kv_quantization)
-        .with_decode_mode(decode);
+        .with_decode_mode(decode)
+        .with_speculation(num_draft_tokens);
     let events: Arc<Mutex<Vec<Event>>> = Arc::default();
     let sink_events = Arc::clone(&events);
     let sub = Submission {

@@ -50,6 +50,9 @@ public final class Engine: Sendable {
         public var memoryLimitBytes: UInt64?
         /// Memory MLX may keep wired on Apple GPUs; `nil` = MLX's default.
         public var wiredLimitBytes: UInt64?
+        /// Prompt-lookup speculative decoding for requests that name no `numDraftTokens`: draft
+        /// up to this many tokens per step, 0 to 64 (0 = off).
+        public var numDraftTokens: Int
 
         public init(
             model: String? = nil,
@@ -66,7 +69,8 @@ public final class Engine: Sendable {
             cacheLimitBytes: UInt64? = nil,
             clearCacheEverySteps: Int? = nil,
             memoryLimitBytes: UInt64? = nil,
-            wiredLimitBytes: UInt64? = nil
+            wiredLimitBytes: UInt64? = nil,
+            numDraftTokens: Int = 0
         ) {
             self.model = model
             self.cpuKernels = cpuKernels
@@ -83,6 +87,7 @@ public final class Engine: Sendable {
             self.clearCacheEverySteps = clearCacheEverySteps
             self.memoryLimitBytes = memoryLimitBytes
             self.wiredLimitBytes = wiredLimitBytes
+            self.numDraftTokens = numDraftTokens
         }
 
         /// The options as the request contract's camelCase fields (checked on the Rust side).
@@ -94,6 +99,7 @@ public final class Engine: Sendable {
                 "promptCacheBytes": promptCacheBytes,
                 "kvGroupSize": kvGroupSize,
                 "quantizedKvStart": quantizedKvStart,
+                "numDraftTokens": numDraftTokens,
             ]
             o["model"] = model
             o["cpuKernels"] = cpuKernels
@@ -395,6 +401,7 @@ extension GenerateOptions {
             o["chatTemplateKwargs"] = ContractJSON.parsed(chatTemplateKwargs)
         }
         o["reasoningBudget"] = reasoningBudget
+        o["numDraftTokens"] = numDraftTokens
         if !images.isEmpty { o["images"] = images.map(\.contractValue) }
         if !audio.isEmpty { o["audio"] = audio.map(\.contractValue) }
         return o

@@ -190,6 +190,9 @@ public struct GenerateOptions: Sendable {
     /// Reasoning tokens the model may spend before its reasoning block is closed for it and the
     /// answer begins (`Chunk.reasoning`); nil: unbounded.
     public var reasoningBudget: Int?
+    /// Prompt-lookup speculative decoding: draft up to this many tokens per step, 0 to 64 (0:
+    /// off); nil: the engine's `numDraftTokens`.
+    public var numDraftTokens: Int?
 
     public init(
         maxTokens: Int = 256,
@@ -214,7 +217,8 @@ public struct GenerateOptions: Sendable {
         images: [MediaInput] = [],
         audio: [MediaInput] = [],
         chatTemplateKwargs: String = "",
-        reasoningBudget: Int? = nil
+        reasoningBudget: Int? = nil,
+        numDraftTokens: Int? = nil
     ) {
         self.maxTokens = maxTokens
         self.temperature = temperature
@@ -239,6 +243,7 @@ public struct GenerateOptions: Sendable {
         self.audio = audio
         self.chatTemplateKwargs = chatTemplateKwargs
         self.reasoningBudget = reasoningBudget
+        self.numDraftTokens = numDraftTokens
     }
 }
 
