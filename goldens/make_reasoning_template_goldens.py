@@ -73,6 +73,23 @@ CONVERSATIONS = [
             {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": '{"temp": 21.5}'},
         ],
     ),
+    (
+        "parallel tool calls",
+        [WEATHER],
+        [
+            USER,
+            {
+                "role": "assistant",
+                "content": "Checking both.",
+                "tool_calls": [
+                    call("call_1", "get_weather", {"city": "Paris", "days": 2}),
+                    call("call_2", "get_weather", {"city": "Oslo\nNorway <&>"}),
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "sunny"},
+            {"role": "tool", "tool_call_id": "call_2", "name": "get_weather", "content": "rain"},
+        ],
+    ),
 ]
 # chat_template_kwargs: unset, thinking on, thinking off.
 KWARGS = [("default", {}), ("thinking on", {"enable_thinking": True, "thinking": True}), ("thinking off", {"enable_thinking": False, "thinking": False})]

@@ -123,7 +123,7 @@ impl TemplateTools {
             }
         } else if source.contains("<function name=") && source.contains("<param name=") {
             TemplateTools::Native(ToolFormat::MiniCpm5)
-        } else if source.contains("<|tool_call_start|>") {
+        } else if source.contains("<|tool_call_start|>") || source.contains("<|tool_list_start|>") {
             TemplateTools::Native(ToolFormat::Pythonic)
         } else if source.contains("<tool_call>") && source.contains("<arg_key>") {
             TemplateTools::Native(ToolFormat::Glm)
