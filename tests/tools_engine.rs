@@ -877,3 +877,28 @@ fn glm_calls_after_a_budgeted_think_block() {
     assert_eq!(out.finish, Some(FinishReason::ToolCalls), "{raw:?}");
     assert_forecast_call(&out.calls[0], "glm after thinking");
 }
+
+#[test]
+fn a_spent_budget_closes_harmonys_analysis_channel() {
+    let family = FAMILIES.iter().find(|f| f.format == ToolFormat::Harmony).unwrap();
+    let (engine, tok, _dir) = family_engine(family);
+    // A named call whose grammar lets an analysis message come first; `<|channel|>` and `a`
+    // favoured, so the model takes the analysis channel and writes on in it until the budget
+    // closes it.
+    let named = json!({"type": "function", "function": {"name": "get_forecast"}});
+    let mut request = Request { tools: Some(strict_forecast_tools(named)), reasoning_budget: Some(3), ..qwen35_chat(120, None) };
+    request.sampling.logit_bias = vec![(tok.encode("a", false).unwrap()[0], 100.0), (tok.token_to_id("<|channel|>").unwrap(), 100.0)];
+    let out = stream(&engine, request);
+    let raw = tok.decode(&out.tokens, false).unwrap();
+    let message = tok.token_to_id("<|message|>").unwrap();
+    let end = tok.token_to_id("<|end|>").unwrap();
+    let at = out.tokens.iter().position(|&t| t == message).unwrap_or_else(|| panic!("{raw:?}"));
+    assert!(raw.starts_with("<|channel|>analysis<|message|>"), "{raw:?}");
+    assert_eq!(out.tokens[at + 3], end, "three tokens of the block (its header's <|message|> first), then the forced end: {raw:?}");
+    assert_eq!(out.reasoning_tokens, 4, "{raw:?}");
+    assert_eq!(out.reasoning, tok.decode(&out.tokens[at + 1..at + 3], false).unwrap());
+    assert!(raw.contains("<|end|><|start|>assistant<|channel|>commentary to=functions.get_forecast <|constrain|>json<|message|>"), "{raw:?}");
+    assert_eq!(out.finish, Some(FinishReason::ToolCalls), "{raw:?}");
+    assert_forecast_call(&out.calls[0], "harmony after a budgeted analysis");
+    assert_eq!(out.text.trim(), "");
+}
