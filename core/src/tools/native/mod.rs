@@ -3,19 +3,20 @@
 //! output (the family's markers), holds back what may be the start of a marker, and turns each
 //! region into [`ToolDelta`]s:
 //!
-//! - [`qwen3_coder`]: `<tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>…`
-//!   (Qwen3-Coder, Qwen3.5 / 3.6), delivered parameter by parameter.
-//! - [`gemma4`]: `<|tool_call>call:NAME{key:VALUE,…}<tool_call|>` (Gemma 4).
-//! - [`minicpm5`]: `<function name="NAME"><param name="P">VALUE</param></function>` (MiniCPM5).
-//! - [`glm`]: `<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>…</tool_call>`
-//!   (GLM 4.5 – 4.7).
-//! - [`kimi`]: `<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX
-//!   <|tool_call_argument_begin|>{JSON}<|tool_call_end|>…<|tool_calls_section_end|>` (Kimi K2).
-//! - [`deepseek`]: `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{JSON}
-//!   <｜tool▁call▁end｜>…<｜tool▁calls▁end｜>` (DeepSeek V3.1).
-//! - [`pythonic`]: `<|tool_call_start|>[f(a=1, b="x"), g()]<|tool_call_end|>` (LFM2 / LFM2.5).
-//! - [`harmony`]: `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{JSON}
-//!   <|call|>` (gpt-oss; the reasoning splitter passes call messages through as text).
+//! - Qwen3-Coder XML, Qwen3.5 / 3.6 ([`qwen3_coder`]): `<tool_call>\n<function=NAME>\n
+//!   <parameter=P>\nVALUE\n</parameter>…`, delivered parameter by parameter.
+//! - Gemma 4 ([`gemma4`]): `<|tool_call>call:NAME{key:VALUE,…}<tool_call|>`.
+//! - MiniCPM5 ([`minicpm5`]): `<function name="NAME"><param name="P">VALUE</param></function>`.
+//! - GLM 4.5 – 4.7 ([`glm`]): `<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>…
+//!   </tool_call>`.
+//! - Kimi K2 ([`kimi`]): `<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX
+//!   <|tool_call_argument_begin|>{JSON}<|tool_call_end|>…<|tool_calls_section_end|>`.
+//! - DeepSeek V3.1 ([`deepseek`]): `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>
+//!   {JSON}<｜tool▁call▁end｜>…<｜tool▁calls▁end｜>`.
+//! - pythonic, LFM2 / LFM2.5 ([`pythonic`]): `<|tool_call_start|>[f(a=1, b="x"), g()]
+//!   <|tool_call_end|>`.
+//! - gpt-oss harmony ([`harmony`]): `<|channel|>commentary to=functions.NAME <|constrain|>json
+//!   <|message|>{JSON}<|call|>` (the reasoning splitter passes call messages on as text).
 //!
 //! Values are typed by the tool's JSON schema where the syntax writes them as text (an integer
 //! parameter's `1` is the number 1, a string parameter's `1` the string "1"). Arguments come out
