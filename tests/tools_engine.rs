@@ -902,3 +902,86 @@ fn a_spent_budget_closes_harmonys_analysis_channel() {
     assert_forecast_call(&out.calls[0], "harmony after a budgeted analysis");
     assert_eq!(out.text.trim(), "");
 }
+
+#[test]
+fn native_family_grammars_take_parallel_calls_and_auto_openers_in_their_own_syntax() {
+    // (family, required: the text after the prompt's opening; auto: the text after the opener)
+    let cases: [(ToolFormat, &str, &str); 6] = [
+        (
+            ToolFormat::MiniCpm5,
+            "get_forecast\"><param name=\"city\">Oslo</param><param name=\"metric\">false</param><param name=\"note\"><![CDATA[a <b>\nc]]></param>\
+             <param name=\"days\">3</param></function>\n<function name=\"get_forecast\"><param name=\"city\">Paris</param><param name=\"metric\">true</param></function>",
+            "\"get_forecast\"><param name=\"city\">Oslo</param><param name=\"metric\">false</param></function>",
+        ),
+        (
+            ToolFormat::Glm,
+            "get_forecast<arg_key>city</arg_key><arg_value>Oslo</arg_value><arg_key>metric</arg_key><arg_value>false</arg_value>\
+             <arg_key>note</arg_key><arg_value>line one\nline two</arg_value></tool_call><tool_call>get_forecast<arg_key>city</arg_key>\
+             <arg_value>Paris</arg_value><arg_key>metric</arg_key><arg_value>true</arg_value></tool_call>",
+            "get_forecast<arg_key>city</arg_key><arg_value>Oslo</arg_value><arg_key>metric</arg_key><arg_value>false</arg_value></tool_call>",
+        ),
+        (
+            ToolFormat::KimiK2,
+            "get_forecast:0<|tool_call_argument_begin|>{\"city\": \"Oslo\", \"metric\": false, \"days\": 3}<|tool_call_end|>\
+             <|tool_call_begin|>functions.get_forecast:1<|tool_call_argument_begin|>{\"city\": \"Paris\", \"metric\": true}<|tool_call_end|><|tool_calls_section_end|>",
+            "<|tool_call_begin|>functions.get_forecast:0<|tool_call_argument_begin|>{\"city\": \"Oslo\", \"metric\": false}<|tool_call_end|><|tool_calls_section_end|>",
+        ),
+        (
+            ToolFormat::DeepSeekV31,
+            "get_forecast<｜tool▁sep｜>{\"city\": \"Oslo\", \"metric\": false}<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_forecast<｜tool▁sep｜>\
+             {\"city\": \"Paris\", \"metric\": true}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+            "<｜tool▁call▁begin｜>get_forecast<｜tool▁sep｜>{\"city\": \"Oslo\", \"metric\": false}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+        ),
+        (
+            ToolFormat::Pythonic,
+            "get_forecast(city=\"Oslo\", metric=False, days=3, hours=[1, 2]), get_forecast(city=\"Paris\", metric=True)]<|tool_call_end|>",
+            "[get_forecast(city=\"Oslo\", metric=False)]<|tool_call_end|>",
+        ),
+        (
+            ToolFormat::Harmony,
+            "<|channel|>analysis<|message|>Need the forecast.<|end|><|start|>assistant<|channel|>commentary to=functions.get_forecast \
+             <|constrain|>json<|message|>{\"city\": \"Oslo\", \"metric\": false}<|call|>",
+            "",
+        ),
+    ];
+    for (format, required, auto) in cases {
+        let family = FAMILIES.iter().find(|f| f.format == format).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let tok = support::family_tokenizer(dir.path(), family.template, family.special);
+        let special = |m: &str| tok.token_to_id(m);
+        let compile = |choice: serde_json::Value| {
+            let mut tools = typed_tools(choice, format);
+            // As rendering decides it: harmony's grammar writes the call's header.
+            tools.opening_in_prompt = format != ToolFormat::Harmony;
+            let grammar = tools.grammar(&special).expect("a grammar");
+            constrain::ConstraintFactoryCell::default().compile(&grammar, &tok).unwrap()
+        };
+        let mut c = compile(json!("required"));
+        feed(&mut c, &tok, required);
+        assert!(c.is_accepting(), "{format:?}: two calls in its own syntax");
+        // A foreign (Hermes JSON) call is refused.
+        let mut c = compile(json!("required"));
+        let t = tok.encode("{\"name\"", false).unwrap()[0];
+        c.prepare_mask().unwrap();
+        assert!(!c.allows(t), "{format:?}: JSON call allowed");
+        if format == ToolFormat::Harmony {
+            assert!(typed_tools(json!("auto"), format).grammar(&special).is_none(), "harmony's auto calls are parsed, not constrained");
+            continue;
+        }
+        let mut c = compile(json!("auto"));
+        feed_free(&mut c, &tok, "Let me check.");
+        let trigger = match format {
+            ToolFormat::MiniCpm5 => "<function name=",
+            ToolFormat::Glm => "<tool_call>",
+            ToolFormat::KimiK2 => "<|tool_calls_section_begin|>",
+            ToolFormat::DeepSeekV31 => "<｜tool▁calls▁begin｜>",
+            _ => "<|tool_call_start|>",
+        };
+        for t in tok.encode(trigger, false).unwrap() {
+            c.commit(t).unwrap();
+        }
+        assert!(!c.is_waiting(), "{format:?}: the opener switched the grammar on");
+        feed(&mut c, &tok, auto);
+        assert!(c.is_accepting(), "{format:?}: auto");
+    }
+}
