@@ -18,6 +18,8 @@ from datetime import datetime
 from pathlib import Path
 
 import transformers
+from jinja2.sandbox import SandboxedEnvironment
+from transformers.utils import chat_template_utils
 from transformers.utils.chat_template_utils import render_jinja_template
 
 HERE = Path(__file__).resolve().parent
@@ -95,6 +97,20 @@ CONVERSATIONS = [
 KWARGS = [("default", {}), ("thinking on", {"enable_thinking": True, "thinking": True}), ("thinking off", {"enable_thinking": False, "thinking": False})]
 
 
+def render_mutable(source, messages, tools, kwargs):
+    """transformers' renderer with jinja2's mutable sandbox in place of the immutable one."""
+    immutable = chat_template_utils.ImmutableSandboxedEnvironment
+    chat_template_utils.ImmutableSandboxedEnvironment = SandboxedEnvironment
+    chat_template_utils._compile_jinja_template.cache_clear()
+    try:
+        rendered, _ = render_jinja_template(conversations=[messages], tools=tools, chat_template=source,
+                                            add_generation_prompt=True, bos_token="<s>", eos_token="</s>", **kwargs)
+        return rendered[0]
+    finally:
+        chat_template_utils.ImmutableSandboxedEnvironment = immutable
+        chat_template_utils._compile_jinja_template.cache_clear()
+
+
 def main():
     cases = []
     templates = {}
@@ -118,6 +134,10 @@ def main():
                     case["text"] = rendered[0].replace(datetime.now().strftime("%Y-%m-%d"), "<<TODAY>>")
                 except Exception as e:  # the template's own raise_exception, or a Jinja error
                     case["error"] = f"{type(e).__name__}: {e}"
+                    if "SecurityError" in case["error"]:
+                        # Kimi K2's templates `append` to a list (tool history), which the
+                        # immutable sandbox refuses: the same renderer with a mutable sandbox.
+                        case["text_mutable_sandbox"] = render_mutable(source, messages, tools, kwargs)
                 cases.append(case)
     out = {"transformers_version": transformers.__version__, "templates": templates, "cases": cases}
     OUT.write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")

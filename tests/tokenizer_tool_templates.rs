@@ -118,22 +118,22 @@ fn reasoning_templates_match_transformers_with_chat_template_kwargs() {
         let tools: Option<Vec<Value>> = case["tools"].as_array().cloned();
         let kwargs = case["kwargs"].as_object().unwrap();
         let rendered = t.render_with_kwargs(&messages(&case["messages"]), tools.as_deref(), true, kwargs);
-        match case["text"].as_str() {
+        // transformers' immutable sandbox refuses `list.append`, which Kimi K2's templates use
+        // for tool history: there the golden is the same renderer with a mutable sandbox.
+        match case["text"].as_str().or(case["text_mutable_sandbox"].as_str()) {
             Some(text) => {
                 let rendered = rendered.unwrap_or_else(|e| panic!("{name} / {}: {e}", case["title"]));
                 let rendered = rendered.replace(&today, "<<TODAY>>");
                 assert_eq!(rendered, text, "{name} / {}", case["title"]);
                 compared += 1;
             }
-            // transformers' sandbox refuses `list.append`, which Kimi K2's template uses for tool
-            // history; nothing to compare with there.
             None => raised.push(format!("{name} / {}", case["title"].as_str().unwrap())),
         }
     }
-    assert_eq!(compared, 189);
-    // (And Llama 3.2's template refuses more than one call in a turn.)
-    let expected = ["Kimi-K2-Thinking / tool call history", "Kimi-K2-Thinking / parallel", "meta-llama-Llama-3.2-3B-Instruct / parallel"];
-    assert!(raised.iter().all(|r| expected.iter().any(|e| r.starts_with(e))), "{raised:?}");
+    assert_eq!(compared, 231);
+    // Llama 3.2's template refuses more than one call in a turn (so does Weft's rendering).
+    assert_eq!(raised.len(), 3, "{raised:?}");
+    assert!(raised.iter().all(|r| r.starts_with("meta-llama-Llama-3.2-3B-Instruct / parallel")), "{raised:?}");
     // Thinking off changes what Qwen3.5 renders: the think block is closed in the prompt.
     let qwen = g["cases"].as_array().unwrap().iter().filter(|c| c["template"] == "Qwen3.5-4B" && c["title"].as_str().unwrap().starts_with("one user turn"));
     let ends: Vec<&str> = qwen.map(|c| c["text"].as_str().unwrap()).collect();
@@ -150,7 +150,9 @@ fn real_templates_name_their_native_call_syntax() {
         ("meta-llama-Llama-3.2-3B-Instruct.jinja", TemplateTools::Native(ToolFormat::Llama3Json)),
         ("openbmb-MiniCPM5-1B.jinja", TemplateTools::Native(ToolFormat::MiniCpm5)),
         ("GLM-4.7-Flash.jinja", TemplateTools::Native(ToolFormat::Glm)),
+        ("GLM-4.6.jinja", TemplateTools::Native(ToolFormat::Glm)),
         ("Kimi-K2-Thinking.jinja", TemplateTools::Native(ToolFormat::KimiK2)),
+        ("Kimi-K2-Instruct.jinja", TemplateTools::Native(ToolFormat::KimiK2)),
         ("deepseek-ai-DeepSeek-V3.1.jinja", TemplateTools::Native(ToolFormat::DeepSeekV31)),
         ("LFM2.5-8B-A1B.jinja", TemplateTools::Native(ToolFormat::Pythonic)),
         ("openai-gpt-oss-120b.jinja", TemplateTools::Native(ToolFormat::Harmony)),
