@@ -362,6 +362,32 @@ mod tests {
             TemplateTools::Native(ToolFormat::Llama3Json)
         );
         assert_eq!(TemplateTools::detect("{% if tools %}<function>{% endif %}"), TemplateTools::Unknown);
+        // DeepSeek R1's `function<｜tool▁sep｜>NAME` + fenced JSON is not V3.1's syntax.
+        let r1 = "{% if tools %}<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>{{ name }}\n```json\n{% endif %}";
+        assert_eq!(TemplateTools::detect(r1), TemplateTools::Unknown);
+        // LFM2's template names its tool-list markers only.
+        let lfm2 = "{% if tools %}List of tools: <|tool_list_start|>[{% endif %}";
+        assert_eq!(TemplateTools::detect(lfm2), TemplateTools::Native(ToolFormat::Pythonic));
+    }
+
+    #[test]
+    fn forced_openings_follow_each_native_layout() {
+        let named = ToolChoice::Function("f".into());
+        let cases = [
+            (ToolFormat::MiniCpm5, "<function name=\"", "<function name=\"f\">"),
+            (ToolFormat::Glm, "<tool_call>", "<tool_call>f"),
+            (ToolFormat::KimiK2, "<|tool_calls_section_begin|><|tool_call_begin|>functions.", "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:"),
+            (ToolFormat::DeepSeekV31, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>"),
+            (ToolFormat::Pythonic, "<|tool_call_start|>[", "<|tool_call_start|>[f("),
+            (ToolFormat::Harmony, "<|channel|>commentary to=functions.", "<|channel|>commentary to=functions.f <|constrain|>json<|message|>"),
+            (ToolFormat::Qwen3Coder, "<tool_call>\n<function=", "<tool_call>\n<function=f>\n"),
+            (ToolFormat::Gemma4, "<|tool_call>call:", "<|tool_call>call:f{"),
+        ];
+        for (format, required, function) in cases {
+            assert_eq!(forced_opening(&ToolChoice::Required, format), required, "{format:?}");
+            assert_eq!(forced_opening(&named, format), function, "{format:?}");
+            assert_eq!(ToolFormat::from_name(format.name()), Some(format));
+        }
     }
 
     #[test]
