@@ -965,7 +965,21 @@ fn native_family_grammars_take_parallel_calls_and_auto_openers_in_their_own_synt
         c.prepare_mask().unwrap();
         assert!(!c.allows(t), "{format:?}: JSON call allowed");
         if format == ToolFormat::Harmony {
-            assert!(typed_tools(json!("auto"), format).grammar(&special).is_none(), "harmony's auto calls are parsed, not constrained");
+            // Auto: free reasoning and text, then from the recipient on a call, with the recipient
+            // in the channel header or (as history writes it) in the role header.
+            for (before, after) in [
+                ("<|channel|>analysis<|message|>Let me check.<|end|><|start|>assistant<|channel|>commentary ", "get_forecast <|constrain|>json"),
+                ("<|channel|>analysis<|message|>Let me check.<|end|><|start|>assistant ", "get_forecast<|channel|>commentary json"),
+            ] {
+                let mut c = compile(json!("auto"));
+                feed_free(&mut c, &tok, before);
+                for t in tok.encode("to=functions.", false).unwrap() {
+                    c.commit(t).unwrap();
+                }
+                assert!(!c.is_waiting(), "harmony: the recipient switched the grammar on");
+                feed(&mut c, &tok, &format!("{after}<|message|>{{\"city\": \"Oslo\", \"metric\": false}}<|call|>"));
+                assert!(c.is_accepting(), "harmony auto: {after}");
+            }
             continue;
         }
         let mut c = compile(json!("auto"));

@@ -236,7 +236,23 @@ impl Tools {
                 ToolFormat::Hermes | ToolFormat::Llama3Json | ToolFormat::Mistral => return None,
             };
             rules.push(format!("body{i}: {body} {call_end}"));
-            rules.push(format!("fn{i}: {} body{i}", written(&format!("{}{}", spec.name, shape.name_end), special)));
+            let name = match (format, &self.choice) {
+                // Unforced, the recipient may also come in the role header
+                // (`to=functions.NAME<|channel|>commentary json`).
+                (ToolFormat::Harmony, ToolChoice::Auto) => format!("{} hhead", literal(&spec.name)),
+                _ => written(&format!("{}{}", spec.name, shape.name_end), special),
+            };
+            rules.push(format!("fn{i}: {name} body{i}"));
+        }
+        if format == ToolFormat::Harmony && self.choice == ToolChoice::Auto {
+            rules.push(format!(
+                "hhead: {} | {} {}? {} {}",
+                written(shape.name_end, special),
+                written("<|channel|>commentary ", special),
+                marker("<|constrain|>", special),
+                literal("json"),
+                marker("<|message|>", special)
+            ));
         }
         let alternatives: Vec<String> = (0..self.specs.len()).map(|i| format!("fn{i}")).collect();
         rules.push(format!("named: {}", alternatives.join(" | ")));
@@ -268,7 +284,7 @@ impl Tools {
             ToolChoice::Auto => {
                 let trigger = shape.trigger?;
                 let after = format!("{}{}", shape.list_open, shape.call_open);
-                let after = after.strip_prefix(trigger).unwrap_or(&after);
+                let after = after.find(trigger).map_or(after.as_str(), |i| &after[i + trigger.len()..]);
                 let after = if after.is_empty() { String::new() } else { format!("{} ", written(after, special)) };
                 format!("start: {after}named{more}{close}")
             }
@@ -473,8 +489,8 @@ pub(super) struct Shape {
     pub name_end: &'static str,
     /// Grammar text between parallel calls; `None`: one call per turn.
     pub between: Option<&'static str>,
-    /// What switches an `auto` grammar on (the start of `list_open + call_open`); `None`: calls
-    /// in `auto` are parsed, not constrained.
+    /// What switches an `auto` grammar on (in `list_open + call_open`: the grammar starts after
+    /// it).
     pub trigger: Option<&'static str>,
 }
 
@@ -497,7 +513,8 @@ pub(super) fn shape(format: ToolFormat) -> Option<Shape> {
             s("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", Some(""), Some("<｜tool▁calls▁begin｜>"))
         }
         ToolFormat::Pythonic => s("<|tool_call_start|>[", "]<|tool_call_end|>", "", "(", Some("\", \" "), Some("<|tool_call_start|>")),
-        ToolFormat::Harmony => s("", "", "<|channel|>commentary to=functions.", " <|constrain|>json<|message|>", None, None),
+        // `auto`: from the recipient on, whichever header the model writes it in.
+        ToolFormat::Harmony => s("", "", "<|channel|>commentary to=functions.", " <|constrain|>json<|message|>", None, Some("to=functions.")),
         ToolFormat::Hermes | ToolFormat::Llama3Json | ToolFormat::Mistral => return None,
     })
 }
