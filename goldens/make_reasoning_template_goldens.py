@@ -18,6 +18,8 @@ from datetime import datetime
 from pathlib import Path
 
 import transformers
+from jinja2.sandbox import SandboxedEnvironment
+from transformers.utils import chat_template_utils
 from transformers.utils.chat_template_utils import render_jinja_template
 
 HERE = Path(__file__).resolve().parent
@@ -73,9 +75,40 @@ CONVERSATIONS = [
             {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": '{"temp": 21.5}'},
         ],
     ),
+    (
+        "parallel tool calls",
+        [WEATHER],
+        [
+            USER,
+            {
+                "role": "assistant",
+                "content": "Checking both.",
+                "tool_calls": [
+                    call("call_1", "get_weather", {"city": "Paris", "days": 2}),
+                    call("call_2", "get_weather", {"city": "Oslo\nNorway <&>"}),
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "sunny"},
+            {"role": "tool", "tool_call_id": "call_2", "name": "get_weather", "content": "rain"},
+        ],
+    ),
 ]
 # chat_template_kwargs: unset, thinking on, thinking off.
 KWARGS = [("default", {}), ("thinking on", {"enable_thinking": True, "thinking": True}), ("thinking off", {"enable_thinking": False, "thinking": False})]
+
+
+def render_mutable(source, messages, tools, kwargs):
+    """transformers' renderer with jinja2's mutable sandbox in place of the immutable one."""
+    immutable = chat_template_utils.ImmutableSandboxedEnvironment
+    chat_template_utils.ImmutableSandboxedEnvironment = SandboxedEnvironment
+    chat_template_utils._compile_jinja_template.cache_clear()
+    try:
+        rendered, _ = render_jinja_template(conversations=[messages], tools=tools, chat_template=source,
+                                            add_generation_prompt=True, bos_token="<s>", eos_token="</s>", **kwargs)
+        return rendered[0]
+    finally:
+        chat_template_utils.ImmutableSandboxedEnvironment = immutable
+        chat_template_utils._compile_jinja_template.cache_clear()
 
 
 def main():
@@ -106,6 +139,10 @@ def main():
                     )
                 except Exception as e:  # the template's own raise_exception, or a Jinja error
                     case["error"] = f"{type(e).__name__}: {e}"
+                    if "SecurityError" in case["error"]:
+                        # Kimi K2's templates `append` to a list (tool history), which the
+                        # immutable sandbox refuses: the same renderer with a mutable sandbox.
+                        case["text_mutable_sandbox"] = render_mutable(source, messages, tools, kwargs)
                 cases.append(case)
     out = {"transformers_version": transformers.__version__, "templates": templates, "cases": cases}
     OUT.write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")

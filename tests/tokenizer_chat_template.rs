@@ -152,6 +152,16 @@ fn generation_blocks_render_their_body() {
 }
 
 #[test]
+fn list_updates_on_a_namespace_work_as_in_python() {
+    // Kimi K2's tool-history bookkeeping: ids appended per call, popped in order per result.
+    let source = "{%- set q = namespace(ids=[]) -%}{%- for m in messages -%}\
+                  {%- set _ = q.ids.append(m.content) -%}{%- endfor -%}\
+                  {%- set first = q.ids.pop(0) -%}{{ first }}|{{ q.ids | join(',') }}";
+    let messages = [ChatMessage::new("user", "a"), ChatMessage::new("user", "b"), ChatMessage::new("user", "c")];
+    assert_eq!(render(source, &messages).unwrap(), "a|b,c");
+}
+
+#[test]
 fn tools_and_documents_are_none() {
     // Booleans print the Python way, as in Jinja2.
     let source = "{{ tools is none }} {{ documents is none }} {% if not tools %}no tools{% endif %}";

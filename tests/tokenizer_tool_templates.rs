@@ -122,20 +122,22 @@ fn reasoning_templates_match_transformers_with_chat_template_kwargs() {
         let tools: Option<Vec<Value>> = case["tools"].as_array().cloned();
         let kwargs = case["kwargs"].as_object().unwrap();
         let rendered = t.render_with_kwargs(&messages(&case["messages"]), tools.as_deref(), true, kwargs);
-        match case["text"].as_str() {
+        // transformers' immutable sandbox refuses `list.append`, which Kimi K2's templates use
+        // for tool history: there the golden is the same renderer with a mutable sandbox.
+        match case["text"].as_str().or(case["text_mutable_sandbox"].as_str()) {
             Some(text) => {
                 let rendered = rendered.unwrap_or_else(|e| panic!("{name} / {}: {e}", case["title"]));
                 let rendered = rendered.replace(&today, "<<TODAY>>").replace(&today_dmy, "<<TODAY_DMY>>");
                 assert_eq!(rendered, text, "{name} / {}", case["title"]);
                 compared += 1;
             }
-            // transformers' sandbox refuses `list.append`, which Kimi K2's template uses for tool
-            // history; nothing to compare with there.
             None => raised.push(format!("{name} / {}", case["title"].as_str().unwrap())),
         }
     }
-    assert_eq!(compared, 147);
-    assert!(raised.iter().all(|r| r.starts_with("Kimi-K2-Thinking / tool call history")), "{raised:?}");
+    assert_eq!(compared, 231);
+    // Llama 3.2's template refuses more than one call in a turn (so does Weft's rendering).
+    assert_eq!(raised.len(), 3, "{raised:?}");
+    assert!(raised.iter().all(|r| r.starts_with("meta-llama-Llama-3.2-3B-Instruct / parallel")), "{raised:?}");
     // Thinking off changes what Qwen3.5 renders: the think block is closed in the prompt.
     let qwen = g["cases"].as_array().unwrap().iter().filter(|c| c["template"] == "Qwen3.5-4B" && c["title"].as_str().unwrap().starts_with("one user turn"));
     let ends: Vec<&str> = qwen.map(|c| c["text"].as_str().unwrap()).collect();
@@ -150,6 +152,15 @@ fn real_templates_name_their_native_call_syntax() {
         ("Qwen3-Coder.jinja", TemplateTools::Native(ToolFormat::Qwen3Coder)),
         ("google-gemma-4-31B-it.jinja", TemplateTools::Native(ToolFormat::Gemma4)),
         ("meta-llama-Llama-3.2-3B-Instruct.jinja", TemplateTools::Native(ToolFormat::Llama3Json)),
+        ("openbmb-MiniCPM5-1B.jinja", TemplateTools::Native(ToolFormat::MiniCpm5)),
+        ("GLM-4.7-Flash.jinja", TemplateTools::Native(ToolFormat::Glm)),
+        ("GLM-4.6.jinja", TemplateTools::Native(ToolFormat::Glm)),
+        ("Kimi-K2-Thinking.jinja", TemplateTools::Native(ToolFormat::KimiK2)),
+        ("Kimi-K2-Instruct.jinja", TemplateTools::Native(ToolFormat::KimiK2)),
+        ("deepseek-ai-DeepSeek-V3.1.jinja", TemplateTools::Native(ToolFormat::DeepSeekV31)),
+        ("LFM2.5-8B-A1B.jinja", TemplateTools::Native(ToolFormat::Pythonic)),
+        ("openai-gpt-oss-120b.jinja", TemplateTools::Native(ToolFormat::Harmony)),
+        ("mistralai-Ministral-3-14B-Reasoning-2512.jinja", TemplateTools::Native(ToolFormat::Mistral)),
     ] {
         let source = std::fs::read_to_string(format!("{dir}{file}")).unwrap();
         assert_eq!(TemplateTools::detect(&source), expected, "{file}");
@@ -161,7 +172,7 @@ fn real_templates_name_their_native_call_syntax() {
 /// streamed pieces.
 #[test]
 fn native_parsers_agree_with_mlx_lm() {
-    use weft::tools::{NativeCallParser, NativeFormat, ToolSpec};
+    use weft::tools::{NativeCallParser, ToolSpec};
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../goldens/native_calls.json");
     let g: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let specs: Vec<ToolSpec> = g["tools"]
@@ -172,29 +183,42 @@ fn native_parsers_agree_with_mlx_lm() {
         .map(|(i, t)| ToolSpec::parse(t, &format!("tools[{i}]")).unwrap())
         .collect();
     let cases = g["cases"].as_array().unwrap();
-    assert!(cases.len() >= 9);
+    assert!(cases.len() >= 30);
     for case in cases {
-        let format = match case["format"].as_str().unwrap() {
-            "qwen3_coder" => NativeFormat::Qwen3Coder,
-            _ => NativeFormat::Gemma4,
-        };
+        let format = serde_json::from_value::<ToolFormat>(case["format"].clone()).ok().and_then(ToolFormat::native).unwrap();
         let what = format!("{} / {}", case["format"], case["title"]);
-        let text: Vec<char> = case["text"].as_str().unwrap().chars().collect();
+        let text = case["text"].as_str().unwrap();
+        // Whole, and split in two at every boundary: the same calls.
+        let splits = (0..=text.len()).filter(|i| text.is_char_boundary(*i));
+        for at in splits {
+            let mut parser = NativeCallParser::new(format, &specs);
+            let mut leaked = parser.push(&text[..at]).text;
+            leaked.push_str(&parser.push(&text[at..]).text);
+            leaked.push_str(&parser.finish().text);
+            assert_eq!(leaked.trim(), "", "{what} split at {at}: call text leaked as text");
+            check_calls(&parser, case, &what);
+        }
+        let chars: Vec<char> = text.chars().collect();
         let mut parser = NativeCallParser::new(format, &specs);
         let mut leaked = String::new();
-        for piece in text.chunks(3) {
+        for piece in chars.chunks(3) {
             leaked.push_str(&parser.push(&piece.iter().collect::<String>()).text);
         }
         leaked.push_str(&parser.finish().text);
         assert_eq!(leaked.trim(), "", "{what}: call text leaked as text");
-        let want = case["calls"].as_array().unwrap();
-        let got = parser.calls();
-        assert_eq!(got.len(), want.len(), "{what}: {got:?}");
-        assert_eq!(parser.completed_calls(), want.len(), "{what}");
-        for (call, want) in got.iter().zip(want) {
-            assert_eq!(call.name, want["name"].as_str().unwrap(), "{what}");
-            let args: Value = serde_json::from_str(&call.arguments).unwrap_or_else(|e| panic!("{what}: {e}: {call:?}"));
-            assert_eq!(args, want["arguments"], "{what}");
-        }
+        check_calls(&parser, case, &what);
+    }
+}
+
+/// The parser's calls are the golden's: names, argument values, all complete.
+fn check_calls(parser: &weft::tools::NativeCallParser, case: &Value, what: &str) {
+    let want = case["calls"].as_array().unwrap();
+    let got = parser.calls();
+    assert_eq!(got.len(), want.len(), "{what}: {got:?}");
+    assert_eq!(parser.completed_calls(), want.len(), "{what}");
+    for (call, want) in got.iter().zip(want) {
+        assert_eq!(call.name, want["name"].as_str().unwrap(), "{what}");
+        let args: Value = serde_json::from_str(&call.arguments).unwrap_or_else(|e| panic!("{what}: {e}: {call:?}"));
+        assert_eq!(args, want["arguments"], "{what}");
     }
 }

@@ -721,3 +721,281 @@ fn tool_schemas_with_keywords_grammars_cannot_enforce_still_compile() {
     feed(&mut c, &tool_tokenizer(false), "run\", \"arguments\": {\"env\": {\"PATH\": \"/bin\"}}}\n</tool_call>");
     assert!(c.is_accepting());
 }
+
+// --- The other native families: the tiny qwen3 model (vocabulary 1024) speaking a byte-level
+// vocabulary with the family's markers as special tokens and the family's real template
+// (no registry ships these families' own vocabularies as small downloads; the markers, their
+// being single tokens, and the templates are the families'). A forced call must come out in
+// the family's own syntax, parse, and validate against the tool's schema.
+
+struct Family {
+    template: &'static str,
+    /// Special tokens: the template's bos and eos first.
+    special: &'static [&'static str],
+    format: ToolFormat,
+    /// How the generated text of a named call begins (after the opening the prompt wrote).
+    named_starts: &'static str,
+    /// Tokens to favour (a random model otherwise reasons on).
+    bias: &'static [&'static str],
+}
+
+const FAMILIES: &[Family] = &[
+    Family {
+        template: "openbmb-MiniCPM5-1B.jinja",
+        special: &["<s>", "<|im_end|>", "<|im_start|>", "<think>", "</think>"],
+        format: ToolFormat::MiniCpm5,
+        named_starts: "<param name=\"",
+        bias: &[],
+    },
+    Family {
+        template: "GLM-4.7-Flash.jinja",
+        special: &[
+            "[gMASK]", "<|endoftext|>", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>", "<think>",
+            "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>",
+            "<tool_response>", "</tool_response>",
+        ],
+        format: ToolFormat::Glm,
+        named_starts: "<arg_key>",
+        bias: &[],
+    },
+    Family {
+        template: "Kimi-K2-Thinking.jinja",
+        special: &[
+            "[BOS]", "<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|im_system|>", "<|im_middle|>", "<think>",
+            "</think>", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
+            "<|tool_call_argument_begin|>", "<|tool_call_end|>",
+        ],
+        format: ToolFormat::KimiK2,
+        named_starts: "",
+        bias: &[],
+    },
+    Family {
+        template: "deepseek-ai-DeepSeek-V3.1.jinja",
+        special: &[
+            "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<think>", "</think>",
+            "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>",
+            "<｜tool▁sep｜>", "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>",
+        ],
+        format: ToolFormat::DeepSeekV31,
+        named_starts: "{\"city\": \"",
+        bias: &[],
+    },
+    Family {
+        template: "LFM2.5-8B-A1B.jinja",
+        special: &["<|startoftext|>", "<|im_end|>", "<|im_start|>", "<|tool_call_start|>", "<|tool_call_end|>", "<think>", "</think>"],
+        format: ToolFormat::Pythonic,
+        named_starts: "city=\"",
+        bias: &[],
+    },
+    Family {
+        template: "openai-gpt-oss-120b.jinja",
+        special: &["<|startoftext|>", "<|return|>", "<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|call|>"],
+        format: ToolFormat::Harmony,
+        named_starts: "",
+        // An analysis message the grammar allows first closes at once.
+        bias: &["<|end|>"],
+    },
+];
+
+fn family_engine(family: &Family) -> (Engine, Tokenizer, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let tok = support::family_tokenizer(dir.path(), family.template, family.special);
+    let mut model = support::load_exact(&support::tiny_model_dir("qwen3")).unwrap();
+    model.tokenizer = Some(tok.clone());
+    (Engine::start(model, EngineConfig::default()).unwrap(), tok, dir)
+}
+
+/// [`forecast_tools`] closed to other keys (the JSON-bodied syntaxes would let a random model
+/// add keys of its own).
+fn strict_forecast_tools(choice: serde_json::Value) -> Tools {
+    // (gpt-oss's template prints every tool's description.)
+    let tools = json!([{"type": "function", "function": {"name": "get_forecast", "description": "The forecast",
+        "parameters": {"type": "object",
+        "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}, "metric": {"type": "boolean"}},
+        "required": ["city", "metric"], "additionalProperties": false}}}]);
+    Tools::parse(Some(&tools), Some(&choice), Some(false)).unwrap().unwrap()
+}
+
+/// A forced call through the engine: the raw output (after the prompt's opening) and what
+/// the row delivered.
+fn forced(family: &Family, engine: &Engine, tok: &Tokenizer, choice: serde_json::Value, budget: Option<usize>) -> (String, Streamed) {
+    let mut request = Request { tools: Some(strict_forecast_tools(choice)), reasoning_budget: budget, ..qwen35_chat(120, Some(budget.is_some())) };
+    request.sampling.logit_bias = family.bias.iter().map(|t| (tok.token_to_id(t).unwrap(), 100.0)).collect();
+    let out = stream(engine, request);
+    (tok.decode(&out.tokens, false).unwrap(), out)
+}
+
+#[test]
+fn every_native_family_writes_its_own_forced_calls() {
+    let named = json!({"type": "function", "function": {"name": "get_forecast"}});
+    for family in FAMILIES {
+        let (engine, tok, _dir) = family_engine(family);
+        for choice in [named.clone(), json!("required")] {
+            let what = format!("{} / {choice}", family.template);
+            let (raw, out) = forced(family, &engine, &tok, choice.clone(), None);
+            assert_eq!(out.finish, Some(FinishReason::ToolCalls), "{what}: {raw:?}");
+            assert_eq!(out.calls.len(), 1, "{what}: {raw:?}");
+            assert_forecast_call(&out.calls[0], &what);
+            assert_eq!(out.text.trim(), "", "{what}: the call's text is not answer text: {raw:?}");
+            let mut asm = Assembler::default();
+            out.deltas.iter().for_each(|d| asm.apply(d));
+            assert_eq!(asm.calls, out.calls, "{what}: the deltas assemble to the call");
+            // The model's own syntax: the prompt's opening and the output parse as one call.
+            let opening = weft::tools::prompt::forced_opening(&forecast_tools(choice.clone()).choice, family.format);
+            let full = if family.format == ToolFormat::Harmony {
+                // Harmony: the grammar writes the header (after an analysis message, if any).
+                let at = raw.rfind("<|channel|>commentary").unwrap_or_else(|| panic!("{what}: {raw:?}"));
+                assert!(raw[at..].starts_with(&opening), "{what}: {raw:?}");
+                raw[at..].to_string()
+            } else {
+                format!("{opening}{raw}")
+            };
+            if choice == named {
+                assert!(full[opening.len()..].starts_with(family.named_starts), "{what}: {full:?}");
+            }
+            let specs = forecast_tools(json!("auto")).specs;
+            let mut parser = weft::tools::NativeCallParser::new(family.format.native().unwrap(), &specs);
+            let mut text = parser.push(&full).text;
+            text.push_str(&parser.finish().text);
+            assert_eq!((parser.completed_calls(), text.trim()), (1, ""), "{what}: {full:?}");
+            assert_eq!(parser.calls()[0].arguments, out.calls[0].arguments, "{what}");
+        }
+    }
+}
+
+#[test]
+fn glm_calls_after_a_budgeted_think_block() {
+    let family = &FAMILIES[1];
+    let (engine, tok, _dir) = family_engine(family);
+    let named = json!({"type": "function", "function": {"name": "get_forecast"}});
+    let (raw, out) = forced(family, &engine, &tok, named, Some(2));
+    let close = tok.token_to_id("</think>").unwrap();
+    let at = out.tokens.iter().position(|&t| t == close).expect("the block closed");
+    let after = tok.decode(&out.tokens[at + 1..], false).unwrap();
+    assert!(after.trim_start().starts_with("<tool_call>get_forecast<arg_key>"), "GLM's own syntax after the block: {raw:?}");
+    assert!(!out.reasoning.is_empty());
+    assert_eq!(out.finish, Some(FinishReason::ToolCalls), "{raw:?}");
+    assert_forecast_call(&out.calls[0], "glm after thinking");
+}
+
+#[test]
+fn a_spent_budget_closes_harmonys_analysis_channel() {
+    let family = FAMILIES.iter().find(|f| f.format == ToolFormat::Harmony).unwrap();
+    let (engine, tok, _dir) = family_engine(family);
+    // A named call whose grammar lets an analysis message come first; `<|channel|>` and `a`
+    // favoured, so the model takes the analysis channel and writes on in it until the budget
+    // closes it.
+    let named = json!({"type": "function", "function": {"name": "get_forecast"}});
+    let mut request = Request { tools: Some(strict_forecast_tools(named)), reasoning_budget: Some(3), ..qwen35_chat(120, None) };
+    request.sampling.logit_bias = vec![(tok.encode("a", false).unwrap()[0], 100.0), (tok.token_to_id("<|channel|>").unwrap(), 100.0)];
+    let out = stream(&engine, request);
+    let raw = tok.decode(&out.tokens, false).unwrap();
+    let message = tok.token_to_id("<|message|>").unwrap();
+    let end = tok.token_to_id("<|end|>").unwrap();
+    let at = out.tokens.iter().position(|&t| t == message).unwrap_or_else(|| panic!("{raw:?}"));
+    assert!(raw.starts_with("<|channel|>analysis<|message|>"), "{raw:?}");
+    assert_eq!(out.tokens[at + 3], end, "three tokens of the block (its header's <|message|> first), then the forced end: {raw:?}");
+    assert_eq!(out.reasoning_tokens, 4, "{raw:?}");
+    assert_eq!(out.reasoning, tok.decode(&out.tokens[at + 1..at + 3], false).unwrap());
+    assert!(raw.contains("<|end|><|start|>assistant<|channel|>commentary to=functions.get_forecast <|constrain|>json<|message|>"), "{raw:?}");
+    assert_eq!(out.finish, Some(FinishReason::ToolCalls), "{raw:?}");
+    assert_forecast_call(&out.calls[0], "harmony after a budgeted analysis");
+    assert_eq!(out.text.trim(), "");
+}
+
+#[test]
+fn native_family_grammars_take_parallel_calls_and_auto_openers_in_their_own_syntax() {
+    // (family, required: the text after the prompt's opening; auto: the text after the opener)
+    let cases: [(ToolFormat, &str, &str); 6] = [
+        (
+            ToolFormat::MiniCpm5,
+            "get_forecast\"><param name=\"city\">Oslo</param><param name=\"metric\">false</param><param name=\"note\"><![CDATA[a <b>\nc]]></param>\
+             <param name=\"days\">3</param></function>\n<function name=\"get_forecast\"><param name=\"city\">Paris</param><param name=\"metric\">true</param></function>",
+            "\"get_forecast\"><param name=\"city\">Oslo</param><param name=\"metric\">false</param></function>",
+        ),
+        (
+            ToolFormat::Glm,
+            "get_forecast<arg_key>city</arg_key><arg_value>Oslo</arg_value><arg_key>metric</arg_key><arg_value>false</arg_value>\
+             <arg_key>note</arg_key><arg_value>line one\nline two</arg_value></tool_call><tool_call>get_forecast<arg_key>city</arg_key>\
+             <arg_value>Paris</arg_value><arg_key>metric</arg_key><arg_value>true</arg_value></tool_call>",
+            "get_forecast<arg_key>city</arg_key><arg_value>Oslo</arg_value><arg_key>metric</arg_key><arg_value>false</arg_value></tool_call>",
+        ),
+        (
+            ToolFormat::KimiK2,
+            "get_forecast:0<|tool_call_argument_begin|>{\"city\": \"Oslo\", \"metric\": false, \"days\": 3}<|tool_call_end|>\
+             <|tool_call_begin|>functions.get_forecast:1<|tool_call_argument_begin|>{\"city\": \"Paris\", \"metric\": true}<|tool_call_end|><|tool_calls_section_end|>",
+            "<|tool_call_begin|>functions.get_forecast:0<|tool_call_argument_begin|>{\"city\": \"Oslo\", \"metric\": false}<|tool_call_end|><|tool_calls_section_end|>",
+        ),
+        (
+            ToolFormat::DeepSeekV31,
+            "get_forecast<｜tool▁sep｜>{\"city\": \"Oslo\", \"metric\": false}<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_forecast<｜tool▁sep｜>\
+             {\"city\": \"Paris\", \"metric\": true}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+            "<｜tool▁call▁begin｜>get_forecast<｜tool▁sep｜>{\"city\": \"Oslo\", \"metric\": false}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+        ),
+        (
+            ToolFormat::Pythonic,
+            "get_forecast(city=\"Oslo\", metric=False, days=3, hours=[1, 2]), get_forecast(city=\"Paris\", metric=True)]<|tool_call_end|>",
+            "[get_forecast(city=\"Oslo\", metric=False)]<|tool_call_end|>",
+        ),
+        (
+            ToolFormat::Harmony,
+            "<|channel|>analysis<|message|>Need the forecast.<|end|><|start|>assistant<|channel|>commentary to=functions.get_forecast \
+             <|constrain|>json<|message|>{\"city\": \"Oslo\", \"metric\": false}<|call|>",
+            "",
+        ),
+    ];
+    for (format, required, auto) in cases {
+        let family = FAMILIES.iter().find(|f| f.format == format).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let tok = support::family_tokenizer(dir.path(), family.template, family.special);
+        let special = |m: &str| tok.token_to_id(m);
+        let compile = |choice: serde_json::Value| {
+            let mut tools = typed_tools(choice, format);
+            // As rendering decides it: harmony's grammar writes the call's header.
+            tools.opening_in_prompt = format != ToolFormat::Harmony;
+            let grammar = tools.grammar(&special).expect("a grammar");
+            constrain::ConstraintFactoryCell::default().compile(&grammar, &tok).unwrap()
+        };
+        let mut c = compile(json!("required"));
+        feed(&mut c, &tok, required);
+        assert!(c.is_accepting(), "{format:?}: two calls in its own syntax");
+        // A foreign (Hermes JSON) call is refused.
+        let mut c = compile(json!("required"));
+        let t = tok.encode("{\"name\"", false).unwrap()[0];
+        c.prepare_mask().unwrap();
+        assert!(!c.allows(t), "{format:?}: JSON call allowed");
+        if format == ToolFormat::Harmony {
+            // Auto: free reasoning and text, then from the recipient on a call, with the recipient
+            // in the channel header or (as history writes it) in the role header.
+            for (before, after) in [
+                ("<|channel|>analysis<|message|>Let me check.<|end|><|start|>assistant<|channel|>commentary ", "get_forecast <|constrain|>json"),
+                ("<|channel|>analysis<|message|>Let me check.<|end|><|start|>assistant ", "get_forecast<|channel|>commentary json"),
+            ] {
+                let mut c = compile(json!("auto"));
+                feed_free(&mut c, &tok, before);
+                for t in tok.encode("to=functions.", false).unwrap() {
+                    c.commit(t).unwrap();
+                }
+                assert!(!c.is_waiting(), "harmony: the recipient switched the grammar on");
+                feed(&mut c, &tok, &format!("{after}<|message|>{{\"city\": \"Oslo\", \"metric\": false}}<|call|>"));
+                assert!(c.is_accepting(), "harmony auto: {after}");
+            }
+            continue;
+        }
+        let mut c = compile(json!("auto"));
+        feed_free(&mut c, &tok, "Let me check.");
+        let trigger = match format {
+            ToolFormat::MiniCpm5 => "<function name=",
+            ToolFormat::Glm => "<tool_call>",
+            ToolFormat::KimiK2 => "<|tool_calls_section_begin|>",
+            ToolFormat::DeepSeekV31 => "<｜tool▁calls▁begin｜>",
+            _ => "<|tool_call_start|>",
+        };
+        for t in tok.encode(trigger, false).unwrap() {
+            c.commit(t).unwrap();
+        }
+        assert!(!c.is_waiting(), "{format:?}: the opener switched the grammar on");
+        feed(&mut c, &tok, auto);
+        assert!(c.is_accepting(), "{format:?}: auto");
+    }
+}

@@ -400,38 +400,10 @@ fn gemma4_chat_model_from(dir: &Path, source_name: &str) -> PathBuf {
     let audio = config.get("audio_config").is_some();
     let special: Vec<&str> =
         SPECIAL.iter().chain(if vision { IMAGE } else { &[] }).chain(if audio { AUDIO } else { &[] }).copied().collect();
-    // GPT-2's byte-to-character map: every byte one token.
-    let mut printable: Vec<u32> = (33..=126).chain(161..=172).chain(174..=255).collect();
-    let mut chars = printable.clone();
-    for b in 0..256u32 {
-        if !printable.contains(&b) {
-            printable.push(b);
-            chars.push(256 + chars.len() as u32 - 188);
-        }
-    }
-    let mut vocab = serde_json::Map::new();
-    for (b, c) in printable.iter().zip(&chars) {
-        vocab.insert(char::from_u32(*c).unwrap().to_string(), (*b).into());
-    }
-    let added: Vec<Value> = special
-        .iter()
-        .enumerate()
-        .map(|(i, t)| serde_json::json!({"id": 256 + i, "content": t, "single_word": false, "lstrip": false,
-            "rstrip": false, "normalized": false, "special": true}))
-        .collect();
-    let byte_level = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true});
-    let tokenizer = serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added, "normalizer": null,
-        "pre_tokenizer": byte_level, "post_processor": null, "decoder": byte_level,
-        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
-            "vocab": vocab, "merges": []}
-    });
-    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
     let template = std::fs::read_to_string(goldens_dir().join("templates/google-gemma-4-31B-it.jinja")).unwrap();
     let tok_config = serde_json::json!({"chat_template": template, "bos_token": "<bos>", "eos_token": "<turn|>",
         "pad_token": "<pad>", "add_bos_token": false});
-    std::fs::write(dir.join("tokenizer_config.json"), tok_config.to_string()).unwrap();
+    write_byte_level_tokenizer(dir, &special, &tok_config);
 
     let vocab_size = 256 + special.len();
     let id = |t: &str| 256 + special.iter().position(|s| *s == t).unwrap();
@@ -460,6 +432,53 @@ fn gemma4_chat_model_from(dir: &Path, source_name: &str) -> PathBuf {
     let embeddings: Vec<&str> = embeddings.iter().map(String::as_str).collect();
     widen_embeddings(&source.join("model.safetensors"), &dir.join("model.safetensors"), vocab_size, &embeddings);
     dir.to_path_buf()
+}
+
+/// Writes into `dir` a byte-level tokenizer (every byte one token, ids 0..=255) with `special`
+/// as special tokens from id 256 on, and `tok_config` as its tokenizer_config.json.
+pub fn write_byte_level_tokenizer(dir: &Path, special: &[&str], tok_config: &Value) {
+    // GPT-2's byte-to-character map: every byte one token.
+    let mut printable: Vec<u32> = (33..=126).chain(161..=172).chain(174..=255).collect();
+    let mut chars = printable.clone();
+    for b in 0..256u32 {
+        if !printable.contains(&b) {
+            printable.push(b);
+            chars.push(256 + chars.len() as u32 - 188);
+        }
+    }
+    let mut vocab = serde_json::Map::new();
+    for (b, c) in printable.iter().zip(&chars) {
+        vocab.insert(char::from_u32(*c).unwrap().to_string(), (*b).into());
+    }
+    let added: Vec<Value> = special
+        .iter()
+        .enumerate()
+        .map(|(i, t)| serde_json::json!({"id": 256 + i, "content": t, "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": true}))
+        .collect();
+    let byte_level = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true});
+    let tokenizer = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added, "normalizer": null,
+        "pre_tokenizer": byte_level, "post_processor": null, "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+            "vocab": vocab, "merges": []}
+    });
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    std::fs::write(dir.join("tokenizer_config.json"), tok_config.to_string()).unwrap();
+}
+
+/// A family's tokenizer for a tiny model: byte-level with the family's markers as special
+/// tokens (`special`, the first being the template's `bos_token`, the second its `eos_token`)
+/// and the family's real chat template (goldens/templates/`template`), written into `dir`. For
+/// families whose own vocabulary no registry ships as a small download: the markers and the
+/// template are the family's, the ordinary text is bytes.
+pub fn family_tokenizer(dir: &Path, template: &str, special: &[&str]) -> weft::tokenizer::Tokenizer {
+    let source = std::fs::read_to_string(goldens_dir().join("templates").join(template)).unwrap();
+    let tok_config = serde_json::json!({"chat_template": source, "bos_token": special[0], "eos_token": special[1],
+        "add_bos_token": false});
+    write_byte_level_tokenizer(dir, special, &tok_config);
+    weft::tokenizer::Tokenizer::from_dir(dir).unwrap()
 }
 
 /// Copies a float32 safetensors file, the named `[vocab, width]` tensors grown to `vocab` rows

@@ -2,10 +2,14 @@
 //! token-level view of the reasoning block that the scheduler acts on: reasoning tokens are
 //! counted, the request's constraint waits until the block has closed (constraints apply to
 //! the answer), and a spent budget forces the closing marker.
+//!
+//! Harmony (gpt-oss) opens its reasoning with a header of several tokens
+//! (`<|channel|>analysis<|message|>`), read here token by token; its analysis messages stay the
+//! constraint's (a harmony call grammar describes them), the budget still closes them (`<|end|>`).
 
 use std::collections::VecDeque;
 
-use crate::reasoning::{ReasoningPlan, ReasoningSplitter, Split};
+use crate::reasoning::{ReasoningPlan, ReasoningSplitter, ReasoningSyntax, Split};
 use crate::tokenizer::Tokenizer;
 
 pub(super) struct RowReasoning {
@@ -24,6 +28,17 @@ pub(super) struct RowReasoning {
     close_tokens: Vec<u32>,
     /// The forced tokens still to come.
     forced: VecDeque<u32>,
+    harmony: Option<HarmonyHeader>,
+}
+
+/// Harmony's analysis header at the token level.
+struct HarmonyHeader {
+    channel: u32,
+    message: u32,
+    /// The tokens of `analysis`, the channel name.
+    analysis: Vec<u32>,
+    /// Inside a header: the tokens after `<|channel|>` so far.
+    reading: Option<Vec<u32>>,
 }
 
 impl RowReasoning {
@@ -47,7 +62,17 @@ impl RowReasoning {
             Some(0) if plan.starts_open => close_tokens.iter().copied().collect(),
             _ => VecDeque::new(),
         };
+        let harmony = match (plan.syntax, tokenizer) {
+            (ReasoningSyntax::Harmony, Some(t)) => match (t.token_to_id("<|channel|>"), t.token_to_id("<|message|>")) {
+                (Some(channel), Some(message)) => {
+                    Some(HarmonyHeader { channel, message, analysis: t.encode("analysis", false).unwrap_or_default(), reading: None })
+                }
+                _ => None,
+            },
+            _ => None,
+        };
         Self {
+            harmony,
             splitter: ReasoningSplitter::new(plan.syntax, plan.starts_open),
             open_id: id(open),
             close_id,
@@ -67,6 +92,10 @@ impl RowReasoning {
             self.forced.pop_front();
         } else {
             self.forced.clear();
+        }
+        if self.harmony.is_some() {
+            self.observe_harmony(token);
+            return false;
         }
         let in_block = if self.open {
             if Some(token) == self.close_id {
@@ -90,9 +119,39 @@ impl RowReasoning {
         in_block
     }
 
+    /// Harmony: an analysis message opens after its header and closes at `<|end|>` (the
+    /// model may write several); a spent budget forces `<|end|>` in each.
+    fn observe_harmony(&mut self, token: u32) {
+        let Some(h) = self.harmony.as_mut() else { return };
+        if !self.open {
+            if token == h.channel {
+                h.reading = Some(Vec::new());
+            } else if let Some(header) = h.reading.as_mut() {
+                if token == h.message {
+                    self.open = *header == h.analysis;
+                    h.reading = None;
+                } else {
+                    header.push(token);
+                }
+            }
+            if !self.open {
+                return;
+            }
+        } else if Some(token) == self.close_id {
+            self.open = false;
+            self.forced.clear();
+            self.tokens += 1;
+            return;
+        }
+        self.tokens += 1;
+        if self.forced.is_empty() && self.budget.is_some_and(|b| self.tokens >= b) {
+            self.forced = self.close_tokens.iter().copied().collect();
+        }
+    }
+
     /// Inside the block: the answer's constraint is not in force yet.
     pub(super) fn is_open(&self) -> bool {
-        self.open
+        self.open && self.harmony.is_none()
     }
 
     /// The token the next step must produce (a spent budget closing the block).

@@ -118,7 +118,7 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_test("iterable", is_iterable);
         env.add_function("strftime_now", strftime_now);
-        env.add_template_owned(TEMPLATE_NAME, without_generation_tags(source))
+        env.add_template_owned(TEMPLATE_NAME, namespace_list_updates(&without_generation_tags(source)))
             .map_err(|e| Error::Tokenizer(format!("invalid chat template: {e}")))?;
         Ok(Self { env, source: source.to_string(), bos_token, eos_token })
     }
@@ -227,6 +227,21 @@ fn without_generation_tags(source: &str) -> String {
     });
     let opened = OPEN.replace_all(source, "{%${1} if true ${2}%}");
     CLOSE.replace_all(&opened, "{%${1} endif ${2}%}").into_owned()
+}
+
+/// Python's in-place list updates on a namespace attribute, which Kimi K2's templates use for
+/// tool history (`{%- set _ = ns.ids.append(x) -%}`, `{%- set id = ns.ids.pop(0) -%}`), as
+/// assignments minijinja evaluates (its values are immutable): `set ns.ids = ns.ids + [x]`, and
+/// `set id = ns.ids[0]` then `set ns.ids = ns.ids[1:]`.
+fn namespace_list_updates(source: &str) -> String {
+    static APPEND: once_cell::sync::Lazy<regex::Regex> = once_cell::sync::Lazy::new(|| {
+        regex::Regex::new(r"\{%([-+]?)\s*set\s+\w+\s*=\s*(\w+\.\w+)\.append\((.+?)\)\s*([-+]?)%\}").expect("valid regex")
+    });
+    static POP_FIRST: once_cell::sync::Lazy<regex::Regex> = once_cell::sync::Lazy::new(|| {
+        regex::Regex::new(r"\{%([-+]?)\s*set\s+(\w+)\s*=\s*(\w+\.\w+)\.pop\(0\)\s*([-+]?)%\}").expect("valid regex")
+    });
+    let appended = APPEND.replace_all(source, "{%${1} set ${2} = ${2} + [${3}] ${4}%}");
+    POP_FIRST.replace_all(&appended, "{%${1} set ${2} = ${3}[0] %}{% set ${3} = ${3}[1:] ${4}%}").into_owned()
 }
 
 /// `tojson` as transformers defines it: Python's `json.dumps(x, ensure_ascii=False, indent=None,

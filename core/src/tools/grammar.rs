@@ -67,7 +67,7 @@ fn syntax(format: ToolFormat) -> Syntax {
         ToolFormat::Hermes => Syntax { close: "\n</tool_call>", between: "\n<tool_call>\n", end: "" },
         ToolFormat::Llama3Json => Syntax { close: "", between: "; ", end: "" },
         ToolFormat::Mistral => Syntax { close: "", between: ", ", end: "]" },
-        ToolFormat::Qwen3Coder | ToolFormat::Gemma4 => Syntax { close: "", between: "", end: "" },
+        _ => Syntax { close: "", between: "", end: "" },
     }
 }
 
@@ -81,8 +81,7 @@ fn triggers(format: ToolFormat) -> Vec<Trigger> {
         ToolFormat::Llama3Json => {
             vec![after("<|python_tag|>"), Trigger { text: "{\"name\"".into(), included: true, at_start: true }]
         }
-        ToolFormat::Qwen3Coder => vec![after("<tool_call>")],
-        ToolFormat::Gemma4 => vec![after("<|tool_call>")],
+        native => shape(native).and_then(|s| s.trigger).map(after).into_iter().collect(),
     }
 }
 
@@ -154,13 +153,7 @@ impl Tools {
         if self.opening_in_prompt || self.opening.is_empty() {
             return String::new();
         }
-        let opener = ["<tool_call>", "[TOOL_CALLS]", "<|tool_call>"].into_iter().find(|m| self.opening.starts_with(m));
-        let written = match opener {
-            Some(m) if self.opening.len() > m.len() => format!("{} {}", marker(m, special), literal(&self.opening[m.len()..])),
-            Some(m) => marker(m, special),
-            None => literal(&self.opening),
-        };
-        format!("/[ \\n]{{1,4}}/? {written} ")
+        format!("/[ \\n]{{1,4}}/? {} ", written(&self.opening, special))
     }
 
     /// `name", "arguments": <schema>}` for each tool (the name's opening quote is written).
@@ -218,43 +211,83 @@ fn json_value(schema: &Value) -> String {
 }
 
 impl Tools {
-    /// The grammar of calls in a native syntax.
+    /// The grammar of calls in a native syntax: each call the family's opener, a tool's name,
+    /// its arguments typed by the schema, the call's end; with parallel calls more may follow.
     fn native_grammar(&self, format: ToolFormat, special: SpecialTokens) -> Option<Constraint> {
-        let (open, close, mut rules) = match format {
-            ToolFormat::Gemma4 => ("<|tool_call>", "<tool_call|>", Self::gemma_value_rules(special)),
-            _ => ("<tool_call>", "</tool_call>", Vec::new()),
+        let shape = shape(format)?;
+        let mut rules = match format {
+            ToolFormat::Gemma4 => Self::gemma_value_rules(special),
+            _ => Vec::new(),
         };
-        let (open_m, close_m) = (marker(open, special), marker(close, special));
         // Each tool: its name, its parameters, the end of the call.
         for (i, spec) in self.specs.iter().enumerate() {
-            let body = match format {
-                ToolFormat::Gemma4 => self.gemma_arguments(i, spec, special, &mut rules),
-                _ => self.qwen_parameters(i, spec, &mut rules),
-            };
-            let (name_end, call_end) = match format {
-                ToolFormat::Gemma4 => ("{", format!("\"}}\" {close_m}")),
-                _ => (">\n", format!("\"</function>\\n\" {close_m}")),
+            let (body, call_end) = match format {
+                ToolFormat::Gemma4 => (self.gemma_arguments(i, spec, special, &mut rules), format!("\"}}\" {}", marker("<tool_call|>", special))),
+                ToolFormat::Qwen3Coder => (self.qwen_parameters(i, spec, &mut rules), format!("\"</function>\\n\" {}", marker("</tool_call>", special))),
+                ToolFormat::MiniCpm5 => (self.minicpm_parameters(i, spec, &mut rules), literal("</function>")),
+                ToolFormat::Glm => (self.glm_parameters(i, spec, special, &mut rules), marker("</tool_call>", special)),
+                ToolFormat::KimiK2 => (
+                    format!("/[0-9]{{1,4}}/ {} %json {}", marker("<|tool_call_argument_begin|>", special), embedded_schema(spec)),
+                    marker("<|tool_call_end|>", special),
+                ),
+                ToolFormat::DeepSeekV31 => (format!("%json {}", embedded_schema(spec)), marker("<｜tool▁call▁end｜>", special)),
+                ToolFormat::Harmony => (format!("%json {}", embedded_schema(spec)), marker("<|call|>", special)),
+                ToolFormat::Pythonic => (self.pythonic_arguments(i, spec, &mut rules), literal(")")),
+                ToolFormat::Hermes | ToolFormat::Llama3Json | ToolFormat::Mistral => return None,
             };
             rules.push(format!("body{i}: {body} {call_end}"));
-            rules.push(format!("fn{i}: {} body{i}", literal(&format!("{}{name_end}", spec.name))));
+            let name = match (format, &self.choice) {
+                // Unforced, the recipient may also come in the role header
+                // (`to=functions.NAME<|channel|>commentary json`).
+                (ToolFormat::Harmony, ToolChoice::Auto) => format!("{} hhead", literal(&spec.name)),
+                _ => written(&format!("{}{}", spec.name, shape.name_end), special),
+            };
+            rules.push(format!("fn{i}: {name} body{i}"));
+        }
+        if format == ToolFormat::Harmony && self.choice == ToolChoice::Auto {
+            rules.push(format!(
+                "hhead: {} | {} {}? {} {}",
+                written(shape.name_end, special),
+                written("<|channel|>commentary ", special),
+                marker("<|constrain|>", special),
+                literal("json"),
+                marker("<|message|>", special)
+            ));
         }
         let alternatives: Vec<String> = (0..self.specs.len()).map(|i| format!("fn{i}")).collect();
         rules.push(format!("named: {}", alternatives.join(" | ")));
-        let (after_open, between) = match format {
-            ToolFormat::Gemma4 => ("call:", ""),
-            _ => ("\n<function=", "/\\n{1,2}/ "),
+        rules.push(format!("call: {} named", written(shape.call_open, special)));
+        let parallel = self.parallel && shape.between.is_some();
+        let more = match shape.between {
+            Some(between) if parallel => format!(" ({between}call)*"),
+            _ => String::new(),
         };
-        rules.push(format!("call: {open_m} {} named", literal(after_open)));
-        let more = if self.parallel { format!(" ({between}call)*") } else { String::new() };
-        let opening = self.unwritten_opening(special);
+        let close = if shape.list_close.is_empty() { String::new() } else { format!(" {}", written(shape.list_close, special)) };
+        let mut opening = self.unwritten_opening(special);
+        if format == ToolFormat::Harmony && !opening.is_empty() {
+            // An analysis message (reasoning) may come first.
+            opening = format!("analysis? {opening}");
+            let end = text_until("atext", "<|end|>", special, &mut rules);
+            rules.push(format!(
+                "analysis: {} {end} {}",
+                written("<|channel|>analysis<|message|>", special),
+                written("<|start|>assistant", special)
+            ));
+        }
         let start = match &self.choice {
             ToolChoice::None => return None,
             ToolChoice::Function(name) => {
                 let i = self.specs.iter().position(|s| &s.name == name)?;
-                format!("start: {opening}body{i}{more}")
+                format!("start: {opening}body{i}{more}{close}")
             }
-            ToolChoice::Required => format!("start: {opening}named{more}"),
-            ToolChoice::Auto => format!("start: {} named{more}", literal(after_open)),
+            ToolChoice::Required => format!("start: {opening}named{more}{close}"),
+            ToolChoice::Auto => {
+                let trigger = shape.trigger?;
+                let after = format!("{}{}", shape.list_open, shape.call_open);
+                let after = after.find(trigger).map_or(after.as_str(), |i| &after[i + trigger.len()..]);
+                let after = if after.is_empty() { String::new() } else { format!("{} ", written(after, special)) };
+                format!("start: {after}named{more}{close}")
+            }
         };
         rules.insert(0, start);
         let lark = rules.join("\n");
@@ -262,6 +295,65 @@ impl Tools {
             ToolChoice::Auto => Constraint::Triggered(Triggered { triggers: triggers(format), lark }),
             _ => Constraint::Lark(lark),
         })
+    }
+
+    /// MiniCPM5: `<param name="P">VALUE</param>` for each parameter in schema order (optional
+    /// ones may be left out); strings raw without `<`, `&` or newlines, or as CDATA; other
+    /// types JSON.
+    fn minicpm_parameters(&self, i: usize, spec: &ToolSpec, rules: &mut Vec<String>) -> String {
+        let mut seq = Vec::new();
+        for (j, (name, schema, required)) in parameters(spec, false).into_iter().enumerate() {
+            let value = match (type_of(&schema), string_enum(&schema)) {
+                (_, Some(choices)) => alternatives(&choices),
+                (Some("string") | None, None) => {
+                    rules.push(format!("{}[suffix={}]: /(?s:.*)/", rule("cdata", i, j), literal("]]>")));
+                    format!("(/[^<&\\n]+/ | {} {})?", literal("<![CDATA["), rule("cdata", i, j))
+                }
+                (Some(_), None) => json_value(&schema),
+            };
+            rules.push(format!("{}: {} {value} {}", rule("param", i, j), literal(&format!("<param name=\"{name}\">")), literal("</param>")));
+            seq.push(format!("{}{}", rule("param", i, j), if required { "" } else { "?" }));
+        }
+        sequence(seq)
+    }
+
+    /// GLM: `<arg_key>P</arg_key><arg_value>VALUE</arg_value>` for each parameter in schema
+    /// order (optional ones may be left out); strings raw, other types JSON.
+    fn glm_parameters(&self, i: usize, spec: &ToolSpec, special: SpecialTokens, rules: &mut Vec<String>) -> String {
+        let mut seq = Vec::new();
+        let end_value = marker("</arg_value>", special);
+        for (j, (name, schema, required)) in parameters(spec, false).into_iter().enumerate() {
+            let value = match (type_of(&schema), string_enum(&schema)) {
+                (_, Some(choices)) => format!("{} {end_value}", alternatives(&choices)),
+                (Some("string") | None, None) => text_until(&rule("text", i, j), "</arg_value>", special, rules),
+                (Some(_), None) => format!("{} {end_value}", json_value(&schema)),
+            };
+            let head = written(&format!("<arg_key>{name}</arg_key><arg_value>"), special);
+            rules.push(format!("{}: {head} {value}", rule("param", i, j)));
+            seq.push(format!("{}{}", rule("param", i, j), if required { "" } else { "?" }));
+        }
+        sequence(seq)
+    }
+
+    /// Pythonic: `key=VALUE` pairs in schema order joined by `, ` (optional ones may be left
+    /// out); strings, numbers, objects and arrays as JSON (which Python reads the same),
+    /// booleans `True` / `False`.
+    fn pythonic_arguments(&self, i: usize, spec: &ToolSpec, rules: &mut Vec<String>) -> String {
+        let params = parameters(spec, false);
+        let items: Vec<bool> = params.iter().map(|p| p.2).collect();
+        for (j, (name, schema, _)) in params.iter().enumerate() {
+            let value = match (type_of(schema), string_enum(schema)) {
+                (_, Some(choices)) => {
+                    let alts: Vec<String> = choices.iter().map(|c| literal(&serde_json::to_string(c).unwrap_or_default())).collect();
+                    format!("({})", alts.join(" | "))
+                }
+                (Some("boolean"), None) => "(\"True\" | \"False\")".to_string(),
+                (Some("null"), None) => "\"None\"".to_string(),
+                _ => json_value(schema),
+            };
+            rules.push(format!("{}: {} {value}", rule("pair", i, j), literal(&format!("{name}="))));
+        }
+        chain(i, &items, ", ", rules)
     }
 
     /// Qwen3-Coder: `<parameter=P>\nVALUE\n</parameter>\n` for each parameter in schema order
@@ -285,11 +377,7 @@ impl Tools {
             rules.push(format!("{}: {head} {value}", rule("param", i, j)));
             seq.push(format!("{}{}", rule("param", i, j), if required { "" } else { "?" }));
         }
-        if seq.is_empty() {
-            "\"\"".to_string()
-        } else {
-            seq.join(" ")
-        }
+        sequence(seq)
     }
 
     /// Gemma's untyped values (`gval`, for objects, arrays and schemas without a type) and its
@@ -318,7 +406,6 @@ impl Tools {
     fn gemma_arguments(&self, i: usize, spec: &ToolSpec, special: SpecialTokens, rules: &mut Vec<String>) -> String {
         let quote = marker("<|\"|>", special);
         let params = parameters(spec, true);
-        let n = params.len();
         for (j, (name, schema, _)) in params.iter().enumerate() {
             let value = match (type_of(schema), string_enum(schema)) {
                 (_, Some(choices)) => {
@@ -334,24 +421,151 @@ impl Tools {
             };
             rules.push(format!("{}: {} {value}", rule("pair", i, j), literal(&format!("{name}:"))));
         }
-        // first_j: no pair written yet, from parameter j on; rest_j: some written.
-        for j in (0..=n).rev() {
-            let (first, rest) = if j == n {
-                ("\"\"".to_string(), "\"\"".to_string())
-            } else {
-                let pair = rule("pair", i, j);
-                let mut first = vec![format!("{pair} {}", rule("rest", i, j + 1))];
-                let mut rest = vec![format!("\",\" {pair} {}", rule("rest", i, j + 1))];
-                if !params[j].2 {
-                    first.push(rule("first", i, j + 1));
-                    rest.push(rule("rest", i, j + 1));
-                }
-                (first.join(" | "), rest.join(" | "))
-            };
-            rules.push(format!("{}: {first}", rule("first", i, j)));
-            rules.push(format!("{}: {rest}", rule("rest", i, j)));
+        let required: Vec<bool> = params.iter().map(|p| p.2).collect();
+        chain(i, &required, ",", rules)
+    }
+}
+
+/// Tool `i`'s pairs `pair_i_j` joined by `sep`, in order, the optional ones (`required[j]`
+/// false) left out at will. `first_i_j`: no pair written yet, from parameter j on; `rest_i_j`:
+/// some written. Returns the rule of the whole list.
+fn chain(i: usize, required: &[bool], sep: &str, rules: &mut Vec<String>) -> String {
+    let n = required.len();
+    for j in (0..=n).rev() {
+        let (first, rest) = if j == n {
+            ("\"\"".to_string(), "\"\"".to_string())
+        } else {
+            let pair = rule("pair", i, j);
+            let mut first = vec![format!("{pair} {}", rule("rest", i, j + 1))];
+            let mut rest = vec![format!("{} {pair} {}", literal(sep), rule("rest", i, j + 1))];
+            if !required[j] {
+                first.push(rule("first", i, j + 1));
+                rest.push(rule("rest", i, j + 1));
+            }
+            (first.join(" | "), rest.join(" | "))
+        };
+        rules.push(format!("{}: {first}", rule("first", i, j)));
+        rules.push(format!("{}: {rest}", rule("rest", i, j)));
+    }
+    rule("first", i, 0)
+}
+
+/// Parameter rules one after another (`""` for none).
+fn sequence(seq: Vec<String>) -> String {
+    if seq.is_empty() {
+        "\"\"".to_string()
+    } else {
+        seq.join(" ")
+    }
+}
+
+/// An enum's strings as alternatives, written raw.
+fn alternatives(choices: &[&str]) -> String {
+    let alts: Vec<String> = choices.iter().map(|c| literal(c)).collect();
+    format!("({})", alts.join(" | "))
+}
+
+/// Raw text up to and including `end`: a special token of the vocabulary (no text can hold
+/// it) or text (the text ends at its first occurrence, through rule `name`).
+fn text_until(name: &str, end: &str, special: SpecialTokens, rules: &mut Vec<String>) -> String {
+    match special(end) {
+        Some(id) => format!("/(?s:[^\\x00]+)/? <[{id}]>"),
+        None => {
+            rules.push(format!("{name}[suffix={}]: /(?s:.*)/", literal(end)));
+            name.to_string()
         }
-        rule("first", i, 0)
+    }
+}
+
+/// How a native family lays out its calls, as text: a forced call's opening is
+/// `list_open + call_open` (`required`) or that, the name and `name_end` (named).
+pub(super) struct Shape {
+    /// Before the first call (a list's opener) and after the last.
+    pub list_open: &'static str,
+    pub list_close: &'static str,
+    /// What opens each call, up to the function's name.
+    pub call_open: &'static str,
+    /// Between the name and the arguments.
+    pub name_end: &'static str,
+    /// Grammar text between parallel calls; `None`: one call per turn.
+    pub between: Option<&'static str>,
+    /// What switches an `auto` grammar on (in `list_open + call_open`: the grammar starts after
+    /// it).
+    pub trigger: Option<&'static str>,
+}
+
+pub(super) fn shape(format: ToolFormat) -> Option<Shape> {
+    let s = |list_open, list_close, call_open, name_end, between, trigger| Shape { list_open, list_close, call_open, name_end, between, trigger };
+    Some(match format {
+        ToolFormat::Qwen3Coder => s("", "", "<tool_call>\n<function=", ">\n", Some("/\\n{1,2}/ "), Some("<tool_call>")),
+        ToolFormat::Gemma4 => s("", "", "<|tool_call>call:", "{", Some(""), Some("<|tool_call>")),
+        ToolFormat::MiniCpm5 => s("", "", "<function name=\"", "\">", Some("\"\\n\" "), Some("<function name=")),
+        ToolFormat::Glm => s("", "", "<tool_call>", "", Some("\"\\n\"? "), Some("<tool_call>")),
+        ToolFormat::KimiK2 => s(
+            "<|tool_calls_section_begin|>",
+            "<|tool_calls_section_end|>",
+            "<|tool_call_begin|>functions.",
+            ":",
+            Some(""),
+            Some("<|tool_calls_section_begin|>"),
+        ),
+        ToolFormat::DeepSeekV31 => {
+            s("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", Some(""), Some("<｜tool▁calls▁begin｜>"))
+        }
+        ToolFormat::Pythonic => s("<|tool_call_start|>[", "]<|tool_call_end|>", "", "(", Some("\", \" "), Some("<|tool_call_start|>")),
+        // `auto`: from the recipient on, whichever header the model writes it in.
+        ToolFormat::Harmony => s("", "", "<|channel|>commentary to=functions.", " <|constrain|>json<|message|>", None, Some("to=functions.")),
+        ToolFormat::Hermes | ToolFormat::Llama3Json | ToolFormat::Mistral => return None,
+    })
+}
+
+/// Markers the native layouts write, as special tokens where the vocabulary has them.
+const MARKERS: &[&str] = &[
+    "<tool_call>",
+    "[TOOL_CALLS]",
+    "<|tool_call>",
+    "<|tool_calls_section_begin|>",
+    "<|tool_calls_section_end|>",
+    "<|tool_call_begin|>",
+    "<|tool_call_argument_begin|>",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁calls▁end｜>",
+    "<｜tool▁call▁begin｜>",
+    "<｜tool▁sep｜>",
+    "<|tool_call_start|>",
+    "<|tool_call_end|>",
+    "<|channel|>",
+    "<|constrain|>",
+    "<|message|>",
+    "<|start|>",
+    "<arg_key>",
+    "</arg_key>",
+    "<arg_value>",
+];
+
+/// `text` as a grammar sequence: its markers as special tokens where they are, the rest text.
+fn written(text: &str, special: SpecialTokens) -> String {
+    let mut parts = Vec::new();
+    let mut rest = text;
+    while !rest.is_empty() {
+        match MARKERS.iter().filter_map(|m| rest.find(m).map(|i| (i, *m))).min() {
+            Some((i, m)) => {
+                if i > 0 {
+                    parts.push(literal(&rest[..i]));
+                }
+                parts.push(marker(m, special));
+                rest = &rest[i + m.len()..];
+            }
+            None => {
+                parts.push(literal(rest));
+                break;
+            }
+        }
+    }
+    if parts.is_empty() {
+        "\"\"".to_string()
+    } else {
+        parts.join(" ")
     }
 }
 

@@ -42,8 +42,14 @@ fn syntax(format: ToolFormat) -> Syntax {
         ToolFormat::Mistral => Syntax { starts: &["[TOOL_CALLS]"], end: None, bare_json_at_start: false },
         // The native syntaxes have their own parser ([`super::native`]); JSON inside their
         // markers is the closest reading should one be given here.
-        ToolFormat::Qwen3Coder => Syntax { starts: &["<tool_call>"], end: Some("</tool_call>"), bare_json_at_start: false },
         ToolFormat::Gemma4 => Syntax { starts: &["<|tool_call>"], end: Some("<tool_call|>"), bare_json_at_start: false },
+        ToolFormat::Qwen3Coder
+        | ToolFormat::MiniCpm5
+        | ToolFormat::Glm
+        | ToolFormat::KimiK2
+        | ToolFormat::DeepSeekV31
+        | ToolFormat::Pythonic
+        | ToolFormat::Harmony => Syntax { starts: &["<tool_call>"], end: Some("</tool_call>"), bare_json_at_start: false },
     }
 }
 

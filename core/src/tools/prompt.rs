@@ -23,6 +23,21 @@ pub enum ToolFormat {
     Qwen3Coder,
     /// `<|tool_call>call:NAME{key:VALUE,…}<tool_call|>` (Gemma 4: [`super::native`]).
     Gemma4,
+    /// `<function name="NAME"><param name="P">VALUE</param></function>` (MiniCPM5).
+    #[serde(rename = "minicpm5")]
+    MiniCpm5,
+    /// `<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>…</tool_call>` (GLM 4.5–4.7).
+    Glm,
+    /// `<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{…}…`
+    /// (Kimi K2).
+    KimiK2,
+    /// `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{…}<｜tool▁call▁end｜>…` (DeepSeek V3.1).
+    #[serde(rename = "deepseek_v31")]
+    DeepSeekV31,
+    /// `<|tool_call_start|>[f(a=1, b="x")]<|tool_call_end|>` (LFM2 / LFM2.5 pythonic calls).
+    Pythonic,
+    /// `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{…}<|call|>` (gpt-oss).
+    Harmony,
 }
 
 impl ToolFormat {
@@ -31,7 +46,13 @@ impl ToolFormat {
         match self {
             ToolFormat::Qwen3Coder => Some(super::NativeFormat::Qwen3Coder),
             ToolFormat::Gemma4 => Some(super::NativeFormat::Gemma4),
-            _ => None,
+            ToolFormat::MiniCpm5 => Some(super::NativeFormat::MiniCpm5),
+            ToolFormat::Glm => Some(super::NativeFormat::Glm),
+            ToolFormat::KimiK2 => Some(super::NativeFormat::KimiK2),
+            ToolFormat::DeepSeekV31 => Some(super::NativeFormat::DeepSeekV31),
+            ToolFormat::Pythonic => Some(super::NativeFormat::Pythonic),
+            ToolFormat::Harmony => Some(super::NativeFormat::Harmony),
+            ToolFormat::Hermes | ToolFormat::Llama3Json | ToolFormat::Mistral => None,
         }
     }
 
@@ -43,6 +64,12 @@ impl ToolFormat {
             ToolFormat::Mistral => "mistral",
             ToolFormat::Qwen3Coder => "qwen3_coder",
             ToolFormat::Gemma4 => "gemma4",
+            ToolFormat::MiniCpm5 => "minicpm5",
+            ToolFormat::Glm => "glm",
+            ToolFormat::KimiK2 => "kimi_k2",
+            ToolFormat::DeepSeekV31 => "deepseek_v31",
+            ToolFormat::Pythonic => "pythonic",
+            ToolFormat::Harmony => "harmony",
         }
     }
 }
@@ -63,8 +90,26 @@ impl TemplateTools {
         if !source.contains("tools") && !source.contains("tool_calls") {
             return TemplateTools::Fallback;
         }
-        // Qwen3-Coder's XML sits inside `<tool_call>` too: look for its `<function=` first.
-        if source.contains("<tool_call>") && source.contains("<function=") {
+        // The families whose markers are their own come first; then the ones inside
+        // `<tool_call>` (Qwen3-Coder's `<function=`, GLM's `<arg_key>`) before Hermes.
+        if source.contains("<|channel|>commentary") && source.contains("<|call|>") {
+            TemplateTools::Native(ToolFormat::Harmony)
+        } else if source.contains("<|tool_calls_section_begin|>") {
+            TemplateTools::Native(ToolFormat::KimiK2)
+        } else if source.contains("<｜tool▁calls▁begin｜>") {
+            // V3.1's `NAME<｜tool▁sep｜>{json}`; R1's `function<｜tool▁sep｜>NAME\n```json` is another syntax.
+            if source.contains("```json") {
+                TemplateTools::Unknown
+            } else {
+                TemplateTools::Native(ToolFormat::DeepSeekV31)
+            }
+        } else if source.contains("<function name=") && source.contains("<param name=") {
+            TemplateTools::Native(ToolFormat::MiniCpm5)
+        } else if source.contains("<|tool_call_start|>") || source.contains("<|tool_list_start|>") {
+            TemplateTools::Native(ToolFormat::Pythonic)
+        } else if source.contains("<tool_call>") && source.contains("<arg_key>") {
+            TemplateTools::Native(ToolFormat::Glm)
+        } else if source.contains("<tool_call>") && source.contains("<function=") {
             TemplateTools::Native(ToolFormat::Qwen3Coder)
         } else if source.contains("<|tool_call>") {
             TemplateTools::Native(ToolFormat::Gemma4)
@@ -144,7 +189,9 @@ pub fn render_with_tools(
     tools.format = Some(format);
     tools.opening = forced_opening(&tools.choice, format);
     let thinking_open = ReasoningSyntax::detect(template.source()).is_some_and(|r| r.starts_open(&text));
-    tools.opening_in_prompt = !thinking_open;
+    // Harmony: the model may write an analysis message before its call; the grammar writes
+    // the call's header after it.
+    tools.opening_in_prompt = !thinking_open && format != ToolFormat::Harmony;
     if tools.opening_in_prompt {
         text.push_str(&tools.opening);
     }
@@ -164,10 +211,12 @@ pub fn forced_opening(choice: &ToolChoice, format: ToolFormat) -> String {
         (ToolFormat::Hermes, _) => json_call("<tool_call>\n{\"name\": ", "arguments"),
         (ToolFormat::Llama3Json, _) => json_call("{\"name\": ", "parameters"),
         (ToolFormat::Mistral, _) => json_call("[TOOL_CALLS][{\"name\": ", "arguments"),
-        (ToolFormat::Qwen3Coder, ToolChoice::Required) => "<tool_call>\n<function=".into(),
-        (ToolFormat::Qwen3Coder, ToolChoice::Function(name)) => format!("<tool_call>\n<function={name}>\n"),
-        (ToolFormat::Gemma4, ToolChoice::Required) => "<|tool_call>call:".into(),
-        (ToolFormat::Gemma4, ToolChoice::Function(name)) => format!("<|tool_call>call:{name}{{"),
+        // The native syntaxes: the family's layout up to the name, or through it.
+        (native, choice) => match (super::grammar::shape(native), choice) {
+            (Some(s), ToolChoice::Required) => format!("{}{}", s.list_open, s.call_open),
+            (Some(s), ToolChoice::Function(name)) => format!("{}{}{name}{}", s.list_open, s.call_open, s.name_end),
+            _ => String::new(),
+        },
     }
 }
 
@@ -176,7 +225,9 @@ pub fn unknown_syntax() -> ToolsError {
     ToolsError::new(
             "tools",
             "this model's chat template renders tools in a call syntax Weft cannot parse (known: <tool_call> JSON, \
-             Qwen3-Coder XML, Gemma 4 <|tool_call>, Llama 3 JSON, [TOOL_CALLS])",
+             Qwen3-Coder XML, Gemma 4 <|tool_call>, MiniCPM5 <function name=>, GLM <arg_key>, Kimi K2 \
+             <|tool_calls_section_begin|>, DeepSeek V3.1 <｜tool▁calls▁begin｜>, pythonic <|tool_call_start|>, \
+             gpt-oss harmony, Llama 3 JSON, [TOOL_CALLS])",
     )
 }
 
@@ -293,6 +344,33 @@ mod tests {
             TemplateTools::Native(ToolFormat::Llama3Json)
         );
         assert_eq!(TemplateTools::detect("{% if tools %}<function>{% endif %}"), TemplateTools::Unknown);
+        // DeepSeek R1's `function<｜tool▁sep｜>NAME` + fenced JSON is not V3.1's syntax.
+        let r1 = "{% if tools %}<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>{{ name }}\n```json\n{% endif %}";
+        assert_eq!(TemplateTools::detect(r1), TemplateTools::Unknown);
+        // LFM2's template names its tool-list markers only.
+        let lfm2 = "{% if tools %}List of tools: <|tool_list_start|>[{% endif %}";
+        assert_eq!(TemplateTools::detect(lfm2), TemplateTools::Native(ToolFormat::Pythonic));
+    }
+
+    #[test]
+    fn forced_openings_follow_each_native_layout() {
+        let named = ToolChoice::Function("f".into());
+        let cases = [
+            (ToolFormat::MiniCpm5, "<function name=\"", "<function name=\"f\">"),
+            (ToolFormat::Glm, "<tool_call>", "<tool_call>f"),
+            (ToolFormat::KimiK2, "<|tool_calls_section_begin|><|tool_call_begin|>functions.", "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:"),
+            (ToolFormat::DeepSeekV31, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>"),
+            (ToolFormat::Pythonic, "<|tool_call_start|>[", "<|tool_call_start|>[f("),
+            (ToolFormat::Harmony, "<|channel|>commentary to=functions.", "<|channel|>commentary to=functions.f <|constrain|>json<|message|>"),
+            (ToolFormat::Qwen3Coder, "<tool_call>\n<function=", "<tool_call>\n<function=f>\n"),
+            (ToolFormat::Gemma4, "<|tool_call>call:", "<|tool_call>call:f{"),
+        ];
+        for (format, required, function) in cases {
+            assert_eq!(forced_opening(&ToolChoice::Required, format), required, "{format:?}");
+            assert_eq!(forced_opening(&named, format), function, "{format:?}");
+            // The wire name (serde, as the step plan carries it) is the documented one.
+            assert_eq!(serde_json::to_value(format).unwrap(), format.name());
+        }
     }
 
     #[test]
