@@ -709,3 +709,115 @@ fn ring_buffer_caches_fall_back_to_solo_prefill() {
     assert_eq!(stats.prefill_forwards, 2);
     assert!(outs.iter().all(|o| o.finals == 1 && o.error.is_none() && o.tokens.len() == 2));
 }
+
+// --- Multi-turn conversations through the prompt cache (boundary checkpoints).
+
+/// A system prompt of about `chars` characters, in the shape of an agent's tool preamble.
+fn agent_system_prompt(chars: usize) -> String {
+    let line = "Tool read_file(path): returns the file's text. Tool run(cmd): runs a shell command. ";
+    let mut s = String::from("You are a coding agent. ");
+    while s.len() < chars {
+        s.push_str(line);
+    }
+    s
+}
+
+/// One greedy chat turn; the outcome and the answer as the next turn's history gives it.
+fn chat_turn(engine: &Engine, messages: &[weft::tokenizer::ChatMessage], max_tokens: usize) -> (Outcome, String) {
+    let req = Request {
+        max_tokens,
+        sampling: SamplingParams::greedy(),
+        ignore_eos: false,
+        ..Request::new(Input::Messages(messages.to_vec()))
+    };
+    let out = collect(&engine.submit_channel(req).unwrap().1);
+    assert_eq!(out.error, None);
+    let answer = if out.text.trim().is_empty() { "(no answer)".to_string() } else { out.text.clone() };
+    (out, answer)
+}
+
+/// Runs `turns` turns of one conversation on a cached engine and a cold one (no prompt cache):
+/// every turn's tokens are equal, and from the second turn on at least 90% of the prompt
+/// comes from the cache.
+fn assert_multi_turn_exact(what: &str, model: &std::path::Path, config: EngineConfig, system_chars: usize, turns: usize) -> weft::engine::EngineStats {
+    use weft::tokenizer::ChatMessage;
+    let cached = Engine::start(loading::load(model).unwrap(), EngineConfig { prompt_cache_bytes: 64 << 20, ..config.clone() }).unwrap();
+    let cold = Engine::start(loading::load(model).unwrap(), EngineConfig { prompt_cache_bytes: 0, ..config }).unwrap();
+    let mut messages = vec![ChatMessage::new("system", &agent_system_prompt(system_chars)), ChatMessage::new("user", "List the files.")];
+    for turn in 0..turns {
+        let (warm, answer) = chat_turn(&cached, &messages, 6);
+        let (want, _) = chat_turn(&cold, &messages, 6);
+        assert_eq!(want.usage.cached_tokens, 0);
+        assert_eq!(warm.tokens, want.tokens, "{what}: turn {turn} (cached {} of {})", warm.usage.cached_tokens, warm.usage.prompt_tokens);
+        if turn > 0 {
+            let (hit, all) = (warm.usage.cached_tokens, warm.usage.prompt_tokens);
+            assert!(hit * 10 >= all * 9, "{what}: turn {turn} reused {hit} of {all} prompt tokens");
+        }
+        messages.push(ChatMessage::new("assistant", &answer));
+        messages.push(ChatMessage::new("user", &format!("Now run step {turn}.")));
+    }
+    let stats = settled_stats(&cached, |s| s.prompt_cache_hits as usize >= turns - 1);
+    assert!(stats.prompt_cache_hits as usize >= turns - 1 && stats.prompt_cache_cached_tokens > 0, "{what}: {stats:?}");
+    assert!(stats.prompt_cache_bytes <= stats.prompt_cache_capacity_bytes, "{what}: {stats:?}");
+    stats
+}
+
+#[test]
+fn multi_turn_chats_reuse_the_previous_turn_on_every_cache_kind() {
+    let kv8 = EngineConfig { kv_bits: Some(8), kv_group_size: 32, ..Default::default() };
+    let cases: [(&str, &str, EngineConfig); 5] = [
+        ("full attention", "llama-fp32", EngineConfig::default()),
+        ("quantized KV", "llama-fp32", kv8.clone()),
+        ("sliding window of 8", "gemma3-text", EngineConfig::default()),
+        ("hybrid recurrent", "qwen3_5", EngineConfig::default()),
+        ("hybrid recurrent, quantized KV", "qwen3_5", kv8),
+    ];
+    for (what, tiny, config) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let model = chatml_model(tiny, dir.path());
+        // Prefilled in chunks shorter than the prompt too, so checkpoints fall inside chunks.
+        for step in [2048, 96] {
+            let config = EngineConfig { prefill_step_size: step, ..config.clone() };
+            assert_multi_turn_exact(&format!("{what} ({tiny}, chunks of {step})"), &model, config, 1200, 4);
+        }
+    }
+}
+
+#[test]
+fn multi_turn_chats_with_real_templates_reuse_the_previous_turn() {
+    // Gemma 4's own template over sliding-window layers (window 8) and KV-shared layers.
+    let dir = tempfile::tempdir().unwrap();
+    let gemma = gemma4_chat_model(dir.path());
+    assert_multi_turn_exact("gemma4 template", &gemma, EngineConfig::default(), 1200, 4);
+    // Qwen3.5's thinking template drops the reasoning from history: the checkpoint at the end
+    // of the last message is what the next turn shares.
+    let dir = tempfile::tempdir().unwrap();
+    let Some(qwen) = qwen35_chat_model(dir.path()) else { return };
+    assert_multi_turn_exact("qwen3.5 template", &qwen, EngineConfig::default(), 3000, 4);
+}
+
+#[test]
+fn the_prompt_cache_evicts_least_recently_used_entries_under_its_ceiling() {
+    use weft::tokenizer::ChatMessage;
+    let dir = tempfile::tempdir().unwrap();
+    let model = chatml_model("qwen3_5", dir.path());
+    let conversation = |topic: &str| vec![ChatMessage::new("system", &format!("{topic} {}", agent_system_prompt(600))), ChatMessage::new("user", "Go.")];
+    // What one conversation's first turn leaves in the cache.
+    let probe = Engine::start(loading::load(&model).unwrap(), EngineConfig { prompt_cache_bytes: 64 << 20, ..Default::default() }).unwrap();
+    chat_turn(&probe, &conversation("A"), 4);
+    let one = settled_stats(&probe, |s| s.requests_finished >= 1).prompt_cache_bytes;
+    assert!(one > 0);
+    // Room for a bit more than that: B's turn evicts A's entries.
+    let capacity = one + one / 2;
+    let engine = Engine::start(loading::load(&model).unwrap(), EngineConfig { prompt_cache_bytes: capacity, ..Default::default() }).unwrap();
+    let cold = Engine::start(loading::load(&model).unwrap(), EngineConfig { prompt_cache_bytes: 0, ..Default::default() }).unwrap();
+    for topic in ["A", "B", "A"] {
+        let (out, _) = chat_turn(&engine, &conversation(topic), 4);
+        let (want, _) = chat_turn(&cold, &conversation(topic), 4);
+        assert_eq!(out.tokens, want.tokens, "{topic}");
+        let stats = engine.stats();
+        assert!(stats.prompt_cache_bytes <= capacity, "{stats:?}");
+    }
+    let stats = settled_stats(&engine, |s| s.requests_finished >= 3);
+    assert!(stats.prompt_cache_evictions > 0, "{stats:?}");
+}

@@ -381,33 +381,7 @@ pub fn gemma4_chat_model(dir: &Path) -> PathBuf {
         "<pad>", "<eos>", "<bos>", "<|turn>", "<turn|>", "<|think|>", "<|channel>", "<channel|>", "<|tool>", "<tool|>",
         "<|tool_call>", "<tool_call|>", "<|tool_response>", "<tool_response|>", "<|\"|>",
     ];
-    // GPT-2's byte-to-character map: every byte one token.
-    let mut printable: Vec<u32> = (33..=126).chain(161..=172).chain(174..=255).collect();
-    let mut chars = printable.clone();
-    for b in 0..256u32 {
-        if !printable.contains(&b) {
-            printable.push(b);
-            chars.push(256 + chars.len() as u32 - 188);
-        }
-    }
-    let mut vocab = serde_json::Map::new();
-    for (b, c) in printable.iter().zip(&chars) {
-        vocab.insert(char::from_u32(*c).unwrap().to_string(), (*b).into());
-    }
-    let added: Vec<Value> = SPECIAL
-        .iter()
-        .enumerate()
-        .map(|(i, t)| serde_json::json!({"id": 256 + i, "content": t, "single_word": false, "lstrip": false,
-            "rstrip": false, "normalized": false, "special": true}))
-        .collect();
-    let byte_level = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true});
-    let tokenizer = serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added, "normalizer": null,
-        "pre_tokenizer": byte_level, "post_processor": null, "decoder": byte_level,
-        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
-            "vocab": vocab, "merges": []}
-    });
+    let tokenizer = byte_level_tokenizer(SPECIAL);
     std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
     let template = std::fs::read_to_string(goldens_dir().join("templates/google-gemma-4-31B-it.jinja")).unwrap();
     let tok_config = serde_json::json!({"chat_template": template, "bos_token": "<bos>", "eos_token": "<turn|>",
@@ -427,6 +401,61 @@ pub fn gemma4_chat_model(dir: &Path) -> PathBuf {
         "model.embed_tokens.weight",
         "model.embed_tokens_per_layer.weight",
     ]);
+    dir.to_path_buf()
+}
+
+/// A byte-level BPE tokenizer (tokenizer.json) with every byte one token (ids 0..256, GPT-2's
+/// byte-to-character map) and `special` as special tokens from 256 on.
+pub fn byte_level_tokenizer(special: &[&str]) -> Value {
+    // GPT-2's byte-to-character map: every byte one token.
+    let mut printable: Vec<u32> = (33..=126).chain(161..=172).chain(174..=255).collect();
+    let mut chars = printable.clone();
+    for b in 0..256u32 {
+        if !printable.contains(&b) {
+            printable.push(b);
+            chars.push(256 + chars.len() as u32 - 188);
+        }
+    }
+    let mut vocab = serde_json::Map::new();
+    for (b, c) in printable.iter().zip(&chars) {
+        vocab.insert(char::from_u32(*c).unwrap().to_string(), (*b).into());
+    }
+    let added: Vec<Value> = special
+        .iter()
+        .enumerate()
+        .map(|(i, t)| serde_json::json!({"id": 256 + i, "content": t, "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": true}))
+        .collect();
+    let byte_level = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true});
+    serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added, "normalizer": null,
+        "pre_tokenizer": byte_level, "post_processor": null, "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+            "vocab": vocab, "merges": []}
+    })
+}
+
+/// A tiny golden model (whose vocabulary has room for 256 bytes + 2) that chats in ChatML
+/// through [`byte_level_tokenizer`], `<|im_end|>` its end of sequence. Written into `dir`.
+pub fn chatml_model(tiny: &str, dir: &Path) -> PathBuf {
+    let source = tiny_model_dir(tiny);
+    for entry in std::fs::read_dir(&source).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.join(path.file_name().unwrap())).unwrap();
+    }
+    std::fs::write(dir.join("tokenizer.json"), byte_level_tokenizer(&["<|im_start|>", "<|im_end|>"]).to_string()).unwrap();
+    let template = "{%- for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endfor %}\
+                    {%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}";
+    let tok_config = serde_json::json!({"chat_template": template, "eos_token": "<|im_end|>", "add_bos_token": false});
+    std::fs::write(dir.join("tokenizer_config.json"), tok_config.to_string()).unwrap();
+    edit_config(dir, |c| {
+        c["eos_token_id"] = 257.into();
+        if c.get("text_config").is_some() {
+            c["text_config"]["eos_token_id"] = 257.into();
+        }
+    });
+    let _ = std::fs::remove_file(dir.join("generation_config.json"));
     dir.to_path_buf()
 }
 

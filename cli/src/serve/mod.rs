@@ -92,9 +92,12 @@ pub struct ServeArgs {
     /// Default: no limit.
     #[arg(long, value_parser = parse_gb, alias = "kv-budget-bytes")]
     pub kv_budget: Option<u64>,
-    /// Bytes of finished requests' KV kept for prompt-prefix reuse (1GB, 512MB, or bytes); 0 = off
-    /// (the default). Reuse is exact: outputs equal a cold run's.
-    #[arg(long, value_parser = parse_bytes, default_value = "0")]
+    /// Bytes of KV kept for prompt-prefix reuse (1GB, 512MB, or bytes; 0 = off): finished
+    /// requests and checkpoints at their chat boundaries, so an agent's next turn prefills only
+    /// what is new, on hybrid and sliding-window models too. `auto` (the default) sizes it from
+    /// the memory left after loading the model; it shares one ceiling with the rows' KV (the
+    /// --kv-budget, else its own size). Reuse is exact: outputs equal a cold run's.
+    #[arg(long, value_parser = parse_prompt_cache, default_value = "auto")]
     pub prompt_cache_bytes: u64,
     #[command(flatten)]
     pub kv: crate::common::KvArgs,
@@ -219,6 +222,13 @@ fn parse_size(s: &str, bare_unit: f64) -> std::result::Result<u64, String> {
 
 fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
     parse_size(s, 1.0)
+}
+
+fn parse_prompt_cache(s: &str) -> std::result::Result<u64, String> {
+    match s.trim() {
+        "auto" => Ok(weft::engine::PROMPT_CACHE_AUTO),
+        other => parse_bytes(other),
+    }
 }
 
 fn parse_template_args(s: &str) -> std::result::Result<serde_json::Map<String, serde_json::Value>, String> {

@@ -80,6 +80,10 @@ impl KvCache for KvCacheSingle {
         true
     }
 
+    fn always_trims(&self) -> bool {
+        true
+    }
+
     /// Drops the last `n` positions (the storage is kept and overwritten later).
     fn trim(&mut self, n: usize) -> usize {
         let n = (n as i32).min(self.offset);

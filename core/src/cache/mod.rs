@@ -193,6 +193,12 @@ pub trait KvCache: Any + Send {
     fn trim(&mut self, _n: usize) -> usize {
         0
     }
+    /// Whether `trim` always drops the positions asked (plain and quantized KV); false where
+    /// it may refuse (recurrent state, a sliding-window ring once it wraps), for which the
+    /// prompt cache snapshots rows at their chat boundaries instead of cutting entries back.
+    fn always_trims(&self) -> bool {
+        false
+    }
     /// This cache as a batched cache (a single-sequence cache becomes a one-row batch; a batched
     /// cache is returned as it is).
     fn into_batched(self: Box<Self>) -> Result<Box<dyn KvCache>>;

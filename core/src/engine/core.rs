@@ -30,7 +30,8 @@ impl EngineCore {
         #[cfg(not(feature = "faults"))]
         let faults = Faults::default();
         let constraints = model.constraints;
-        let executor = Executor::new(model.model, model.tokenizer, config.prefill_step_size, config.prompt_cache_bytes)
+        let prompt_cache_bytes = super::memory::prompt_cache_capacity(&config);
+        let executor = Executor::new(model.model, model.tokenizer, config.prefill_step_size, prompt_cache_bytes)
             .with_kv_quantization(config.kv_quantization())
             .with_decode_mode(config.decode)
             .with_faults(faults);
@@ -167,8 +168,9 @@ impl EngineCore {
     /// at most one chunk), park paused rows and return resumed ones, then one decode step of
     /// the running batch.
     pub fn iterate(&mut self) {
-        let load = self.load();
         let info = self.executor.model().info().clone();
+        self.make_room(&info);
+        let load = self.load();
         for sub in self.scheduler.admit(&info, load) {
             let kv = self.config().kv_quantization();
             let need = projected_kv_bytes_for(&info, kv.as_ref(), sub.prompt.len(), sub.request.max_tokens);
@@ -176,6 +178,20 @@ impl EngineCore {
         }
         self.executor.prefill_step();
         self.executor.decode_step();
+    }
+
+    /// The prompt cache and the rows' KV share one ceiling (the KV budget, else the cache's
+    /// capacity): cached entries give way, least recently used first, to the rows running and
+    /// the request at the head of the queue, before admission would refuse it.
+    fn make_room(&mut self, info: &crate::models::ModelInfo) {
+        let cache = &self.executor.prompt_cache;
+        if cache.is_empty() {
+            return;
+        }
+        let ceiling = self.config().kv_budget_bytes.unwrap_or(cache.capacity());
+        let head = self.scheduler.head_projected(info).unwrap_or(0);
+        let rows = self.load().projected_kv_bytes;
+        self.executor.prompt_cache.evict_to(ceiling.saturating_sub(rows.saturating_add(head)));
     }
 
     /// Rows whose events have not ended yet: queued, prefilling, parked and decoding.
@@ -194,6 +210,9 @@ impl EngineCore {
             prompt_cache_bytes: self.executor.prompt_cache.bytes(),
             prompt_cache_entries: self.executor.prompt_cache.len(),
             prompt_cache_hits: self.executor.prompt_cache.hits,
+            prompt_cache_cached_tokens: self.executor.prompt_cache.cached_tokens,
+            prompt_cache_capacity_bytes: self.executor.prompt_cache.capacity(),
+            prompt_cache_evictions: self.executor.prompt_cache.evictions,
             tokens_generated: self.executor.tokens_generated,
             paused_rows: self.executor.parked(),
             decode_steps: self.executor.decode_steps,

@@ -569,6 +569,7 @@ fn submission(
         audio: Vec::new(),
         reasoning,
         rendered: None,
+        checkpoints: Vec::new(),
     })
 }
 
@@ -629,6 +630,7 @@ pub fn follow(model: LoadedModel, config: EngineConfig, group: Group, opts: Lock
 
 /// [`Engine::start`]'s checks and setup of `config`, for a core built here.
 fn prepared_config(model: &LoadedModel, config: EngineConfig) -> Result<EngineConfig> {
+    let config = super::lockstep_prompt_cache(config, true);
     config.validate_for(model.model.info())?;
     if let (Some(_), Some(why)) = (config.kv_quantization(), model.model.kv_quantization_unsupported()) {
         return Err(Error::Unsupported(why));

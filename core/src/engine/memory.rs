@@ -3,6 +3,23 @@
 
 use crate::{Error, Result};
 
+/// [`super::EngineConfig::prompt_cache_bytes`]'s default: size the prompt cache from the memory
+/// the device has left once the model is loaded ([`prompt_cache_capacity`]).
+pub const PROMPT_CACHE_AUTO: u64 = u64::MAX;
+
+/// The prompt cache's capacity under `config`: its own setting, or for [`PROMPT_CACHE_AUTO`] a
+/// quarter of what MLX may still allocate (its memory limit less what it holds: the weights),
+/// within the KV budget when there is one (the cache shares that ceiling with the rows).
+pub fn prompt_cache_capacity(config: &super::EngineConfig) -> u64 {
+    if config.prompt_cache_bytes != PROMPT_CACHE_AUTO {
+        return config.prompt_cache_bytes;
+    }
+    let limit = mlx_rs::memory::memory_limit().unwrap_or(0) as u64;
+    let active = mlx_rs::memory::active_memory().unwrap_or(0) as u64;
+    let auto = limit.saturating_sub(active) / 4;
+    config.kv_budget_bytes.map_or(auto, |b| auto.min(b))
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemoryPolicy {
     /// Largest buffer cache MLX keeps (`mlx.set_cache_limit`); `None` leaves MLX's default.

@@ -81,6 +81,11 @@ impl Scheduler {
         projected_kv_bytes_for(info, kv.as_ref(), sub.prompt.len(), sub.request.max_tokens)
     }
 
+    /// KV bytes the head of the queue may grow to, if a request waits.
+    pub fn head_projected(&self, info: &ModelInfo) -> Option<u64> {
+        self.waiting.front().map(|next| self.projected(info, next))
+    }
+
     /// Whether the head of the queue may start under `load`.
     pub fn head_fits(&self, info: &ModelInfo, load: &Load) -> bool {
         let Some(next) = self.waiting.front() else { return false };

@@ -55,6 +55,7 @@ pub fn run_single(
         audio: Vec::new(),
         reasoning: None,
         rendered: None,
+        checkpoints: Vec::new(),
     };
     executor.admit(sub, 0);
 
