@@ -821,3 +821,81 @@ fn the_prompt_cache_evicts_least_recently_used_entries_under_its_ceiling() {
     let stats = settled_stats(&engine, |s| s.requests_finished >= 3);
     assert!(stats.prompt_cache_evictions > 0, "{stats:?}");
 }
+
+#[test]
+fn prompt_cache_entries_saved_to_disk_survive_a_restart_and_damaged_files_are_refused() {
+    use weft::engine::{load_entry, CacheIdentity};
+    use weft::tokenizer::ChatMessage;
+    // A ring of sliding-window layers is saved in its storage order, and restored so.
+    let gemma_dir = tempfile::tempdir().unwrap();
+    assert_restart_reuses(&chatml_model("gemma3-text", gemma_dir.path()));
+    let model_dir = tempfile::tempdir().unwrap();
+    let model = chatml_model("qwen3_5", model_dir.path());
+    let files = tempfile::tempdir().unwrap();
+    let config = EngineConfig { prompt_cache_bytes: 64 << 20, prompt_cache_dir: Some(files.path().to_path_buf()), ..Default::default() };
+    let mut messages = vec![ChatMessage::new("system", &agent_system_prompt(1200)), ChatMessage::new("user", "List the files.")];
+    // Turn 1 on one engine, saved at its shutdown.
+    let first = Engine::start(loading::load(&model).unwrap(), config.clone()).unwrap();
+    let (_, answer) = chat_turn(&first, &messages, 6);
+    first.shutdown();
+    let saved: Vec<std::path::PathBuf> = std::fs::read_dir(files.path()).unwrap().map(|e| e.unwrap().path()).collect();
+    assert!(!saved.is_empty(), "nothing was saved");
+    // Turn 2 on a new engine: the saved entries serve it, exactly.
+    messages.push(ChatMessage::new("assistant", &answer));
+    messages.push(ChatMessage::new("user", "Now run the tests."));
+    let second = Engine::start(loading::load(&model).unwrap(), config.clone()).unwrap();
+    let (warm, _) = chat_turn(&second, &messages, 6);
+    let cold = Engine::start(loading::load(&model).unwrap(), EngineConfig { prompt_cache_bytes: 0, ..Default::default() }).unwrap();
+    let (want, _) = chat_turn(&cold, &messages, 6);
+    assert_eq!(warm.tokens, want.tokens);
+    assert!(warm.usage.cached_tokens * 10 >= warm.usage.prompt_tokens * 9, "{:?}", warm.usage);
+    assert!(second.stats().prompt_cache_files_refused.is_empty(), "{:?}", second.stats().prompt_cache_files_refused);
+    second.shutdown();
+
+    // Another model's numerics, a truncated file and a corrupt one are refused, saying why.
+    let loaded = loading::load(&model).unwrap();
+    let id = CacheIdentity::of(&loaded.source, &loaded.numerics);
+    let file = std::fs::read_dir(files.path()).unwrap().map(|e| e.unwrap().path()).next().unwrap();
+    let (tokens, caches) = load_entry(&file, &id).unwrap();
+    assert_eq!(caches.iter().map(|c| c.len()).min(), Some(tokens.len()));
+    let other = CacheIdentity { numerics: "another kernel mode".into(), ..id.clone() };
+    let err = load_entry(&file, &other).err().unwrap().to_string();
+    assert!(err.contains("saved for another numerics"), "{err}");
+    let bytes = std::fs::read(&file).unwrap();
+    let damaged = files.path().join("damaged.safetensors");
+    std::fs::write(&damaged, &bytes[..bytes.len() - 7]).unwrap();
+    let err = load_entry(&damaged, &id).err().unwrap().to_string();
+    assert!(err.contains("truncated"), "{err}");
+    let mut flipped = bytes.clone();
+    let last = flipped.len() - 3;
+    flipped[last] ^= 0x40;
+    std::fs::write(&damaged, &flipped).unwrap();
+    let err = load_entry(&damaged, &id).err().unwrap().to_string();
+    assert!(err.contains("checksum"), "{err}");
+    // An engine starting on that directory refuses the damaged file and still serves exactly.
+    let third = Engine::start(loading::load(&model).unwrap(), config).unwrap();
+    let (again, _) = chat_turn(&third, &messages, 6);
+    assert_eq!(again.tokens, want.tokens);
+    let refused = settled_stats(&third, |s| !s.prompt_cache_files_refused.is_empty()).prompt_cache_files_refused;
+    assert!(refused.len() == 1 && refused[0].contains("damaged.safetensors"), "{refused:?}");
+}
+
+/// Turn 1 on an engine saving to a directory, turn 2 on a new engine loading it: turn 2 reuses
+/// over 90% of its prompt and equals a cold run.
+fn assert_restart_reuses(model: &std::path::Path) {
+    use weft::tokenizer::ChatMessage;
+    let files = tempfile::tempdir().unwrap();
+    let config = EngineConfig { prompt_cache_bytes: 64 << 20, prompt_cache_dir: Some(files.path().to_path_buf()), ..Default::default() };
+    let mut messages = vec![ChatMessage::new("system", &agent_system_prompt(1200)), ChatMessage::new("user", "Go.")];
+    let first = Engine::start(loading::load(model).unwrap(), config.clone()).unwrap();
+    let (_, answer) = chat_turn(&first, &messages, 6);
+    first.shutdown();
+    messages.push(ChatMessage::new("assistant", &answer));
+    messages.push(ChatMessage::new("user", "Next."));
+    let second = Engine::start(loading::load(model).unwrap(), config).unwrap();
+    let (warm, _) = chat_turn(&second, &messages, 6);
+    let cold = Engine::start(loading::load(model).unwrap(), EngineConfig { prompt_cache_bytes: 0, ..Default::default() }).unwrap();
+    let (want, _) = chat_turn(&cold, &messages, 6);
+    assert_eq!(warm.tokens, want.tokens, "{}", model.display());
+    assert!(warm.usage.cached_tokens * 10 >= warm.usage.prompt_tokens * 9, "{}: {:?}", model.display(), warm.usage);
+}

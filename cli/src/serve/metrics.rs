@@ -146,7 +146,7 @@ impl Metrics {
         .collect();
         metric("weft_requests_finished_total", "counter", "Generations finished, by reason.", &finished);
         // The single-sample metrics, in exposition order (`None`: not exposed).
-        let scalars: [(&str, &str, &str, Option<f64>); 15] = [
+        let scalars: [(&str, &str, &str, Option<f64>); 17] = [
             ("weft_client_disconnects_total", "counter", "Generations cancelled because the client went away.", Some(load(&self.disconnects) as f64)),
             ("weft_requests_in_flight", "gauge", "Generation requests being served.", Some(load(&self.in_flight) as f64)),
             ("weft_prompt_tokens_total", "counter", "Prompt tokens of finished requests.", Some(load(&self.prompt_tokens) as f64)),

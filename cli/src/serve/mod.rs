@@ -99,6 +99,11 @@ pub struct ServeArgs {
     /// --kv-budget, else its own size). Reuse is exact: outputs equal a cold run's.
     #[arg(long, value_parser = parse_prompt_cache, default_value = "auto")]
     pub prompt_cache_bytes: u64,
+    /// Load the prompt cache from this directory at start and save it there at shutdown, so
+    /// entries (a long system prompt, an agent's conversation) survive a restart. Files saved
+    /// for another model, tokenizer or kernel mode, or damaged, are refused and reported.
+    #[arg(long, value_name = "DIR")]
+    pub prompt_cache_dir: Option<PathBuf>,
     #[command(flatten)]
     pub kv: crate::common::KvArgs,
     #[command(flatten)]
@@ -324,6 +329,7 @@ pub fn run(args: ServeArgs, opts: &crate::options::Options) -> Result<()> {
         prefill_step_size: args.prefill_step_size,
         kv_budget_bytes: args.kv_budget,
         prompt_cache_bytes: args.prompt_cache_bytes,
+        prompt_cache_dir: args.prompt_cache_dir.clone(),
         kv_bits: args.kv.kv_bits,
         kv_group_size: args.kv.kv_group_size,
         quantized_kv_start: args.kv.quantized_kv_start,
@@ -344,6 +350,20 @@ pub fn run(args: ServeArgs, opts: &crate::options::Options) -> Result<()> {
         Some(r) => Engine::start_distributed(model, config, r.group.clone(), r.opts)?,
         None => Engine::start(model, config)?,
     };
+    if args.prompt_cache_dir.is_some() {
+        // The engine thread publishes its stats (what it refused) once it has started.
+        let mut stats = engine.stats();
+        for _ in 0..500 {
+            if stats.prompt_cache_capacity_bytes > 0 || args.prompt_cache_bytes == 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+            stats = engine.stats();
+        }
+        for refused in stats.prompt_cache_files_refused {
+            log_line(&format!("weft serve: prompt cache: {refused}"));
+        }
+    }
     let chat_template = args.chat_template.as_deref().map(|t| load_chat_template(t, &engine)).transpose()?;
     let (model_id, aliases) = model_names(args.model.model.as_deref(), &path, args.served_model_name.as_deref());
     let served = ServedModel {

@@ -5,7 +5,9 @@ use crate::constrain::ConstraintFactoryCell;
 use super::faults::Faults;
 use super::memory::{mlx_memory, release_cached_memory};
 use super::scheduler::{projected_kv_bytes_for, Load, Scheduler};
+use super::prompt_cache_file::{entry_file, is_entry_file, load_entry, save_entry, CacheIdentity};
 use super::{EngineConfig, EngineStats, Event, RequestId, Submission};
+use std::path::PathBuf;
 use crate::stop::FinishReason;
 use crate::loading::LoadedModel;
 
@@ -20,6 +22,11 @@ pub struct EngineCore {
     released_at_step: u64,
     /// The work done when the engine last went idle (see [`EngineCore::work_mark`]).
     idle_mark: Option<(u64, u64, u64)>,
+    /// Where the prompt cache is saved at shutdown, for which model; the files it was loaded
+    /// from, and those it refused (with why).
+    persist: Option<(PathBuf, CacheIdentity)>,
+    loaded_files: Vec<PathBuf>,
+    refused_files: Vec<String>,
 }
 
 impl EngineCore {
@@ -31,11 +38,71 @@ impl EngineCore {
         let faults = Faults::default();
         let constraints = model.constraints;
         let prompt_cache_bytes = super::memory::prompt_cache_capacity(&config);
+        let persist = config.prompt_cache_dir.clone().map(|dir| (dir, CacheIdentity::of(&model.source, &model.numerics)));
         let executor = Executor::new(model.model, model.tokenizer, config.prefill_step_size, prompt_cache_bytes)
             .with_kv_quantization(config.kv_quantization())
             .with_decode_mode(config.decode)
             .with_faults(faults);
-        EngineCore { scheduler: Scheduler::new(config), executor, constraints, faults, released_at_step: 0, idle_mark: None }
+        let mut core = EngineCore {
+            scheduler: Scheduler::new(config),
+            executor,
+            constraints,
+            faults,
+            released_at_step: 0,
+            idle_mark: None,
+            persist,
+            loaded_files: Vec::new(),
+            refused_files: Vec::new(),
+        };
+        core.load_prompt_cache();
+        core
+    }
+
+    /// Fills the prompt cache from its directory's files (entries of this model only).
+    fn load_prompt_cache(&mut self) {
+        let Some((dir, id)) = &self.persist else { return };
+        if !self.executor.prompt_cache.enabled() {
+            return;
+        }
+        let mut files: Vec<PathBuf> = match std::fs::read_dir(dir) {
+            Ok(d) => d.flatten().map(|e| e.path()).filter(|p| is_entry_file(p)).collect(),
+            Err(e) => {
+                self.refused_files.push(format!("prompt-cache directory {}: {e}", dir.display()));
+                return;
+            }
+        };
+        files.sort();
+        for f in files {
+            match load_entry(&f, id) {
+                Ok((tokens, caches)) => {
+                    self.executor.prompt_cache.insert(tokens, caches);
+                    self.loaded_files.push(f);
+                }
+                Err(e) => self.refused_files.push(e.to_string()),
+            }
+        }
+    }
+
+    /// Writes the prompt cache's entries to its directory (kinds that are not saved, such as
+    /// quantized KV, are left out) and removes the files of entries it loaded and since evicted.
+    pub fn save_prompt_cache(&mut self) {
+        let Some((dir, id)) = &self.persist else { return };
+        if std::fs::create_dir_all(dir).is_err() {
+            return;
+        }
+        let mut kept = Vec::new();
+        for (tokens, caches) in self.executor.prompt_cache.entries() {
+            let file = entry_file(dir, tokens);
+            if save_entry(&file, tokens, caches, id).is_ok() {
+                kept.push(file);
+            }
+        }
+        for f in &self.loaded_files {
+            if !kept.contains(f) {
+                let _ = std::fs::remove_file(f);
+            }
+        }
+        self.loaded_files = kept;
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -213,6 +280,7 @@ impl EngineCore {
             prompt_cache_cached_tokens: self.executor.prompt_cache.cached_tokens,
             prompt_cache_capacity_bytes: self.executor.prompt_cache.capacity(),
             prompt_cache_evictions: self.executor.prompt_cache.evictions,
+            prompt_cache_files_refused: self.refused_files.clone(),
             tokens_generated: self.executor.tokens_generated,
             paused_rows: self.executor.parked(),
             decode_steps: self.executor.decode_steps,

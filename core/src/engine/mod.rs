@@ -19,6 +19,7 @@ mod lockstep;
 mod media;
 mod memory;
 mod prompt_cache;
+mod prompt_cache_file;
 mod queue;
 mod row;
 mod scheduler;
@@ -35,6 +36,7 @@ pub use lockstep::{follow, FollowerSinks, LockstepCore, LockstepOptions, RankSta
 pub use media::{attach_audio, attach_images, PreparedAudio, PreparedImage};
 pub use memory::{prompt_cache_capacity, release_free_heap, use_single_heap_arena, MemoryPolicy, PROMPT_CACHE_AUTO};
 pub use prompt_cache::PromptCache;
+pub use prompt_cache_file::{entry_file, load_entry, save_entry, CacheIdentity};
 pub use queue::{EventQueue, FlowQueue, Next, PAUSE_AT, RESUME_AT};
 pub use scheduler::Scheduler;
 
@@ -286,6 +288,10 @@ pub struct EngineConfig {
     /// left after loading ([`prompt_cache_capacity`]). It shares one ceiling with the rows' KV
     /// (the KV budget, else this capacity): entries are evicted before a row would wait.
     pub prompt_cache_bytes: u64,
+    /// A directory the prompt cache is loaded from at start and saved to at shutdown (one file
+    /// per entry, [`save_entry`]): entries survive a restart. Files saved for another model,
+    /// tokenizer or kernel mode, or damaged, are refused ([`EngineStats::prompt_cache_files_refused`]).
+    pub prompt_cache_dir: Option<std::path::PathBuf>,
     /// Quantize the KV cache to this many bits (mlx-lm's `kv_bits`); `None` (the default)
     /// keeps it in full precision, which is the mode that matches mlx-lm token for token.
     pub kv_bits: Option<i32>,
@@ -321,6 +327,7 @@ impl Default for EngineConfig {
             prefill_step_size: 2048,
             kv_budget_bytes: None,
             prompt_cache_bytes: PROMPT_CACHE_AUTO,
+            prompt_cache_dir: None,
             kv_bits: None,
             kv_group_size: KvQuantization::DEFAULT_GROUP_SIZE,
             quantized_kv_start: 0,
@@ -383,6 +390,9 @@ pub struct EngineStats {
     pub prompt_cache_cached_tokens: u64,
     pub prompt_cache_capacity_bytes: u64,
     pub prompt_cache_evictions: u64,
+    /// Files of [`EngineConfig::prompt_cache_dir`] refused at start, each with why.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub prompt_cache_files_refused: Vec<String>,
     pub tokens_generated: u64,
     /// Rows parked because their consumer paused them ([`RowFlow`]).
     pub paused_rows: usize,
@@ -689,6 +699,10 @@ pub(crate) fn lockstep_prompt_cache(mut config: EngineConfig, lockstep: bool) ->
     if lockstep && config.prompt_cache_bytes == PROMPT_CACHE_AUTO {
         config.prompt_cache_bytes = 0;
     }
+    if lockstep {
+        // Only rank 0 would read the files: the ranks' caches would differ.
+        config.prompt_cache_dir = None;
+    }
     config
 }
 
@@ -966,6 +980,7 @@ fn serve(core: &mut Option<EngineCore>, rx: &Receiver<Command>, stats: &Mutex<En
         }
         if shutting_down {
             core.cancel_all();
+            core.save_prompt_cache();
             *stats.lock() = core.stats();
             break;
         }

@@ -122,6 +122,11 @@ impl PromptCache {
         self.evict_to(self.capacity_bytes);
     }
 
+    /// Every entry: the tokens it holds and its caches.
+    pub fn entries(&self) -> impl Iterator<Item = (&[u32], &[Box<dyn KvCache>])> {
+        self.entries.iter().map(|e| (e.tokens.as_slice(), e.caches.as_slice()))
+    }
+
     /// Evicts least-recently-used entries until the cache holds at most `bytes`; returns the
     /// bytes freed.
     pub fn evict_to(&mut self, bytes: u64) -> u64 {
