@@ -899,3 +899,28 @@ fn assert_restart_reuses(model: &std::path::Path) {
     assert_eq!(warm.tokens, want.tokens, "{}", model.display());
     assert!(warm.usage.cached_tokens * 10 >= warm.usage.prompt_tokens * 9, "{}: {:?}", model.display(), warm.usage);
 }
+
+#[test]
+fn cached_entries_give_way_to_admitted_rows_under_the_kv_budget() {
+    let loaded = load_exact(&tiny_model_dir("llama-fp32")).unwrap();
+    let per_token = loaded.model.info().kv_bytes_per_token() as u64;
+    // Room for one short request (256 positions projected) and 10 more positions: not for it
+    // and a cached one (its 15 positions).
+    let budget = per_token * (256 + 10);
+    let config = EngineConfig { kv_budget_bytes: Some(budget), prompt_cache_bytes: 64 << 20, ..Default::default() };
+    let engine = Engine::start(loaded, config).unwrap();
+    let g = golden("llama-fp32");
+    let a = ids(&g["single"][1]["prompt_ids"]);
+    let b: Vec<u32> = a.iter().map(|t| (t + 1) % 512).collect();
+    collect(&engine.submit_channel(greedy(a, 10)).unwrap().1);
+    let held = settled_stats(&engine, |s| s.requests_finished >= 1 && s.prompt_cache_bytes > 0);
+    assert!(held.prompt_cache_bytes > per_token * 10, "{held:?}");
+    // B is admitted at once: A's entry is evicted to make room under the one ceiling.
+    let out = collect(&engine.submit_channel(greedy(b.clone(), 10)).unwrap().1);
+    assert_eq!(out.error, None);
+    let stats = settled_stats(&engine, |s| s.requests_finished >= 2);
+    assert!(stats.prompt_cache_evictions >= 1, "{stats:?}");
+    let single = load_exact(&tiny_model_dir("llama-fp32")).unwrap();
+    let cold = generate(single.model.as_ref(), None, &b, &GenerateOptions { max_tokens: 10, ..Default::default() }, |_| true).unwrap();
+    assert_eq!(out.tokens, cold.tokens);
+}

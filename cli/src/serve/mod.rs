@@ -96,7 +96,7 @@ pub struct ServeArgs {
     /// requests and checkpoints at their chat boundaries, so an agent's next turn prefills only
     /// what is new, on hybrid and sliding-window models too. `auto` (the default) sizes it from
     /// the memory left after loading the model; it shares one ceiling with the rows' KV (the
-    /// --kv-budget, else its own size). Reuse is exact: outputs equal a cold run's.
+    /// --kv-budget, else for `auto` the memory left after loading). Reuse is exact: outputs equal a cold run's.
     #[arg(long, value_parser = parse_prompt_cache, default_value = "auto")]
     pub prompt_cache_bytes: u64,
     /// Load the prompt cache from this directory at start and save it there at shutdown, so

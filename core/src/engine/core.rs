@@ -25,6 +25,8 @@ pub struct EngineCore {
     /// Where the prompt cache is saved at shutdown, for which model; the files it was loaded
     /// from, and those it refused (with why).
     persist: Option<(PathBuf, CacheIdentity)>,
+    /// What the prompt cache and the rows' KV share ([`super::memory::prompt_cache_capacity`]).
+    prompt_cache_ceiling: Option<u64>,
     loaded_files: Vec<PathBuf>,
     refused_files: Vec<String>,
 }
@@ -37,7 +39,7 @@ impl EngineCore {
         #[cfg(not(feature = "faults"))]
         let faults = Faults::default();
         let constraints = model.constraints;
-        let prompt_cache_bytes = super::memory::prompt_cache_capacity(&config);
+        let (prompt_cache_bytes, prompt_cache_ceiling) = super::memory::prompt_cache_capacity(&config);
         let persist = config.prompt_cache_dir.clone().map(|dir| (dir, CacheIdentity::of(&model.source, &model.numerics)));
         let executor = Executor::new(model.model, model.tokenizer, config.prefill_step_size, prompt_cache_bytes)
             .with_kv_quantization(config.kv_quantization())
@@ -51,6 +53,7 @@ impl EngineCore {
             released_at_step: 0,
             idle_mark: None,
             persist,
+            prompt_cache_ceiling,
             loaded_files: Vec::new(),
             refused_files: Vec::new(),
         };
@@ -247,15 +250,15 @@ impl EngineCore {
         self.executor.decode_step();
     }
 
-    /// The prompt cache and the rows' KV share one ceiling (the KV budget, else the cache's
-    /// capacity): cached entries give way, least recently used first, to the rows running and
-    /// the request at the head of the queue, before admission would refuse it.
+    /// The prompt cache and the rows' KV share one ceiling (the KV budget, else for a cache
+    /// sized from memory all MLX could allocate at start): cached entries give way, least
+    /// recently used first, to the rows running and the request at the head of the queue,
+    /// before admission would refuse it.
     fn make_room(&mut self, info: &crate::models::ModelInfo) {
-        let cache = &self.executor.prompt_cache;
-        if cache.is_empty() {
+        let Some(ceiling) = self.prompt_cache_ceiling else { return };
+        if self.executor.prompt_cache.is_empty() {
             return;
         }
-        let ceiling = self.config().kv_budget_bytes.unwrap_or(cache.capacity());
         let head = self.scheduler.head_projected(info).unwrap_or(0);
         let rows = self.load().projected_kv_bytes;
         self.executor.prompt_cache.evict_to(ceiling.saturating_sub(rows.saturating_add(head)));

@@ -36,7 +36,7 @@ pub use lockstep::{follow, FollowerSinks, LockstepCore, LockstepOptions, RankSta
 pub use media::{attach_audio, attach_images, PreparedAudio, PreparedImage};
 pub use memory::{prompt_cache_capacity, release_free_heap, use_single_heap_arena, MemoryPolicy, PROMPT_CACHE_AUTO};
 pub use prompt_cache::PromptCache;
-pub use prompt_cache_file::{entry_file, load_entry, save_entry, CacheIdentity};
+pub use prompt_cache_file::{entry_file, load_entry, save_entry, CacheIdentity, SavedEntry};
 pub use queue::{EventQueue, FlowQueue, Next, PAUSE_AT, RESUME_AT};
 pub use scheduler::Scheduler;
 
@@ -286,7 +286,8 @@ pub struct EngineConfig {
     /// Bytes of KV kept for prefix reuse (finished rows and their chat-boundary checkpoints);
     /// 0 disables the prompt cache. The default, [`PROMPT_CACHE_AUTO`], sizes it from the memory
     /// left after loading ([`prompt_cache_capacity`]). It shares one ceiling with the rows' KV
-    /// (the KV budget, else this capacity): entries are evicted before a row would wait.
+    /// (the KV budget; for `auto` without one, the memory MLX could allocate at start): entries
+    /// are evicted, least recently used first, before a row would wait.
     pub prompt_cache_bytes: u64,
     /// A directory the prompt cache is loaded from at start and saved to at shutdown (one file
     /// per entry, [`save_entry`]): entries survive a restart. Files saved for another model,

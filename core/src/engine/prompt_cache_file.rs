@@ -113,9 +113,12 @@ fn data_start(bytes: &[u8]) -> Option<usize> {
     (start <= bytes.len()).then_some(start)
 }
 
+/// An entry as read back: the tokens it holds and each layer's single-sequence cache.
+pub type SavedEntry = (Vec<u32>, Vec<Box<dyn KvCache>>);
+
 /// Reads an entry [`save_entry`] wrote: its tokens and single-sequence caches. A file for
 /// another model, tokenizer or numerics, or one truncated or corrupt, is refused with why.
-pub fn load_entry(path: &Path, id: &CacheIdentity) -> Result<(Vec<u32>, Vec<Box<dyn KvCache>>)> {
+pub fn load_entry(path: &Path, id: &CacheIdentity) -> Result<SavedEntry> {
     let bytes = std::fs::read(path).map_err(|e| io(path, e))?;
     let data = data_start(&bytes).ok_or_else(|| io(path, "truncated (no complete header)"))?;
     let header: serde_json::Value = serde_json::from_slice(&bytes[8..data]).map_err(|e| io(path, format!("corrupt header: {e}")))?;
