@@ -61,6 +61,24 @@ impl EngineCore {
         core
     }
 
+    /// Settings every rank of a lockstep group applies alike ([`super::lockstep_prompt_cache`]):
+    /// a prompt cache sized from each rank's own memory is off, and no rank reads cache files.
+    pub(crate) fn for_lockstep(&mut self) {
+        let config = self.scheduler.config_mut();
+        if config.prompt_cache_bytes == super::PROMPT_CACHE_AUTO {
+            config.prompt_cache_bytes = 0;
+            self.executor.disable_prompt_cache();
+            self.prompt_cache_ceiling = None;
+        }
+        config.prompt_cache_dir = None;
+        if self.persist.take().is_some() {
+            // What this rank alone read from files goes.
+            self.executor.prompt_cache = super::PromptCache::new(self.executor.prompt_cache.capacity());
+            self.loaded_files.clear();
+            self.refused_files.clear();
+        }
+    }
+
     /// Fills the prompt cache from its directory's files (entries of this model only).
     fn load_prompt_cache(&mut self) {
         let Some((dir, id)) = &self.persist else { return };

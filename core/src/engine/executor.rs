@@ -157,6 +157,12 @@ impl<M: ModelHandle> Executor<M> {
         self
     }
 
+    /// Turns the prompt cache off (ranks in lockstep without an explicit size).
+    pub fn disable_prompt_cache(&mut self) {
+        self.prompt_cache = PromptCache::new(0);
+        self.checkpointing = false;
+    }
+
     /// Schedules decode steps as `mode` says.
     pub fn with_decode_mode(mut self, mode: DecodeMode) -> Self {
         self.synchronous = mode == DecodeMode::Synchronous;

@@ -243,7 +243,8 @@ pub struct LockstepCore {
 }
 
 impl LockstepCore {
-    pub fn new(core: EngineCore, group: Group) -> Self {
+    pub fn new(mut core: EngineCore, group: Group) -> Self {
+        core.for_lockstep();
         let ranks = (0..group.size()).map(|rank| RankStats { rank, ..RankStats::default() }).collect();
         LockstepCore { core, group, seq: 0, pending: Vec::new(), ranks }
     }

@@ -57,6 +57,10 @@ impl Scheduler {
         &self.config
     }
 
+    pub(crate) fn config_mut(&mut self) -> &mut EngineConfig {
+        &mut self.config
+    }
+
     pub fn push(&mut self, sub: Submission) {
         self.waiting.push_back(sub);
     }
