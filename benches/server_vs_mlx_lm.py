@@ -11,7 +11,7 @@ field, a -100 logit_bias on the EOS ids), so every stream has the same length. M
 - TTFT p50 / p95: request sent until the first content chunk arrived, over all streams.
 
 Every prompt opens with a unique system message, so no request shares a prompt prefix with
-another (mlx_lm.server's prompt cache, on by default, and Weft's, off by default, find nothing
+another (mlx_lm.server's prompt cache and Weft's, both on by default, find nothing
 to reuse): both servers prefill every prompt in full.
 
     .venv/bin/python benches/server_vs_mlx_lm.py                       # the default model

@@ -553,7 +553,9 @@ const char *weft_last_error(void);
  *   "prompt_concurrency": requests prefilling at once (default 8);
  *   "prefill_step_size": prompt tokens per prefill chunk (default 2048);
  *   "kv_budget_bytes": projected KV-cache bytes across running requests (default: no limit);
- *   "prompt_cache_bytes": KV bytes of finished requests kept for prefix reuse (default 0 = off);
+ *   "prompt_cache_bytes": KV bytes kept for prefix reuse, finished requests and their chat-
+ *                         boundary checkpoints (0 = off; default: sized from the memory left
+ *                         after loading the model);
  *   "kv_bits": store keys/values affine-quantized to this many bits (2, 3, 4, 5, 6 or 8;
  *              default: full precision, the mode that matches mlx-lm exactly);
  *   "kv_group_size": elements per quantization group: 32, 64 (default) or 128, dividing head_dim;

@@ -920,3 +920,218 @@ fn prompt_cache_entries_of_speculative_rows_continue_exactly() {
     assert_eq!(stats.prompt_cache_hits, 1, "{stats:?}");
     assert!(got[1].usage.cached_tokens > 0 && stats.draft_tokens_accepted > 0, "{:?} {stats:?}", got[1].usage);
 }
+
+// --- Multi-turn conversations through the prompt cache (boundary checkpoints).
+
+/// A system prompt of about `chars` characters, in the shape of an agent's tool preamble.
+fn agent_system_prompt(chars: usize) -> String {
+    let line = "Tool read_file(path): returns the file's text. Tool run(cmd): runs a shell command. ";
+    let mut s = String::from("You are a coding agent. ");
+    while s.len() < chars {
+        s.push_str(line);
+    }
+    s
+}
+
+/// One greedy chat turn; the outcome and the answer as the next turn's history gives it.
+fn chat_turn(engine: &Engine, messages: &[weft::tokenizer::ChatMessage], max_tokens: usize) -> (Outcome, String) {
+    let req = Request {
+        max_tokens,
+        sampling: SamplingParams::greedy(),
+        ignore_eos: false,
+        ..Request::new(Input::Messages(messages.to_vec()))
+    };
+    let out = collect(&engine.submit_channel(req).unwrap().1);
+    assert_eq!(out.error, None);
+    let answer = if out.text.trim().is_empty() { "(no answer)".to_string() } else { out.text.clone() };
+    (out, answer)
+}
+
+/// Runs `turns` turns of one conversation on a cached engine and a cold one (no prompt cache):
+/// every turn's tokens are equal, and from the second turn on at least 90% of the prompt
+/// comes from the cache.
+fn assert_multi_turn_exact(what: &str, model: &std::path::Path, config: EngineConfig, system_chars: usize, turns: usize) -> weft::engine::EngineStats {
+    use weft::tokenizer::ChatMessage;
+    let cached = Engine::start(loading::load(model).unwrap(), EngineConfig { prompt_cache_bytes: 64 << 20, ..config.clone() }).unwrap();
+    let cold = Engine::start(loading::load(model).unwrap(), EngineConfig { prompt_cache_bytes: 0, ..config }).unwrap();
+    let mut messages = vec![ChatMessage::new("system", &agent_system_prompt(system_chars)), ChatMessage::new("user", "List the files.")];
+    for turn in 0..turns {
+        let (warm, answer) = chat_turn(&cached, &messages, 6);
+        let (want, _) = chat_turn(&cold, &messages, 6);
+        assert_eq!(want.usage.cached_tokens, 0);
+        assert_eq!(warm.tokens, want.tokens, "{what}: turn {turn} (cached {} of {})", warm.usage.cached_tokens, warm.usage.prompt_tokens);
+        if turn > 0 {
+            let (hit, all) = (warm.usage.cached_tokens, warm.usage.prompt_tokens);
+            assert!(hit * 10 >= all * 9, "{what}: turn {turn} reused {hit} of {all} prompt tokens");
+        }
+        messages.push(ChatMessage::new("assistant", &answer));
+        messages.push(ChatMessage::new("user", &format!("Now run step {turn}.")));
+    }
+    let stats = settled_stats(&cached, |s| s.prompt_cache_hits as usize >= turns - 1);
+    assert!(stats.prompt_cache_hits as usize >= turns - 1 && stats.prompt_cache_cached_tokens > 0, "{what}: {stats:?}");
+    assert!(stats.prompt_cache_bytes <= stats.prompt_cache_capacity_bytes, "{what}: {stats:?}");
+    stats
+}
+
+#[test]
+fn multi_turn_chats_reuse_the_previous_turn_on_every_cache_kind() {
+    let kv8 = EngineConfig { kv_bits: Some(8), kv_group_size: 32, ..Default::default() };
+    let cases: [(&str, &str, EngineConfig); 5] = [
+        ("full attention", "llama-fp32", EngineConfig::default()),
+        ("quantized KV", "llama-fp32", kv8.clone()),
+        ("sliding window of 8", "gemma3-text", EngineConfig::default()),
+        ("hybrid recurrent", "qwen3_5", EngineConfig::default()),
+        ("hybrid recurrent, quantized KV", "qwen3_5", kv8),
+    ];
+    for (what, tiny, config) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let model = chatml_model(tiny, dir.path());
+        // Prefilled in chunks shorter than the prompt too, so checkpoints fall inside chunks.
+        for step in [2048, 96] {
+            let config = EngineConfig { prefill_step_size: step, ..config.clone() };
+            assert_multi_turn_exact(&format!("{what} ({tiny}, chunks of {step})"), &model, config, 1200, 4);
+        }
+    }
+}
+
+#[test]
+fn multi_turn_chats_with_real_templates_reuse_the_previous_turn() {
+    // Gemma 4's own template over sliding-window layers (window 8) and KV-shared layers.
+    let dir = tempfile::tempdir().unwrap();
+    let gemma = gemma4_chat_model(dir.path());
+    assert_multi_turn_exact("gemma4 template", &gemma, EngineConfig::default(), 1200, 4);
+    // Qwen3.5's thinking template drops the reasoning from history: the checkpoint at the end
+    // of the last message is what the next turn shares.
+    let dir = tempfile::tempdir().unwrap();
+    let Some(qwen) = qwen35_chat_model(dir.path()) else { return };
+    assert_multi_turn_exact("qwen3.5 template", &qwen, EngineConfig::default(), 3000, 4);
+}
+
+#[test]
+fn the_prompt_cache_evicts_least_recently_used_entries_under_its_ceiling() {
+    use weft::tokenizer::ChatMessage;
+    let dir = tempfile::tempdir().unwrap();
+    let model = chatml_model("qwen3_5", dir.path());
+    let conversation = |topic: &str| vec![ChatMessage::new("system", &format!("{topic} {}", agent_system_prompt(600))), ChatMessage::new("user", "Go.")];
+    // What one conversation's first turn leaves in the cache.
+    let probe = Engine::start(loading::load(&model).unwrap(), EngineConfig { prompt_cache_bytes: 64 << 20, ..Default::default() }).unwrap();
+    chat_turn(&probe, &conversation("A"), 4);
+    let one = settled_stats(&probe, |s| s.requests_finished >= 1).prompt_cache_bytes;
+    assert!(one > 0);
+    // Room for a bit more than that: B's turn evicts A's entries.
+    let capacity = one + one / 2;
+    let engine = Engine::start(loading::load(&model).unwrap(), EngineConfig { prompt_cache_bytes: capacity, ..Default::default() }).unwrap();
+    let cold = Engine::start(loading::load(&model).unwrap(), EngineConfig { prompt_cache_bytes: 0, ..Default::default() }).unwrap();
+    for topic in ["A", "B", "A"] {
+        let (out, _) = chat_turn(&engine, &conversation(topic), 4);
+        let (want, _) = chat_turn(&cold, &conversation(topic), 4);
+        assert_eq!(out.tokens, want.tokens, "{topic}");
+        let stats = engine.stats();
+        assert!(stats.prompt_cache_bytes <= capacity, "{stats:?}");
+    }
+    let stats = settled_stats(&engine, |s| s.requests_finished >= 3);
+    assert!(stats.prompt_cache_evictions > 0, "{stats:?}");
+}
+
+#[test]
+fn prompt_cache_entries_saved_to_disk_survive_a_restart_and_damaged_files_are_refused() {
+    use weft::engine::{load_entry, CacheIdentity};
+    use weft::tokenizer::ChatMessage;
+    // A ring of sliding-window layers is saved in its storage order, and restored so.
+    let gemma_dir = tempfile::tempdir().unwrap();
+    assert_restart_reuses(&chatml_model("gemma3-text", gemma_dir.path()));
+    let model_dir = tempfile::tempdir().unwrap();
+    let model = chatml_model("qwen3_5", model_dir.path());
+    let files = tempfile::tempdir().unwrap();
+    let config = EngineConfig { prompt_cache_bytes: 64 << 20, prompt_cache_dir: Some(files.path().to_path_buf()), ..Default::default() };
+    let mut messages = vec![ChatMessage::new("system", &agent_system_prompt(1200)), ChatMessage::new("user", "List the files.")];
+    // Turn 1 on one engine, saved at its shutdown.
+    let first = Engine::start(loading::load(&model).unwrap(), config.clone()).unwrap();
+    let (_, answer) = chat_turn(&first, &messages, 6);
+    first.shutdown();
+    let saved: Vec<std::path::PathBuf> = std::fs::read_dir(files.path()).unwrap().map(|e| e.unwrap().path()).collect();
+    assert!(!saved.is_empty(), "nothing was saved");
+    // Turn 2 on a new engine: the saved entries serve it, exactly.
+    messages.push(ChatMessage::new("assistant", &answer));
+    messages.push(ChatMessage::new("user", "Now run the tests."));
+    let second = Engine::start(loading::load(&model).unwrap(), config.clone()).unwrap();
+    let (warm, _) = chat_turn(&second, &messages, 6);
+    let cold = Engine::start(loading::load(&model).unwrap(), EngineConfig { prompt_cache_bytes: 0, ..Default::default() }).unwrap();
+    let (want, _) = chat_turn(&cold, &messages, 6);
+    assert_eq!(warm.tokens, want.tokens);
+    assert!(warm.usage.cached_tokens * 10 >= warm.usage.prompt_tokens * 9, "{:?}", warm.usage);
+    assert!(second.stats().prompt_cache_files_refused.is_empty(), "{:?}", second.stats().prompt_cache_files_refused);
+    second.shutdown();
+
+    // Another model's numerics, a truncated file and a corrupt one are refused, saying why.
+    let loaded = loading::load(&model).unwrap();
+    let id = CacheIdentity::of(&loaded.source, &loaded.numerics);
+    let file = std::fs::read_dir(files.path()).unwrap().map(|e| e.unwrap().path()).next().unwrap();
+    let (tokens, caches) = load_entry(&file, &id).unwrap();
+    assert_eq!(caches.iter().map(|c| c.len()).min(), Some(tokens.len()));
+    let other = CacheIdentity { numerics: "another kernel mode".into(), ..id.clone() };
+    let err = load_entry(&file, &other).err().unwrap().to_string();
+    assert!(err.contains("saved for another numerics"), "{err}");
+    let bytes = std::fs::read(&file).unwrap();
+    let damaged = files.path().join("damaged.safetensors");
+    std::fs::write(&damaged, &bytes[..bytes.len() - 7]).unwrap();
+    let err = load_entry(&damaged, &id).err().unwrap().to_string();
+    assert!(err.contains("truncated"), "{err}");
+    let mut flipped = bytes.clone();
+    let last = flipped.len() - 3;
+    flipped[last] ^= 0x40;
+    std::fs::write(&damaged, &flipped).unwrap();
+    let err = load_entry(&damaged, &id).err().unwrap().to_string();
+    assert!(err.contains("checksum"), "{err}");
+    // An engine starting on that directory refuses the damaged file and still serves exactly.
+    let third = Engine::start(loading::load(&model).unwrap(), config).unwrap();
+    let (again, _) = chat_turn(&third, &messages, 6);
+    assert_eq!(again.tokens, want.tokens);
+    let refused = settled_stats(&third, |s| !s.prompt_cache_files_refused.is_empty()).prompt_cache_files_refused;
+    assert!(refused.len() == 1 && refused[0].contains("damaged.safetensors"), "{refused:?}");
+}
+
+/// Turn 1 on an engine saving to a directory, turn 2 on a new engine loading it: turn 2 reuses
+/// over 90% of its prompt and equals a cold run.
+fn assert_restart_reuses(model: &std::path::Path) {
+    use weft::tokenizer::ChatMessage;
+    let files = tempfile::tempdir().unwrap();
+    let config = EngineConfig { prompt_cache_bytes: 64 << 20, prompt_cache_dir: Some(files.path().to_path_buf()), ..Default::default() };
+    let mut messages = vec![ChatMessage::new("system", &agent_system_prompt(1200)), ChatMessage::new("user", "Go.")];
+    let first = Engine::start(loading::load(model).unwrap(), config.clone()).unwrap();
+    let (_, answer) = chat_turn(&first, &messages, 6);
+    first.shutdown();
+    messages.push(ChatMessage::new("assistant", &answer));
+    messages.push(ChatMessage::new("user", "Next."));
+    let second = Engine::start(loading::load(model).unwrap(), config).unwrap();
+    let (warm, _) = chat_turn(&second, &messages, 6);
+    let cold = Engine::start(loading::load(model).unwrap(), EngineConfig { prompt_cache_bytes: 0, ..Default::default() }).unwrap();
+    let (want, _) = chat_turn(&cold, &messages, 6);
+    assert_eq!(warm.tokens, want.tokens, "{}", model.display());
+    assert!(warm.usage.cached_tokens * 10 >= warm.usage.prompt_tokens * 9, "{}: {:?}", model.display(), warm.usage);
+}
+
+#[test]
+fn cached_entries_give_way_to_admitted_rows_under_the_kv_budget() {
+    let loaded = load_exact(&tiny_model_dir("llama-fp32")).unwrap();
+    let per_token = loaded.model.info().kv_bytes_per_token() as u64;
+    // Room for one short request (256 positions projected) and 10 more positions: not for it
+    // and a cached one (its 15 positions).
+    let budget = per_token * (256 + 10);
+    let config = EngineConfig { kv_budget_bytes: Some(budget), prompt_cache_bytes: 64 << 20, ..Default::default() };
+    let engine = Engine::start(loaded, config).unwrap();
+    let g = golden("llama-fp32");
+    let a = ids(&g["single"][1]["prompt_ids"]);
+    let b: Vec<u32> = a.iter().map(|t| (t + 1) % 512).collect();
+    collect(&engine.submit_channel(greedy(a, 10)).unwrap().1);
+    let held = settled_stats(&engine, |s| s.requests_finished >= 1 && s.prompt_cache_bytes > 0);
+    assert!(held.prompt_cache_bytes > per_token * 10, "{held:?}");
+    // B is admitted at once: A's entry is evicted to make room under the one ceiling.
+    let out = collect(&engine.submit_channel(greedy(b.clone(), 10)).unwrap().1);
+    assert_eq!(out.error, None);
+    let stats = settled_stats(&engine, |s| s.requests_finished >= 2);
+    assert!(stats.prompt_cache_evictions >= 1, "{stats:?}");
+    let single = load_exact(&tiny_model_dir("llama-fp32")).unwrap();
+    let cold = generate(single.model.as_ref(), None, &b, &GenerateOptions { max_tokens: 10, ..Default::default() }, |_| true).unwrap();
+    assert_eq!(out.tokens, cold.tokens);
+}

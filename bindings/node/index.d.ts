@@ -337,7 +337,10 @@ export interface LoadOptions {
   prefillStepSize?: number
   /** Projected KV-cache bytes allowed across admitted rows (default: no limit). */
   kvBudgetBytes?: number
-  /** Bytes of finished rows' KV kept for prompt-prefix reuse (default 0: off). */
+  /**
+   * Bytes of KV kept for prompt-prefix reuse, finished rows and their chat-boundary
+   * checkpoints (0: off; default: sized from the memory left after loading the model).
+   */
   promptCacheBytes?: number
   /**
    * Store keys and values affine-quantized to this many bits (2, 3, 4, 5, 6 or 8). Default:

@@ -437,6 +437,27 @@ fn gemma4_chat_model_from(dir: &Path, source_name: &str) -> PathBuf {
 /// Writes into `dir` a byte-level tokenizer (every byte one token, ids 0..=255) with `special`
 /// as special tokens from id 256 on, and `tok_config` as its tokenizer_config.json.
 pub fn write_byte_level_tokenizer(dir: &Path, special: &[&str], tok_config: &Value) {
+    let tokenizer = byte_level_tokenizer(special);
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    std::fs::write(dir.join("tokenizer_config.json"), tok_config.to_string()).unwrap();
+}
+
+/// A family's tokenizer for a tiny model: byte-level with the family's markers as special
+/// tokens (`special`, the first being the template's `bos_token`, the second its `eos_token`)
+/// and the family's real chat template (goldens/templates/`template`), written into `dir`. For
+/// families whose own vocabulary no registry ships as a small download: the markers and the
+/// template are the family's, the ordinary text is bytes.
+pub fn family_tokenizer(dir: &Path, template: &str, special: &[&str]) -> weft::tokenizer::Tokenizer {
+    let source = std::fs::read_to_string(goldens_dir().join("templates").join(template)).unwrap();
+    let tok_config = serde_json::json!({"chat_template": source, "bos_token": special[0], "eos_token": special[1],
+        "add_bos_token": false});
+    write_byte_level_tokenizer(dir, special, &tok_config);
+    weft::tokenizer::Tokenizer::from_dir(dir).unwrap()
+}
+
+/// A byte-level BPE tokenizer (tokenizer.json) with every byte one token (ids 0..256, GPT-2's
+/// byte-to-character map) and `special` as special tokens from 256 on.
+pub fn byte_level_tokenizer(special: &[&str]) -> Value {
     // GPT-2's byte-to-character map: every byte one token.
     let mut printable: Vec<u32> = (33..=126).chain(161..=172).chain(174..=255).collect();
     let mut chars = printable.clone();
@@ -457,28 +478,36 @@ pub fn write_byte_level_tokenizer(dir: &Path, special: &[&str], tok_config: &Val
             "rstrip": false, "normalized": false, "special": true}))
         .collect();
     let byte_level = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true});
-    let tokenizer = serde_json::json!({
+    serde_json::json!({
         "version": "1.0", "truncation": null, "padding": null, "added_tokens": added, "normalizer": null,
         "pre_tokenizer": byte_level, "post_processor": null, "decoder": byte_level,
         "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
             "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
             "vocab": vocab, "merges": []}
-    });
-    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
-    std::fs::write(dir.join("tokenizer_config.json"), tok_config.to_string()).unwrap();
+    })
 }
 
-/// A family's tokenizer for a tiny model: byte-level with the family's markers as special
-/// tokens (`special`, the first being the template's `bos_token`, the second its `eos_token`)
-/// and the family's real chat template (goldens/templates/`template`), written into `dir`. For
-/// families whose own vocabulary no registry ships as a small download: the markers and the
-/// template are the family's, the ordinary text is bytes.
-pub fn family_tokenizer(dir: &Path, template: &str, special: &[&str]) -> weft::tokenizer::Tokenizer {
-    let source = std::fs::read_to_string(goldens_dir().join("templates").join(template)).unwrap();
-    let tok_config = serde_json::json!({"chat_template": source, "bos_token": special[0], "eos_token": special[1],
-        "add_bos_token": false});
-    write_byte_level_tokenizer(dir, special, &tok_config);
-    weft::tokenizer::Tokenizer::from_dir(dir).unwrap()
+/// A tiny golden model (whose vocabulary has room for 256 bytes + 2) that chats in ChatML
+/// through [`byte_level_tokenizer`], `<|im_end|>` its end of sequence. Written into `dir`.
+pub fn chatml_model(tiny: &str, dir: &Path) -> PathBuf {
+    let source = tiny_model_dir(tiny);
+    for entry in std::fs::read_dir(&source).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.join(path.file_name().unwrap())).unwrap();
+    }
+    std::fs::write(dir.join("tokenizer.json"), byte_level_tokenizer(&["<|im_start|>", "<|im_end|>"]).to_string()).unwrap();
+    let template = "{%- for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endfor %}\
+                    {%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}";
+    let tok_config = serde_json::json!({"chat_template": template, "eos_token": "<|im_end|>", "add_bos_token": false});
+    std::fs::write(dir.join("tokenizer_config.json"), tok_config.to_string()).unwrap();
+    edit_config(dir, |c| {
+        c["eos_token_id"] = 257.into();
+        if c.get("text_config").is_some() {
+            c["text_config"]["eos_token_id"] = 257.into();
+        }
+    });
+    let _ = std::fs::remove_file(dir.join("generation_config.json"));
+    dir.to_path_buf()
 }
 
 /// Copies a float32 safetensors file, the named `[vocab, width]` tensors grown to `vocab` rows

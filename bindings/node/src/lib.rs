@@ -59,7 +59,8 @@ pub struct LoadOptions {
     pub prefill_step_size: Option<u32>,
     /// Projected KV-cache bytes allowed across admitted rows (default: no limit).
     pub kv_budget_bytes: Option<f64>,
-    /// Bytes of finished rows' KV kept for prompt-prefix reuse (default 0: off).
+    /// Bytes of KV kept for prompt-prefix reuse, finished rows and their chat-boundary
+    /// checkpoints (0: off; default: sized from the memory left after loading the model).
     pub prompt_cache_bytes: Option<f64>,
     /// Store keys and values affine-quantized to this many bits (2, 3, 4, 5, 6 or 8). Default:
     /// full precision, the mode that matches mlx-lm token for token.

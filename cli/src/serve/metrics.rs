@@ -146,7 +146,7 @@ impl Metrics {
         .collect();
         metric("weft_requests_finished_total", "counter", "Generations finished, by reason.", &finished);
         // The single-sample metrics, in exposition order (`None`: not exposed).
-        let scalars: [(&str, &str, &str, Option<f64>); 17] = [
+        let scalars: [(&str, &str, &str, Option<f64>); 19] = [
             ("weft_client_disconnects_total", "counter", "Generations cancelled because the client went away.", Some(load(&self.disconnects) as f64)),
             ("weft_requests_in_flight", "gauge", "Generation requests being served.", Some(load(&self.in_flight) as f64)),
             ("weft_prompt_tokens_total", "counter", "Prompt tokens of finished requests.", Some(load(&self.prompt_tokens) as f64)),
@@ -160,6 +160,8 @@ impl Metrics {
             ("weft_prompt_cache_bytes", "gauge", "Bytes held by the prompt cache.", Some(stats.prompt_cache_bytes as f64)),
             ("weft_prompt_cache_entries", "gauge", "Entries in the prompt cache.", Some(stats.prompt_cache_entries as f64)),
             ("weft_prompt_cache_hits_total", "counter", "Prompt-cache hits.", Some(stats.prompt_cache_hits as f64)),
+            ("weft_prompt_cache_capacity_bytes", "gauge", "The prompt cache's capacity.", Some(stats.prompt_cache_capacity_bytes as f64)),
+            ("weft_prompt_cache_evictions_total", "counter", "Prompt-cache entries evicted.", Some(stats.prompt_cache_evictions as f64)),
             ("weft_decode_steps_total", "counter", "Batched decode steps run.", Some(stats.decode_steps as f64)),
             ("weft_engine_tokens_generated_total", "counter", "Tokens the engine generated (all requests).", Some(stats.tokens_generated as f64)),
             ("weft_draft_tokens_total", "counter", "Speculative draft tokens verified.", Some(stats.draft_tokens as f64)),

@@ -96,10 +96,18 @@ pub struct ServeArgs {
     /// Default: no limit.
     #[arg(long, value_parser = parse_gb, alias = "kv-budget-bytes")]
     pub kv_budget: Option<u64>,
-    /// Bytes of finished requests' KV kept for prompt-prefix reuse (1GB, 512MB, or bytes); 0 = off
-    /// (the default). Reuse is exact: outputs equal a cold run's.
-    #[arg(long, value_parser = parse_bytes, default_value = "0")]
+    /// Bytes of KV kept for prompt-prefix reuse (1GB, 512MB, or bytes; 0 = off): finished
+    /// requests and checkpoints at their chat boundaries, so an agent's next turn prefills only
+    /// what is new, on hybrid and sliding-window models too. `auto` (the default) sizes it from
+    /// the memory left after loading the model; it shares one ceiling with the rows' KV (the
+    /// --kv-budget, else for `auto` the memory left after loading). Reuse is exact: outputs equal a cold run's.
+    #[arg(long, value_parser = parse_prompt_cache, default_value = "auto")]
     pub prompt_cache_bytes: u64,
+    /// Load the prompt cache from this directory at start and save it there at shutdown, so
+    /// entries (a long system prompt, an agent's conversation) survive a restart. Files saved
+    /// for another model, tokenizer or kernel mode, or damaged, are refused and reported.
+    #[arg(long, value_name = "DIR")]
+    pub prompt_cache_dir: Option<PathBuf>,
     #[command(flatten)]
     pub kv: crate::common::KvArgs,
     #[command(flatten)]
@@ -225,6 +233,13 @@ fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
     parse_size(s, 1.0)
 }
 
+fn parse_prompt_cache(s: &str) -> std::result::Result<u64, String> {
+    match s.trim() {
+        "auto" => Ok(weft::engine::PROMPT_CACHE_AUTO),
+        other => parse_bytes(other),
+    }
+}
+
 fn parse_template_args(s: &str) -> std::result::Result<serde_json::Map<String, serde_json::Value>, String> {
     match serde_json::from_str::<serde_json::Value>(s) {
         Ok(serde_json::Value::Object(m)) => Ok(m),
@@ -318,6 +333,7 @@ pub fn run(args: ServeArgs, opts: &crate::options::Options) -> Result<()> {
         prefill_step_size: args.prefill_step_size,
         kv_budget_bytes: args.kv_budget,
         prompt_cache_bytes: args.prompt_cache_bytes,
+        prompt_cache_dir: args.prompt_cache_dir.clone(),
         kv_bits: args.kv.kv_bits,
         kv_group_size: args.kv.kv_group_size,
         quantized_kv_start: args.kv.quantized_kv_start,
@@ -339,6 +355,20 @@ pub fn run(args: ServeArgs, opts: &crate::options::Options) -> Result<()> {
         Some(r) => Engine::start_distributed(model, config, r.group.clone(), r.opts)?,
         None => Engine::start(model, config)?,
     };
+    if args.prompt_cache_dir.is_some() {
+        // The engine thread publishes its stats (what it refused) once it has started.
+        let mut stats = engine.stats();
+        for _ in 0..500 {
+            if stats.prompt_cache_capacity_bytes > 0 || args.prompt_cache_bytes == 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+            stats = engine.stats();
+        }
+        for refused in stats.prompt_cache_files_refused {
+            log_line(&format!("weft serve: prompt cache: {refused}"));
+        }
+    }
     let chat_template = args.chat_template.as_deref().map(|t| load_chat_template(t, &engine)).transpose()?;
     let (model_id, aliases) = model_names(args.model.model.as_deref(), &path, args.served_model_name.as_deref());
     let served = ServedModel {

@@ -80,6 +80,15 @@ impl KvCache for KvCacheSingle {
         true
     }
 
+    fn always_trims(&self) -> bool {
+        true
+    }
+
+    fn export(&self) -> Option<super::CacheParts> {
+        let (keys, values) = self.keys_values()?;
+        Some(super::CacheParts { kind: "kv".into(), arrays: vec![("keys".into(), keys), ("values".into(), values)], ints: Vec::new() })
+    }
+
     /// Drops the last `n` positions (the storage is kept and overwritten later).
     fn trim(&mut self, n: usize) -> usize {
         let n = (n as i32).min(self.offset);

@@ -202,12 +202,44 @@ pub trait KvCache: Any + Send {
     fn trim(&mut self, _n: usize) -> usize {
         0
     }
+    /// Whether `trim` always drops the positions asked (plain and quantized KV); false where
+    /// it may refuse (recurrent state, a sliding-window ring once it wraps), for which the
+    /// prompt cache snapshots rows at their chat boundaries instead of cutting entries back.
+    fn always_trims(&self) -> bool {
+        false
+    }
+    /// A single-sequence cache's contents, to save to a file ([`import`] rebuilds it); `None`
+    /// for kinds that are not saved (batched and quantized caches).
+    fn export(&self) -> Option<CacheParts> {
+        None
+    }
     /// This cache as a batched cache (a single-sequence cache becomes a one-row batch; a batched
     /// cache is returned as it is).
     fn into_batched(self: Box<Self>) -> Result<Box<dyn KvCache>>;
     /// A copy that shares storage (arrays are immutable; writes replace them).
     fn duplicate(&self) -> Box<dyn KvCache>;
     fn into_any(self: Box<Self>) -> Box<dyn Any>;
+}
+
+/// A saved single-sequence cache: its kind, its arrays by name and its integer fields.
+pub struct CacheParts {
+    pub kind: String,
+    pub arrays: Vec<(String, Array)>,
+    pub ints: Vec<i64>,
+}
+
+/// Rebuilds a cache [`KvCache::export`] gave, refusing parts that do not fit its kind.
+pub fn import(parts: CacheParts) -> Result<Box<dyn KvCache>> {
+    let CacheParts { kind, arrays, ints } = parts;
+    let array = |name: &str| arrays.iter().find(|(n, _)| n == name).map(|(_, a)| a.clone());
+    let bad = || Error::InvalidRequest(format!("a saved {kind} cache is incomplete"));
+    let int = |i: usize| ints.get(i).copied().and_then(|v| i32::try_from(v).ok()).ok_or_else(bad);
+    Ok(match kind.as_str() {
+        "kv" => Box::new(KvCacheSingle::from_keys_values(array("keys").ok_or_else(bad)?, array("values").ok_or_else(bad)?)),
+        "rotating" => Box::new(RotatingKvCache::from_saved(array("keys"), array("values"), int(0)?, int(1)?, int(2)?)),
+        "recurrent" => Box::new(RecurrentCache::from_saved(array("conv"), array("ssm"), int(0)?)),
+        other => return Err(Error::InvalidRequest(format!("a saved cache of unknown kind {other:?}"))),
+    })
 }
 
 /// The attention face of a layer's cache. A model builds its own caches, so an error here is a

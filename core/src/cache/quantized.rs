@@ -272,6 +272,10 @@ impl KvCache for QuantizedKvCache {
         n as usize
     }
 
+    fn always_trims(&self) -> bool {
+        true
+    }
+
     fn duplicate(&self) -> Box<dyn KvCache> {
         Box::new(self.clone())
     }
@@ -704,6 +708,10 @@ impl KvCache for QuantizingKvCache {
 
     fn state(&self) -> Vec<Array> {
         self.inner().state()
+    }
+
+    fn always_trims(&self) -> bool {
+        true
     }
 
     fn trim(&mut self, n: usize) -> usize {

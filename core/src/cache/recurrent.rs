@@ -88,11 +88,22 @@ impl RecurrentCache {
     pub fn new() -> Self {
         Self::default()
     }
+
+    /// A state saved by [`KvCache::export`], `len` tokens seen.
+    pub(crate) fn from_saved(conv: Option<Array>, ssm: Option<Array>, len: i32) -> Self {
+        RecurrentCache { state: RecurrentState { conv, ssm, lengths: vec![len], right_padding: None } }
+    }
 }
 
 impl KvCache for RecurrentCache {
     fn len(&self) -> usize {
         self.state.lengths[0] as usize
+    }
+
+    fn export(&self) -> Option<super::CacheParts> {
+        let s = &self.state;
+        let arrays = s.conv.iter().map(|a| ("conv".to_string(), a.clone())).chain(s.ssm.iter().map(|a| ("ssm".to_string(), a.clone())));
+        Some(super::CacheParts { kind: "recurrent".into(), arrays: arrays.collect(), ints: vec![s.lengths[0] as i64] })
     }
 
     fn nbytes(&self) -> usize {

@@ -29,6 +29,11 @@ impl RotatingKvCache {
         RotatingKvCache { keys: None, values: None, offset: 0, idx: 0, max_size }
     }
 
+    /// A ring saved by [`KvCache::export`].
+    pub(crate) fn from_saved(keys: Option<Array>, values: Option<Array>, offset: i32, idx: i32, max_size: i32) -> Self {
+        RotatingKvCache { keys, values, offset, idx, max_size }
+    }
+
     pub fn max_size(&self) -> i32 {
         self.max_size
     }
@@ -222,6 +227,13 @@ impl KvCache for RotatingKvCache {
 
     fn duplicate(&self) -> Box<dyn KvCache> {
         Box::new(self.clone())
+    }
+
+    fn export(&self) -> Option<super::CacheParts> {
+        // The ring as it is stored: attention sums its keys in storage order.
+        let arrays = self.keys.iter().map(|k| ("keys".to_string(), k.clone())).chain(self.values.iter().map(|v| ("values".to_string(), v.clone())));
+        let ints = vec![self.offset as i64, self.idx as i64, self.max_size as i64];
+        Some(super::CacheParts { kind: "rotating".into(), arrays: arrays.collect(), ints })
     }
 
     fn into_any(self: Box<Self>) -> Box<dyn std::any::Any> {

@@ -5,7 +5,9 @@ use crate::constrain::ConstraintFactoryCell;
 use super::faults::Faults;
 use super::memory::{mlx_memory, release_cached_memory};
 use super::scheduler::{projected_kv_bytes_for, Load, Scheduler};
+use super::prompt_cache_file::{entry_file, is_entry_file, load_entry, save_entry, CacheIdentity};
 use super::{EngineConfig, EngineStats, Event, RequestId, Submission};
+use std::path::PathBuf;
 use crate::stop::FinishReason;
 use crate::loading::LoadedModel;
 
@@ -20,6 +22,13 @@ pub struct EngineCore {
     released_at_step: u64,
     /// The work done when the engine last went idle (see [`EngineCore::work_mark`]).
     idle_mark: Option<(u64, u64, u64)>,
+    /// Where the prompt cache is saved at shutdown, for which model; the files it was loaded
+    /// from, and those it refused (with why).
+    persist: Option<(PathBuf, CacheIdentity)>,
+    /// What the prompt cache and the rows' KV share ([`super::memory::prompt_cache_capacity`]).
+    prompt_cache_ceiling: Option<u64>,
+    loaded_files: Vec<PathBuf>,
+    refused_files: Vec<String>,
 }
 
 impl EngineCore {
@@ -30,12 +39,92 @@ impl EngineCore {
         #[cfg(not(feature = "faults"))]
         let faults = Faults::default();
         let constraints = model.constraints;
-        let executor = Executor::new(model.model, model.tokenizer, config.prefill_step_size, config.prompt_cache_bytes)
+        let (prompt_cache_bytes, prompt_cache_ceiling) = super::memory::prompt_cache_capacity(&config);
+        let persist = config.prompt_cache_dir.clone().map(|dir| (dir, CacheIdentity::of(&model.source, &model.numerics)));
+        let executor = Executor::new(model.model, model.tokenizer, config.prefill_step_size, prompt_cache_bytes)
             .with_kv_quantization(config.kv_quantization())
             .with_decode_mode(config.decode)
             .with_speculation(config.num_draft_tokens)
             .with_faults(faults);
-        EngineCore { scheduler: Scheduler::new(config), executor, constraints, faults, released_at_step: 0, idle_mark: None }
+        let mut core = EngineCore {
+            scheduler: Scheduler::new(config),
+            executor,
+            constraints,
+            faults,
+            released_at_step: 0,
+            idle_mark: None,
+            persist,
+            prompt_cache_ceiling,
+            loaded_files: Vec::new(),
+            refused_files: Vec::new(),
+        };
+        core.load_prompt_cache();
+        core
+    }
+
+    /// Settings every rank of a lockstep group applies alike ([`super::lockstep_prompt_cache`]):
+    /// a prompt cache sized from each rank's own memory is off, and no rank reads cache files.
+    pub(crate) fn for_lockstep(&mut self) {
+        let config = self.scheduler.config_mut();
+        if config.prompt_cache_bytes == super::PROMPT_CACHE_AUTO {
+            config.prompt_cache_bytes = 0;
+            self.executor.disable_prompt_cache();
+            self.prompt_cache_ceiling = None;
+        }
+        config.prompt_cache_dir = None;
+        if self.persist.take().is_some() {
+            // What this rank alone read from files goes.
+            self.executor.prompt_cache = super::PromptCache::new(self.executor.prompt_cache.capacity());
+            self.loaded_files.clear();
+            self.refused_files.clear();
+        }
+    }
+
+    /// Fills the prompt cache from its directory's files (entries of this model only).
+    fn load_prompt_cache(&mut self) {
+        let Some((dir, id)) = &self.persist else { return };
+        if !self.executor.prompt_cache.enabled() {
+            return;
+        }
+        let mut files: Vec<PathBuf> = match std::fs::read_dir(dir) {
+            Ok(d) => d.flatten().map(|e| e.path()).filter(|p| is_entry_file(p)).collect(),
+            Err(e) => {
+                self.refused_files.push(format!("prompt-cache directory {}: {e}", dir.display()));
+                return;
+            }
+        };
+        files.sort();
+        for f in files {
+            match load_entry(&f, id) {
+                Ok((tokens, caches)) => {
+                    self.executor.prompt_cache.insert(tokens, caches);
+                    self.loaded_files.push(f);
+                }
+                Err(e) => self.refused_files.push(e.to_string()),
+            }
+        }
+    }
+
+    /// Writes the prompt cache's entries to its directory (kinds that are not saved, such as
+    /// quantized KV, are left out) and removes the files of entries it loaded and since evicted.
+    pub fn save_prompt_cache(&mut self) {
+        let Some((dir, id)) = &self.persist else { return };
+        if std::fs::create_dir_all(dir).is_err() {
+            return;
+        }
+        let mut kept = Vec::new();
+        for (tokens, caches) in self.executor.prompt_cache.entries() {
+            let file = entry_file(dir, tokens);
+            if save_entry(&file, tokens, caches, id).is_ok() {
+                kept.push(file);
+            }
+        }
+        for f in &self.loaded_files {
+            if !kept.contains(f) {
+                let _ = std::fs::remove_file(f);
+            }
+        }
+        self.loaded_files = kept;
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -168,8 +257,9 @@ impl EngineCore {
     /// at most one chunk), park paused rows and return resumed ones, then one decode step of
     /// the running batch.
     pub fn iterate(&mut self) {
-        let load = self.load();
         let info = self.executor.model().info().clone();
+        self.make_room(&info);
+        let load = self.load();
         for sub in self.scheduler.admit(&info, load) {
             let kv = self.config().kv_quantization();
             let need = projected_kv_bytes_for(&info, kv.as_ref(), sub.prompt.len(), sub.request.max_tokens);
@@ -177,6 +267,20 @@ impl EngineCore {
         }
         self.executor.prefill_step();
         self.executor.decode_step();
+    }
+
+    /// The prompt cache and the rows' KV share one ceiling (the KV budget, else for a cache
+    /// sized from memory all MLX could allocate at start): cached entries give way, least
+    /// recently used first, to the rows running and the request at the head of the queue,
+    /// before admission would refuse it.
+    fn make_room(&mut self, info: &crate::models::ModelInfo) {
+        let Some(ceiling) = self.prompt_cache_ceiling else { return };
+        if self.executor.prompt_cache.is_empty() {
+            return;
+        }
+        let head = self.scheduler.head_projected(info).unwrap_or(0);
+        let rows = self.load().projected_kv_bytes;
+        self.executor.prompt_cache.evict_to(ceiling.saturating_sub(rows.saturating_add(head)));
     }
 
     /// Rows whose events have not ended yet: queued, prefilling, parked and decoding.
@@ -195,6 +299,10 @@ impl EngineCore {
             prompt_cache_bytes: self.executor.prompt_cache.bytes(),
             prompt_cache_entries: self.executor.prompt_cache.len(),
             prompt_cache_hits: self.executor.prompt_cache.hits,
+            prompt_cache_cached_tokens: self.executor.prompt_cache.cached_tokens,
+            prompt_cache_capacity_bytes: self.executor.prompt_cache.capacity(),
+            prompt_cache_evictions: self.executor.prompt_cache.evictions,
+            prompt_cache_files_refused: self.refused_files.clone(),
             tokens_generated: self.executor.tokens_generated,
             paused_rows: self.executor.parked(),
             decode_steps: self.executor.decode_steps,

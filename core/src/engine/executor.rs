@@ -108,6 +108,10 @@ pub(super) struct Executor<M: ModelHandle = Box<dyn LanguageModel>> {
     /// Read every step's tokens before the next step is built ([`DecodeMode::Synchronous`]).
     synchronous: bool,
     pub prompt_cache: PromptCache,
+    /// Rows are snapshot into the prompt cache at their checkpoints while prefilling: the
+    /// model has caches that cannot be cut back to an earlier position (recurrent state, a
+    /// sliding-window ring), so a finished row's entry alone would not serve the next turn.
+    checkpointing: bool,
     pub decode_steps: u64,
     pub prefill_forwards: u64,
     pub prefill_tokens: u64,
@@ -130,8 +134,10 @@ impl<M: ModelHandle> Executor<M> {
         prefill_step_size: usize,
         prompt_cache_bytes: u64,
     ) -> Self {
-        let prefill_together = model.get().batched_prefill() && model.get().make_caches().iter().all(|c| c.batched_prefill());
-        let speculation_off = (!cache::trims_rows(model.get().make_caches())).then(|| {
+        let fresh = model.get().make_caches();
+        let prefill_together = model.get().batched_prefill() && fresh.iter().all(|c| c.batched_prefill());
+        let checkpointing = prompt_cache_bytes > 0 && fresh.iter().any(|c| !c.always_trims());
+        let speculation_off = (!cache::trims_rows(fresh)).then(|| {
             "its caches cannot drop rejected draft positions (recurrent or sliding-window layers)".to_string()
         });
         Executor {
@@ -146,6 +152,7 @@ impl<M: ModelHandle> Executor<M> {
             faults: Faults::default(),
             synchronous: false,
             prompt_cache: PromptCache::new(prompt_cache_bytes),
+            checkpointing,
             decode_steps: 0,
             prefill_forwards: 0,
             prefill_tokens: 0,
@@ -170,6 +177,12 @@ impl<M: ModelHandle> Executor<M> {
         }
         self.kv = kv;
         self
+    }
+
+    /// Turns the prompt cache off (ranks in lockstep without an explicit size).
+    pub fn disable_prompt_cache(&mut self) {
+        self.prompt_cache = PromptCache::new(0);
+        self.checkpointing = false;
     }
 
     /// Schedules decode steps as `mode` says.
@@ -272,6 +285,17 @@ impl<M: ModelHandle> Executor<M> {
             None => (cache::quantizing(self.model.get().make_caches(), self.kv.as_ref()), 0),
         };
         row.cached_tokens = done;
+        // Where this row is snapshot for the next turn: its chat boundaries past the reused
+        // prefix, and the end of its prefill (the same prompt again reuses all of it).
+        let target = row.prompt.len() - 1;
+        if self.checkpointing && row.cache_key.is_none() {
+            row.checkpoints.push(target);
+            row.checkpoints.retain(|&b| b > done && b <= target);
+            row.checkpoints.sort_unstable();
+            row.checkpoints.dedup();
+        } else {
+            row.checkpoints.clear();
+        }
         // What the face reports before the first token; a consumer already gone is seen at the
         // row's first token.
         let _ = row.sink.token(&Event::Started { prompt_tokens: row.prompt.len(), cached_tokens: done });
@@ -367,6 +391,11 @@ impl<M: ModelHandle> Executor<M> {
                 if self.whole_spans() {
                     end = p.row.media.whole_spans_end(end);
                 }
+                // A chunk ends at the next checkpoint, where the row's caches are snapshot.
+                let at_checkpoint = p.row.checkpoints.first().is_some_and(|&b| b <= end);
+                if at_checkpoint {
+                    end = p.row.checkpoints[0];
+                }
                 let chunk = &p.row.prompt[p.done..end];
                 let done = if p.row.media.is_empty() {
                     prefill(self.model.get(), &mut p.caches, chunk, end - p.done)
@@ -381,8 +410,15 @@ impl<M: ModelHandle> Executor<M> {
                 self.prefill_forwards += 1;
                 self.prefill_tokens += (end - p.done) as u64;
                 p.done = end;
+                if at_checkpoint {
+                    self.checkpoint(&mut p.row, &p.caches);
+                }
                 if p.done < target {
                     self.prefilling.push_front(p);
+                    // A chunk cut short at a checkpoint leaves budget for the same row.
+                    if at_checkpoint && budget > 0 {
+                        continue;
+                    }
                     break;
                 }
             }
@@ -420,11 +456,9 @@ impl<M: ModelHandle> Executor<M> {
             .iter()
             .map(|p| {
                 let end = (p.done + step).min(p.row.prompt.len() - 1);
-                if whole {
-                    p.row.media.whole_spans_end(end)
-                } else {
-                    end
-                }
+                let end = if whole { p.row.media.whole_spans_end(end) } else { end };
+                // A chunk ends at the row's next checkpoint, where its caches are snapshot.
+                p.row.checkpoints.first().map_or(end, |&b| b.min(end))
             })
             .collect();
         let mut rows = Vec::with_capacity(todo.len());
@@ -483,13 +517,25 @@ impl<M: ModelHandle> Executor<M> {
         let prefilled: Vec<usize> = (0..rows.len()).filter(|&b| ends[b] + 1 == rows[b].prompt.len()).collect();
         let mut waiting = Vec::new();
         let mut finished_rows = Vec::new();
-        for (b, row) in rows.into_iter().enumerate() {
+        for (b, mut row) in rows.into_iter().enumerate() {
+            let at_checkpoint = row.checkpoints.first() == Some(&ends[b]);
             if prefilled.binary_search(&b).is_ok() {
+                if at_checkpoint {
+                    // The row stays in the batch: its snapshot is a copy of its columns.
+                    if let Ok(single) = cache::extract_row(&caches, b) {
+                        self.checkpoint(&mut row, &single);
+                    }
+                }
                 finished_rows.push(row);
                 continue;
             }
             match cache::extract_row(&caches, b) {
-                Ok(single) => waiting.push(Prefilling { row, caches: single, done: ends[b] }),
+                Ok(single) => {
+                    if at_checkpoint {
+                        self.checkpoint(&mut row, &single);
+                    }
+                    waiting.push(Prefilling { row, caches: single, done: ends[b] })
+                }
                 Err(e) => self.fail_row(row, format!("prefill failed: {e}")),
             }
         }
@@ -511,6 +557,16 @@ impl<M: ModelHandle> Executor<M> {
             }
         }
         joining
+    }
+
+    /// Snapshots `caches` (a row's single-sequence caches, holding exactly the prompt up to
+    /// its first checkpoint) into the prompt cache and moves on to the next checkpoint.
+    fn checkpoint(&mut self, row: &mut Row, caches: &[Box<dyn KvCache>]) {
+        let at = row.checkpoints.remove(0);
+        if caches.iter().all(|c| c.len() == at) {
+            let copy = caches.iter().map(|c| c.duplicate()).collect();
+            self.prompt_cache.insert(row.prompt[..at].to_vec(), copy);
+        }
     }
 
     /// Puts rows with single-sequence caches into one new batch (each cache `into_batched`,

@@ -158,7 +158,8 @@ pub struct LockstepCore {
 }
 
 impl LockstepCore {
-    pub fn new(core: EngineCore, group: Group) -> Self {
+    pub fn new(mut core: EngineCore, group: Group) -> Self {
+        core.for_lockstep();
         let ranks = (0..group.size()).map(|rank| RankStats { rank, ..RankStats::default() }).collect();
         LockstepCore { core, group, seq: 0, pending: Vec::new(), ranks }
     }
@@ -491,6 +492,7 @@ fn submission(
         audio: Vec::new(),
         reasoning: w.reasoning,
         rendered: None,
+        checkpoints: Vec::new(),
     })
 }
 
@@ -551,6 +553,7 @@ pub fn follow(model: LoadedModel, config: EngineConfig, group: Group, opts: Lock
 
 /// [`Engine::start`]'s checks and setup of `config`, for a core built here.
 fn prepared_config(model: &LoadedModel, config: EngineConfig) -> Result<EngineConfig> {
+    let config = super::lockstep_prompt_cache(config, true);
     config.validate_for(model.model.info())?;
     if let (Some(_), Some(why)) = (config.kv_quantization(), model.model.kv_quantization_unsupported()) {
         return Err(Error::Unsupported(why));

@@ -3,6 +3,28 @@
 
 use crate::{Error, Result};
 
+/// [`super::EngineConfig::prompt_cache_bytes`]'s default: size the prompt cache from the memory
+/// the device has left once the model is loaded ([`prompt_cache_capacity`]).
+pub const PROMPT_CACHE_AUTO: u64 = u64::MAX;
+
+/// The prompt cache's capacity under `config`, and the ceiling it shares with the rows' KV
+/// (cached entries give way to rows above it). The capacity is the setting, or for
+/// [`PROMPT_CACHE_AUTO`] a quarter of what MLX may still allocate (its memory limit less what
+/// it holds: the weights), within the KV budget. The ceiling is the KV budget, else for
+/// `auto` all MLX may still allocate, else none (an explicit size is the cache's own).
+pub fn prompt_cache_capacity(config: &super::EngineConfig) -> (u64, Option<u64>) {
+    if config.prompt_cache_bytes != PROMPT_CACHE_AUTO {
+        return (config.prompt_cache_bytes, config.kv_budget_bytes);
+    }
+    let limit = mlx_rs::memory::memory_limit().unwrap_or(0) as u64;
+    let active = mlx_rs::memory::active_memory().unwrap_or(0) as u64;
+    let free = limit.saturating_sub(active);
+    match config.kv_budget_bytes {
+        Some(b) => ((free / 4).min(b), Some(b)),
+        None => (free / 4, Some(free)),
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemoryPolicy {
     /// Largest buffer cache MLX keeps (`mlx.set_cache_limit`); `None` leaves MLX's default.

@@ -19,6 +19,7 @@ mod lockstep;
 mod media;
 mod memory;
 mod prompt_cache;
+mod prompt_cache_file;
 mod queue;
 mod row;
 mod scheduler;
@@ -34,8 +35,9 @@ pub use executor::DecodeMode;
 pub use faults::Faults;
 pub use lockstep::{follow, FollowerSinks, LockstepCore, LockstepOptions, RankStats, Step};
 pub use media::{attach_audio, attach_images, PreparedAudio, PreparedImage};
-pub use memory::{release_free_heap, use_single_heap_arena, MemoryPolicy};
+pub use memory::{prompt_cache_capacity, release_free_heap, use_single_heap_arena, MemoryPolicy, PROMPT_CACHE_AUTO};
 pub use prompt_cache::PromptCache;
+pub use prompt_cache_file::{entry_file, load_entry, save_entry, CacheIdentity, SavedEntry};
 pub use queue::{EventQueue, FlowQueue, Next, PAUSE_AT, RESUME_AT};
 pub use scheduler::Scheduler;
 
@@ -293,8 +295,16 @@ pub struct EngineConfig {
     pub prefill_step_size: usize,
     /// Projected KV bytes (prompt + max_tokens) allowed across admitted rows; `None` = no limit.
     pub kv_budget_bytes: Option<u64>,
-    /// Bytes of finished rows' KV kept for prefix reuse; 0 disables the prompt cache.
+    /// Bytes of KV kept for prefix reuse (finished rows and their chat-boundary checkpoints);
+    /// 0 disables the prompt cache. The default, [`PROMPT_CACHE_AUTO`], sizes it from the memory
+    /// left after loading ([`prompt_cache_capacity`]). It shares one ceiling with the rows' KV
+    /// (the KV budget; for `auto` without one, the memory MLX could allocate at start): entries
+    /// are evicted, least recently used first, before a row would wait.
     pub prompt_cache_bytes: u64,
+    /// A directory the prompt cache is loaded from at start and saved to at shutdown (one file
+    /// per entry, [`save_entry`]): entries survive a restart. Files saved for another model,
+    /// tokenizer or kernel mode, or damaged, are refused ([`EngineStats::prompt_cache_files_refused`]).
+    pub prompt_cache_dir: Option<std::path::PathBuf>,
     /// Quantize the KV cache to this many bits (mlx-lm's `kv_bits`); `None` (the default)
     /// keeps it in full precision, which is the mode that matches mlx-lm token for token.
     pub kv_bits: Option<i32>,
@@ -334,7 +344,8 @@ impl Default for EngineConfig {
             prompt_concurrency: 8,
             prefill_step_size: 2048,
             kv_budget_bytes: None,
-            prompt_cache_bytes: 0,
+            prompt_cache_bytes: PROMPT_CACHE_AUTO,
+            prompt_cache_dir: None,
             kv_bits: None,
             kv_group_size: KvQuantization::DEFAULT_GROUP_SIZE,
             quantized_kv_start: 0,
@@ -394,6 +405,14 @@ pub struct EngineStats {
     pub prompt_cache_bytes: u64,
     pub prompt_cache_entries: usize,
     pub prompt_cache_hits: u64,
+    /// Prompt tokens served from the prompt cache (summed over hits), the cache's capacity
+    /// and the entries it dropped (least recently used first) to stay under it or to admit rows.
+    pub prompt_cache_cached_tokens: u64,
+    pub prompt_cache_capacity_bytes: u64,
+    pub prompt_cache_evictions: u64,
+    /// Files of [`EngineConfig::prompt_cache_dir`] refused at start, each with why.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub prompt_cache_files_refused: Vec<String>,
     pub tokens_generated: u64,
     /// Rows parked because their consumer paused them ([`RowFlow`]).
     pub paused_rows: usize,
@@ -450,6 +469,9 @@ pub struct Submission {
     pub reasoning: Option<ReasoningPlan>,
     /// The conversation as its template rendered it (what media expansion re-tokenizes).
     pub rendered: Option<String>,
+    /// Prompt positions where the prompt cache snapshots the row while it prefills (chat
+    /// boundaries the next turn shares; [`prompt_cache`]), ascending.
+    pub checkpoints: Vec<usize>,
 }
 
 enum Command {
@@ -526,6 +548,10 @@ impl Front {
             finish_prepare(id, checked, sink, self.tokenizer.as_ref(), &self.constraints, &self.info, &self.eos_token_ids, &self.config)?;
         attach_images(&mut sub, self.vision.as_ref(), self.tokenizer.as_ref(), &self.info)?;
         attach_audio(&mut sub, self.audio.as_ref(), &self.info, &self.config)?;
+        if self.lockstep {
+            // Followers prefill in the same chunks as rank 0 and never learn its boundaries.
+            sub.checkpoints.clear();
+        }
         if let Some(flow) = &flow {
             *flow.inner.wake.lock() = Some(self.tx.clone());
         }
@@ -573,6 +599,7 @@ impl Engine {
         lockstep: bool,
         driver: impl FnOnce(EngineCore, Receiver<Command>, Arc<Mutex<EngineStats>>, Arc<Health>) + Send + 'static,
     ) -> Result<Engine> {
+        let config = lockstep_prompt_cache(config, lockstep);
         config.validate_for(model.model.info())?;
         if let (Some(_), Some(why)) = (config.kv_quantization(), model.model.kv_quantization_unsupported()) {
             return Err(Error::Unsupported(why));
@@ -693,6 +720,19 @@ impl Drop for Engine {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Ranks in lockstep must evict alike, so a prompt cache sized from each rank's own memory
+/// ([`PROMPT_CACHE_AUTO`]) is off there; a size given explicitly applies on every rank.
+pub(crate) fn lockstep_prompt_cache(mut config: EngineConfig, lockstep: bool) -> EngineConfig {
+    if lockstep && config.prompt_cache_bytes == PROMPT_CACHE_AUTO {
+        config.prompt_cache_bytes = 0;
+    }
+    if lockstep {
+        // Only rank 0 would read the files: the ranks' caches would differ.
+        config.prompt_cache_dir = None;
+    }
+    config
 }
 
 /// A request that passed every check that needs no tokenization ([`check_request`]): what is
@@ -825,6 +865,7 @@ pub fn finish_prepare(
     };
     let mut reasoning = None;
     let mut rendered = None;
+    let mut checkpoints = Vec::new();
     let prompt = match prompt {
         Some(ids) => ids,
         None => {
@@ -851,6 +892,10 @@ pub fn finish_prepare(
                     let budget = request.reasoning_budget.or(config.reasoning_budget);
                     reasoning = ReasoningPlan::for_prompt(template.source(), &text, budget);
                     let ids = tokenizer.encode(&text, false)?;
+                    // Media expand the prompt later (positions move): no checkpoints then.
+                    if config.prompt_cache_bytes > 0 && request.images.is_empty() && request.audio.is_empty() {
+                        checkpoints = prompt_cache::chat_checkpoints(template, messages, request.tools.as_ref(), &kwargs, tokenizer, &ids);
+                    }
                     rendered = Some(text);
                     ids
                 }
@@ -894,6 +939,7 @@ pub fn finish_prepare(
         audio: Vec::new(),
         reasoning,
         rendered,
+        checkpoints,
     })
 }
 
@@ -968,6 +1014,7 @@ fn serve(core: &mut Option<EngineCore>, rx: &Receiver<Command>, stats: &Mutex<En
         }
         if shutting_down {
             core.cancel_all();
+            core.save_prompt_cache();
             *stats.lock() = core.stats();
             break;
         }

@@ -1,8 +1,13 @@
 //! Byte-capped LRU of per-layer KV caches keyed by the token prefix they hold. A new request
 //! reuses the longest cached prefix of its prompt and prefills only the rest; reuse is exact
 //! because chunked prefill is (mlx-lm's goldens show chunk boundaries don't change logits).
-//! Caches that cannot drop positions (recurrent state of linear-attention layers) are reused
-//! only when the whole entry is a prefix of the new prompt, never trimmed to a shorter one.
+//!
+//! Entries come from finished rows (their whole sequence) and from checkpoints taken while a
+//! row prefills ([`super::executor`]): at the chat boundaries the next turn shares (end of
+//! the system prompt, end of the last message) and at the end of the prefill. Caches that
+//! cannot drop positions (recurrent state of linear-attention layers, a sliding-window ring
+//! that has wrapped) are reused only when the whole entry is a prefix of the new prompt, never
+//! trimmed to a shorter one: the checkpoints give such models entries that are.
 
 use crate::cache::KvCache;
 
@@ -13,21 +18,43 @@ struct Entry {
     last_used: u64,
 }
 
+impl Entry {
+    /// Whether copies of this entry's caches can be cut back to the first `n` tokens.
+    fn trims_to(&self, n: usize) -> bool {
+        trims_to(&self.caches, n)
+    }
+}
+
+fn trims_to(caches: &[Box<dyn KvCache>], n: usize) -> bool {
+    caches.iter().all(|c| {
+        let extra = c.len().saturating_sub(n);
+        extra == 0 || c.duplicate().trim(extra) == extra
+    })
+}
+
 pub struct PromptCache {
     capacity_bytes: u64,
     entries: Vec<Entry>,
     bytes: u64,
     clock: u64,
+    /// Lookups that reused a cached prefix, and the prompt tokens they reused.
     pub hits: u64,
+    pub cached_tokens: u64,
+    /// Entries dropped to stay under the capacity or to make room for admitted rows.
+    pub evictions: u64,
 }
 
 impl PromptCache {
     pub fn new(capacity_bytes: u64) -> Self {
-        PromptCache { capacity_bytes, entries: Vec::new(), bytes: 0, clock: 0, hits: 0 }
+        PromptCache { capacity_bytes, entries: Vec::new(), bytes: 0, clock: 0, hits: 0, cached_tokens: 0, evictions: 0 }
     }
 
     pub fn enabled(&self) -> bool {
         self.capacity_bytes > 0
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.capacity_bytes
     }
 
     pub fn bytes(&self) -> u64 {
@@ -43,7 +70,10 @@ impl PromptCache {
     }
 
     /// Stores caches holding KV for exactly `tokens`. An entry whose tokens are a prefix of
-    /// these is replaced; entries are evicted least-recently-used first to stay under the cap.
+    /// these is replaced when these caches can be cut back to it (a recurrent checkpoint stays:
+    /// it serves prompts that diverge later); a new entry that an existing one already covers
+    /// that way is not stored. Entries are evicted least-recently-used first to stay under the
+    /// cap.
     pub fn insert(&mut self, tokens: Vec<u32>, mut caches: Vec<Box<dyn KvCache>>) {
         if !self.enabled() || tokens.is_empty() {
             return;
@@ -73,23 +103,41 @@ impl PromptCache {
         if tokens.is_empty() || caches.iter().any(|c| c.len() != held) {
             return;
         }
+        self.clock += 1;
+        if let Some(e) = self.entries.iter_mut().find(|e| e.tokens.starts_with(&tokens) && e.trims_to(tokens.len())) {
+            e.last_used = self.clock;
+            return;
+        }
         let bytes: u64 = caches.iter().map(|c| (c.nbytes()) as u64).sum();
         if bytes > self.capacity_bytes {
             return;
         }
         let before = self.entries.len();
-        self.entries.retain(|e| !tokens.starts_with(&e.tokens));
+        self.entries.retain(|e| !(tokens.starts_with(&e.tokens) && trims_to(&caches, e.tokens.len())));
         if self.entries.len() != before {
             self.bytes = self.entries.iter().map(|e| e.bytes).sum();
         }
-        self.clock += 1;
         self.bytes += bytes;
         self.entries.push(Entry { tokens, caches, bytes, last_used: self.clock });
-        while self.bytes > self.capacity_bytes {
+        self.evict_to(self.capacity_bytes);
+    }
+
+    /// Every entry: the tokens it holds and its caches.
+    pub fn entries(&self) -> impl Iterator<Item = (&[u32], &[Box<dyn KvCache>])> {
+        self.entries.iter().map(|e| (e.tokens.as_slice(), e.caches.as_slice()))
+    }
+
+    /// Evicts least-recently-used entries until the cache holds at most `bytes`; returns the
+    /// bytes freed.
+    pub fn evict_to(&mut self, bytes: u64) -> u64 {
+        let before = self.bytes;
+        while self.bytes > bytes && !self.entries.is_empty() {
             let lru = (0..self.entries.len()).min_by_key(|&i| self.entries[i].last_used).unwrap();
             let e = self.entries.swap_remove(lru);
             self.bytes -= e.bytes;
+            self.evictions += 1;
         }
+        before - self.bytes
     }
 
     /// Copies of the caches for the longest cached prefix of `prompt` not longer than
@@ -118,6 +166,7 @@ impl PromptCache {
             }
             self.clock += 1;
             self.hits += 1;
+            self.cached_tokens += shared as u64;
             self.entries[best].last_used = self.clock;
             return Some((caches, shared));
         }
@@ -127,4 +176,45 @@ impl PromptCache {
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// Prompt positions a conversation's next turn shares with this one, where the prompt cache
+/// checkpoints the row while it prefills: the end of the system prompt (with its tools) and the
+/// end of the last message (before the generation prompt, which the next turn replaces with
+/// the answer as its template renders it: a thinking template that drops the reasoning from
+/// history still shares this much). Each is found by rendering the conversation up to that
+/// message without the generation prompt and keeping it only if its tokens are a prefix of
+/// `prompt` (a template that renders a shorter conversation differently gives none).
+pub(super) fn chat_checkpoints(
+    template: &crate::tokenizer::ChatTemplate,
+    messages: &[crate::tokenizer::ChatMessage],
+    tools: Option<&crate::tools::Tools>,
+    kwargs: &serde_json::Map<String, serde_json::Value>,
+    tokenizer: &crate::tokenizer::Tokenizer,
+    prompt: &[u32],
+) -> Vec<usize> {
+    use crate::tools::TemplateTools;
+    let raw: Option<Vec<serde_json::Value>> = match tools {
+        None => None,
+        // Weft's fallback rewrites the conversation: its boundaries are not the messages'.
+        Some(t) => match TemplateTools::detect(template.source()) {
+            TemplateTools::Native(_) => Some(t.specs.iter().map(|s| s.raw.clone()).collect()),
+            _ => return Vec::new(),
+        },
+    };
+    let mut cuts = vec![messages.len()];
+    if messages.len() > 1 && matches!(messages[0].role.as_str(), "system" | "developer") {
+        cuts.push(1);
+    }
+    let mut found: Vec<usize> = cuts
+        .into_iter()
+        .filter_map(|k| {
+            let text = template.render_with_kwargs(&messages[..k], raw.as_deref(), false, kwargs).ok()?;
+            let ids = tokenizer.encode(&text, false).ok()?;
+            (!ids.is_empty() && ids.len() < prompt.len() && prompt.starts_with(&ids)).then_some(ids.len())
+        })
+        .collect();
+    found.sort_unstable();
+    found.dedup();
+    found
 }

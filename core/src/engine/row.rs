@@ -86,6 +86,9 @@ pub(super) struct Row {
     pub(super) cache_key: Option<Vec<u32>>,
     /// The request's draft length for speculative decoding (`None`: the engine's).
     pub(super) num_draft_tokens: Option<usize>,
+    /// Prompt positions to snapshot into the prompt cache while prefilling, ascending
+    /// ([`Submission::checkpoints`]).
+    pub(super) checkpoints: Vec<usize>,
 }
 
 impl Row {
@@ -251,9 +254,15 @@ impl Row {
         self.sink.close(Event::Error { message });
     }
 
-    /// The tokens whose KV a cache of `len` positions holds for this row.
+    /// The tokens whose KV a cache of `len` positions holds for this row: a cache one
+    /// position longer than prompt and output holds the end-of-sequence token that stopped
+    /// the row (the pipelined step forwarded it), which the next turn's history has too.
     pub(super) fn cached_sequence(&self, len: usize) -> Vec<u32> {
-        self.cache_prompt().iter().chain(&self.generated).take(len).copied().collect()
+        let eos = match self.stop {
+            Some(StopCause::Eos { token_id }) => Some(token_id),
+            _ => None,
+        };
+        self.cache_prompt().iter().chain(&self.generated).chain(eos.iter()).take(len).copied().collect()
     }
 
     /// The prompt as prompt-cache keys name it.
@@ -265,7 +274,7 @@ impl Row {
 impl Row {
     /// The row of an admitted request.
     pub(super) fn new(sub: Submission, tokenizer: Option<&Tokenizer>, projected_kv_bytes: u64) -> Row {
-        let Submission { id, prompt, request, stop_token_ids, sink, flow, constraint, reasoning, .. } = sub;
+        let Submission { id, prompt, request, stop_token_ids, sink, flow, constraint, reasoning, checkpoints, .. } = sub;
         let reasoning = reasoning.map(|plan| RowReasoning::new(plan, tokenizer));
         let tool_parser = request.tools.as_ref().and_then(|t| t.parser());
         let tool_call_limit = request.tools.as_ref().and_then(|t| t.call_limit());
@@ -298,6 +307,7 @@ impl Row {
             media: RowMedia::default(),
             cache_key: None,
             num_draft_tokens: request.num_draft_tokens,
+            checkpoints,
         }
     }
 

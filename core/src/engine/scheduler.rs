@@ -57,6 +57,10 @@ impl Scheduler {
         &self.config
     }
 
+    pub(crate) fn config_mut(&mut self) -> &mut EngineConfig {
+        &mut self.config
+    }
+
     pub fn push(&mut self, sub: Submission) {
         self.waiting.push_back(sub);
     }
@@ -79,6 +83,11 @@ impl Scheduler {
     fn projected(&self, info: &ModelInfo, sub: &Submission) -> u64 {
         let kv = self.config.kv_quantization();
         projected_kv_bytes_for(info, kv.as_ref(), sub.prompt.len(), sub.request.max_tokens)
+    }
+
+    /// KV bytes the head of the queue may grow to, if a request waits.
+    pub fn head_projected(&self, info: &ModelInfo) -> Option<u64> {
+        self.waiting.front().map(|next| self.projected(info, next))
     }
 
     /// Whether the head of the queue may start under `load`.

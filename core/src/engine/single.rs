@@ -60,6 +60,7 @@ pub fn run_single(
         audio: Vec::new(),
         reasoning: None,
         rendered: None,
+        checkpoints: Vec::new(),
     };
     executor.admit(sub, 0);
 

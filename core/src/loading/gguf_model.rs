@@ -116,6 +116,7 @@ pub fn load(path: &Path, weights: GgufWeights, layers: &LayerOptions) -> Result<
         eos_token_ids: eos,
         defaults: GenerationDefaults::default(),
         source: path.to_path_buf(),
+        numerics: String::new(),
     })
 }
 

@@ -38,6 +38,8 @@ pub struct LoadedModel {
     pub eos_token_ids: Vec<u32>,
     pub defaults: GenerationDefaults,
     pub source: PathBuf,
+    /// The load options that change the numbers computed ([`crate::nn::LayerOptions::numerics`]).
+    pub numerics: String,
 }
 
 impl std::fmt::Debug for LoadedModel {
@@ -136,7 +138,7 @@ pub fn load_with(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
     let layers = options.layer_options()?;
     let meta = std::fs::metadata(path)
         .map_err(|e| Error::ModelLoad(format!("cannot open model path {}: {e}", path.display())))?;
-    let loaded = if meta.is_dir() {
+    let mut loaded = if meta.is_dir() {
         safetensors_dir::load(path, &layers)?
     } else if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
         gguf_model::load(path, options.gguf_weights, &layers)?
@@ -147,6 +149,7 @@ pub fn load_with(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
         )));
     };
     layers.check_parallel_taken()?;
+    loaded.numerics = layers.numerics();
     Ok(loaded)
 }
 

@@ -94,6 +94,12 @@ impl LayerOptions {
         self.cpu_kernels
     }
 
+    /// What in these options changes the numbers a layer computes (kernels, device, fused
+    /// projections, dequantize rows): saved prompt-cache entries are only reused under the same.
+    pub fn numerics(&self) -> String {
+        format!("{:?} gpu={} fuse={} dequantize_rows={}", self.cpu_kernels, self.gpu, self.fuse_projections, self.dequantize_rows)
+    }
+
     /// Whether Weft's CPU primitives (RMSNorm, RoPE, attention) replace MLX's ops: fast mode
     /// on the CPU.
     pub fn fast_on_cpu(&self) -> bool {

@@ -32,8 +32,9 @@ public final class Engine: Sendable {
         public var prefillStepSize: Int
         /// Projected KV-cache bytes allowed across admitted rows; `nil` = no limit.
         public var kvBudgetBytes: UInt64?
-        /// Bytes of finished rows' KV kept for prompt-prefix reuse; 0 = off.
-        public var promptCacheBytes: UInt64
+        /// Bytes of KV kept for prompt-prefix reuse (finished rows and their chat-boundary
+        /// checkpoints); 0 = off; `nil` (the default) = sized from the memory left after loading.
+        public var promptCacheBytes: UInt64?
         /// Store keys and values affine-quantized to this many bits (2, 3, 4, 5, 6 or 8); `nil`
         /// = full precision, the mode that matches mlx-lm token for token.
         public var kvBits: Int?
@@ -62,7 +63,7 @@ public final class Engine: Sendable {
             promptConcurrency: Int = 8,
             prefillStepSize: Int = 2048,
             kvBudgetBytes: UInt64? = nil,
-            promptCacheBytes: UInt64 = 0,
+            promptCacheBytes: UInt64? = nil,
             kvBits: Int? = nil,
             kvGroupSize: Int = 64,
             quantizedKvStart: Int = 0,
@@ -96,7 +97,6 @@ public final class Engine: Sendable {
                 "maxBatch": maxBatch,
                 "promptConcurrency": promptConcurrency,
                 "prefillStepSize": prefillStepSize,
-                "promptCacheBytes": promptCacheBytes,
                 "kvGroupSize": kvGroupSize,
                 "quantizedKvStart": quantizedKvStart,
                 "numDraftTokens": numDraftTokens,
@@ -105,6 +105,7 @@ public final class Engine: Sendable {
             o["cpuKernels"] = cpuKernels
             o["ggufWeights"] = ggufWeights
             o["kvBudgetBytes"] = kvBudgetBytes
+            o["promptCacheBytes"] = promptCacheBytes
             o["kvBits"] = kvBits
             o["cacheLimitBytes"] = cacheLimitBytes
             o["clearCacheEverySteps"] = clearCacheEverySteps
