@@ -3,7 +3,7 @@
 
 use serde_json::{Map, Value};
 
-use super::{retyped, Layout, Properties};
+use super::{retyped, Cursor, Layout, Properties};
 
 pub(super) const LAYOUT: Layout = Layout { starts: &["<|tool_call>"], end: "<tool_call|>", wrappers: &[], ends_at_eos: false };
 
@@ -14,9 +14,9 @@ pub(super) fn parse(body: &str, properties: &Properties) -> Option<(String, Valu
     let body = body.trim().strip_prefix("call:")?;
     let brace = body.find('{')?;
     let name = body[..brace].trim().to_string();
-    let mut reader = GemmaReader { text: &body[brace..], pos: 0 };
+    let mut reader = GemmaReader { c: Cursor::new(&body[brace..]) };
     let args = reader.value()?;
-    if !reader.text[reader.pos..].trim().is_empty() || !args.is_object() {
+    if !reader.c.rest().trim().is_empty() || !args.is_object() {
         return None;
     }
     Some((name.clone(), retyped(&name, args, properties)))
@@ -24,75 +24,55 @@ pub(super) fn parse(body: &str, properties: &Properties) -> Option<(String, Valu
 
 /// Reads Gemma 4's argument notation.
 struct GemmaReader<'a> {
-    text: &'a str,
-    pos: usize,
+    c: Cursor<'a>,
 }
 
 impl GemmaReader<'_> {
-    fn rest(&self) -> &str {
-        &self.text[self.pos..]
-    }
-
-    fn skip_ws(&mut self) {
-        let rest = self.rest();
-        self.pos += rest.len() - rest.trim_start().len();
-    }
-
-    fn eat(&mut self, s: &str) -> bool {
-        self.skip_ws();
-        if self.rest().starts_with(s) {
-            self.pos += s.len();
-            true
-        } else {
-            false
-        }
-    }
-
     fn value(&mut self) -> Option<Value> {
-        self.skip_ws();
-        if self.eat("{") {
+        self.c.skip_ws();
+        if self.c.eat("{") {
             let mut m = Map::new();
-            if self.eat("}") {
+            if self.c.eat("}") {
                 return Some(Value::Object(m));
             }
             loop {
-                let key = if self.rest().starts_with(GEMMA_QUOTE) { self.quoted()? } else { self.bare_key()? };
-                if !self.eat(":") {
+                let key = if self.c.rest().starts_with(GEMMA_QUOTE) { self.quoted()? } else { self.bare_key()? };
+                if !self.c.eat(":") {
                     return None;
                 }
                 let v = self.value()?;
                 m.insert(key, v);
-                if self.eat("}") {
+                if self.c.eat("}") {
                     return Some(Value::Object(m));
                 }
-                if !self.eat(",") {
+                if !self.c.eat(",") {
                     return None;
                 }
             }
         }
-        if self.eat("[") {
+        if self.c.eat("[") {
             let mut a = Vec::new();
-            if self.eat("]") {
+            if self.c.eat("]") {
                 return Some(Value::Array(a));
             }
             loop {
                 a.push(self.value()?);
-                if self.eat("]") {
+                if self.c.eat("]") {
                     return Some(Value::Array(a));
                 }
-                if !self.eat(",") {
+                if !self.c.eat(",") {
                     return None;
                 }
             }
         }
-        if self.rest().starts_with(GEMMA_QUOTE) {
+        if self.c.rest().starts_with(GEMMA_QUOTE) {
             return self.quoted().map(Value::String);
         }
         // A number or literal: up to the next delimiter.
-        let rest = self.rest();
+        let rest = self.c.rest();
         let len = rest.find([',', '}', ']']).unwrap_or(rest.len());
         let token = rest[..len].trim().to_string();
-        self.pos += len;
+        self.c.pos += len;
         match token.as_str() {
             "true" => Some(Value::Bool(true)),
             "false" => Some(Value::Bool(false)),
@@ -102,19 +82,19 @@ impl GemmaReader<'_> {
     }
 
     fn quoted(&mut self) -> Option<String> {
-        self.pos += GEMMA_QUOTE.len();
-        let len = self.rest().find(GEMMA_QUOTE)?;
-        let s = self.rest()[..len].to_string();
-        self.pos += len + GEMMA_QUOTE.len();
+        self.c.pos += GEMMA_QUOTE.len();
+        let len = self.c.rest().find(GEMMA_QUOTE)?;
+        let s = self.c.rest()[..len].to_string();
+        self.c.pos += len + GEMMA_QUOTE.len();
         Some(s)
     }
 
     fn bare_key(&mut self) -> Option<String> {
-        self.skip_ws();
-        let rest = self.rest();
+        self.c.skip_ws();
+        let rest = self.c.rest();
         let len = rest.find(':')?;
         let key = rest[..len].trim().trim_matches('"').to_string();
-        self.pos += len;
+        self.c.pos += len;
         (!key.is_empty()).then_some(key)
     }
 }

@@ -109,6 +109,39 @@ impl NativeFormat {
 /// Tool name → its parameters' `properties` schema.
 pub(crate) type Properties = HashMap<String, Map<String, Value>>;
 
+/// A reading position in a call's argument text, for the notations read by hand (Gemma 4's,
+/// Python literals).
+struct Cursor<'a> {
+    text: &'a str,
+    pos: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn new(text: &'a str) -> Self {
+        Cursor { text, pos: 0 }
+    }
+
+    fn rest(&self) -> &'a str {
+        &self.text[self.pos..]
+    }
+
+    fn skip_ws(&mut self) {
+        let rest = self.rest();
+        self.pos += rest.len() - rest.trim_start().len();
+    }
+
+    /// Skips white space, then `s` if it comes next.
+    fn eat(&mut self, s: &str) -> bool {
+        self.skip_ws();
+        if self.rest().starts_with(s) {
+            self.pos += s.len();
+            true
+        } else {
+            false
+        }
+    }
+}
+
 /// The streaming parser of one output in a native syntax.
 pub struct NativeCallParser {
     format: NativeFormat,

@@ -7,92 +7,72 @@
 
 use serde_json::{Map, Number, Value};
 
-use super::{retyped, Layout, Properties};
+use super::{retyped, Cursor, Layout, Properties};
 
 pub(super) const LAYOUT: Layout =
     Layout { starts: &["<|tool_call_start|>"], end: "<|tool_call_end|>", wrappers: &[], ends_at_eos: false };
 
 /// A region's list of calls.
 pub(super) fn parse(body: &str, properties: &Properties) -> Option<Vec<(String, Value)>> {
-    let mut r = Reader { text: body, pos: 0 };
-    if !r.eat("[") {
+    let mut r = Reader { c: Cursor::new(body) };
+    if !r.c.eat("[") {
         return None;
     }
     let mut calls = Vec::new();
     loop {
         let (name, args) = r.call()?;
         calls.push((name.clone(), retyped(&name, Value::Object(args), properties)));
-        if r.eat("]") {
+        if r.c.eat("]") {
             break;
         }
-        if !r.eat(",") {
+        if !r.c.eat(",") {
             return None;
         }
     }
-    r.skip_ws();
-    r.rest().is_empty().then_some(calls)
+    r.c.skip_ws();
+    r.c.rest().is_empty().then_some(calls)
 }
 
 /// One Python literal as JSON (the whole text).
 pub(super) fn literal(text: &str) -> Option<Value> {
-    let mut r = Reader { text, pos: 0 };
+    let mut r = Reader { c: Cursor::new(text) };
     let v = r.value()?;
-    r.skip_ws();
-    r.rest().is_empty().then_some(v)
+    r.c.skip_ws();
+    r.c.rest().is_empty().then_some(v)
 }
 
 struct Reader<'a> {
-    text: &'a str,
-    pos: usize,
+    c: Cursor<'a>,
 }
 
 impl<'a> Reader<'a> {
-    fn rest(&self) -> &'a str {
-        &self.text[self.pos..]
-    }
-
-    fn skip_ws(&mut self) {
-        let rest = self.rest();
-        self.pos += rest.len() - rest.trim_start().len();
-    }
-
-    fn eat(&mut self, s: &str) -> bool {
-        self.skip_ws();
-        if self.rest().starts_with(s) {
-            self.pos += s.len();
-            true
-        } else {
-            false
-        }
-    }
-
     fn word(&mut self, dotted: bool) -> Option<String> {
-        self.skip_ws();
-        let len = self.rest().find(|c: char| !(c.is_alphanumeric() || c == '_' || (dotted && c == '.'))).unwrap_or(self.rest().len());
-        let w = self.rest()[..len].to_string();
-        self.pos += len;
+        self.c.skip_ws();
+        let len = self.c.rest().find(|c: char| !(c.is_alphanumeric() || c == '_' || (dotted && c == '.'))).unwrap_or(self.c.rest().len());
+        let w = self.c.rest()[..len].to_string();
+        self.c.pos += len;
         (!w.is_empty()).then_some(w)
     }
 
     /// `name(key=value, ...)`.
     fn call(&mut self) -> Option<(String, Map<String, Value>)> {
         let name = self.word(true)?;
-        if !self.eat("(") {
+        if !self.c.eat("(") {
             return None;
         }
         let mut args = Map::new();
         loop {
-            if self.eat(")") {
+            if self.c.eat(")") {
                 return Some((name, args));
             }
             let key = self.word(false)?;
-            if !self.eat("=") {
+            if !self.c.eat("=") {
                 return None;
             }
             let v = self.value()?;
             args.insert(key, v);
-            if !self.eat(",") {
-                return self.eat(")").then_some((name, args));
+            if !self.c.eat(",") {
+                return self.c.eat(")").then_some((name, args));
             }
         }
     }
@@ -101,50 +81,50 @@ impl<'a> Reader<'a> {
     fn items(&mut self, close: &str) -> Option<Vec<Value>> {
         let mut a = Vec::new();
         loop {
-            if self.eat(close) {
+            if self.c.eat(close) {
                 return Some(a);
             }
             a.push(self.value()?);
-            if !self.eat(",") {
-                return self.eat(close).then_some(a);
+            if !self.c.eat(",") {
+                return self.c.eat(close).then_some(a);
             }
         }
     }
 
     fn value(&mut self) -> Option<Value> {
-        self.skip_ws();
-        if self.eat("[") {
+        self.c.skip_ws();
+        if self.c.eat("[") {
             return self.items("]").map(Value::Array);
         }
-        if self.eat("(") {
+        if self.c.eat("(") {
             return self.items(")").map(Value::Array);
         }
-        if self.eat("{") {
+        if self.c.eat("{") {
             let mut m = Map::new();
             loop {
-                if self.eat("}") {
+                if self.c.eat("}") {
                     return Some(Value::Object(m));
                 }
                 let key = match self.value()? {
                     Value::String(s) => s,
                     other => other.to_string(),
                 };
-                if !self.eat(":") {
+                if !self.c.eat(":") {
                     return None;
                 }
                 m.insert(key, self.value()?);
-                if !self.eat(",") {
-                    return self.eat("}").then_some(Value::Object(m));
+                if !self.c.eat(",") {
+                    return self.c.eat("}").then_some(Value::Object(m));
                 }
             }
         }
-        let rest = self.rest();
+        let rest = self.c.rest();
         if rest.starts_with('"') || rest.starts_with('\'') {
             return self.string().map(Value::String);
         }
         let len = rest.find([',', ')', ']', '}', ':']).unwrap_or(rest.len());
         let token = rest[..len].trim();
-        self.pos += len;
+        self.c.pos += len;
         match token {
             "True" | "true" => Some(Value::Bool(true)),
             "False" | "false" => Some(Value::Bool(false)),
@@ -155,13 +135,13 @@ impl<'a> Reader<'a> {
 
     /// A quoted string with Python's escapes.
     fn string(&mut self) -> Option<String> {
-        let quote = self.rest().chars().next()?;
-        self.pos += 1;
+        let quote = self.c.rest().chars().next()?;
+        self.c.pos += 1;
         let mut out = String::new();
-        let mut chars = self.rest().char_indices();
+        let mut chars = self.c.rest().char_indices();
         while let Some((i, c)) = chars.next() {
             if c == quote {
-                self.pos += i + 1;
+                self.c.pos += i + 1;
                 return Some(out);
             }
             if c != '\\' {
