@@ -284,6 +284,9 @@ pub fn run(args: BenchArgs, opts: &crate::options::Options) -> Result<()> {
         prompt_concurrency: widest,
         prefill_step_size: args.prefill_step_size.max(1),
         num_draft_tokens: args.num_draft_tokens,
+        // Every run prefills its prompts cold: the runs repeat prompts, which the (default-on)
+        // prompt cache would otherwise serve.
+        prompt_cache_bytes: 0,
         ..EngineConfig::default()
     });
     let mut engine = Collector::new(model, opts.engine_config(config)?)?;
