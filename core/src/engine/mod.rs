@@ -38,7 +38,7 @@ pub use executor::DecodeMode;
 #[cfg(feature = "faults")]
 pub use faults::Faults;
 pub use lockstep::{follow, FollowerSinks, LockstepCore, LockstepOptions, RankStats, Step};
-pub use media::{attach_audio, attach_images, PreparedAudio, PreparedImage};
+pub use media::{PreparedAudio, PreparedImage};
 pub use memory::{prompt_cache_capacity, release_free_heap, use_single_heap_arena, MemoryPolicy, PROMPT_CACHE_AUTO};
 pub use prompt_cache::PromptCache;
 pub use prompt_cache_file::{entry_file, load_entry, save_entry, CacheIdentity, SavedEntry};
@@ -46,8 +46,8 @@ pub use queue::{EventQueue, FlowQueue, Next, PAUSE_AT, RESUME_AT};
 pub use scheduler::Scheduler;
 pub use config::{EngineConfig, EngineStats};
 pub(crate) use config::lockstep_prompt_cache;
-pub use prepare::{check_request, finish_prepare, prepare, CheckedRequest, Submission};
-use prepare::check_prompt;
+pub use prepare::{CheckedRequest, Preparer, Submission};
+use prepare::{check_prompt, Limits};
 pub use request::{check_top_logprobs, Event, Input, Request, RequestId, RowFlow, Sink, StopCause, TokenLogprobs, Usage};
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -58,7 +58,6 @@ use std::thread::JoinHandle;
 use parking_lot::Mutex;
 
 pub use crate::constrain::Constraint;
-use crate::constrain::ConstraintFactoryCell;
 pub use crate::stop::FinishReason;
 use crate::loading::LoadedModel;
 use crate::models::ModelInfo;
@@ -78,41 +77,20 @@ pub struct Engine {
 struct Front {
     tx: Sender<Command>,
     health: Arc<Health>,
-    tokenizer: Option<Tokenizer>,
-    /// The grammar compiler of `tokenizer`, shared with the model it came from.
-    constraints: ConstraintFactoryCell,
-    info: ModelInfo,
-    eos_token_ids: Vec<u32>,
-    /// The model's image contract, when it has a vision tower.
-    vision: Option<crate::vision::ImageSpec>,
-    /// The model's audio contract, when it has an audio tower.
-    audio: Option<crate::audio::AudioSpec>,
-    config: EngineConfig,
+    preparer: Preparer,
     next_id: AtomicU64,
-    /// Steps run across ranks: refuse at submit what the ranks cannot reproduce.
-    lockstep: bool,
 }
 
 impl Front {
     fn check(&self, request: Request) -> Result<CheckedRequest> {
         self.health.check()?;
-        if self.lockstep {
-            lockstep::check_request(&request)?;
-        }
-        check_request(request, self.tokenizer.as_ref(), &self.constraints, &self.info, &self.config)
+        self.preparer.check(request)
     }
 
     fn submit(&self, checked: CheckedRequest, sink: Sink, flow: Option<RowFlow>) -> Result<RequestId> {
         self.health.check()?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let mut sub =
-            finish_prepare(id, checked, sink, self.tokenizer.as_ref(), &self.constraints, &self.info, &self.eos_token_ids, &self.config)?;
-        attach_images(&mut sub, self.vision.as_ref(), self.tokenizer.as_ref(), &self.info)?;
-        attach_audio(&mut sub, self.audio.as_ref(), &self.info, &self.config)?;
-        if self.lockstep {
-            // Followers prefill in the same chunks as rank 0 and never learn its boundaries.
-            sub.checkpoints.clear();
-        }
+        let mut sub = self.preparer.prepare(id, checked, sink)?;
         if let Some(flow) = &flow {
             flow.wake_through(self.tx.clone());
         }
@@ -172,42 +150,38 @@ impl Engine {
         }));
         let health = Arc::new(Health::default());
         let (tx, rx) = mpsc::channel();
-        let tokenizer = model.tokenizer.clone();
-        let constraints = model.constraints.clone();
-        let info = model.model.info().clone();
-        let eos_token_ids = model.eos_token_ids.clone();
-        let vision = model.model.vision().map(|v| v.spec().clone());
-        let audio = model.model.audio().map(|a| a.spec().clone());
         let core_config = config.clone();
+        let preparer = Preparer::new(&model, config);
+        let preparer = if lockstep { preparer.for_lockstep() } else { preparer };
         let (shared_stats, shared_health) = (Arc::clone(&stats), Arc::clone(&health));
         let driver = std::thread::Builder::new()
             .name("weft-engine".into())
             .spawn(move || driver(EngineCore::new(model, core_config), rx, shared_stats, shared_health))
             .map_err(|e| Error::Mlx(format!("cannot start the engine thread: {e}")))?;
-        let front = Front { tx, health, tokenizer, constraints, info, eos_token_ids, vision, audio, config, next_id: AtomicU64::new(1), lockstep };
+        let front = Front { tx, health, preparer, next_id: AtomicU64::new(1) };
         Ok(Engine { front: Arc::new(front), stats, driver: Some(driver) })
     }
 
     pub fn tokenizer(&self) -> Option<&Tokenizer> {
-        self.front.tokenizer.as_ref()
+        self.front.preparer.tokenizer()
     }
 
     pub fn model_info(&self) -> &ModelInfo {
-        &self.front.info
+        self.front.preparer.model_info()
     }
 
     /// The model's image contract (`None`: a text-only model).
     pub fn vision(&self) -> Option<&crate::vision::ImageSpec> {
-        self.front.vision.as_ref()
+        self.front.preparer.vision()
     }
 
     /// The model's audio contract (`None`: a model without an audio tower).
     pub fn audio(&self) -> Option<&crate::audio::AudioSpec> {
-        self.front.audio.as_ref()
+        self.front.preparer.audio()
     }
 
     pub fn config(&self) -> &EngineConfig {
-        &self.front.config
+        self.front.preparer.config()
     }
 
     /// `Ok` while the engine serves requests; [`Error::EngineFailed`] once its driver thread
@@ -233,7 +207,7 @@ impl Engine {
         self.front.submit(checked, sink, flow)
     }
 
-    /// The checks of [`Engine::submit`] that need no tokenization ([`check_request`]); the
+    /// The checks of [`Engine::submit`] that need no tokenization ([`Preparer::check`]); the
     /// result goes to a [`Submitter`], which tokenizes and queues it.
     pub fn check(&self, request: Request) -> Result<CheckedRequest> {
         self.front.check(request)

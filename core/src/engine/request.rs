@@ -73,7 +73,8 @@ pub struct Request {
     /// Encoded audio clips (WAV / MP3 / FLAC / Ogg Vorbis files, at most 30 s each), in prompt
     /// order, for a model with an audio tower. The prompt (token ids, text or the rendered
     /// conversation) holds the model's audio token once per clip, where the chat template puts
-    /// it; [`attach_audio`] expands each to `boa + audio x n + eoa` as the reference processor does.
+    /// it; preparation ([`super::Preparer::prepare`]) expands each to `boa + audio x n + eoa` as the
+    /// reference processor does.
     pub audio: Vec<Vec<u8>>,
     /// Renders `Input::Messages` with this template instead of the engine's override
     /// ([`EngineConfig::chat_template`]) or the model's own.
