@@ -127,7 +127,7 @@ impl Submitter {
 
 impl Engine {
     pub fn start(model: LoadedModel, config: EngineConfig) -> Result<Engine> {
-        Engine::start_with(model, config, false, drive)
+        Engine::start_with(model, config, false, drive::<EngineCore>)
     }
 
     /// [`Engine::start`] with `driver` as the driver thread's body (one rank process or a
@@ -136,7 +136,7 @@ impl Engine {
         model: LoadedModel,
         config: EngineConfig,
         lockstep: bool,
-        driver: impl FnOnce(EngineCore, Receiver<Command>, Arc<Mutex<EngineStats>>, Arc<Health>) + Send + 'static,
+        driver: impl FnOnce(EngineCore, Arc<Mutex<Receiver<Command>>>, Arc<Mutex<EngineStats>>, Arc<Health>) + Send + 'static,
     ) -> Result<Engine> {
         let config = lockstep_prompt_cache(config, lockstep);
         config.validate_for(model.model.info())?;
@@ -150,6 +150,7 @@ impl Engine {
         }));
         let health = Arc::new(Health::default());
         let (tx, rx) = mpsc::channel();
+        let rx = Arc::new(Mutex::new(rx));
         let core_config = config.clone();
         let preparer = Preparer::new(&model, config);
         let preparer = if lockstep { preparer.for_lockstep() } else { preparer };
