@@ -23,12 +23,12 @@ pub struct EngineConfig {
     pub kv_budget_bytes: Option<u64>,
     /// Bytes of KV kept for prefix reuse (finished rows and their chat-boundary checkpoints);
     /// 0 disables the prompt cache. The default, [`PROMPT_CACHE_AUTO`], sizes it from the memory
-    /// left after loading ([`prompt_cache_capacity`]). It shares one ceiling with the rows' KV
+    /// left after loading ([`super::prompt_cache_capacity`]). It shares one ceiling with the rows' KV
     /// (the KV budget; for `auto` without one, the memory MLX could allocate at start): entries
     /// are evicted, least recently used first, before a row would wait.
     pub prompt_cache_bytes: u64,
     /// A directory the prompt cache is loaded from at start and saved to at shutdown (one file
-    /// per entry, [`save_entry`]): entries survive a restart. Files saved for another model,
+    /// per entry, [`super::save_entry`]): entries survive a restart. Files saved for another model,
     /// tokenizer or kernel mode, or damaged, are refused ([`EngineStats::prompt_cache_files_refused`]).
     pub prompt_cache_dir: Option<std::path::PathBuf>,
     /// Quantize the KV cache to this many bits (mlx-lm's `kv_bits`); `None` (the default)
@@ -47,10 +47,10 @@ pub struct EngineConfig {
     #[cfg(feature = "faults")]
     pub faults: Faults,
     /// Renders every conversation with this template instead of the model's own (a request's
-    /// [`Request::chat_template`] still wins); `None` keeps the model's.
+    /// [`super::Request::chat_template`] still wins); `None` keeps the model's.
     pub chat_template: Option<Arc<ChatTemplate>>,
     /// Chat-template variables every request starts from (`weft serve --chat-template-args`);
-    /// a request's own [`Request::chat_template_kwargs`] override them key by key.
+    /// a request's own [`super::Request::chat_template_kwargs`] override them key by key.
     pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
     /// Reasoning tokens allowed when a request names no budget; `None`: unbounded.
     pub reasoning_budget: Option<usize>,
@@ -140,7 +140,7 @@ pub struct EngineStats {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub prompt_cache_files_refused: Vec<String>,
     pub tokens_generated: u64,
-    /// Rows parked because their consumer paused them ([`RowFlow`]).
+    /// Rows parked because their consumer paused them ([`super::RowFlow`]).
     pub paused_rows: usize,
     pub decode_steps: u64,
     /// Prefill forward passes run (one per chunk; rows prefilling together share one) and the

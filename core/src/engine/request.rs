@@ -77,19 +77,19 @@ pub struct Request {
     /// reference processor does.
     pub audio: Vec<Vec<u8>>,
     /// Renders `Input::Messages` with this template instead of the engine's override
-    /// ([`EngineConfig::chat_template`]) or the model's own.
+    /// ([`super::EngineConfig::chat_template`]) or the model's own.
     pub chat_template: Option<Arc<ChatTemplate>>,
     /// Variables for the chat template (OpenAI-compatible servers' `chat_template_kwargs`:
     /// `enable_thinking` foremost, any key the template reads), over the engine's defaults
-    /// ([`EngineConfig::chat_template_kwargs`]).
+    /// ([`super::EngineConfig::chat_template_kwargs`]).
     pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
     /// Reasoning tokens the model may spend before Weft closes its reasoning block itself and
     /// the answer begins ([`crate::reasoning`]); `None`: the engine's default
-    /// ([`EngineConfig::reasoning_budget`]).
+    /// ([`super::EngineConfig::reasoning_budget`]).
     pub reasoning_budget: Option<usize>,
     /// Prompt-lookup speculative decoding: draft up to this many tokens per step
     /// (mlx_lm.server's `num_draft_tokens`; 0 turns it off); `None`: the engine's default
-    /// ([`EngineConfig::num_draft_tokens`]).
+    /// ([`super::EngineConfig::num_draft_tokens`]).
     pub num_draft_tokens: Option<usize>,
 }
 
