@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use support::*;
 use weft::distributed::Group;
-use weft::engine::{follow, prepare, EngineConfig, EngineCore, Event, LockstepCore, LockstepOptions, Step, Submission};
+use weft::engine::{follow, EngineConfig, EngineCore, Event, LockstepCore, LockstepOptions, Preparer, Step, Submission};
 use weft::nn::Parallel;
 use weft::sampling::SamplingParams;
 
@@ -156,17 +156,17 @@ fn recorder(outs: &Outcomes, id: u64) -> weft::engine::Sink {
 }
 
 /// Runs the schedule step by step (row ids 1..); returns every row's outcome.
-fn run_schedule(d: &mut dyn Driver, info: &weft::models::ModelInfo) -> Outcomes {
-    let vocab = info.vocab_size as u32;
+fn run_schedule(d: &mut dyn Driver, prep: &Preparer) -> Outcomes {
+    let vocab = prep.model_info().vocab_size as u32;
     let mut rows = schedule();
     for r in &mut rows {
         r.prompt.iter_mut().for_each(|t| *t %= vocab);
     }
-    run_rows(d, info, rows, &config(), true)
+    run_rows(d, prep, rows, true)
 }
 
 /// Runs `rows` step by step (row ids 1..), cancelling the last row mid-decode if `cancel`.
-fn run_rows(d: &mut dyn Driver, info: &weft::models::ModelInfo, rows: Vec<Row>, config: &EngineConfig, cancel: bool) -> Outcomes {
+fn run_rows(d: &mut dyn Driver, prep: &Preparer, rows: Vec<Row>, cancel: bool) -> Outcomes {
     let outs: Outcomes = Arc::default();
     let cancelled = if cancel { rows.len() as u64 } else { 0 };
     let mut next = 0;
@@ -176,7 +176,7 @@ fn run_rows(d: &mut dyn Driver, info: &weft::models::ModelInfo, rows: Vec<Row>, 
             let id = next as u64 + 1;
             let mut req = greedy(rows[next].prompt.clone(), rows[next].max_tokens);
             req.sampling = rows[next].sampling.clone();
-            d.enqueue(prepare(id, req, recorder(&outs, id), None, &Default::default(), info, &[], config).unwrap());
+            d.enqueue(prep.submission(id, req, recorder(&outs, id)).unwrap());
             next += 1;
         }
         let progress = outs.lock().unwrap().get(&cancelled).map(|o| (o.tokens.len(), o.finals));
@@ -207,11 +207,11 @@ fn engine_rank_entry() {
     let group = weft::env::distributed_group().expect("join the group");
     for (model, mode) in RUNS {
         let loaded = load_split(&group, model, mode);
-        let info = loaded.model.info().clone();
         let outs = if group.rank() == 0 {
+            let prep = Preparer::new(&loaded, config()).with_eos_token_ids(Vec::new());
             let mut ls = LockstepCore::new(EngineCore::new(loaded, config()), group.clone());
             ls.step(Step::Idle).expect("the first exchange");
-            let outs = run_schedule(&mut ls, &info);
+            let outs = run_schedule(&mut ls, &prep);
             ls.step(Step::Shutdown).expect("shut the group down");
             outs
         } else {
@@ -223,11 +223,11 @@ fn engine_rank_entry() {
         let schedule = moe_schedule(model, mode);
         let config = moe_config(&schedule);
         let loaded = load_split(&group, model, mode);
-        let info = loaded.model.info().clone();
         let outs = if group.rank() == 0 {
+            let prep = Preparer::new(&loaded, config.clone()).with_eos_token_ids(Vec::new());
             let mut ls = LockstepCore::new(EngineCore::new(loaded, config.clone()), group.clone());
             ls.step(Step::Idle).expect("the first exchange");
-            let outs = run_rows(&mut ls, &info, golden_rows(&schedule), &config, false);
+            let outs = run_rows(&mut ls, &prep, golden_rows(&schedule), false);
             ls.step(Step::Shutdown).expect("shut the group down");
             outs
         } else {
@@ -261,9 +261,9 @@ fn follow_with(loaded: weft::loading::LoadedModel, config: EngineConfig, group: 
 /// The single-process engine's rows for the schedule on `model`.
 fn single_process(model: &str) -> Value {
     let loaded = load_exact(&tiny_model_dir(model)).unwrap();
-    let info = loaded.model.info().clone();
+    let prep = Preparer::new(&loaded, config()).with_eos_token_ids(Vec::new());
     let mut single = EngineCore::new(loaded, config());
-    outcomes_json(&run_schedule(&mut single, &info))
+    outcomes_json(&run_schedule(&mut single, &prep))
 }
 
 #[test]

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use support::*;
-use weft::engine::{Engine, EngineConfig, Event, Input, Request};
+use weft::engine::{Engine, EngineConfig, Event, Input, Preparer, Request};
 use weft::generate::{generate, FinishReason, GenerateOptions};
 use weft::loading::{self};
 use weft::sampling::SamplingParams;
@@ -626,9 +626,7 @@ fn a_paused_consumer_holds_back_only_its_own_row() {
 
 /// Enqueues every prompt at once into `core` and runs it to idle (a deterministic burst:
 /// nothing decodes before the first prefill).
-fn burst_into(core: &mut weft::engine::EngineCore, first_id: u64, prompts: &[Vec<u32>], max_tokens: usize) -> Vec<Outcome> {
-    let info = core.model_info().clone();
-    let config = core.config().clone();
+fn burst_into(core: &mut weft::engine::EngineCore, prep: &Preparer, first_id: u64, prompts: &[Vec<u32>], max_tokens: usize) -> Vec<Outcome> {
     let outs: Vec<Arc<Mutex<Outcome>>> = prompts.iter().map(|_| Arc::default()).collect();
     for (i, p) in prompts.iter().enumerate() {
         let out = Arc::clone(&outs[i]);
@@ -637,7 +635,7 @@ fn burst_into(core: &mut weft::engine::EngineCore, first_id: u64, prompts: &[Vec
             true
         });
         let req = Request { capture_first_logits: 16, ..greedy(p.clone(), max_tokens) };
-        core.enqueue(weft::engine::prepare(first_id + i as u64, req, sink, None, &Default::default(), &info, &[], &config).unwrap());
+        core.enqueue(prep.submission(first_id + i as u64, req, sink).unwrap());
     }
     for _ in 0..10_000 {
         if core.is_idle() {
@@ -650,8 +648,10 @@ fn burst_into(core: &mut weft::engine::EngineCore, first_id: u64, prompts: &[Vec
 
 fn burst(name: &str, prompts: &[Vec<u32>], prefill_step_size: usize, max_tokens: usize) -> (Vec<Outcome>, weft::engine::EngineStats) {
     let model = load_exact(&tiny_model_dir(name)).unwrap();
-    let mut core = weft::engine::EngineCore::new(model, EngineConfig { prefill_step_size, ..Default::default() });
-    let outs = burst_into(&mut core, 1, prompts, max_tokens);
+    let config = EngineConfig { prefill_step_size, ..Default::default() };
+    let prep = Preparer::new(&model, config.clone()).with_eos_token_ids(Vec::new());
+    let mut core = weft::engine::EngineCore::new(model, config);
+    let outs = burst_into(&mut core, &prep, 1, prompts, max_tokens);
     (outs, core.stats())
 }
 
@@ -700,12 +700,13 @@ fn a_prompt_cache_hit_prefills_together_with_a_fresh_row() {
     let fresh: Vec<u32> = vec![27, 18, 28, 1, 41, 42];
     let model = load_exact(&tiny_model_dir("llama-fp32")).unwrap();
     let config = EngineConfig { prompt_cache_bytes: 1 << 24, ..Default::default() };
+    let prep = Preparer::new(&model, config.clone()).with_eos_token_ids(Vec::new());
     let mut core = weft::engine::EngineCore::new(model, config);
-    burst_into(&mut core, 1, &[base], 4);
+    burst_into(&mut core, &prep, 1, &[base], 4);
     let before = core.stats();
     // `longer` reuses `base`'s KV and prefills its last 4 tokens (minus the final one) next to
     // `fresh`'s 5: different lengths and different cached offsets in one forward.
-    let outs = burst_into(&mut core, 2, &[longer.clone(), fresh.clone()], 6);
+    let outs = burst_into(&mut core, &prep, 2, &[longer.clone(), fresh.clone()], 6);
     let after = core.stats();
     assert_eq!(after.prompt_cache_hits - before.prompt_cache_hits, 1);
     assert_eq!(after.prefill_forwards - before.prefill_forwards, 1);
@@ -733,8 +734,8 @@ fn staggered(
     eos: &[u32],
 ) -> (Vec<Outcome>, weft::engine::EngineStats) {
     let model = load_exact(&tiny_model_dir(name)).unwrap();
-    let mut core = weft::engine::EngineCore::new(model, config.clone());
-    let info = core.model_info().clone();
+    let prep = Preparer::new(&model, config.clone()).with_eos_token_ids(eos.to_vec());
+    let mut core = weft::engine::EngineCore::new(model, config);
     let outs: Vec<Arc<Mutex<Outcome>>> = reqs.iter().map(|_| Arc::default()).collect();
     for it in 0..10_000 {
         for (i, req) in reqs.iter().enumerate().filter(|(i, _)| at[*i] == it) {
@@ -743,7 +744,7 @@ fn staggered(
                 out.lock().unwrap().record(ev);
                 true
             });
-            core.enqueue(weft::engine::prepare(i as u64 + 1, req.clone(), sink, None, &Default::default(), &info, eos, &config).unwrap());
+            core.enqueue(prep.submission(i as u64 + 1, req.clone(), sink).unwrap());
         }
         if it > at.iter().copied().max().unwrap_or(0) && core.is_idle() {
             return (outs.iter().map(|o| o.lock().unwrap().clone()).collect(), core.stats());
@@ -992,6 +993,42 @@ fn multi_turn_chats_reuse_the_previous_turn_on_every_cache_kind() {
             assert_multi_turn_exact(&format!("{what} ({tiny}, chunks of {step})"), &model, config, 1200, 4);
         }
     }
+}
+
+/// Chat-boundary checkpoints are found (two more renders and tokenizations of the
+/// conversation) only where the executor snapshots rows at them: a model with caches that
+/// cannot be cut back, the prompt cache on, a single process.
+#[test]
+fn chat_checkpoints_are_prepared_only_for_models_that_take_them() {
+    use weft::tokenizer::ChatMessage;
+    let messages = vec![ChatMessage::new("system", &agent_system_prompt(300)), ChatMessage::new("user", "List the files.")];
+    let cached = EngineConfig { prompt_cache_bytes: 64 << 20, ..Default::default() };
+    let prepared = |tiny: &str, config: &EngineConfig, lockstep: bool| {
+        let dir = tempfile::tempdir().unwrap();
+        let model = loading::load(&chatml_model(tiny, dir.path())).unwrap();
+        let prep = Preparer::new(&model, config.clone());
+        let prep = if lockstep { prep.for_lockstep() } else { prep };
+        let sub = prep.submission(1, Request::new(Input::Messages(messages.clone())), Box::new(|_: &Event| true)).unwrap();
+        // Where the system prompt ends, as the template renders it alone.
+        let tok = model.tokenizer.as_ref().unwrap();
+        let system = tok.chat_template().unwrap().render(&messages[..1], false).unwrap();
+        let system_end = tok.encode(&system, false).unwrap().len();
+        (prep.checkpointing(), sub.checkpoints.clone(), system_end, sub.prompt.len())
+    };
+    // Full attention: a finished row's entry is cut back to any shared prefix, no checkpoints.
+    let (on, checkpoints, _, _) = prepared("llama-fp32", &cached, false);
+    assert!(!on && checkpoints.is_empty(), "{checkpoints:?}");
+    // Hybrid recurrent: the end of the system prompt and of the last message.
+    let (on, checkpoints, system_end, prompt_len) = prepared("qwen3_5", &cached, false);
+    assert!(on, "a hybrid model checkpoints");
+    assert_eq!(checkpoints.len(), 2, "{checkpoints:?}");
+    assert_eq!(checkpoints[0], system_end);
+    assert!(checkpoints[1] > system_end && checkpoints[1] < prompt_len, "{checkpoints:?} of {prompt_len}");
+    // The prompt cache off, or rank 0 of a rank group (followers never learn the boundaries).
+    let off = EngineConfig { prompt_cache_bytes: 0, ..Default::default() };
+    assert!(prepared("qwen3_5", &off, false).1.is_empty());
+    let (on, checkpoints, _, _) = prepared("qwen3_5", &cached, true);
+    assert!(!on && checkpoints.is_empty(), "{checkpoints:?}");
 }
 
 #[test]

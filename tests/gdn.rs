@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use support::*;
-use weft::engine::{prepare, Engine, EngineConfig, EngineCore, EngineStats, Event, Request};
+use weft::engine::{Engine, EngineConfig, EngineCore, EngineStats, Event, Preparer, Request};
 use weft::generate::{generate, FinishReason, GenerateOptions};
 use weft::loading::LoadedModel;
 
@@ -80,7 +80,8 @@ fn continuous_schedules_match_batch_generator() {
 /// `BatchGenerator.insert` of them all), run to the end with first-step logits captured.
 fn run_burst(model: weft::loading::LoadedModel, rows: &[Value], config: EngineConfig) -> (Vec<Outcome>, EngineStats) {
     let info = model.model.info().clone();
-    let mut core = EngineCore::new(model, config.clone());
+    let prep = Preparer::new(&model, config.clone()).with_eos_token_ids(Vec::new());
+    let mut core = EngineCore::new(model, config);
     let outs: Vec<Arc<Mutex<Outcome>>> = rows.iter().map(|_| Arc::default()).collect();
     for (i, r) in rows.iter().enumerate() {
         let out = Arc::clone(&outs[i]);
@@ -90,7 +91,7 @@ fn run_burst(model: weft::loading::LoadedModel, rows: &[Value], config: EngineCo
         });
         let mut req = greedy(ids(&r["prompt_ids"]), r["max_tokens"].as_u64().unwrap() as usize);
         req.capture_first_logits = info.vocab_size as usize;
-        core.enqueue(prepare(i as u64 + 1, req, sink, None, &Default::default(), &info, &[], &config).unwrap());
+        core.enqueue(prep.submission(i as u64 + 1, req, sink).unwrap());
     }
     for _ in 0..10_000 {
         if core.is_idle() {

@@ -201,14 +201,10 @@ fn pas_tensors() -> HashMap<String, Array> {
     Array::load_safetensors(goldens_dir().join("vision").join("gemma3_pas.safetensors")).unwrap()
 }
 
-/// The request's prompt and views after admission's preparation (`prepare` + `attach_images`).
+/// The request's prompt and views after admission's preparation (images attached).
 fn prepared(loaded: &LoadedModel, r: Request) -> weft::engine::Submission {
-    let (tok, info, config) = (loaded.tokenizer.as_ref(), loaded.model.info().clone(), EngineConfig::default());
     let sink = Box::new(|_: &weft::engine::Event| true);
-    let mut sub = weft::engine::prepare(1, r, sink, tok, &Default::default(), &info, &[], &config).unwrap();
-    let spec = loaded.model.vision().unwrap().spec().clone();
-    weft::engine::attach_images(&mut sub, Some(&spec), tok, &info).unwrap();
-    sub
+    weft::engine::Preparer::new(loaded, EngineConfig::default()).submission(1, r, sink).unwrap()
 }
 
 #[test]

@@ -4,7 +4,7 @@
 use std::sync::mpsc::{self, Receiver};
 use std::time::Instant;
 
-use weft::engine::{prepare, EngineConfig, EngineCore, Event, Request, RequestId};
+use weft::engine::{EngineConfig, EngineCore, Event, Preparer, Request, RequestId};
 use weft::generate::FinishReason;
 use weft::loading::LoadedModel;
 use weft::Result;
@@ -35,21 +35,15 @@ impl RowResult {
 pub struct Collector {
     pub core: EngineCore,
     rows: Vec<(RequestId, Receiver<(Event, Instant)>, Instant)>,
-    info: weft::models::ModelInfo,
-    tokenizer: Option<weft::tokenizer::Tokenizer>,
-    constraints: weft::constrain::ConstraintFactoryCell,
-    eos: Vec<u32>,
+    preparer: Preparer,
     next_id: RequestId,
 }
 
 impl Collector {
     pub fn new(model: LoadedModel, config: EngineConfig) -> Result<Self> {
         config.validate_for(model.model.info())?;
-        let info = model.model.info().clone();
-        let tokenizer = model.tokenizer.clone();
-        let constraints = model.constraints.clone();
-        let eos = model.eos_token_ids.clone();
-        Ok(Collector { core: EngineCore::new(model, config), rows: Vec::new(), info, tokenizer, constraints, eos, next_id: 1 })
+        let preparer = Preparer::new(&model, config.clone());
+        Ok(Collector { core: EngineCore::new(model, config), rows: Vec::new(), preparer, next_id: 1 })
     }
 
     /// Validates and queues a request; its events are collected.
@@ -58,7 +52,7 @@ impl Collector {
         let id = self.next_id;
         self.next_id += 1;
         let sink = Box::new(move |ev: &Event| tx.send((ev.clone(), Instant::now())).is_ok());
-        let sub = prepare(id, request, sink, self.tokenizer.as_ref(), &self.constraints, &self.info, &self.eos, self.core.config())?;
+        let sub = self.preparer.submission(id, request, sink)?;
         self.core.enqueue(sub);
         self.rows.push((id, rx, Instant::now()));
         Ok(id)

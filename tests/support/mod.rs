@@ -109,7 +109,7 @@ pub fn edit_config(dir: &Path, edit: impl FnOnce(&mut Value)) {
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 
-use weft::engine::{prepare, EngineConfig, EngineCore, Event, Input, Request, StopCause, Usage};
+use weft::engine::{EngineConfig, EngineCore, Event, Input, Preparer, Request, StopCause, Usage};
 use weft::generate::FinishReason;
 use weft::loading::LoadedModel;
 use weft::sampling::SamplingParams;
@@ -197,8 +197,8 @@ fn collect_into(mut o: Outcome, rx: &Receiver<Event>) -> Outcome {
 pub fn replay(model: LoadedModel, schedule: &Value, max_batch: usize) -> Vec<Outcome> {
     let prefill = schedule["prefill_step_size"].as_u64().unwrap() as usize;
     let config = EngineConfig { max_batch, prompt_concurrency: max_batch, prefill_step_size: prefill, ..Default::default() };
-    let info = model.model.info().clone();
-    let mut core = EngineCore::new(model, config.clone());
+    let prep = Preparer::new(&model, config.clone()).with_eos_token_ids(Vec::new());
+    let mut core = EngineCore::new(model, config);
     let rows = schedule["rows"].as_array().unwrap();
     let mut pending: Vec<(u64, usize)> = rows.iter().enumerate().map(|(i, r)| (r["at_step"].as_u64().unwrap(), i)).collect();
     pending.sort();
@@ -213,7 +213,7 @@ pub fn replay(model: LoadedModel, schedule: &Value, max_batch: usize) -> Vec<Out
                 true
             });
             let req = greedy(ids(&rows[i]["prompt_ids"]), rows[i]["max_tokens"].as_u64().unwrap() as usize);
-            core.enqueue(prepare(i as u64 + 1, req, sink, None, &Default::default(), &info, &[], &config).unwrap());
+            core.enqueue(prep.submission(i as u64 + 1, req, sink).unwrap());
             next += 1;
         }
         if next == pending.len() && core.is_idle() {

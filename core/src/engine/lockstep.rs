@@ -37,6 +37,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{events, Command, Engine, EngineConfig, EngineCore, EngineStats, Event, EventSink, Health, Input, Request};
 use super::{RequestId, Sink, Submission};
+use super::driver::{drive, Halt, Stepper};
 use crate::constrain::Constraint;
 use crate::distributed::Group;
 use crate::loading::LoadedModel;
@@ -599,7 +600,7 @@ struct Shared {
     outstanding: Mutex<HashMap<RequestId, Arc<Mutex<EventSink>>>>,
     /// Requests whose consumer went away: cancelled with the next plan.
     gone: Mutex<Vec<RequestId>>,
-    rx: Mutex<Receiver<Command>>,
+    rx: Arc<Mutex<Receiver<Command>>>,
     /// When the step in progress started, and how long it may take.
     armed: Mutex<Option<(Instant, Duration)>>,
     fired: Mutex<Option<String>>,
@@ -669,11 +670,12 @@ impl Shared {
     }
 }
 
-/// The leader's driver thread: the single-process driver's loop with every iteration sent to
-/// the group first, an idle heartbeat, and a watchdog over each step.
+/// The leader's driver thread: the first exchange (every rank loaded and runs the same
+/// settings), then the driver loop ([`drive`]) over a [`Leader`], which sends every step to
+/// the group first, beats while idle, and runs each step under the watchdog.
 fn lead(
     mut ls: LockstepCore,
-    rx: Receiver<Command>,
+    rx: Arc<Mutex<Receiver<Command>>>,
     stats: Arc<Mutex<EngineStats>>,
     health: Arc<Health>,
     opts: LockstepOptions,
@@ -681,11 +683,11 @@ fn lead(
 ) {
     let size = ls.group().size();
     let shared = Arc::new(Shared {
-        health,
-        stats,
+        health: Arc::clone(&health),
+        stats: Arc::clone(&stats),
         outstanding: Mutex::new(HashMap::new()),
         gone: Mutex::new(Vec::new()),
-        rx: Mutex::new(rx),
+        rx: Arc::clone(&rx),
         armed: Mutex::new(None),
         fired: Mutex::new(None),
         done: AtomicBool::new(false),
@@ -708,62 +710,73 @@ fn lead(
         return std::mem::forget(ls);
     }
     let _ = ready.send(Ok(()));
+    drive(Leader { ls, shared, opts }, rx, stats, health);
+}
 
-    let heartbeat = opts.heartbeat();
-    let mut shutting_down = false;
-    loop {
-        let idle = ls.core().is_idle() && shared.gone.lock().is_empty() && !shutting_down;
-        let mut commands = Vec::new();
-        {
-            let rx = shared.rx.lock();
-            if idle {
-                match rx.recv_timeout(heartbeat) {
-                    Ok(c) => commands.push(c),
-                    Err(RecvTimeoutError::Timeout) => {}
-                    Err(RecvTimeoutError::Disconnected) => shutting_down = true,
-                }
-            }
-            commands.extend(rx.try_iter());
+/// Rank 0 under the driver loop: what it admits and cancels goes to the group with the next
+/// step plan.
+struct Leader {
+    ls: LockstepCore,
+    shared: Arc<Shared>,
+    opts: LockstepOptions,
+}
+
+impl Stepper for Leader {
+    fn is_idle(&self) -> bool {
+        self.ls.core().is_idle() && self.shared.gone.lock().is_empty()
+    }
+
+    /// An idle leader proves the group alive with a plan that has nothing to do.
+    fn idle_wait(&self) -> Option<Duration> {
+        Some(self.opts.heartbeat())
+    }
+
+    /// Memory is returned in the idle step, on every rank alike.
+    fn on_wait(&mut self) {}
+
+    fn admit(&mut self, mut sub: Submission) {
+        sub.flow = None; // a paused row would leave the batch on rank 0 only
+        self.shared.track(&mut sub);
+        self.ls.enqueue(sub);
+    }
+
+    fn cancel(&mut self, id: RequestId) {
+        self.ls.cancel(id);
+    }
+
+    fn step(&mut self, step: Step) -> std::result::Result<(), Halt> {
+        // Consumers gone since the last step are cancelled with this plan, on every rank.
+        for id in std::mem::take(&mut *self.shared.gone.lock()) {
+            self.ls.cancel(id);
         }
-        let had_commands = !commands.is_empty();
-        for cmd in commands {
-            match cmd {
-                Command::Submit(mut sub) if !shutting_down => {
-                    sub.flow = None; // a paused row would leave the batch on rank 0 only
-                    shared.track(&mut sub);
-                    ls.enqueue(sub);
-                }
-                Command::Submit(mut sub) => sub.sink.close(Event::Error { message: "the engine is shutting down".into() }),
-                Command::Cancel(id) => ls.cancel(id),
-                Command::Wake => {}
-                Command::Shutdown => shutting_down = true,
-            }
-        }
-        for id in std::mem::take(&mut *shared.gone.lock()) {
-            ls.cancel(id);
-        }
-        let step = match (shutting_down, idle && !had_commands) {
-            (true, _) => Step::Shutdown,
-            (false, true) => Step::Idle,
-            (false, false) => Step::Iterate,
-        };
-        shared.arm(opts.rank_timeout);
-        let result = run_step(&mut ls, step);
-        shared.disarm();
-        if shared.fired.lock().is_some() {
-            return std::mem::forget(ls); // the watchdog failed everything meanwhile
+        self.shared.arm(self.opts.rank_timeout);
+        let result = run_step(&mut self.ls, step);
+        self.shared.disarm();
+        if self.shared.fired.lock().is_some() {
+            return Err(Halt); // the watchdog failed everything meanwhile
         }
         if let Err(why) = result {
-            shared.fail(&format!("the rank group failed: {why}"));
-            shared.done.store(true, Ordering::SeqCst);
-            return std::mem::forget(ls);
+            self.shared.fail(&format!("the rank group failed: {why}"));
+            self.shared.done.store(true, Ordering::SeqCst);
+            return Err(Halt);
         }
-        *shared.stats.lock() = ls.stats();
-        if step == Step::Shutdown {
-            break;
-        }
+        Ok(())
     }
-    shared.done.store(true, Ordering::SeqCst);
+
+    fn stats(&self) -> EngineStats {
+        self.ls.stats()
+    }
+
+    fn fail_all(&mut self, why: &str) {
+        self.shared.fail(why);
+    }
+}
+
+/// The driver ended (shutdown, or a panic outside a step): the watchdog stops.
+impl Drop for Leader {
+    fn drop(&mut self) {
+        self.shared.done.store(true, Ordering::SeqCst);
+    }
 }
 
 /// One leader step; a panic inside it is a failure of the group (the ranks may now differ).

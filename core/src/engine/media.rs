@@ -6,7 +6,7 @@
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 
-use super::{check_prompt, EngineConfig, Input, Request, Submission};
+use super::{check_prompt, Input, Limits, Request, Submission};
 use crate::language_model::{LanguageModel, PromptMedia, SoftTokens};
 use crate::models::ModelInfo;
 use crate::tokenizer::Tokenizer;
@@ -182,7 +182,7 @@ fn keyed(mut key: Vec<u32>, spans: &[(usize, usize, u64)]) -> Vec<u32> {
 /// Checks a prepared request's images against the model and preprocesses them (on the
 /// caller's thread): one placeholder run per view (an image, or with pan-and-scan the image
 /// and its crops), at most `max_images` images, decodable files.
-pub fn attach_images(
+pub(super) fn attach_images(
     sub: &mut Submission,
     vision: Option<&crate::vision::ImageSpec>,
     tokenizer: Option<&Tokenizer>,
@@ -237,12 +237,7 @@ pub fn attach_images(
 /// expands the prompt's audio tokens (one per clip) to `boa + audio x n + eoa` and checks the
 /// longer prompt (images attached before keep their spans: their starts move with the
 /// expansion). The tower runs when the engine admits the row.
-pub fn attach_audio(
-    sub: &mut Submission,
-    audio: Option<&crate::audio::AudioSpec>,
-    info: &ModelInfo,
-    config: &EngineConfig,
-) -> Result<()> {
+pub(super) fn attach_audio(sub: &mut Submission, audio: Option<&crate::audio::AudioSpec>, limits: Limits<'_>) -> Result<()> {
     if sub.request.audio.is_empty() {
         return Ok(());
     }
@@ -276,7 +271,7 @@ pub fn attach_audio(
     }
     let counts: Vec<usize> = clips.iter().map(|c| c.soft_tokens).collect();
     let prompt = crate::audio::expand_audio_placeholders(&sub.prompt, &counts, t)?;
-    check_prompt(&sub.request, &prompt, info, config)?;
+    check_prompt(&sub.request, &prompt, limits)?;
     // Each placeholder became n + 2 tokens: clip k's span starts after its begin-of-audio
     // token, and everything after a placeholder (later clips, images) moves by n + 1.
     let placeholders: Vec<usize> =
@@ -312,7 +307,7 @@ fn expanded_text_prompt(
     let (text, add_special) = match &request.input {
         Input::Tokens(_) => return Ok(None),
         Input::Prompt(text) => (text.clone(), true),
-        // The conversation as finish_prepare rendered it (template, variables, tools).
+        // The conversation as the preparer rendered it (template, variables, tools).
         Input::Messages(_) => {
             let text = rendered.ok_or_else(|| Error::InvalidRequest("images: the conversation was not rendered".into()))?;
             (text.to_string(), false)
