@@ -737,6 +737,8 @@ fn lead(
                 Command::Cancel(id) => ls.cancel(id),
                 Command::Wake => {}
                 Command::Shutdown => shutting_down = true,
+                // Refused before sending (cache_io): the ranks' caches must stay alike.
+                Command::Core(_) => {}
             }
         }
         for id in std::mem::take(&mut *shared.gone.lock()) {

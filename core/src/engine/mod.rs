@@ -18,6 +18,7 @@ mod faults;
 mod lockstep;
 mod media;
 mod memory;
+mod cache_io;
 mod prompt_cache;
 mod prompt_cache_file;
 mod queue;
@@ -36,6 +37,7 @@ pub use faults::Faults;
 pub use lockstep::{follow, FollowerSinks, LockstepCore, LockstepOptions, RankStats, Step};
 pub use media::{attach_audio, attach_images, PreparedAudio, PreparedImage};
 pub use memory::{prompt_cache_capacity, release_free_heap, use_single_heap_arena, MemoryPolicy, PROMPT_CACHE_AUTO};
+pub use cache_io::SavedEntryInfo;
 pub use prompt_cache::PromptCache;
 pub use prompt_cache_file::{entry_file, load_entry, save_entry, CacheIdentity, SavedEntry};
 pub use queue::{EventQueue, FlowQueue, Next, PAUSE_AT, RESUME_AT};
@@ -480,6 +482,8 @@ enum Command {
     /// A paused row was resumed; an idle driver re-checks its parked rows.
     Wake,
     Shutdown,
+    /// Work on the core itself (saving or loading a prompt-cache entry: [`cache_io`]).
+    Core(cache_io::CoreTask),
 }
 
 /// Whether the driver thread is alive. Once it has died (a panic outside any step, which
@@ -1010,6 +1014,7 @@ fn serve(core: &mut Option<EngineCore>, rx: &Receiver<Command>, stats: &Mutex<En
                 Command::Cancel(id) => core.cancel(id),
                 Command::Wake => {}
                 Command::Shutdown => shutting_down = true,
+                Command::Core(task) => task(core),
             }
         }
         if shutting_down {
