@@ -1202,6 +1202,9 @@ fn prompt_cache_entry_files_are_refused_with_why() {
     std::fs::write(&bad, b"not a cache file at all").unwrap();
     let err = engine.load_prompt_cache_entry(&bad).unwrap_err().to_string();
     assert!(err.contains("bad.safetensors"), "{err}");
+    std::fs::write(&bad, b"").unwrap();
+    let err = engine.load_prompt_cache_entry(&bad).unwrap_err().to_string();
+    assert!(err.contains("bad.safetensors"), "{err}");
     let bytes = std::fs::read(&file).unwrap();
     std::fs::write(&bad, &bytes[..bytes.len() - 5]).unwrap();
     let err = engine.load_prompt_cache_entry(&bad).unwrap_err().to_string();

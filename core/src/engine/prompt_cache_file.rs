@@ -119,7 +119,11 @@ pub type SavedEntry = (Vec<u32>, Vec<Box<dyn KvCache>>);
 /// Reads an entry [`save_entry`] wrote: its tokens and single-sequence caches. A file for
 /// another model, tokenizer or numerics, or one truncated or corrupt, is refused with why.
 pub fn load_entry(path: &Path, id: &CacheIdentity) -> Result<SavedEntry> {
-    let bytes = std::fs::read(path).map_err(|e| io(path, e))?;
+    // Checked through a map of the file: the page cache, not a heap copy (MLX reads it again).
+    let file = std::fs::File::open(path).map_err(|e| io(path, e))?;
+    // SAFETY: the map is only read and is dropped before this returns; as with mapped model
+    // weights, the file must not be truncated meanwhile (other changes fail the checksum).
+    let bytes = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| io(path, e))?;
     let data = data_start(&bytes).ok_or_else(|| io(path, "truncated (no complete header)"))?;
     let header: serde_json::Value = serde_json::from_slice(&bytes[8..data]).map_err(|e| io(path, format!("corrupt header: {e}")))?;
     let meta = &header["__metadata__"];
@@ -153,7 +157,7 @@ pub fn load_entry(path: &Path, id: &CacheIdentity) -> Result<SavedEntry> {
         // link under such a name, gone once the arrays are read.
         let alias = path.with_extension(format!("{}.partial.safetensors", std::process::id()));
         if std::fs::hard_link(path, &alias).is_err() {
-            std::fs::write(&alias, &bytes).map_err(|e| io(&alias, e))?;
+            std::fs::write(&alias, &bytes[..]).map_err(|e| io(&alias, e))?;
         }
         drop(bytes);
         let loaded = Array::load_safetensors_with_metadata(&alias).map_err(|e| io(path, e)).and_then(|(arrays, _)| {
