@@ -1220,6 +1220,12 @@ fn prompt_cache_entry_files_are_refused_with_why() {
     let off = Engine::start(loading::load(&model).unwrap(), EngineConfig { prompt_cache_bytes: 0, ..Default::default() }).unwrap();
     assert!(matches!(off.load_prompt_cache_entry(&file).unwrap_err(), weft::Error::Unsupported(_)));
     assert!(matches!(off.save_prompt_cache_entry(None, &file).unwrap_err(), weft::Error::Unsupported(_)));
+    // Quantized KV is not saved (yet): refused, naming the layer.
+    let kv8 = EngineConfig { prompt_cache_bytes: 64 << 20, kv_bits: Some(8), kv_group_size: 32, ..Default::default() };
+    let quantized = Engine::start(loading::load(&model).unwrap(), kv8).unwrap();
+    chat_turn(&quantized, &[ChatMessage::new("user", &agent_system_prompt(300))], 4);
+    let err = quantized.save_prompt_cache_entry(None, &files.path().join("q.safetensors")).unwrap_err();
+    assert!(matches!(&err, weft::Error::Unsupported(m) if m.contains("layer 0")), "{err}");
     // The file is intact: a fresh engine still loads it.
     let fresh = Engine::start(loading::load(&model).unwrap(), EngineConfig { prompt_cache_bytes: 64 << 20, ..Default::default() }).unwrap();
     assert_eq!(fresh.load_prompt_cache_entry(&file).unwrap(), saved);
