@@ -39,9 +39,10 @@
  * and model downloads with progress and cancellation (weft_engine_new_with_progress,
  * weft_progress_fn, weft_download_progress, weft_download_phase, WEFT_ERR_CANCELLED) with
  * Hugging Face repo ids as "model". Compare with weft_abi_minor() before reading a field added
- * in a later minor (docs/c-api.md, Versioning).
+ * in a later minor (docs/c-api.md, Versioning); 3 = prompt-cache entries saved to and loaded
+ * from files (weft_prompt_cache_save, weft_prompt_cache_load).
  */
-#define WEFT_ABI_MINOR 2
+#define WEFT_ABI_MINOR 3
 
 /**
  * Status codes returned by the int32_t functions: WEFT_OK (0) or a negative error. The enum
@@ -673,6 +674,41 @@ int32_t weft_engine_stats(struct weft_engine *engine, char *buf, size_t cap, siz
  * Any thread, also from inside a callback.
  */
 int32_t weft_engine_health(struct weft_engine *engine);
+
+/**
+ * (ABI minor 3) Saves one prompt-cache entry to the file at path (written through a temporary
+ * file beside it, so a crash leaves no half-written file under the name), so a fixed preamble
+ * is prefilled once, ever: load it into a later engine with weft_prompt_cache_load.
+ * prompt_json NULL saves the most recently used entry (after a request, its prompt and
+ * answer); otherwise it is a request as weft_submit takes it, of which only the input
+ * ("messages" rendered with "tools" and "chat_template_kwargs" as a request's are, "prompt"
+ * or "prompt_ids") is used: the entry saved is the cached prefix a request with that input
+ * would reuse. *out_tokens receives the tokens the entry holds and *out_bytes the file's size
+ * (each if not NULL). Returns WEFT_OK, WEFT_ERR_NOT_FOUND (the cache holds nothing for that
+ * prompt), WEFT_ERR_UNSUPPORTED (the prompt cache is off: prompt_cache_bytes 0),
+ * WEFT_ERR_INVALID_ARGUMENT (a bad prompt_json, a file that cannot be written) or
+ * WEFT_ERR_SHUTDOWN. Runs between
+ * two engine steps: running requests wait for the write. Any thread.
+ */
+int32_t weft_prompt_cache_save(struct weft_engine *engine,
+                               const char *path,
+                               const char *prompt_json,
+                               uint64_t *out_tokens,
+                               uint64_t *out_bytes);
+
+/**
+ * (ABI minor 3) Loads an entry weft_prompt_cache_save wrote into this engine's prompt cache:
+ * later requests whose prompts start with its tokens reuse it, with outputs equal to a cold
+ * run's. A file saved for another model, tokenizer or kernel mode, or truncated or corrupt,
+ * is refused (WEFT_ERR_INVALID_ARGUMENT; weft_last_error says why); a missing file is
+ * WEFT_ERR_NOT_FOUND; an entry larger than the cache's capacity WEFT_ERR_CAPACITY; a cache
+ * that is off WEFT_ERR_UNSUPPORTED. *out_tokens and *out_bytes as for weft_prompt_cache_save.
+ * Runs between two engine steps. Any thread.
+ */
+int32_t weft_prompt_cache_load(struct weft_engine *engine,
+                               const char *path,
+                               uint64_t *out_tokens,
+                               uint64_t *out_bytes);
 
 #ifdef __cplusplus
 }  // extern "C"

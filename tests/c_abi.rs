@@ -66,7 +66,7 @@ fn header_is_up_to_date() {
     for needle in [
         "#define WEFT_ABI_VERSION 1",
         "uint32_t weft_abi_version(void);",
-        "#define WEFT_ABI_MINOR 2",
+        "#define WEFT_ABI_MINOR 3",
         "uint32_t weft_abi_minor(void);",
         "WEFT_FINISH_TOOL_CALLS = 3,",
         "WEFT_TOOL_DELTA_START = 1,",
@@ -687,4 +687,22 @@ fn hardening_driver_under_valgrind() {
     cmd.arg(&exe);
     hardening_args(&mut cmd, "valgrind");
     expect_clean_memcheck(cmd, "valgrind-hardening.log", "PASS hardening_test");
+}
+
+/// Prompt-cache entries through the C ABI (ffi/tests/c/prompt_cache_test.c): saved from one
+/// engine, loaded by a new one, reused by the same request with the cold run's tokens; bad,
+/// missing and other-model files refused with their status.
+#[test]
+fn prompt_cache_entries_saved_and_loaded_through_the_c_abi() {
+    let (dir, other_dir, files) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let model = support::chatml_model("llama-fp32", dir.path());
+    let other = support::chatml_model("gemma3-text", other_dir.path());
+    let exe = build(&repo_root().join("ffi/tests/c/prompt_cache_test.c"), Lang::C, Link::Dynamic);
+    let out = kernels(runs_from_rpath(Command::new(&exe)), "exact")
+        .arg(&model)
+        .arg(&other)
+        .arg(files.path())
+        .output()
+        .expect("running the C prompt-cache test");
+    assert_pass(&out, "prompt_cache_test.c");
 }

@@ -1172,3 +1172,98 @@ fn cached_entries_give_way_to_admitted_rows_under_the_kv_budget() {
     let cold = generate(single.model.as_ref(), None, &b, &GenerateOptions { max_tokens: 10, ..Default::default() }, |_| true).unwrap();
     assert_eq!(out.tokens, cold.tokens);
 }
+
+// --- Single prompt-cache entries saved to files and loaded into a running engine.
+
+#[test]
+fn a_saved_prompt_cache_entry_serves_a_new_engine_exactly() {
+    use weft::tokenizer::ChatMessage;
+    let config = EngineConfig { prompt_cache_bytes: 64 << 20, ..Default::default() };
+    let cold_config = EngineConfig { prompt_cache_bytes: 0, ..Default::default() };
+    // A hybrid model (recurrent state: only whole checkpoints are reusable) and full attention.
+    for tiny in ["qwen3_5", "llama-fp32"] {
+        let dir = tempfile::tempdir().unwrap();
+        let model = chatml_model(tiny, dir.path());
+        let files = tempfile::tempdir().unwrap();
+        let (preamble, latest) = (files.path().join("preamble.safetensors"), files.path().join("latest.bin"));
+        let system = ChatMessage::new("system", &agent_system_prompt(1200));
+        let first_turn = vec![system.clone(), ChatMessage::new("user", "List the files.")];
+        let first = Engine::start(loading::load(&model).unwrap(), config.clone()).unwrap();
+        assert_eq!(first.save_prompt_cache_entry(None, &latest).unwrap(), None, "{tiny}: nothing cached yet");
+        chat_turn(&first, &first_turn, 6);
+        // The preamble: what a request starting with the system message reuses.
+        let preamble_prompt = Request::new(Input::Messages(vec![system.clone()]));
+        let pre = first.save_prompt_cache_entry(Some(preamble_prompt), &preamble).unwrap().expect("an entry for the system prompt");
+        assert!(pre.tokens > 200 && pre.bytes > 0, "{tiny}: {pre:?}");
+        let whole = first.save_prompt_cache_entry(None, &latest).unwrap().expect("the latest entry");
+        assert!(whole.tokens > pre.tokens, "{tiny}: {whole:?} {pre:?}");
+        first.shutdown();
+
+        // A new engine loads the preamble: another conversation with that system prompt
+        // prefills only the rest and equals a cold run.
+        let second = Engine::start(loading::load(&model).unwrap(), config.clone()).unwrap();
+        assert_eq!(second.load_prompt_cache_entry(&preamble).unwrap(), pre);
+        let other_turn = vec![system.clone(), ChatMessage::new("user", "Run the tests, then report.")];
+        let (warm, _) = chat_turn(&second, &other_turn, 6);
+        let cold = Engine::start(loading::load(&model).unwrap(), cold_config.clone()).unwrap();
+        let (want, _) = chat_turn(&cold, &other_turn, 6);
+        assert_eq!(warm.tokens, want.tokens, "{tiny}");
+        assert_eq!(warm.usage.cached_tokens, pre.tokens, "{tiny}: {:?}", warm.usage);
+        let stats = settled_stats(&second, |s| s.prompt_cache_hits >= 1);
+        assert!(stats.prompt_cache_files_refused.is_empty(), "{stats:?}");
+        if tiny == "llama-fp32" {
+            // Full attention trims any entry: the latest one (the first turn's prompt and
+            // answer) serves the first turn again.
+            second.load_prompt_cache_entry(&latest).unwrap();
+            let (again, _) = chat_turn(&second, &first_turn, 6);
+            let (want, _) = chat_turn(&cold, &first_turn, 6);
+            assert_eq!(again.tokens, want.tokens);
+            assert_eq!(again.usage.cached_tokens, again.usage.prompt_tokens - 1, "{:?}", again.usage);
+        }
+    }
+}
+
+#[test]
+fn prompt_cache_entry_files_are_refused_with_why() {
+    use weft::tokenizer::ChatMessage;
+    let (dir, other_dir, files) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let model = chatml_model("llama-fp32", dir.path());
+    let file = files.path().join("entry.safetensors");
+    let engine = Engine::start(loading::load(&model).unwrap(), EngineConfig { prompt_cache_bytes: 64 << 20, ..Default::default() }).unwrap();
+    chat_turn(&engine, &[ChatMessage::new("user", &agent_system_prompt(300))], 4);
+    let saved = engine.save_prompt_cache_entry(None, &file).unwrap().unwrap();
+    // Missing, corrupt, truncated.
+    let err = engine.load_prompt_cache_entry(&files.path().join("missing.safetensors")).unwrap_err().to_string();
+    assert!(err.contains("prompt-cache file") && err.contains("missing.safetensors"), "{err}");
+    let bad = files.path().join("bad.safetensors");
+    std::fs::write(&bad, b"not a cache file at all").unwrap();
+    let err = engine.load_prompt_cache_entry(&bad).unwrap_err().to_string();
+    assert!(err.contains("bad.safetensors"), "{err}");
+    std::fs::write(&bad, b"").unwrap();
+    let err = engine.load_prompt_cache_entry(&bad).unwrap_err().to_string();
+    assert!(err.contains("bad.safetensors"), "{err}");
+    let bytes = std::fs::read(&file).unwrap();
+    std::fs::write(&bad, &bytes[..bytes.len() - 5]).unwrap();
+    let err = engine.load_prompt_cache_entry(&bad).unwrap_err().to_string();
+    assert!(err.contains("truncated"), "{err}");
+    // Another model's engine refuses it, saying so.
+    let other = Engine::start(loading::load(&chatml_model("gemma3-text", other_dir.path())).unwrap(), EngineConfig { prompt_cache_bytes: 64 << 20, ..Default::default() }).unwrap();
+    let err = other.load_prompt_cache_entry(&file).unwrap_err().to_string();
+    assert!(err.contains("saved for another model"), "{err}");
+    // A cache too small for the entry, and one that is off.
+    let small = Engine::start(loading::load(&model).unwrap(), EngineConfig { prompt_cache_bytes: 1024, ..Default::default() }).unwrap();
+    let err = small.load_prompt_cache_entry(&file).unwrap_err();
+    assert!(matches!(err, weft::Error::Capacity(_)), "{err}");
+    let off = Engine::start(loading::load(&model).unwrap(), EngineConfig { prompt_cache_bytes: 0, ..Default::default() }).unwrap();
+    assert!(matches!(off.load_prompt_cache_entry(&file).unwrap_err(), weft::Error::Unsupported(_)));
+    assert!(matches!(off.save_prompt_cache_entry(None, &file).unwrap_err(), weft::Error::Unsupported(_)));
+    // Quantized KV is not saved (yet): refused, naming the layer.
+    let kv8 = EngineConfig { prompt_cache_bytes: 64 << 20, kv_bits: Some(8), kv_group_size: 32, ..Default::default() };
+    let quantized = Engine::start(loading::load(&model).unwrap(), kv8).unwrap();
+    chat_turn(&quantized, &[ChatMessage::new("user", &agent_system_prompt(300))], 4);
+    let err = quantized.save_prompt_cache_entry(None, &files.path().join("q.safetensors")).unwrap_err();
+    assert!(matches!(&err, weft::Error::Unsupported(m) if m.contains("layer 0")), "{err}");
+    // The file is intact: a fresh engine still loads it.
+    let fresh = Engine::start(loading::load(&model).unwrap(), EngineConfig { prompt_cache_bytes: 64 << 20, ..Default::default() }).unwrap();
+    assert_eq!(fresh.load_prompt_cache_entry(&file).unwrap(), saved);
+}

@@ -1533,3 +1533,74 @@ fn speculative_decoding_through_the_flag_and_the_request_field() {
     assert_eq!(status, 200);
     assert!(metrics.contains("weft_draft_tokens_total ") && metrics.contains("weft_draft_tokens_accepted_total "), "{metrics}");
 }
+
+/// llama-server's slot save / restore (`POST /slots/0?action=save|restore`): an entry saved by
+/// one server is restored by a new one, whose next request with that prompt reuses it and
+/// equals the first (cold) run; names outside the directory, unknown slots and files, and a
+/// server without a directory are refused with JSON errors.
+#[test]
+fn slot_save_and_restore_carry_a_prompt_cache_entry_across_servers() {
+    let files = tempfile::tempdir().unwrap();
+    let dir = files.path().to_str().unwrap();
+    let post = |s: &Server, path: &str, body: serde_json::Value| -> (u16, serde_json::Value) {
+        let (status, _, body) = exchange(&s.addr, "POST", path, &[("Content-Type", "application/json")], body.to_string().as_bytes());
+        (status, serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null))
+    };
+    let request = serde_json::json!({"prompt": "The quick brown fox jumps over the lazy dog and then", "max_tokens": 8, "temperature": 0});
+    // Files of --prompt-cache-dir load at start: a directory of its own for the slot files.
+    let first = Server::start(&tiny_model(), Exact, &["--prompt-cache-bytes", "64MB", "--slot-save-path", dir]);
+    let (status, body) = post(&first, "/slots/0?action=save", serde_json::json!({"filename": "fox.bin"}));
+    assert_eq!(status, 404, "nothing cached yet: {body}");
+    let (status, cold) = post(&first, "/v1/completions", request.clone());
+    assert_eq!(status, 200, "{cold}");
+    let (status, saved) = post(&first, "/slots/0?action=save", serde_json::json!({"filename": "fox.bin"}));
+    assert_eq!(status, 200, "{saved}");
+    assert!(saved["n_saved"].as_u64().unwrap() > 8 && saved["n_written"].as_u64().unwrap() > 0, "{saved}");
+    assert_eq!(saved["filename"], "fox.bin");
+    // Keyed by a prompt (a Weft extension): that prompt's cached prefix.
+    let (status, part) = post(&first, "/slots/0?action=save", serde_json::json!({"filename": "part.bin", "prompt": "The quick brown fox"}));
+    assert_eq!(status, 200, "{part}");
+    assert!(part["n_saved"].as_u64().unwrap() < saved["n_saved"].as_u64().unwrap(), "{part}");
+    for (path, body, want) in [
+        ("/slots/0?action=save", serde_json::json!({"filename": "../escape.bin"}), 400),
+        ("/slots/0?action=save", serde_json::json!({"filename": "sub/x.bin"}), 400),
+        ("/slots/0?action=save", serde_json::json!({"filename": ".hidden"}), 400),
+        ("/slots/0?action=save", serde_json::json!({}), 400),
+        ("/slots/0?action=erase", serde_json::json!({"filename": "fox.bin"}), 400),
+        ("/slots/1?action=save", serde_json::json!({"filename": "fox.bin"}), 404),
+        ("/slots/0?action=restore", serde_json::json!({"filename": "missing.bin"}), 404),
+    ] {
+        let (status, err) = post(&first, path, body.clone());
+        assert_eq!(status, want, "{path} {body}: {err}");
+        assert!(err["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{err}");
+    }
+    assert!(!files.path().parent().unwrap().join("escape.bin").exists());
+    drop(first);
+
+    let second = Server::start(&tiny_model(), Exact, &["--prompt-cache-bytes", "64MB", "--prompt-cache-dir", dir]);
+    let (status, restored) = post(&second, "/slots/0?action=restore", serde_json::json!({"filename": "fox.bin"}));
+    assert_eq!(status, 200, "{restored}");
+    assert_eq!(restored["n_restored"], saved["n_saved"]);
+    assert_eq!(restored["n_read"], saved["n_written"]);
+    let (status, warm) = post(&second, "/v1/completions", request.clone());
+    assert_eq!(status, 200, "{warm}");
+    assert_eq!(warm["choices"][0]["text"], cold["choices"][0]["text"]);
+    let prompt_tokens = warm["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(warm["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64(), Some(prompt_tokens - 1), "{warm}");
+    // A corrupt file is refused, saying why.
+    std::fs::write(files.path().join("bad.bin"), b"not a cache file").unwrap();
+    let (status, err) = post(&second, "/slots/0?action=restore", serde_json::json!({"filename": "bad.bin"}));
+    assert_eq!(status, 400, "{err}");
+    assert!(err["error"]["message"].as_str().unwrap().contains("prompt-cache file"), "{err}");
+    drop(second);
+
+    // Without a directory, or with the cache off: a clear 400.
+    let bare = Server::start(&tiny_model(), Fast, &[]);
+    let (status, err) = post(&bare, "/slots/0?action=save", serde_json::json!({"filename": "fox.bin"}));
+    assert_eq!(status, 400, "{err}");
+    assert!(err["error"]["message"].as_str().unwrap().contains("--prompt-cache-dir"), "{err}");
+    let off = Server::start(&tiny_model(), Fast, &["--prompt-cache-bytes", "0", "--prompt-cache-dir", dir]);
+    let (status, err) = post(&off, "/slots/0?action=restore", serde_json::json!({"filename": "fox.bin"}));
+    assert_eq!(status, 400, "{err}");
+    assert!(err["error"]["message"].as_str().unwrap().contains("prompt cache is off"), "{err}");
+}

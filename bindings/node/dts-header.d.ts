@@ -20,6 +20,8 @@ export type WeftErrorCode =
   | 'GENERATION_FAILED'
   /** A failure inside the engine or MLX. */
   | 'INTERNAL'
+  /** No such thing: a prompt-cache file that does not exist, nothing cached to save. */
+  | 'NOT_FOUND'
 
 /** Every error the Weft API throws or rejects with. */
 export declare class WeftError extends Error {

@@ -20,6 +20,8 @@ export type WeftErrorCode =
   | 'GENERATION_FAILED'
   /** A failure inside the engine or MLX. */
   | 'INTERNAL'
+  /** No such thing: a prompt-cache file that does not exist, nothing cached to save. */
+  | 'NOT_FOUND'
 
 /** Every error the Weft API throws or rejects with. */
 export declare class WeftError extends Error {
@@ -60,6 +62,22 @@ export declare class Engine {
   complete(options: GenerateOptions): Promise<Completion>
   /** Scheduler state and counters (published after each engine step). */
   stats(): EngineStats
+  /**
+   * Saves one prompt-cache entry to the file at `path`, so a fixed preamble is prefilled
+   * once, ever (load it into a later engine with {@link Engine.loadPromptCache}). Without
+   * `prompt` the most recently used entry (after a request, its prompt and answer); with it
+   * (the input of a `generate` call: `messages` with `tools`, `prompt` or `promptIds`) the
+   * cached prefix a request with that input would reuse. Rejects with `NOT_FOUND` when the
+   * cache holds nothing for it, `UNSUPPORTED` when the prompt cache is off.
+   */
+  savePromptCache(path: string, prompt?: GenerateOptions): Promise<PromptCacheEntry>
+  /**
+   * Loads an entry {@link Engine.savePromptCache} wrote into this engine's prompt cache:
+   * later requests whose prompts start with its tokens reuse it, with outputs equal to a
+   * cold run's. A file saved for another model, tokenizer or kernel mode, or truncated or
+   * corrupt, rejects with `INVALID_ARGUMENT` saying why; a missing file with `NOT_FOUND`.
+   */
+  loadPromptCache(path: string): Promise<PromptCacheEntry>
   /**
    * Cancels every outstanding request (their streams end with `finishReason: "cancelled"`),
    * stops the engine thread and frees the model. Later calls are rejected with
@@ -194,6 +212,14 @@ export interface EngineStats {
   promptCacheBytes: number
   promptCacheEntries: number
   promptCacheHits: number
+  /** Prompt tokens served from the prompt cache (summed over its hits). */
+  promptCacheCachedTokens: number
+  /** The most the prompt cache holds (0: off). */
+  promptCacheCapacityBytes: number
+  /** Entries dropped to stay under the capacity or to make room for running requests. */
+  promptCacheEvictions: number
+  /** Files of `promptCacheDir` refused at load, each with why. */
+  promptCacheFilesRefused: Array<string>
   tokensGenerated: number
   decodeSteps: number
   requestsFinished: number
@@ -402,6 +428,14 @@ export interface ModelInfo {
   vision: boolean
   /** The model takes audio (`audio`): it has an audio tower Weft runs. */
   audio: boolean
+}
+
+/** A prompt-cache entry written by `savePromptCache` or read by `loadPromptCache`. */
+export interface PromptCacheEntry {
+  /** The tokens the entry holds. */
+  tokens: number
+  /** The file's size. */
+  bytes: number
 }
 
 /** One of the most likely tokens at a step. */

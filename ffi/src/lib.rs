@@ -49,8 +49,9 @@ pub const WEFT_ABI_VERSION: u32 = 1;
 /// and model downloads with progress and cancellation (weft_engine_new_with_progress,
 /// weft_progress_fn, weft_download_progress, weft_download_phase, WEFT_ERR_CANCELLED) with
 /// Hugging Face repo ids as "model". Compare with weft_abi_minor() before reading a field added
-/// in a later minor (docs/c-api.md, Versioning).
-pub const WEFT_ABI_MINOR: u32 = 2;
+/// in a later minor (docs/c-api.md, Versioning); 3 = prompt-cache entries saved to and loaded
+/// from files (weft_prompt_cache_save, weft_prompt_cache_load).
+pub const WEFT_ABI_MINOR: u32 = 3;
 
 static VERSION: &CStr = match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
     Ok(v) => v,
@@ -456,3 +457,78 @@ pub extern "C" fn weft_engine_health(engine: *mut weft_engine) -> i32 {
         e.with(|engine| engine.health().map_err(|err| from_engine_error(&err, false)))
     })
 }
+
+/// Writes the entry info of a prompt-cache save or load to the optional out pointers.
+fn entry_out(info: weft::engine::SavedEntryInfo, out_tokens: *mut u64, out_bytes: *mut u64) {
+    if !out_tokens.is_null() {
+        // SAFETY: checked non-NULL; a writable uint64_t per the contract.
+        unsafe { *out_tokens = info.tokens as u64 };
+    }
+    if !out_bytes.is_null() {
+        // SAFETY: as above.
+        unsafe { *out_bytes = info.bytes };
+    }
+}
+
+/// (ABI minor 3) Saves one prompt-cache entry to the file at path (written through a temporary
+/// file beside it, so a crash leaves no half-written file under the name), so a fixed preamble
+/// is prefilled once, ever: load it into a later engine with weft_prompt_cache_load.
+/// prompt_json NULL saves the most recently used entry (after a request, its prompt and
+/// answer); otherwise it is a request as weft_submit takes it, of which only the input
+/// ("messages" rendered with "tools" and "chat_template_kwargs" as a request's are, "prompt"
+/// or "prompt_ids") is used: the entry saved is the cached prefix a request with that input
+/// would reuse. *out_tokens receives the tokens the entry holds and *out_bytes the file's size
+/// (each if not NULL). Returns WEFT_OK, WEFT_ERR_NOT_FOUND (the cache holds nothing for that
+/// prompt), WEFT_ERR_UNSUPPORTED (the prompt cache is off: prompt_cache_bytes 0),
+/// WEFT_ERR_INVALID_ARGUMENT (a bad prompt_json, a file that cannot be written) or
+/// WEFT_ERR_SHUTDOWN. Runs between
+/// two engine steps: running requests wait for the write. Any thread.
+#[no_mangle]
+pub extern "C" fn weft_prompt_cache_save(
+    engine: *mut weft_engine,
+    path: *const c_char,
+    prompt_json: *const c_char,
+    out_tokens: *mut u64,
+    out_bytes: *mut u64,
+) -> i32 {
+    const F: &str = "weft_prompt_cache_save";
+    guard(F, || {
+        let e = engine_ref(engine, F)?;
+        let path = str_arg(path, F, "path")?;
+        let prompt = if prompt_json.is_null() {
+            None
+        } else {
+            let local = e.with(|engine| Ok(engine.config().local_media.clone()))?;
+            Some(json::parse_request(str_arg(prompt_json, F, "prompt_json")?, &local)?)
+        };
+        let saved = e.with(|engine| {
+            engine.save_prompt_cache_entry(prompt, std::path::Path::new(path)).map_err(|err| from_engine_error(&err, false))
+        })?;
+        let info = saved.ok_or_else(|| Failure::new(WEFT_ERR_NOT_FOUND, format!("{F}: the prompt cache holds no entry to save (for this prompt)")))?;
+        entry_out(info, out_tokens, out_bytes);
+        Ok(())
+    })
+}
+
+/// (ABI minor 3) Loads an entry weft_prompt_cache_save wrote into this engine's prompt cache:
+/// later requests whose prompts start with its tokens reuse it, with outputs equal to a cold
+/// run's. A file saved for another model, tokenizer or kernel mode, or truncated or corrupt,
+/// is refused (WEFT_ERR_INVALID_ARGUMENT; weft_last_error says why); a missing file is
+/// WEFT_ERR_NOT_FOUND; an entry larger than the cache's capacity WEFT_ERR_CAPACITY; a cache
+/// that is off WEFT_ERR_UNSUPPORTED. *out_tokens and *out_bytes as for weft_prompt_cache_save.
+/// Runs between two engine steps. Any thread.
+#[no_mangle]
+pub extern "C" fn weft_prompt_cache_load(engine: *mut weft_engine, path: *const c_char, out_tokens: *mut u64, out_bytes: *mut u64) -> i32 {
+    const F: &str = "weft_prompt_cache_load";
+    guard(F, || {
+        let e = engine_ref(engine, F)?;
+        let path = std::path::Path::new(str_arg(path, F, "path")?);
+        if !path.is_file() {
+            return Err(Failure::new(WEFT_ERR_NOT_FOUND, format!("{F}: no file {}", path.display())));
+        }
+        let info = e.with(|engine| engine.load_prompt_cache_entry(path).map_err(|err| from_engine_error(&err, false)))?;
+        entry_out(info, out_tokens, out_bytes);
+        Ok(())
+    })
+}
+

@@ -375,6 +375,14 @@ pub struct EngineStats {
     pub prompt_cache_bytes: f64,
     pub prompt_cache_entries: u32,
     pub prompt_cache_hits: f64,
+    /// Prompt tokens served from the prompt cache (summed over its hits).
+    pub prompt_cache_cached_tokens: f64,
+    /// The most the prompt cache holds (0: off).
+    pub prompt_cache_capacity_bytes: f64,
+    /// Entries dropped to stay under the capacity or to make room for running requests.
+    pub prompt_cache_evictions: f64,
+    /// Files of `promptCacheDir` refused at load, each with why.
+    pub prompt_cache_files_refused: Vec<String>,
     pub tokens_generated: f64,
     pub decode_steps: f64,
     pub requests_finished: f64,
@@ -383,6 +391,15 @@ pub struct EngineStats {
     /// Speculative decoding (`numDraftTokens`): draft tokens verified and accepted.
     pub draft_tokens: f64,
     pub draft_tokens_accepted: f64,
+}
+
+/// A prompt-cache entry written by `savePromptCache` or read by `loadPromptCache`.
+#[napi(object)]
+pub struct PromptCacheEntry {
+    /// The tokens the entry holds.
+    pub tokens: u32,
+    /// The file's size.
+    pub bytes: f64,
 }
 
 #[napi(object)]
@@ -593,6 +610,49 @@ fn load_engine(
     Ok((engine, info))
 }
 
+/// `savePromptCache` / `loadPromptCache` on a worker thread (the engine runs it between two
+/// steps).
+pub struct CacheFileTask {
+    submitter: Submitter,
+    path: std::path::PathBuf,
+    prompt: Option<weft::engine::Request>,
+    save: bool,
+    fail: Option<Fail>,
+}
+
+impl Task for CacheFileTask {
+    type Output = weft::engine::SavedEntryInfo;
+    type JsValue = PromptCacheEntry;
+
+    fn compute(&mut self) -> napi::Result<Self::Output> {
+        let out = if self.save {
+            match self.submitter.save_prompt_cache_entry(self.prompt.take(), &self.path) {
+                Ok(Some(info)) => Ok(info),
+                Ok(None) => Err(Fail::new("NOT_FOUND", "the prompt cache holds no entry to save (for this prompt)")),
+                Err(e) => Err(Fail::from(e)),
+            }
+        } else if !self.path.is_file() {
+            Err(Fail::new("NOT_FOUND", format!("no file {}", self.path.display())))
+        } else {
+            self.submitter.load_prompt_cache_entry(&self.path).map_err(Fail::from)
+        };
+        out.map_err(|f| {
+            let e = napi::Error::from_reason(f.message.clone());
+            self.fail = Some(f);
+            e
+        })
+    }
+
+    fn resolve(&mut self, _env: Env, info: Self::Output) -> napi::Result<PromptCacheEntry> {
+        Ok(PromptCacheEntry { tokens: info.tokens as u32, bytes: info.bytes as f64 })
+    }
+
+    fn reject(&mut self, env: Env, err: napi::Error) -> napi::Result<PromptCacheEntry> {
+        let fail = self.fail.take().unwrap_or_else(|| Fail::new("INTERNAL", err.reason.clone()));
+        Err(js::to_napi(env.raw(), &fail))
+    }
+}
+
 pub struct CloseTask {
     engine: Option<weft::engine::Engine>,
     /// Requests still being tokenized are queued first, so `close` cancels them too.
@@ -705,6 +765,10 @@ impl Engine {
             prompt_cache_bytes: s.prompt_cache_bytes as f64,
             prompt_cache_entries: s.prompt_cache_entries as u32,
             prompt_cache_hits: s.prompt_cache_hits as f64,
+            prompt_cache_cached_tokens: s.prompt_cache_cached_tokens as f64,
+            prompt_cache_capacity_bytes: s.prompt_cache_capacity_bytes as f64,
+            prompt_cache_evictions: s.prompt_cache_evictions as f64,
+            prompt_cache_files_refused: s.prompt_cache_files_refused,
             tokens_generated: s.tokens_generated as f64,
             decode_steps: s.decode_steps as f64,
             requests_finished: s.requests_finished as f64,
@@ -712,6 +776,43 @@ impl Engine {
             draft_tokens: s.draft_tokens as f64,
             draft_tokens_accepted: s.draft_tokens_accepted as f64,
         })
+    }
+
+    /// Saves one prompt-cache entry to the file at `path`, so a fixed preamble is prefilled
+    /// once, ever (load it into a later engine with {@link Engine.loadPromptCache}). Without
+    /// `prompt` the most recently used entry (after a request, its prompt and answer); with it
+    /// (the input of a `generate` call: `messages` with `tools`, `prompt` or `promptIds`) the
+    /// cached prefix a request with that input would reuse. Rejects with `NOT_FOUND` when the
+    /// cache holds nothing for it, `UNSUPPORTED` when the prompt cache is off.
+    #[napi(ts_args_type = "path: string, prompt?: GenerateOptions", ts_return_type = "Promise<PromptCacheEntry>")]
+    pub fn save_prompt_cache(&self, env: Env, path: String, prompt: Option<Unknown>) -> napi::Result<Either<AsyncTask<CacheFileTask>, Raw>> {
+        let raw = env.raw();
+        let task = (|| -> Res<CacheFileTask> {
+            let guard = self.shared.engine.lock();
+            let engine = guard.as_ref().ok_or_else(Fail::closed)?;
+            let prompt = match prompt {
+                Some(p) => Some(options::generate_params(raw, Some(p.raw()), &engine.config().local_media)?.request),
+                None => None,
+            };
+            Ok(CacheFileTask { submitter: engine.submitter(), path: path.into(), prompt, save: true, fail: None })
+        })();
+        match task {
+            Ok(task) => Ok(Either::A(AsyncTask::new(task))),
+            Err(f) => Ok(Either::B(rejected(&env, &f)?)),
+        }
+    }
+
+    /// Loads an entry {@link Engine.savePromptCache} wrote into this engine's prompt cache:
+    /// later requests whose prompts start with its tokens reuse it, with outputs equal to a
+    /// cold run's. A file saved for another model, tokenizer or kernel mode, or truncated or
+    /// corrupt, rejects with `INVALID_ARGUMENT` saying why; a missing file with `NOT_FOUND`.
+    #[napi(ts_return_type = "Promise<PromptCacheEntry>")]
+    pub fn load_prompt_cache(&self, env: Env, path: String) -> napi::Result<Either<AsyncTask<CacheFileTask>, Raw>> {
+        let submitter = self.shared.engine.lock().as_ref().map(|e| e.submitter());
+        match submitter {
+            Some(submitter) => Ok(Either::A(AsyncTask::new(CacheFileTask { submitter, path: path.into(), prompt: None, save: false, fail: None }))),
+            None => Ok(Either::B(rejected(&env, &Fail::closed())?)),
+        }
     }
 
     /// Cancels every outstanding request (their streams end with `finishReason: "cancelled"`),

@@ -25,6 +25,7 @@ mod params;
 mod ranks;
 mod responses;
 mod security;
+mod slots;
 mod state;
 
 use std::net::SocketAddr;
@@ -106,7 +107,9 @@ pub struct ServeArgs {
     /// Load the prompt cache from this directory at start and save it there at shutdown, so
     /// entries (a long system prompt, an agent's conversation) survive a restart. Files saved
     /// for another model, tokenizer or kernel mode, or damaged, are refused and reported.
-    #[arg(long, value_name = "DIR")]
+    /// `POST /slots/0?action=save|restore` writes and reads single entries here (llama-server's
+    /// `--slot-save-path` is an alias).
+    #[arg(long, value_name = "DIR", alias = "slot-save-path")]
     pub prompt_cache_dir: Option<PathBuf>,
     #[command(flatten)]
     pub kv: crate::common::KvArgs,
@@ -587,6 +590,7 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/health", get(health).fallback(method_not_allowed))
         .route("/stats", get(stats).fallback(method_not_allowed))
         .route("/metrics", get(prometheus).fallback(method_not_allowed))
+        .route("/slots/{id}", post(slots::slot).fallback(method_not_allowed))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(Arc::clone(&state), gate))
         .with_state(state)
@@ -611,6 +615,7 @@ fn endpoint_of(path: &str) -> &'static str {
         "/health" => "health",
         "/stats" => "stats",
         "/metrics" => "metrics",
+        p if p.starts_with("/slots/") => "slots",
         p if p.starts_with("/v1/models") => "models",
         _ => "other",
     }

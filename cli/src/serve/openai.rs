@@ -743,6 +743,24 @@ fn completion_prompt(body: &Object) -> Result<Prompt, ApiError> {
     }
 }
 
+/// The prompt a prompt-cache save names (`/slots/{id}?action=save`, a Weft extension): the
+/// `messages` (with `tools`) of a chat request or the `prompt` of a completion, rendered as
+/// those endpoints render them; `None` when the body names neither.
+pub(super) fn cache_prompt(state: &AppState, body: &Object) -> Result<Option<Request>, ApiError> {
+    let input = if get(body, "messages").is_some() {
+        Input::Messages(chat_messages(state, body, None, None)?)
+    } else if get(body, "prompt").is_some() {
+        match completion_prompt(body)? {
+            Prompt::Text(t) => Input::Prompt(t),
+            Prompt::Ids(ids) => Input::Tokens(ids),
+        }
+    } else {
+        return Ok(None);
+    };
+    let tools = request_tools(body)?;
+    Ok(Some(Request { tools, chat_template: state.chat_template.clone(), ..Request::new(input) }))
+}
+
 /// Legacy `logprobs`: an integer (alternatives per token, OpenAI) or a boolean with
 /// `top_logprobs` (mlx_lm.server).
 fn completion_logprobs(body: &Object) -> Result<Option<usize>, ApiError> {

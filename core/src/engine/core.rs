@@ -6,8 +6,9 @@ use super::faults::Faults;
 use super::memory::{mlx_memory, release_cached_memory};
 use super::scheduler::{projected_kv_bytes_for, Load, Scheduler};
 use super::prompt_cache_file::{entry_file, is_entry_file, load_entry, save_entry, CacheIdentity};
-use super::{EngineConfig, EngineStats, Event, RequestId, Submission};
-use std::path::PathBuf;
+use super::{EngineConfig, EngineStats, Event, RequestId, SavedEntryInfo, Submission};
+use crate::{Error, Result};
+use std::path::{Path, PathBuf};
 use crate::stop::FinishReason;
 use crate::loading::LoadedModel;
 
@@ -29,6 +30,8 @@ pub struct EngineCore {
     prompt_cache_ceiling: Option<u64>,
     loaded_files: Vec<PathBuf>,
     refused_files: Vec<String>,
+    /// The model's source and numerics, which name the entries it saves ([`CacheIdentity::of`]).
+    identity_of: (PathBuf, String),
 }
 
 impl EngineCore {
@@ -41,6 +44,7 @@ impl EngineCore {
         let constraints = model.constraints;
         let (prompt_cache_bytes, prompt_cache_ceiling) = super::memory::prompt_cache_capacity(&config);
         let persist = config.prompt_cache_dir.clone().map(|dir| (dir, CacheIdentity::of(&model.source, &model.numerics)));
+        let identity_of = (model.source.clone(), model.numerics.clone());
         let executor = Executor::new(model.model, model.tokenizer, config.prefill_step_size, prompt_cache_bytes)
             .with_kv_quantization(config.kv_quantization())
             .with_decode_mode(config.decode)
@@ -57,6 +61,7 @@ impl EngineCore {
             prompt_cache_ceiling,
             loaded_files: Vec::new(),
             refused_files: Vec::new(),
+            identity_of,
         };
         core.load_prompt_cache();
         core
@@ -120,11 +125,54 @@ impl EngineCore {
             }
         }
         for f in &self.loaded_files {
-            if !kept.contains(f) {
+            // Only files the cache named itself go: one saved under a caller's name stays.
+            if !kept.contains(f) && auto_named(f) {
                 let _ = std::fs::remove_file(f);
             }
         }
         self.loaded_files = kept;
+    }
+
+    fn identity(&self) -> CacheIdentity {
+        match &self.persist {
+            Some((_, id)) => id.clone(),
+            None => CacheIdentity::of(&self.identity_of.0, &self.identity_of.1),
+        }
+    }
+
+    fn cache_on(&self) -> Result<()> {
+        if self.executor.prompt_cache.enabled() {
+            return Ok(());
+        }
+        Err(Error::Unsupported("the prompt cache is off (prompt_cache_bytes is 0)".into()))
+    }
+
+    /// Writes the entry a request with `prompt` would reuse (the most recently used entry
+    /// without one) to `path`; `None` when the cache holds nothing for it.
+    pub(super) fn save_cache_entry(&mut self, prompt: Option<&[u32]>, path: &Path) -> Result<Option<SavedEntryInfo>> {
+        self.cache_on()?;
+        let Some((tokens, caches)) = self.executor.prompt_cache.entry_for(prompt) else { return Ok(None) };
+        save_entry(path, &tokens, &caches, &self.identity())?;
+        let bytes = std::fs::metadata(path).map_err(|e| Error::io(path, e))?.len();
+        Ok(Some(SavedEntryInfo { tokens: tokens.len(), bytes }))
+    }
+
+    /// Reads an entry [`EngineCore::save_cache_entry`] wrote (refusing another model's, a
+    /// truncated or a corrupt file) into the prompt cache, under its capacity.
+    pub(super) fn load_cache_entry(&mut self, path: &Path) -> Result<SavedEntryInfo> {
+        self.cache_on()?;
+        let (tokens, caches) = load_entry(path, &self.identity())?;
+        let bytes = std::fs::metadata(path).map_err(|e| Error::io(path, e))?.len();
+        let held: u64 = caches.iter().map(|c| c.nbytes() as u64).sum();
+        let n = tokens.len();
+        if !self.executor.prompt_cache.insert(tokens, caches) {
+            return Err(Error::Capacity(format!(
+                "the entry in {} needs {held} bytes; the prompt cache holds at most {}",
+                path.display(),
+                self.executor.prompt_cache.capacity()
+            )));
+        }
+        Ok(SavedEntryInfo { tokens: n, bytes })
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -327,4 +375,10 @@ impl EngineCore {
             ranks: Vec::new(),
         }
     }
+}
+
+/// Whether `path` has the name [`entry_file`] gives (a hash of the tokens).
+fn auto_named(path: &Path) -> bool {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    name.strip_suffix(".safetensors").is_some_and(|h| h.len() == 32 && h.bytes().all(|b| b.is_ascii_hexdigit()))
 }

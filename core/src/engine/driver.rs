@@ -18,6 +18,8 @@ pub(super) enum Command {
     /// A paused row was resumed; an idle driver re-checks its parked rows.
     Wake,
     Shutdown,
+    /// Work on the core itself (saving or loading a prompt-cache entry: [`super::cache_io`]).
+    Core(super::cache_io::CoreTask),
 }
 
 /// Whether the driver thread is alive. Once it has died (a panic outside any step, which
@@ -57,6 +59,8 @@ pub(super) trait Stepper {
     /// A submitted request, to be admitted.
     fn admit(&mut self, sub: Submission);
     fn cancel(&mut self, id: RequestId);
+    /// Runs work on this process's core between two steps ([`Command::Core`]).
+    fn run_task(&mut self, task: super::cache_io::CoreTask);
     /// Runs one step. [`Halt`]: the driver ends now and leaves the stepper where it stands (it
     /// may be blocked in a collective); the stepper failed every request itself.
     fn step(&mut self, step: Step) -> std::result::Result<(), Halt>;
@@ -89,6 +93,10 @@ impl Stepper for EngineCore {
 
     fn cancel(&mut self, id: RequestId) {
         EngineCore::cancel(self, id);
+    }
+
+    fn run_task(&mut self, task: super::cache_io::CoreTask) {
+        task(self);
     }
 
     fn step(&mut self, step: Step) -> std::result::Result<(), Halt> {
@@ -187,6 +195,7 @@ fn serve<S: Stepper>(stepper: &mut Option<S>, rx: &Mutex<Receiver<Command>>, sta
                 Command::Cancel(id) => stepper.cancel(id),
                 Command::Wake => {}
                 Command::Shutdown => shutting_down = true,
+                Command::Core(task) => stepper.run_task(task),
             }
         }
         let step = match (shutting_down, idle && !asked) {

@@ -744,6 +744,10 @@ impl Stepper for Leader {
         self.ls.cancel(id);
     }
 
+    /// Refused before sending ([`super::cache_io`]): the ranks' caches must stay alike. The
+    /// task dropped unrun ends its caller's wait.
+    fn run_task(&mut self, _task: super::cache_io::CoreTask) {}
+
     fn step(&mut self, step: Step) -> std::result::Result<(), Halt> {
         // Consumers gone since the last step are cancelled with this plan, on every rank.
         for id in std::mem::take(&mut *self.shared.gone.lock()) {

@@ -9,6 +9,7 @@
 //! - [`prompt_cache`]: reuse of KV for shared token prefixes.
 
 mod batch;
+mod cache_io;
 mod config;
 mod constrained;
 mod core;
@@ -40,6 +41,7 @@ pub use faults::Faults;
 pub use lockstep::{follow, FollowerSinks, LockstepCore, LockstepOptions, RankStats, Step};
 pub use media::{PreparedAudio, PreparedImage};
 pub use memory::{prompt_cache_capacity, release_free_heap, use_single_heap_arena, MemoryPolicy, PROMPT_CACHE_AUTO};
+pub use cache_io::SavedEntryInfo;
 pub use prompt_cache::PromptCache;
 pub use prompt_cache_file::{entry_file, load_entry, save_entry, CacheIdentity, SavedEntry};
 pub use queue::{EventQueue, FlowQueue, Next, PAUSE_AT, RESUME_AT};

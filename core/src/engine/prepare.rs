@@ -161,6 +161,11 @@ impl Preparer {
     /// constraint (compiled here, so a bad schema is refused at once). A face may run this on
     /// its caller's thread and leave [`Preparer::prepare`] (tokenization, chat-template
     /// rendering, media) to another.
+    /// Whether requests are refused what the ranks of a group cannot reproduce.
+    pub fn is_lockstep(&self) -> bool {
+        self.lockstep
+    }
+
     pub fn check(&self, request: Request) -> Result<CheckedRequest> {
         self.check_within(request, self.limits())
     }
@@ -193,6 +198,15 @@ impl Preparer {
         // Never queued: its sink gets no events.
         sub.sink.discard();
         Ok(sub.prompt.len())
+    }
+
+    /// The token ids a checked request would prefill (rendered and tokenized as
+    /// [`Preparer::prepare`] does, without chat-boundary checkpoints).
+    pub fn prompt_ids(&self, checked: CheckedRequest) -> Result<Vec<u32>> {
+        let mut sub = self.prepare_within(0, checked, Box::new(|_: &super::Event| false), self.limits(), false)?;
+        // Never queued: its sink gets no events.
+        sub.sink.discard();
+        Ok(std::mem::take(&mut sub.prompt))
     }
 
     fn check_within(&self, request: Request, limits: Limits<'_>) -> Result<CheckedRequest> {

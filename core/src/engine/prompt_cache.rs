@@ -73,10 +73,10 @@ impl PromptCache {
     /// these is replaced when these caches can be cut back to it (a recurrent checkpoint stays:
     /// it serves prompts that diverge later); a new entry that an existing one already covers
     /// that way is not stored. Entries are evicted least-recently-used first to stay under the
-    /// cap.
-    pub fn insert(&mut self, tokens: Vec<u32>, mut caches: Vec<Box<dyn KvCache>>) {
+    /// cap. Returns whether the cache now holds these tokens (stored or already covered).
+    pub fn insert(&mut self, tokens: Vec<u32>, mut caches: Vec<Box<dyn KvCache>>) -> bool {
         if !self.enabled() || tokens.is_empty() {
-            return;
+            return false;
         }
         // A cache may hold one position more than the known tokens (a stop token that was
         // already forwarded by the pipelined step): keep exactly the positions we can name.
@@ -86,7 +86,7 @@ impl PromptCache {
                 let extra = c.len() - tokens.len();
                 if c.trim(extra) != extra {
                     // A wrapped sliding-window ring cannot drop positions: not reusable.
-                    return;
+                    return false;
                 }
             }
         }
@@ -101,16 +101,16 @@ impl PromptCache {
         // A cache that cannot forget positions (recurrent state) still covering more than
         // the named tokens would be reused for the wrong sequence: don't keep it.
         if tokens.is_empty() || caches.iter().any(|c| c.len() != held) {
-            return;
+            return false;
         }
         self.clock += 1;
         if let Some(e) = self.entries.iter_mut().find(|e| e.tokens.starts_with(&tokens) && e.trims_to(tokens.len())) {
             e.last_used = self.clock;
-            return;
+            return true;
         }
         let bytes: u64 = caches.iter().map(|c| (c.nbytes()) as u64).sum();
         if bytes > self.capacity_bytes {
-            return;
+            return false;
         }
         let before = self.entries.len();
         self.entries.retain(|e| !(tokens.starts_with(&e.tokens) && trims_to(&caches, e.tokens.len())));
@@ -120,6 +120,7 @@ impl PromptCache {
         self.bytes += bytes;
         self.entries.push(Entry { tokens, caches, bytes, last_used: self.clock });
         self.evict_to(self.capacity_bytes);
+        true
     }
 
     /// Every entry: the tokens it holds and its caches.
@@ -145,6 +146,33 @@ impl PromptCache {
     /// whose caches cannot be trimmed (recurrent state) is only used when all of it is a
     /// prefix of the prompt.
     pub fn lookup(&mut self, prompt: &[u32], max_len: usize) -> Option<(Vec<Box<dyn KvCache>>, usize)> {
+        let (best, caches, shared) = self.longest_prefix(prompt, max_len)?;
+        self.clock += 1;
+        self.hits += 1;
+        self.cached_tokens += shared as u64;
+        self.entries[best].last_used = self.clock;
+        Some((caches, shared))
+    }
+
+    /// What saving an entry for `prompt` writes ([`crate::engine::Engine::save_prompt_cache_entry`]):
+    /// the tokens and copies of the caches a request with this prompt would reuse, or without
+    /// a prompt the most recently used entry whole. Counts no hit.
+    pub fn entry_for(&self, prompt: Option<&[u32]>) -> Option<(Vec<u32>, Vec<Box<dyn KvCache>>)> {
+        match prompt {
+            Some(prompt) => {
+                let (_, caches, shared) = self.longest_prefix(prompt, prompt.len())?;
+                Some((prompt[..shared].to_vec(), caches))
+            }
+            None => {
+                let e = self.entries.iter().max_by_key(|e| e.last_used)?;
+                Some((e.tokens.clone(), e.caches.iter().map(|c| c.duplicate()).collect()))
+            }
+        }
+    }
+
+    /// The entry sharing the longest prefix with `prompt` (at most `max_len`) whose caches cut
+    /// back to it: its index, trimmed copies of its caches and the shared length.
+    fn longest_prefix(&self, prompt: &[u32], max_len: usize) -> Option<(usize, Vec<Box<dyn KvCache>>, usize)> {
         let mut candidates: Vec<(usize, usize)> = self
             .entries
             .iter()
@@ -161,14 +189,9 @@ impl PromptCache {
                 let extra = c.len() - shared;
                 c.trim(extra) == extra
             });
-            if !trimmed {
-                continue;
+            if trimmed {
+                return Some((best, caches, shared));
             }
-            self.clock += 1;
-            self.hits += 1;
-            self.cached_tokens += shared as u64;
-            self.entries[best].last_used = self.clock;
-            return Some((caches, shared));
         }
         None
     }

@@ -119,7 +119,11 @@ pub type SavedEntry = (Vec<u32>, Vec<Box<dyn KvCache>>);
 /// Reads an entry [`save_entry`] wrote: its tokens and single-sequence caches. A file for
 /// another model, tokenizer or numerics, or one truncated or corrupt, is refused with why.
 pub fn load_entry(path: &Path, id: &CacheIdentity) -> Result<SavedEntry> {
-    let bytes = std::fs::read(path).map_err(|e| io(path, e))?;
+    // Checked through a map of the file: the page cache, not a heap copy (MLX reads it again).
+    let file = std::fs::File::open(path).map_err(|e| io(path, e))?;
+    // SAFETY: the map is only read and is dropped before this returns; as with mapped model
+    // weights, the file must not be truncated meanwhile (other changes fail the checksum).
+    let bytes = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| io(path, e))?;
     let data = data_start(&bytes).ok_or_else(|| io(path, "truncated (no complete header)"))?;
     let header: serde_json::Value = serde_json::from_slice(&bytes[8..data]).map_err(|e| io(path, format!("corrupt header: {e}")))?;
     let meta = &header["__metadata__"];
@@ -145,8 +149,24 @@ pub fn load_entry(path: &Path, id: &CacheIdentity) -> Result<SavedEntry> {
     if hex(&Sha256::digest(&bytes[data..])) != field("checksum") {
         return Err(io(path, "corrupt data (checksum mismatch)"));
     }
-    drop(bytes);
-    let (mut arrays, _) = Array::load_safetensors_with_metadata(path).map_err(|e| io(path, e))?;
+    let mut arrays = if path.extension().is_some_and(|e| e == "safetensors") {
+        drop(bytes);
+        Array::load_safetensors_with_metadata(path).map_err(|e| io(path, e))?.0
+    } else {
+        // mlx-rs reads only `*.safetensors` names (llama-server's slot files are `*.bin`): a
+        // link under such a name, gone once the arrays are read.
+        let alias = path.with_extension(format!("{}.partial.safetensors", std::process::id()));
+        if std::fs::hard_link(path, &alias).is_err() {
+            std::fs::write(&alias, &bytes[..]).map_err(|e| io(&alias, e))?;
+        }
+        drop(bytes);
+        let loaded = Array::load_safetensors_with_metadata(&alias).map_err(|e| io(path, e)).and_then(|(arrays, _)| {
+            mlx_rs::transforms::eval(arrays.values()).map_err(|e| io(path, e))?;
+            Ok(arrays)
+        });
+        let _ = std::fs::remove_file(&alias);
+        loaded?
+    };
     let tokens = arrays.remove("tokens").ok_or_else(|| io(path, "no tokens"))?;
     tokens.eval()?;
     let tokens = tokens.try_as_slice::<u32>().map_err(|e| io(path, e))?.to_vec();

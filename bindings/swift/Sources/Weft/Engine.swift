@@ -247,10 +247,66 @@ public final class Engine: Sendable {
             promptCacheBytes: stat("promptCacheBytes"),
             promptCacheEntries: Int(clamping: stat("promptCacheEntries")),
             promptCacheHits: stat("promptCacheHits"),
+            promptCacheCachedTokens: stat("promptCacheCachedTokens"),
+            promptCacheCapacityBytes: stat("promptCacheCapacityBytes"),
+            promptCacheEvictions: stat("promptCacheEvictions"),
+            promptCacheFilesRefused: Int(clamping: stat("promptCacheFilesRefused")),
             tokensGenerated: stat("tokensGenerated"),
             decodeSteps: stat("decodeSteps"),
             requestsFinished: stat("requestsFinished")
         )
+    }
+
+    /// Saves one prompt-cache entry to the file at `path`, so a fixed preamble is prefilled once,
+    /// ever (load it into a later engine with `loadPromptCache(from:)`): the most recently used
+    /// entry (after a request, its prompt and answer). Blocks while the engine writes it between
+    /// two steps. Throws `.notFound` when nothing is cached, `.unsupported` when the prompt
+    /// cache is off.
+    @discardableResult
+    public func savePromptCache(to path: String) throws -> PromptCacheEntry {
+        try saveEntry(path, request: "")
+    }
+
+    /// Saves the cached prefix a request with these messages would reuse (rendered with the
+    /// options' tools and template variables as a request's are).
+    @discardableResult
+    public func savePromptCache(to path: String, messages: [Message], options: GenerateOptions = GenerateOptions()) throws -> PromptCacheEntry {
+        try saveEntry(path, request: ContractJSON.text(options.contractFields.merging(["messages": messages.map(\.contractFields)]) { _, given in given }))
+    }
+
+    /// Saves the cached prefix a request with this raw text would reuse.
+    @discardableResult
+    public func savePromptCache(to path: String, prompt: String) throws -> PromptCacheEntry {
+        try saveEntry(path, request: ContractJSON.text(GenerateOptions().contractFields.merging(["prompt": prompt]) { _, given in given }))
+    }
+
+    /// Saves the cached prefix a request with these token ids would reuse.
+    @discardableResult
+    public func savePromptCache(to path: String, promptIds: [Int]) throws -> PromptCacheEntry {
+        try saveEntry(path, request: ContractJSON.text(GenerateOptions().contractFields.merging(["promptIds": promptIds]) { _, given in given }))
+    }
+
+    /// Loads an entry `savePromptCache` wrote into this engine's prompt cache: later requests
+    /// whose prompts start with its tokens reuse it, with outputs equal to a cold run's. A file
+    /// saved for another model, tokenizer or kernel mode, or truncated or corrupt, throws
+    /// `.invalidArgument` saying why; a missing file `.notFound`.
+    @discardableResult
+    public func loadPromptCache(from path: String) throws -> PromptCacheEntry {
+        do {
+            let e = try rust.load_prompt_cache(path)
+            return PromptCacheEntry(tokens: Int(clamping: e.tokens()), bytes: e.bytes())
+        } catch let e as RustError {
+            throw WeftError(e)
+        }
+    }
+
+    private func saveEntry(_ path: String, request: String) throws -> PromptCacheEntry {
+        do {
+            let e = try rust.save_prompt_cache(path, request)
+            return PromptCacheEntry(tokens: Int(clamping: e.tokens()), bytes: e.bytes())
+        } catch let e as RustError {
+            throw WeftError(e)
+        }
     }
 
     /// Whether `close()` was called.

@@ -26,6 +26,8 @@ public struct WeftError: Error, Sendable, Equatable, CustomStringConvertible {
         public static let internalError = Code(rawValue: "INTERNAL")
         /// The engine failed while generating (the stream ends with this error).
         public static let generationFailed = Code(rawValue: "GENERATION_FAILED")
+        /// No such thing: a prompt-cache file that does not exist, nothing cached to save.
+        public static let notFound = Code(rawValue: "NOT_FOUND")
     }
 
     public let code: Code
@@ -351,7 +353,23 @@ public struct EngineStats: Sendable, Equatable {
     public let promptCacheBytes: UInt64
     public let promptCacheEntries: Int
     public let promptCacheHits: UInt64
+    /// Prompt tokens served from the prompt cache (summed over its hits).
+    public let promptCacheCachedTokens: UInt64
+    /// The most the prompt cache holds (0: off).
+    public let promptCacheCapacityBytes: UInt64
+    /// Entries dropped to stay under the capacity or to make room for running requests.
+    public let promptCacheEvictions: UInt64
+    /// How many files of the prompt-cache directory were refused at load.
+    public let promptCacheFilesRefused: Int
     public let tokensGenerated: UInt64
     public let decodeSteps: UInt64
     public let requestsFinished: UInt64
+}
+
+/// A prompt-cache entry written by `Engine.savePromptCache` or read by `Engine.loadPromptCache`.
+public struct PromptCacheEntry: Sendable, Equatable {
+    /// The tokens the entry holds.
+    public let tokens: Int
+    /// The file's size.
+    public let bytes: UInt64
 }

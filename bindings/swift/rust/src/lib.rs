@@ -33,6 +33,10 @@ mod ffi {
         type RustRow;
         #[swift_bridge(Sendable)]
         type RustError;
+        /// What a prompt-cache save wrote or a load read.
+        type RustCacheEntry;
+        fn tokens(self: &RustCacheEntry) -> u64;
+        fn bytes(self: &RustCacheEntry) -> u64;
 
         fn load_engine(options_json: String) -> Result<RustEngine, RustError>;
         // The same, reporting a model download to the sink (which can cancel it).
@@ -53,6 +57,8 @@ mod ffi {
         fn has_audio(self: &RustEngine) -> bool;
         fn submit(self: &RustEngine, request_json: String, sink: EventSink) -> Result<RustRow, RustError>;
         fn stat(self: &RustEngine, name: String) -> u64;
+        fn save_prompt_cache(self: &RustEngine, path: String, request_json: String) -> Result<RustCacheEntry, RustError>;
+        fn load_prompt_cache(self: &RustEngine, path: String) -> Result<RustCacheEntry, RustError>;
         fn is_closed(self: &RustEngine) -> bool;
         fn close(self: &RustEngine);
 
@@ -329,6 +335,10 @@ impl RustEngine {
             "promptCacheBytes" => s.prompt_cache_bytes,
             "promptCacheEntries" => s.prompt_cache_entries as u64,
             "promptCacheHits" => s.prompt_cache_hits,
+            "promptCacheCachedTokens" => s.prompt_cache_cached_tokens,
+            "promptCacheCapacityBytes" => s.prompt_cache_capacity_bytes,
+            "promptCacheEvictions" => s.prompt_cache_evictions,
+            "promptCacheFilesRefused" => s.prompt_cache_files_refused.len() as u64,
             "tokensGenerated" => s.tokens_generated,
             "decodeSteps" => s.decode_steps,
             "requestsFinished" => s.requests_finished,
@@ -340,6 +350,35 @@ impl RustEngine {
         self.shared.engine.lock().is_none()
     }
 
+    /// Saves one prompt-cache entry to `path`: with `request_json` empty the most recently used
+    /// entry, else the cached prefix a request with that input would reuse. Runs without the
+    /// engine lock (the engine writes it between two steps).
+    fn save_prompt_cache(&self, path: String, request_json: String) -> Result<RustCacheEntry, RustError> {
+        let (submitter, local) = {
+            let guard = self.shared.engine.lock();
+            let e = guard.as_ref().ok_or_else(RustError::closed)?;
+            (e.submitter(), e.config().local_media.clone())
+        };
+        let prompt = match request_json.is_empty() {
+            true => None,
+            false => Some(contract::parse_request_with(&parse_json(&request_json)?, Spelling::Camel, &local)?),
+        };
+        match submitter.save_prompt_cache_entry(prompt, std::path::Path::new(&path))? {
+            Some(info) => Ok(RustCacheEntry(info)),
+            None => Err(RustError::new("NOT_FOUND", "the prompt cache holds no entry to save (for this prompt)")),
+        }
+    }
+
+    /// Loads an entry `save_prompt_cache` wrote into the prompt cache.
+    fn load_prompt_cache(&self, path: String) -> Result<RustCacheEntry, RustError> {
+        let submitter = self.shared.engine.lock().as_ref().ok_or_else(RustError::closed)?.submitter();
+        let path = std::path::Path::new(&path);
+        if !path.is_file() {
+            return Err(RustError::new("NOT_FOUND", format!("no file {}", path.display())));
+        }
+        Ok(RustCacheEntry(submitter.load_prompt_cache_entry(path)?))
+    }
+
     /// Cancels outstanding requests (their streams end as cancelled), stops the engine thread
     /// and frees the model. Blocks until the engine thread has exited.
     fn close(&self) {
@@ -347,6 +386,18 @@ impl RustEngine {
         if let Some(e) = engine {
             e.shutdown();
         }
+    }
+}
+
+pub struct RustCacheEntry(weft::engine::SavedEntryInfo);
+
+impl RustCacheEntry {
+    fn tokens(&self) -> u64 {
+        self.0.tokens as u64
+    }
+
+    fn bytes(&self) -> u64 {
+        self.0.bytes
     }
 }
 
