@@ -49,7 +49,9 @@ impl Collector {
         let tokenizer = model.tokenizer.clone();
         let constraints = model.constraints.clone();
         let eos = model.eos_token_ids.clone();
-        Ok(Collector { core: EngineCore::new(model, config), rows: Vec::new(), info, tokenizer, constraints, eos, next_id: 1 })
+        let drafter = weft::engine::Drafter::from_config(&config, info.vocab_size)?;
+        let core = EngineCore::new(model, config).with_drafter(drafter);
+        Ok(Collector { core, rows: Vec::new(), info, tokenizer, constraints, eos, next_id: 1 })
     }
 
     /// Validates and queues a request; its events are collected.

@@ -29,6 +29,7 @@ mod thinking;
 pub use single::{run_single, SingleRow};
 
 pub use self::core::EngineCore;
+pub use speculative::Drafter;
 pub use events::EventSink;
 pub use executor::DecodeMode;
 #[cfg(feature = "faults")]
@@ -335,6 +336,9 @@ pub struct EngineConfig {
     /// rejected positions (recurrent layers, sliding-window rings, quantized KV) never
     /// speculate ([`EngineStats::speculation_off`] says why).
     pub num_draft_tokens: usize,
+    /// A draft model (mlx_lm.server's `--draft-model`: a local model directory or file sharing
+    /// the tokenizer) drafts the `num_draft_tokens` instead of prompt lookup.
+    pub draft_model: Option<std::path::PathBuf>,
 }
 
 impl Default for EngineConfig {
@@ -358,6 +362,7 @@ impl Default for EngineConfig {
             reasoning_budget: None,
             local_media: Default::default(),
             num_draft_tokens: 0,
+            draft_model: None,
         }
     }
 }
@@ -618,10 +623,11 @@ impl Engine {
         let vision = model.model.vision().map(|v| v.spec().clone());
         let audio = model.model.audio().map(|a| a.spec().clone());
         let core_config = config.clone();
+        let drafter = speculative::Drafter::from_config(&config, info.vocab_size)?;
         let (shared_stats, shared_health) = (Arc::clone(&stats), Arc::clone(&health));
         let driver = std::thread::Builder::new()
             .name("weft-engine".into())
-            .spawn(move || driver(EngineCore::new(model, core_config), rx, shared_stats, shared_health))
+            .spawn(move || driver(EngineCore::new(model, core_config).with_drafter(drafter), rx, shared_stats, shared_health))
             .map_err(|e| Error::Mlx(format!("cannot start the engine thread: {e}")))?;
         let front = Front { tx, health, tokenizer, constraints, info, eos_token_ids, vision, audio, config, next_id: AtomicU64::new(1), lockstep };
         Ok(Engine { front: Arc::new(front), stats, driver: Some(driver) })
