@@ -92,26 +92,34 @@ impl Drafter {
             .iter()
             .map(|r| r.prompt.iter().chain(&r.generated).skip(r.draft_fed).copied().collect::<Vec<u32>>())
             .collect();
-        let width = pending.iter().map(Vec::len).max().unwrap_or(0).max(1);
-        let mut input = Vec::with_capacity(rows.len() * width);
-        for p in &pending {
-            input.extend(p);
-            input.extend(std::iter::repeat_n(0, width - p.len()));
+        if pending.iter().any(Vec::is_empty) {
+            return Err(Error::Mlx("a row's draft cache is ahead of its tokens".into()));
         }
+        // All but each row's last token first, right-padded (the padding leaves as holes): its
+        // logits are never read, so the output projection over those positions never runs.
+        let width = pending.iter().map(Vec::len).max().unwrap_or(1) - 1;
+        if width > 0 {
+            let mut input = Vec::with_capacity(rows.len() * width);
+            for p in &pending {
+                input.extend(&p[..p.len() - 1]);
+                input.extend(std::iter::repeat_n(0, width + 1 - p.len()));
+            }
+            self.model.forward(&Array::from_slice(&input, &[rows.len() as i32, width as i32]), caches)?;
+            let pads: Vec<usize> = pending.iter().map(|p| width + 1 - p.len()).collect();
+            if pads.iter().any(|&p| p > 0) {
+                cache::trim_rows(caches, &pads)?;
+            }
+        }
+        for (row, p) in rows.iter_mut().zip(&pending) {
+            row.draft_fed += p.len();
+        }
+        let last_tokens: Vec<u32> = pending.iter().map(|p| p[p.len() - 1]).collect();
         let sampled: Vec<bool> = rows.iter().map(|r| r.sampler.params().temperature > 0.0).collect();
         let mut out: Vec<(Vec<u32>, Option<Vec<Vec<f32>>>)> =
             sampled.iter().map(|&s| (Vec::with_capacity(k), s.then(Vec::new))).collect();
-        let mut inputs = Array::from_slice(&input, &[rows.len() as i32, width as i32]);
+        let mut inputs = Array::from_slice(&last_tokens, &[rows.len() as i32, 1]);
         for step in 0..k {
-            let logits = self.model.forward(&inputs, caches)?;
-            let last = if step == 0 {
-                // Each row's last real position.
-                let at: Vec<i32> = pending.iter().map(|p| p.len().max(1) as i32 - 1).collect();
-                let at = Array::from_slice(&at, &[rows.len() as i32, 1, 1]);
-                logits.take_along_axis(&at, 1)?.index((.., 0, ..))
-            } else {
-                logits.index((.., 0, ..))
-            };
+            let last = self.model.forward(&inputs, caches)?.index((.., 0, ..));
             let lp = Sampler::logprobs(&last.as_dtype(Dtype::Float32)?)?;
             let argmax = Sampler::argmax(&lp)?.as_dtype(Dtype::Uint32)?;
             let any_sampled = sampled.contains(&true);
@@ -136,15 +144,6 @@ impl Drafter {
                 };
                 out[b].0.push(token);
                 next.push(token);
-            }
-            if step == 0 {
-                let pads: Vec<usize> = pending.iter().map(|p| width - p.len()).collect();
-                if pads.iter().any(|&p| p > 0) {
-                    cache::trim_rows(caches, &pads)?;
-                }
-                for (row, p) in rows.iter_mut().zip(&pending) {
-                    row.draft_fed += p.len();
-                }
             }
             if step + 1 < k {
                 inputs = Array::from_slice(&next, &[rows.len() as i32, 1]);
