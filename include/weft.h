@@ -568,6 +568,8 @@ const char *weft_last_error(void);
  *   "wired_limit_bytes": memory MLX may keep wired on Apple GPUs (default: MLX's);
  *   "num_draft_tokens": prompt-lookup speculative decoding for requests that name none: draft
  *                       up to this many tokens per step, 0 to 64 (default 0 = off).
+ *   "draft_model": a draft model (local path sharing the tokenizer) drafting num_draft_tokens
+ *                  tokens per step (default 3) instead of prompt lookup.
  * Unknown fields are errors (WEFT_ERR_INVALID_ARGUMENT). The schema is weft::contract's, shared
  * with the Node and Swift packages (docs/c-api.md lists every field and range).
  *

@@ -735,7 +735,25 @@ fn staggered(
 ) -> (Vec<Outcome>, weft::engine::EngineStats) {
     let model = load_exact(&tiny_model_dir(name)).unwrap();
     let prep = Preparer::new(&model, config.clone()).with_eos_token_ids(eos.to_vec());
-    let mut core = weft::engine::EngineCore::new(model, config);
+    run_staggered(weft::engine::EngineCore::new(model, config), &prep, reqs, at)
+}
+
+/// [`staggered`] with the goldens model `draft` drafting for `name`.
+fn staggered_draft(name: &str, draft: &str, config: EngineConfig, reqs: &[Request], at: &[usize]) -> (Vec<Outcome>, weft::engine::EngineStats) {
+    let model = load_exact(&tiny_model_dir(name)).unwrap();
+    let vocab = model.model.info().vocab_size;
+    let drafter = weft::engine::Drafter::new(load_exact(&tiny_model_dir(draft)).unwrap().model, vocab).unwrap();
+    let prep = Preparer::new(&model, config.clone()).with_eos_token_ids(Vec::new());
+    let core = weft::engine::EngineCore::new(model, config).with_drafter(Some(drafter));
+    run_staggered(core, &prep, reqs, at)
+}
+
+fn run_staggered(
+    mut core: weft::engine::EngineCore,
+    prep: &Preparer,
+    reqs: &[Request],
+    at: &[usize],
+) -> (Vec<Outcome>, weft::engine::EngineStats) {
     let outs: Vec<Arc<Mutex<Outcome>>> = reqs.iter().map(|_| Arc::default()).collect();
     for it in 0..10_000 {
         for (i, req) in reqs.iter().enumerate().filter(|(i, _)| at[*i] == it) {
@@ -804,6 +822,106 @@ fn speculative_greedy_rows_are_token_exact_alone_and_batched() {
             assert!(stats.draft_tokens_accepted > 0 && stats.draft_acceptance_rate > 0.0, "{name}: {stats:?}");
         }
     }
+}
+
+/// Rows of a batch that accept different numbers of draft tokens each step (one copies, one
+/// rarely matches its drafts, one joins late) keep exact KV: the output equals plain decoding's
+/// over many steps (the rejected positions leave each row's cache as holes, not shifts).
+#[test]
+fn rows_accepting_different_counts_stay_token_exact() {
+    let name = "qwen3";
+    let prompts: Vec<Vec<u32>> = vec![repetitive_prompt(name), SPEC_PROMPTS[0].to_vec(), SPEC_PROMPTS[2].to_vec(), repetitive_prompt(name)[5..].to_vec()];
+    let reqs: Vec<Request> = prompts.iter().map(|p| greedy(p.clone(), 80)).collect();
+    let at = [0, 0, 0, 9];
+    let (want, _) = staggered(name, EngineConfig::default(), &reqs, &at, &[]);
+    let (got, stats) = staggered(name, EngineConfig { num_draft_tokens: 6, ..Default::default() }, &reqs, &at, &[]);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g.tokens, w.tokens, "row {i}");
+    }
+    assert!(stats.draft_tokens_accepted > 0 && stats.draft_tokens_accepted < stats.draft_tokens, "{stats:?}");
+}
+
+/// A draft model drafting greedy rows (for itself, for a sibling with the same vocabulary, and
+/// for a model it drafts badly for) gives plain decoding's tokens exactly, alone and batched
+/// with joins and a row that asks for no drafts; a model drafting for itself is accepted
+/// (nearly) always.
+#[test]
+fn draft_model_greedy_rows_are_token_exact_alone_and_batched() {
+    for (name, draft) in [("qwen3", "qwen3"), ("qwen2", "qwen3"), ("llama-fp32", "qwen3")] {
+        let prompts: Vec<Vec<u32>> = std::iter::once(repetitive_prompt(name)).chain(SPEC_PROMPTS.iter().map(|p| p.to_vec())).collect();
+        let reqs: Vec<Request> = prompts.iter().map(|p| greedy(p.clone(), 30)).collect();
+        let spec = EngineConfig { num_draft_tokens: 4, ..Default::default() };
+        for (i, r) in reqs.iter().enumerate() {
+            let (want, _) = staggered(name, EngineConfig::default(), std::slice::from_ref(r), &[0], &[]);
+            let (got, stats) = staggered_draft(name, draft, spec.clone(), std::slice::from_ref(r), &[0]);
+            assert_eq!(got[0].tokens, want[0].tokens, "{name} drafted by {draft}: prompt {i} alone");
+            assert!(stats.draft_tokens > 0, "{name}: {stats:?}");
+            if name == draft {
+                assert!(stats.draft_acceptance_rate > 0.9, "{name} drafting for itself: {stats:?}");
+                assert!(stats.decode_steps <= 8, "{name} drafting for itself: {} steps for 30 tokens", stats.decode_steps);
+            }
+        }
+        let mut reqs = reqs;
+        reqs[2].num_draft_tokens = Some(0);
+        let at = [0, 0, 3, 7];
+        let (want, _) = staggered(name, EngineConfig::default(), &reqs, &at, &[]);
+        let (got, stats) = staggered_draft(name, draft, spec.clone(), &reqs, &at);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.tokens, w.tokens, "{name} drafted by {draft}: batched row {i}");
+            assert_eq!(g.finals, 1);
+        }
+        if name == draft {
+            assert!(stats.draft_acceptance_rate > 0.9, "{name} drafting for itself, batched: {stats:?}");
+        }
+    }
+}
+
+/// Sampled rows verify a draft model's drafts by rejection sampling with the draft's
+/// probabilities: at `top_k = 1` both distributions are the argmax, so the tokens are greedy
+/// plain decoding's; at temperature 1 the rows run to length with drafts verified and the
+/// acceptance reported.
+#[test]
+fn draft_model_sampled_rows_verify_by_rejection_sampling() {
+    let name = "qwen3";
+    let sampled = |p: Vec<u32>, seed, top_k, temperature| Request {
+        sampling: SamplingParams { temperature, top_k, seed: Some(seed), ..SamplingParams::default() },
+        ..greedy(p, 30)
+    };
+    let prompts: Vec<Vec<u32>> = vec![repetitive_prompt(name), SPEC_PROMPTS[0].to_vec()];
+    let (want, _) = staggered(name, EngineConfig::default(), &prompts.iter().map(|p| greedy(p.clone(), 30)).collect::<Vec<_>>(), &[0, 2], &[]);
+    let config = EngineConfig { num_draft_tokens: 4, ..Default::default() };
+    let reqs: Vec<Request> = prompts.iter().enumerate().map(|(i, p)| sampled(p.clone(), i as u64, 1, 0.7)).collect();
+    let (got, stats) = staggered_draft(name, "qwen2", config.clone(), &reqs, &[0, 2]);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g.tokens, w.tokens, "row {i}");
+    }
+    assert!(stats.draft_tokens > 0, "{stats:?}");
+    let free: Vec<Request> = prompts.iter().enumerate().map(|(i, p)| sampled(p.clone(), i as u64, 0, 1.0)).collect();
+    for draft in ["qwen3", "qwen2"] {
+        let (got, stats) = staggered_draft(name, draft, config.clone(), &free, &[0, 2]);
+        assert!(got.iter().all(|o| o.finals == 1 && o.error.is_none() && o.tokens.len() == 30), "{got:?}");
+        // (A different random model's distribution barely overlaps this one's: few accepted.)
+        assert!(stats.draft_tokens > 0, "{draft}: {stats:?}");
+        if draft == name {
+            // Drafting for itself, q equals p: every draft token is accepted.
+            assert!(stats.draft_acceptance_rate > 0.9, "{stats:?}");
+        }
+    }
+}
+
+/// A draft model with another vocabulary is refused, with why, by the engine and the drafter.
+#[test]
+fn draft_model_with_another_vocabulary_is_refused() {
+    let target = load_exact(&tiny_model_dir("qwen3")).unwrap();
+    let config = EngineConfig { num_draft_tokens: 3, draft_model: Some(tiny_model_dir("mistral-fp32")), ..Default::default() };
+    let err = Engine::start(target, config).err().expect("a draft model with another vocabulary was accepted").to_string();
+    assert!(err.contains("vocabulary has 512 tokens") && err.contains("1024"), "{err}");
+    // The same model's own directory is accepted.
+    let target = load_exact(&tiny_model_dir("qwen3")).unwrap();
+    let config = EngineConfig { num_draft_tokens: 3, draft_model: Some(tiny_model_dir("qwen2")), ..Default::default() };
+    let engine = Engine::start(target, config).unwrap();
+    let out = collect(&engine.submit_channel(greedy(SPEC_PROMPTS[0].to_vec(), 8)).unwrap().1);
+    assert_eq!(out.tokens.len(), 8);
 }
 
 /// A stop id or `max_tokens` falling inside an accepted draft ends the row exactly where plain

@@ -400,6 +400,11 @@ export interface LoadOptions {
    */
   numDraftTokens?: number
   /**
+   * Draft model for speculative decoding (a local model path sharing the tokenizer): drafts
+   * `numDraftTokens` tokens per step (default 3) instead of prompt lookup.
+   */
+  draftModel?: string
+  /**
    * Hears about the model's download, on the JS thread, at most every ~100 ms per phase plus
    * once when a phase starts and ends (nothing when the model is already on disk). The load
    * waits for each call, so every report arrives before the promise settles.

@@ -77,6 +77,10 @@ pub struct BenchArgs {
     /// Prompt-lookup speculative decoding: draft up to this many tokens per step (0 = off).
     #[arg(long, default_value_t = 0)]
     pub num_draft_tokens: usize,
+    /// Speculative decoding with this draft model (sharing the tokenizer; a path, store name or
+    /// repo id as `--model`) instead of prompt lookup; `--num-draft-tokens` 0 means 3.
+    #[arg(long)]
+    pub draft_model: Option<std::path::PathBuf>,
     /// Copy-heavy prompts: each prompt is a random block of `--prompt-len / 2` ids written
     /// twice, so the model goes on copying it (the workload prompt lookup speeds up).
     #[arg(long)]
@@ -283,7 +287,8 @@ pub fn run(args: BenchArgs, opts: &crate::options::Options) -> Result<()> {
         max_batch: widest,
         prompt_concurrency: widest,
         prefill_step_size: args.prefill_step_size.max(1),
-        num_draft_tokens: args.num_draft_tokens,
+        num_draft_tokens: crate::common::draft_tokens(args.num_draft_tokens, args.draft_model.as_deref()),
+        draft_model: args.draft_model.as_deref().map(|p| crate::common::resolve_model_path(Some(p))).transpose()?,
         // Every run prefills its prompts cold: the runs repeat prompts, which the (default-on)
         // prompt cache would otherwise serve.
         prompt_cache_bytes: 0,
@@ -342,6 +347,7 @@ pub fn run(args: BenchArgs, opts: &crate::options::Options) -> Result<()> {
             json!({"model": source.display().to_string(), "prompt_len": args.prompt_len, "gen": args.gen,
                    "runs": args.runs, "constrained": args.constrained, "constraint": args.constraint,
                    "num_draft_tokens": args.num_draft_tokens, "copy": args.copy,
+                   "draft_model": args.draft_model.as_ref().map(|p| p.display().to_string()),
                    "sampled": args.sampled, "temp": args.temp, "top_p": args.top_p, "logprobs": args.logprobs,
                    "kv": {"mode": args.kv.describe(), "kv_bits": args.kv.kv_bits,
                           "kv_group_size": args.kv.kv_group_size, "quantized_kv_start": args.kv.quantized_kv_start,
@@ -362,10 +368,11 @@ pub fn run(args: BenchArgs, opts: &crate::options::Options) -> Result<()> {
         if args.sampled > 0 || args.logprobs > 0 {
             println!("sampled rows: {} (temp {}, top_p {})  rows with logprobs: {}", args.sampled, args.temp, args.top_p, args.logprobs);
         }
-        if args.num_draft_tokens > 0 {
+        if args.num_draft_tokens > 0 || args.draft_model.is_some() {
             println!(
-                "speculative decoding: prompt lookup, {} draft tokens{}  acceptance (median): {}  tokens/row/step: {}",
-                args.num_draft_tokens,
+                "speculative decoding: {}, {} draft tokens{}  acceptance (median): {}  tokens/row/step: {}",
+                args.draft_model.as_ref().map_or("prompt lookup".to_string(), |p| format!("draft model {}", p.display())),
+                crate::common::draft_tokens(args.num_draft_tokens, args.draft_model.as_deref()),
                 if args.copy { ", copy-heavy prompts" } else { "" },
                 results.iter().map(|(_, m)| format!("{:.2}", m.acceptance)).collect::<Vec<_>>().join(","),
                 results.iter().map(|(_, m)| format!("{:.2}", m.tokens_per_step)).collect::<Vec<_>>().join(",")

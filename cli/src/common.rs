@@ -116,6 +116,15 @@ pub fn pull(args: PullArgs) -> Result<PathBuf> {
     }
 }
 
+/// Draft tokens per step: with a draft model and none asked for, mlx_lm.server's default 3.
+pub fn draft_tokens(asked: usize, draft_model: Option<&Path>) -> usize {
+    if asked == 0 && draft_model.is_some() {
+        3
+    } else {
+        asked
+    }
+}
+
 /// `--model`, else `$WEFT_MODEL`, else the default model, as a local path
 /// ([`weft::model_store::resolve_model`]): a value that is not an existing path but names a
 /// model the store knows is installed by name; one shaped like a Hugging Face repo id
@@ -166,6 +175,10 @@ pub struct EngineArgs {
     /// Prompt-lookup speculative decoding: draft up to this many tokens per step (0 = off).
     #[arg(long, default_value_t = 0)]
     pub num_draft_tokens: usize,
+    /// Speculative decoding with this draft model (a local path sharing the tokenizer) instead
+    /// of prompt lookup; `--num-draft-tokens` 0 means 3. Engine runs (several `--prompt-ids`).
+    #[arg(long)]
+    pub draft_model: Option<PathBuf>,
 }
 
 impl EngineArgs {
@@ -176,7 +189,8 @@ impl EngineArgs {
             prefill_step_size,
             kv_budget_bytes: self.kv_budget_bytes,
             prompt_cache_bytes: self.prompt_cache_bytes,
-            num_draft_tokens: self.num_draft_tokens,
+            num_draft_tokens: draft_tokens(self.num_draft_tokens, self.draft_model.as_deref()),
+            draft_model: self.draft_model.clone(),
             ..weft::engine::EngineConfig::default()
         }
     }

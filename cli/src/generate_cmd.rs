@@ -87,6 +87,9 @@ pub fn run(args: GenerateArgs, options: &Options) -> Result<()> {
     if args.prompt_ids.len() > 1 {
         return run_rows(args, loaded, opts, options);
     }
+    if args.engine.draft_model.is_some() {
+        return Err(Error::InvalidRequest("--draft-model runs in the engine: give several --prompt-ids, or use `weft serve` / `weft bench`".into()));
+    }
     if let Some(ids) = args.prompt_ids.first() {
         let g = generate(model, tokenizer, ids, &opts, |_| true)?;
         if args.json {

@@ -148,6 +148,7 @@ pub const ENGINE_OPTION_FIELDS: &[&str] = &[
     "chat_template_kwargs",
     "reasoning_budget",
     "num_draft_tokens",
+    "draft_model",
 ];
 
 use crate::limits::{MAX_AUDIO_CLIPS, MAX_IMAGES, MAX_TOKEN_ID, MAX_TOP_LOGPROBS};
@@ -857,6 +858,17 @@ pub fn parse_engine_options(v: &Value, spelling: Spelling) -> Result<EngineOptio
     (config.chat_template_kwargs, config.reasoning_budget) = reasoning_fields(&f)?;
     if let Some(n) = f.usize("num_draft_tokens", 0, MAX_DRAFT_TOKENS)? {
         config.num_draft_tokens = n;
+    }
+    match f.string("draft_model")? {
+        Some("") => return Err(invalid(format!("{} must be a non-empty path", f.name("draft_model")))),
+        Some(path) => {
+            config.draft_model = Some(PathBuf::from(path));
+            // mlx_lm.server drafts 3 tokens a step unless told otherwise.
+            if f.get("num_draft_tokens").is_none() {
+                config.num_draft_tokens = 3;
+            }
+        }
+        None => {}
     }
     if let Some(v) = f.get("local_media") {
         config.local_media = LocalMedia::from_json(v, &f.name("local_media"))?;

@@ -89,6 +89,9 @@ pub struct LoadOptions {
     /// Prompt-lookup speculative decoding for requests that name no `numDraftTokens`: draft up
     /// to this many tokens per step, 0 to 64 (default 0: off).
     pub num_draft_tokens: Option<u32>,
+    /// Draft model for speculative decoding (a local model path sharing the tokenizer): drafts
+    /// `numDraftTokens` tokens per step (default 3) instead of prompt lookup.
+    pub draft_model: Option<String>,
     /// Hears about the model's download, on the JS thread, at most every ~100 ms per phase plus
     /// once when a phase starts and ends (nothing when the model is already on disk). The load
     /// waits for each call, so every report arrives before the promise settles.

@@ -77,6 +77,11 @@ pub struct ServeArgs {
     /// draft up to this many tokens per step (0 = off; mlx_lm.server's flag).
     #[arg(long, default_value_t = 0)]
     pub num_draft_tokens: usize,
+    /// Draft model for speculative decoding (mlx_lm.server's flag): a model sharing the
+    /// tokenizer (a path, a store name or a Hugging Face repo id, as `--model`) drafts
+    /// `--num-draft-tokens` tokens per step (3 when that is left at 0) instead of prompt lookup.
+    #[arg(long)]
+    pub draft_model: Option<std::path::PathBuf>,
     /// Default `max_tokens` for requests that do not set it.
     #[arg(long, default_value_t = 512)]
     pub max_tokens: usize,
@@ -343,7 +348,8 @@ pub fn run(args: ServeArgs, opts: &crate::options::Options) -> Result<()> {
         memory: args.memory.policy(),
         local_media: local_media_policy(&args.allowed_media_dirs)?,
         chat_template_kwargs: args.chat_template_args.clone().unwrap_or_default(),
-        num_draft_tokens: args.num_draft_tokens,
+        num_draft_tokens: crate::common::draft_tokens(args.num_draft_tokens, args.draft_model.as_deref()),
+        draft_model: args.draft_model.as_deref().map(|p| crate::common::resolve_model_path(Some(p))).transpose()?,
         // --chat-template goes with each request (Request::chat_template): it needs the
         // loaded tokenizer's special tokens.
         ..EngineConfig::default()

@@ -32,13 +32,17 @@ pub(super) struct RunningBatch {
     /// Per-layer batched caches of `rows` (`None` exactly when there are no rows).
     caches: Option<Vec<Box<dyn KvCache>>>,
     pub(super) in_flight: Option<InFlight>,
+    /// A draft model's batched caches for the first `draft_rows` rows (later rows joined since
+    /// the last draft; [`super::speculative::Drafter::draft`] extends them).
+    pub(super) draft_caches: Vec<Box<dyn KvCache>>,
+    pub(super) draft_rows: usize,
 }
 
 impl RunningBatch {
     /// A batch of rows whose batched caches are ready (e.g. rows that just prefilled).
     pub(super) fn new(rows: Vec<Row>, caches: Vec<Box<dyn KvCache>>) -> RunningBatch {
         let caches = (!rows.is_empty()).then_some(caches);
-        RunningBatch { rows, caches, in_flight: None }
+        RunningBatch { rows, caches, in_flight: None, draft_caches: Vec::new(), draft_rows: 0 }
     }
 
     pub(super) fn len(&self) -> usize {
@@ -139,6 +143,14 @@ impl RunningBatch {
         } else if let Some(caches) = self.caches.as_mut() {
             cache::filter_rows(caches, &keep)?;
         }
+        // The draft rows stay a prefix: kept rows keep their order.
+        let draft_keep: Vec<usize> = keep.iter().copied().filter(|&i| i < self.draft_rows).collect();
+        if draft_keep.is_empty() {
+            self.draft_caches.clear();
+        } else if draft_keep.len() < self.draft_rows {
+            cache::filter_rows(&mut self.draft_caches, &draft_keep)?;
+        }
+        self.draft_rows = draft_keep.len();
         Ok(removed)
     }
 
@@ -146,6 +158,8 @@ impl RunningBatch {
     pub(super) fn clear(&mut self) -> Vec<Row> {
         self.caches = None;
         self.in_flight = None;
+        self.draft_caches.clear();
+        self.draft_rows = 0;
         std::mem::take(&mut self.rows)
     }
 }

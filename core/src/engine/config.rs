@@ -61,6 +61,9 @@ pub struct EngineConfig {
     /// rejected positions (recurrent layers, sliding-window rings, quantized KV) never
     /// speculate ([`EngineStats::speculation_off`] says why).
     pub num_draft_tokens: usize,
+    /// A draft model (mlx_lm.server's `--draft-model`: a local model directory or file sharing
+    /// the tokenizer) drafts the `num_draft_tokens` instead of prompt lookup.
+    pub draft_model: Option<std::path::PathBuf>,
 }
 
 impl Default for EngineConfig {
@@ -84,6 +87,7 @@ impl Default for EngineConfig {
             reasoning_budget: None,
             local_media: Default::default(),
             num_draft_tokens: 0,
+            draft_model: None,
         }
     }
 }

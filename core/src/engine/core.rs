@@ -67,6 +67,12 @@ impl EngineCore {
         core
     }
 
+    /// Drafts with `drafter` (a draft model) instead of prompt lookup.
+    pub fn with_drafter(mut self, drafter: Option<super::speculative::Drafter>) -> Self {
+        self.executor.set_drafter(drafter);
+        self
+    }
+
     /// Settings every rank of a lockstep group applies alike ([`super::lockstep_prompt_cache`]):
     /// a prompt cache sized from each rank's own memory is off, and no rank reads cache files.
     pub(crate) fn for_lockstep(&mut self) {

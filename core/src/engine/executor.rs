@@ -125,6 +125,8 @@ pub(super) struct Executor<M: ModelHandle = Box<dyn LanguageModel>> {
     pub speculative_steps: u64,
     pub draft_tokens: u64,
     pub draft_tokens_accepted: u64,
+    /// Drafts come from this model instead of prompt lookup.
+    drafter: Option<speculative::Drafter>,
 }
 
 impl<M: ModelHandle> Executor<M> {
@@ -164,6 +166,7 @@ impl<M: ModelHandle> Executor<M> {
             speculative_steps: 0,
             draft_tokens: 0,
             draft_tokens_accepted: 0,
+            drafter: None,
         }
     }
 
@@ -195,6 +198,11 @@ impl<M: ModelHandle> Executor<M> {
     pub fn with_speculation(mut self, n: usize) -> Self {
         self.num_draft_tokens = n;
         self
+    }
+
+    /// Rows draft with `drafter` (a draft model) instead of prompt lookup.
+    pub fn set_drafter(&mut self, drafter: Option<speculative::Drafter>) {
+        self.drafter = drafter;
     }
 
     /// Fail or panic at the decode steps `faults` names (fault-injection tests).
@@ -685,6 +693,9 @@ impl<M: ModelHandle> Executor<M> {
         if self.batch.rows.iter().any(|r| self.draft_budget(r) > 0) {
             // Drafts come from the rows' last tokens: read the step in flight first.
             self.read_in_flight()?;
+            if self.drafter.is_some() && !self.batch.is_empty() {
+                return self.draft_model_step();
+            }
             let drafts: Vec<Vec<u32>> = self
                 .batch
                 .rows
@@ -692,7 +703,8 @@ impl<M: ModelHandle> Executor<M> {
                 .map(|r| speculative::lookup(&r.prompt, &r.generated, self.draft_budget(r)))
                 .collect();
             if drafts.iter().any(|d| !d.is_empty()) {
-                return self.speculative_step(drafts);
+                let none = vec![None; drafts.len()];
+                return self.speculative_step(drafts, none).map(|_| ());
             }
             if self.batch.is_empty() {
                 return Ok(());
@@ -766,7 +778,38 @@ impl<M: ModelHandle> Executor<M> {
     /// after it ([`speculative`]). Each row's tokens go through `accept` one by one, so a stop
     /// (id, string, `max_tokens`) inside a draft ends it exactly where plain decoding would;
     /// positions past what a row kept leave its KV cache.
-    fn speculative_step(&mut self, drafts: Vec<Vec<u32>>) -> Result<()> {
+    /// A speculative step whose drafts come from the draft model: it drafts as many tokens as
+    /// the widest budget for every row (rows keep their own budget's worth, rows without one
+    /// none), the target verifies, and the draft caches keep what was accepted.
+    fn draft_model_step(&mut self) -> Result<()> {
+        let budgets: Vec<usize> = self.batch.rows.iter().map(|r| self.draft_budget(r)).collect();
+        let k = budgets.iter().copied().max().unwrap_or(0);
+        let drafter = self.drafter.as_ref().expect("checked by the caller");
+        let batch = &mut self.batch;
+        let drafted = drafter.draft(&mut batch.draft_caches, &mut batch.draft_rows, &mut batch.rows, k)?;
+        let (drafts, qs): (Vec<Vec<u32>>, Vec<Option<Vec<Vec<f32>>>>) = drafted
+            .into_iter()
+            .zip(&budgets)
+            .map(|((mut d, q), &n)| {
+                d.truncate(n);
+                (d, q.map(|mut q| {
+                    q.truncate(n);
+                    q
+                }))
+            })
+            .collect();
+        let accepted = self.speculative_step(drafts, qs)?;
+        // Rows finished by this step left; `accepted` covers the rows of the step, in order.
+        let batch = &mut self.batch;
+        if batch.draft_rows > 0 && accepted.len() == batch.rows.len() {
+            speculative::Drafter::keep(&mut batch.draft_caches, &mut batch.rows, &accepted, k)?;
+        }
+        Ok(())
+    }
+
+    /// Returns how many draft tokens each row of the step accepted, for the rows still in the
+    /// batch (rows that finished are left out).
+    fn speculative_step(&mut self, drafts: Vec<Vec<u32>>, qs: Vec<Option<Vec<Vec<f32>>>>) -> Result<Vec<usize>> {
         let started = Instant::now();
         let rows = self.batch.len();
         let k = drafts.iter().map(Vec::len).max().unwrap_or(0);
@@ -812,6 +855,7 @@ impl<M: ModelHandle> Executor<M> {
         let vocab = *logits.shape().last().unwrap_or(&0) as usize;
         let mut batch = std::mem::take(&mut self.batch);
         let mut trims = vec![0usize; rows];
+        let mut accepted_rows = vec![0usize; rows];
         let mut result = Ok(());
         for b in 0..rows {
             let draft = &drafts[b];
@@ -823,13 +867,17 @@ impl<M: ModelHandle> Executor<M> {
                 let params = batch.rows[b].sampler.params().clone();
                 let probs: Vec<Vec<f32>> =
                     (0..=draft.len()).map(|i| speculative::target_probs(&row[i * vocab..(i + 1) * vocab], &params)).collect();
-                speculative::accept_sampled(&probs, draft, batch.rows[b].sampler.rng())
+                match &qs[b] {
+                    Some(q) => speculative::accept_sampled_q(&probs, q, draft, batch.rows[b].sampler.rng()),
+                    None => speculative::accept_sampled(&probs, draft, batch.rows[b].sampler.rng()),
+                }
             } else {
                 let a = speculative::accept_greedy(&argmax[b * width..(b + 1) * width], draft);
                 (a, argmax[b * width + a])
             };
             self.draft_tokens += draft.len() as u64;
             self.draft_tokens_accepted += accepted as u64;
+            accepted_rows[b] = accepted;
             let lp = match logprobs.get(b).and_then(Option::as_ref).map(as_f32_slice).transpose() {
                 Ok(lp) => lp,
                 Err(e) => {
@@ -853,7 +901,9 @@ impl<M: ModelHandle> Executor<M> {
         self.batch = batch;
         self.timing.host += host.elapsed();
         trimmed?;
-        self.evict_finished()
+        let leaving: Vec<bool> = self.batch.rows.iter().map(|r| r.finish.is_some()).collect();
+        self.evict_finished()?;
+        Ok(accepted_rows.into_iter().zip(leaving).filter(|(_, gone)| !gone).map(|(a, _)| a).collect())
     }
 
     /// Gives row `b` of `batch` its token; a row whose text handling fails is failed alone.

@@ -34,6 +34,7 @@ mod thinking;
 pub use single::{run_single, SingleRow};
 
 pub use self::core::EngineCore;
+pub use speculative::Drafter;
 pub use events::EventSink;
 pub use executor::DecodeMode;
 #[cfg(feature = "faults")]
@@ -154,12 +155,13 @@ impl Engine {
         let (tx, rx) = mpsc::channel();
         let rx = Arc::new(Mutex::new(rx));
         let core_config = config.clone();
+        let drafter = speculative::Drafter::from_config(&config, model.model.info().vocab_size)?;
         let preparer = Preparer::new(&model, config);
         let preparer = if lockstep { preparer.for_lockstep() } else { preparer };
         let (shared_stats, shared_health) = (Arc::clone(&stats), Arc::clone(&health));
         let driver = std::thread::Builder::new()
             .name("weft-engine".into())
-            .spawn(move || driver(EngineCore::new(model, core_config), rx, shared_stats, shared_health))
+            .spawn(move || driver(EngineCore::new(model, core_config).with_drafter(drafter), rx, shared_stats, shared_health))
             .map_err(|e| Error::Mlx(format!("cannot start the engine thread: {e}")))?;
         let front = Front { tx, health, preparer, next_id: AtomicU64::new(1) };
         Ok(Engine { front: Arc::new(front), stats, driver: Some(driver) })

@@ -63,6 +63,8 @@ pub(super) struct Row {
     pub projected_kv_bytes: u64,
     /// The last token, not yet forwarded (host-known rows only; in-flight rows have it on device).
     pub(super) next_input: Option<u32>,
+    /// Tokens of `prompt ++ generated` the draft model's cache holds (speculative decoding).
+    pub(super) draft_fed: usize,
     pub(super) finish: Option<FinishReason>,
     /// What ended a `Stop` finish.
     pub(super) stop: Option<StopCause>,
@@ -295,6 +297,7 @@ impl Row {
             first_logits: Vec::new(),
             projected_kv_bytes,
             next_input: None,
+            draft_fed: 0,
             finish: None,
             stop: None,
             error: None,
