@@ -28,7 +28,6 @@ from mlx_lm.generate import BatchGenerator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_goldens as mg  # noqa: E402
-import make_moe_goldens  # noqa: E402,F401  (patches QuantizedSwitchLinear for mlx 0.32.2)
 
 GDN_MODELS = {
     # qwen3_next: layers 0-2 gated DeltaNet, layer 3 full attention (full_attention_interval 4);
@@ -115,9 +114,7 @@ GDN_MODELS["qwen3_5_moe"] = dict(
 # Quantized experts (SwitchGLU -> QuantizedSwitchLinear -> gather_qmm): qwen3_next and
 # qwen3_5_moe at 4 bits g64 with the router (mlp.gate) and shared_expert_gate at 8 bits (the
 # models' own quant_predicate); moe_intermediate_size 64 so every expert projection quantizes.
-# mlx-lm 0.32.2's QuantizedSwitchLinear passes `global_scale=` to mx.gather_qmm, which MLX
-# 0.32.2 rejects; make_moe_goldens.py's patch (imported below) calls gather_qmm with the same
-# arguments minus that keyword (None in affine mode).
+# mlx-lm's own QuantizedSwitchLinear (gather_qmm with global_scale=None: MLX >= 0.32.3).
 GDN_MODELS["qwen3_next-4bit"] = dict(
     GDN_MODELS["qwen3_next"], seed=2006, quantize=dict(group_size=64, bits=4),
     config=dict(GDN_MODELS["qwen3_next"]["config"], moe_intermediate_size=64),
