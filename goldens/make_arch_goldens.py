@@ -31,7 +31,6 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import make_goldens as mg  # noqa: E402
-import make_moe_goldens  # noqa: E402,F401  (patches QuantizedSwitchLinear for mlx 0.32.2)
 
 
 def llama(**kw):
@@ -214,8 +213,7 @@ MODELS = {
         suffix_scales={"layer_scalar": 0.75, "router.proj.weight": 6.0}),
     # The same shape with 4-bit g64 experts (QuantizedSwitchLinear -> gather_qmm) and an 8-bit
     # router (the model's quant_predicate); moe_intermediate 64 so the experts' down_proj
-    # quantizes too. Through make_moe_goldens.py's patch: mlx-lm 0.32.2 passes global_scale=
-    # to gather_qmm, which mlx 0.32.2 rejects.
+    # quantizes too.
     "gemma4_text-moe-4bit": dict(seed=2111, config=dict(
         _GEMMA4_31B, enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=64),
         scales=dict(embed=0.5, qk=3.0, lm_head=4.0, mlp=2.0),

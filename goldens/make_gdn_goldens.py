@@ -16,11 +16,14 @@ single-sequence oracle. Deterministic: re-running rewrites byte-identical files.
 """
 
 import argparse
+import contextlib
+import math
 import shutil
 import sys
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map_with_path
 
 import mlx_lm.utils as lm_utils
@@ -28,7 +31,6 @@ from mlx_lm.generate import BatchGenerator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_goldens as mg  # noqa: E402
-import make_moe_goldens  # noqa: E402,F401  (patches QuantizedSwitchLinear for mlx 0.32.2)
 
 GDN_MODELS = {
     # qwen3_next: layers 0-2 gated DeltaNet, layer 3 full attention (full_attention_interval 4);
@@ -115,9 +117,7 @@ GDN_MODELS["qwen3_5_moe"] = dict(
 # Quantized experts (SwitchGLU -> QuantizedSwitchLinear -> gather_qmm): qwen3_next and
 # qwen3_5_moe at 4 bits g64 with the router (mlp.gate) and shared_expert_gate at 8 bits (the
 # models' own quant_predicate); moe_intermediate_size 64 so every expert projection quantizes.
-# mlx-lm 0.32.2's QuantizedSwitchLinear passes `global_scale=` to mx.gather_qmm, which MLX
-# 0.32.2 rejects; make_moe_goldens.py's patch (imported below) calls gather_qmm with the same
-# arguments minus that keyword (None in affine mode).
+# mlx-lm's own QuantizedSwitchLinear (gather_qmm with global_scale=None: MLX >= 0.32.3).
 GDN_MODELS["qwen3_next-4bit"] = dict(
     GDN_MODELS["qwen3_next"], seed=2006, quantize=dict(group_size=64, bits=4),
     config=dict(GDN_MODELS["qwen3_next"]["config"], moe_intermediate_size=64),
@@ -158,13 +158,43 @@ def _rescale_gdn(model, scales):
     mx.eval(model.parameters())
 
 
+@contextlib.contextmanager
+def _conv1d_init_of_mlx_0_32_2():
+    """nn.Conv1d's constructor as in MLX 0.32.2, whose init scale is sqrt(1 / (in_channels *
+    kernel)); 0.32.3 divides in_channels by groups, which multiplies the depthwise
+    linear_attn.conv1d kernels by sqrt(conv_dim). The committed models were drawn on 0.32.2 and
+    MLX's forward ops give the same bits on both versions, so keeping the old draw keeps every
+    model and golden here unchanged (goldens/README.md, "The move from MLX 0.32.2 to 0.32.4")."""
+    original = nn.Conv1d.__init__
+
+    def init(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
+             groups=1, bias=True):
+        nn.Module.__init__(self)
+        scale = math.sqrt(1 / (in_channels * kernel_size))
+        self.weight = mx.random.uniform(
+            low=-scale, high=scale, shape=(out_channels, kernel_size, in_channels // groups))
+        if bias:
+            self.bias = mx.zeros((out_channels,))
+        self.padding = padding
+        self.dilation = dilation
+        self.stride = stride
+        self.groups = groups
+
+    nn.Conv1d.__init__ = init
+    try:
+        yield
+    finally:
+        nn.Conv1d.__init__ = original
+
+
 def build(name):
     spec = GDN_MODELS[name]
     cfg = dict(spec["config"])
     cfg = {k: v for k, v in cfg.items() if v is not None}
     model_class, args_class = lm_utils._get_classes(cfg)
     mx.random.seed(spec["seed"])
-    model = model_class(args_class.from_dict(cfg))
+    with _conv1d_init_of_mlx_0_32_2():
+        model = model_class(args_class.from_dict(cfg))
     mg._rescale(model, spec["scales"])
     _rescale_gdn(model, spec["gdn_scales"])
     if spec["dtype"] == "bfloat16":

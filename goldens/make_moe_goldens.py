@@ -31,31 +31,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import make_goldens as mg  # noqa: E402
 import mlx_lm.utils as lm_utils  # noqa: E402
-from mlx_lm.models import switch_layers  # noqa: E402
 
-
-def _patch_quantized_switch_linear():
-    """mlx-lm 0.32.2's QuantizedSwitchLinear passes `global_scale=` to mx.gather_qmm, which the
-    pinned mlx 0.32.2 does not accept (TypeError), so quantized experts cannot run unpatched.
-    For affine mode global_scale is always None: call gather_qmm with the very same arguments
-    minus that keyword (the op, its inputs and flags are unchanged)."""
-    assert mx.__version__ == "0.32.2", "re-check whether the patch is still needed"
-
-    def call(self, x, indices, sorted_indices=False):
-        assert self.global_scale is None and self.mode == "affine"
-        x = mx.gather_qmm(
-            x, self["weight"], self["scales"], self.get("biases"),
-            rhs_indices=indices, transpose=True, group_size=self.group_size, bits=self.bits,
-            mode=self.mode, sorted_indices=sorted_indices,
-        )
-        if "bias" in self:
-            x = x + mx.expand_dims(self["bias"][indices], -2)
-        return x
-
-    switch_layers.QuantizedSwitchLinear.__call__ = call
-
-
-_patch_quantized_switch_linear()
+# Quantized experts run through mlx-lm's own QuantizedSwitchLinear: it passes `global_scale=`
+# to mx.gather_qmm, which MLX accepts from 0.32.3 (the pinned 0.32.2 before did not, and this
+# script patched that call out; the goldens it made are unchanged without the patch).
+assert tuple(map(int, mx.__version__.split(".")[:3])) >= (0, 32, 3), mx.__version__
 
 
 def _cfg(**kw):

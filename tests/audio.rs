@@ -176,8 +176,7 @@ fn tower_and_embedder_match_mlx_vlm_on_the_reference_features() {
         let (dt, _) = max_abs_diff(&to_f32(&enc.tower.index(0)), &to_f32(want_tower));
         let (de, _) = max_abs_diff(&to_f32(&enc.embeddings.index(0)), &to_f32(&g[&format!("{name}.embeddings")]));
         eprintln!("{name}: tower max |diff| {dt:e}, embeddings {de:e}");
-        // Same ops as mlx-vlm in float32: bit-equal, although Weft runs MLX 0.32.2 and the
-        // oracle 0.32.4.
+        // Same ops as mlx-vlm in float32: bit-equal.
         assert!(dt == 0.0 && de == 0.0, "{name}: tower {dt}, embeddings {de}");
     }
 }

@@ -10,7 +10,7 @@ WEFT_BIN="${1:-target/release/weft}"
 OUT_DIR="${OUT_DIR:-.gpu}"
 PART_MB="${PART_MB:-20}"
 CACHE="${WEFT_BUILD_CACHE:-$HOME/.cache/weft/build}"
-WHEEL_DIR="$CACHE/mlx-cuda-13-0.32.2-manylinux_2_35_x86_64"
+WHEEL_DIR="$CACHE/mlx-cuda-13-0.32.4-manylinux_2_35_x86_64"
 [ -f "$WHEEL_DIR/mlx/lib/libmlx.so" ] || { echo "no $WHEEL_DIR: build once with WEFT_MLX_BACKEND=cuda13" >&2; exit 1; }
 mkdir -p "$OUT_DIR/stage" "$OUT_DIR/bundle"
 stage="$OUT_DIR/stage"
@@ -25,7 +25,7 @@ done
 (cd "$stage" && sha256sum libmlx.so.xz) > "$OUT_DIR/bundle/libmlx.so.xz.sha256"
 tar -C "$WHEEL_DIR/mlx" -cJf "$OUT_DIR/bundle/include.tar.xz" include
 tar -C "$WHEEL_DIR" -cJf "$OUT_DIR/bundle/libs.tar.xz" mlx_cuda_13.libs
-for spec in "mlx==0.32.2" "mlx-lm==0.32.2"; do
+for spec in "mlx==0.32.4" "mlx-lm==0.32.2"; do
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_35_x86_64 -d "$OUT_DIR/bundle" "$spec"
 done

@@ -14,7 +14,7 @@ case "$1" in
     B="$(cd "$2" && pwd)"; S="$RT/site"; rm -rf "$S"; mkdir -p "$S"
     cat "$RT"/parts/libmlx.so.xz.* > "$RT/libmlx.so.xz"
     (cd "$RT" && sha256sum -c "$B/libmlx.so.xz.sha256" >/dev/null) || { echo "libmlx parts incomplete" >&2; exit 1; }
-    python3 -m pip install -q --no-index --no-deps --no-compile --target "$S" "$B"/mlx-0.32.2-*.whl "$B"/mlx_lm-0.32.2-*.whl
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$S" "$B"/mlx-0.32.4-*.whl "$B"/mlx_lm-0.32.2-*.whl
     mkdir -p "$S/mlx/lib"
     xz -d -c "$RT/libmlx.so.xz" > "$S/mlx/lib/libmlx.so"
     tar -C "$S/mlx" -xJf "$B/include.tar.xz"

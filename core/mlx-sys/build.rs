@@ -11,7 +11,9 @@
 //!    named by `WEFT_MLX_RUNTIME_PREFIX`. The CUDA wheels' own cmake config needs a CUDA toolkit
 //!    and cuDNN at build time, which a machine that only builds does not have.
 //! 2. mlx-c: the sources inside the registry `mlx-sys` 0.7.0 package, which cargo downloads and
-//!    checksum-verifies via the tiny locked manifest in `fetch/`. Compiled with cmake against (1).
+//!    checksum-verifies via the tiny locked manifest in `fetch/`, copied into OUT_DIR with one
+//!    call patched (`patch_gather_qmm`: mlx-c 0.7.0 wraps MLX 0.32.2, and MLX 0.32.3 inserted
+//!    `gather_qmm`'s `global_scale` parameter). Compiled with cmake against (1).
 //! 3. Weft's CPU kernels (`kernels/`): custom MLX primitives (quantized matmul, RMSNorm, RoPE,
 //!    attention), compiled against the same wheel's C++ headers (C++20, libstdc++), their inner
 //!    loops once per instruction set (chosen at run time).
@@ -23,8 +25,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The MLX version mlx-c 0.7.0 targets (MLX 0.32.3 changed `gather_qmm`'s signature).
-const MLX_VERSION: &str = "0.32.2";
+/// The pinned MLX. mlx-c 0.7.0 targets 0.32.2; the one public-header break since then that
+/// mlx-c meets is `gather_qmm`'s new `global_scale` parameter (0.32.3), patched at build time.
+const MLX_VERSION: &str = "0.32.4";
 
 struct Wheel {
     package: &'static str,
@@ -61,12 +64,12 @@ fn cuda_wheel(backend: Backend) -> Wheel {
         Backend::Cuda13 => Wheel {
             package: "mlx-cuda-13",
             platform: "manylinux_2_35_x86_64",
-            sha256: "335094ccd1c0c6dc3e09c8caba207c8180602bacc0c38ba20c1d81e9456ab394",
+            sha256: "94cb48fba73e5ee39467e51c35c51c691123359ca17bafd1a24cf92ad6732bee",
         },
         Backend::Cuda12 => Wheel {
             package: "mlx-cuda-12",
             platform: "manylinux_2_35_x86_64",
-            sha256: "35445ead9724855826f310b9085d57137d0a2c5381cc293cb6d86b03bb4feadf",
+            sha256: "f385c7af7c1f63a9d6ce3e442e1c9ba881c881bcb45c6534ff8155b359da47e5",
         },
         Backend::Cpu => unreachable!(),
     }
@@ -102,18 +105,18 @@ fn pinned_wheel() -> Option<Wheel> {
         ("linux", "x86_64") => Some(Wheel {
             package: "mlx-cpu",
             platform: "manylinux_2_35_x86_64",
-            sha256: "fc5d31b90fc4f457b2f9614ed45651a567d22a6a11a03d114a90a4e10bdd8878",
+            sha256: "0e0a24fa2ce8b6b94d2e6a90604e8813aa8e29fcb918bb2aa01cfb6d133d8cee",
         }),
         ("linux", "aarch64") => Some(Wheel {
             package: "mlx-cpu",
             platform: "manylinux_2_35_aarch64",
-            sha256: "d0f94625588b51a878786dd51cec5617894ce586cf3c94645ce1b64e24c27c0b",
+            sha256: "1289e85e64af1fd16380bf331438bfe4afe875d27afc3e0bcf35f427c488fadd",
         }),
         // Untested here (no Mac in CI): same layout as the CPU wheel plus mlx.metallib.
         ("macos", "aarch64") => Some(Wheel {
             package: "mlx-metal",
             platform: "macosx_14_0_arm64",
-            sha256: "3825fff379dbc107dd3413e564a06caeaa24819910ec49c0439e454c06a1b9b8",
+            sha256: "8019b2db622599267d66cc168b2f0dbf5af929790a6c3b3913e00eabc42a7947",
         }),
         _ => None,
     }
@@ -242,6 +245,57 @@ fn mlx_c_sources() -> PathBuf {
     fail("could not locate the registry mlx-sys 0.7.0 sources via cargo metadata")
 }
 
+/// Copies the registry mlx-c sources into OUT_DIR/mlx-c (files whose bytes are unchanged are
+/// left alone, so cmake does not rebuild them) and patches `mlx_gather_qmm` for MLX >= 0.32.3.
+fn patched_mlx_c(src: &Path) -> PathBuf {
+    let dst = PathBuf::from(env::var("OUT_DIR").unwrap()).join("mlx-c");
+    copy_tree(src, &dst);
+    let ops = dst.join("mlx/c/ops.cpp");
+    let text = fs::read_to_string(src.join("mlx/c/ops.cpp")).expect("read mlx-c ops.cpp");
+    write_if_changed(&ops, patch_gather_qmm(&text).as_bytes());
+    dst
+}
+
+/// MLX 0.32.3 added `const std::optional<array>& global_scale` between `mode` and
+/// `sorted_indices` in `mlx::core::gather_qmm` (a scale for the nvfp4 mode). mlx-c 0.7.0's
+/// wrapper passes `sorted_indices` there; the C signature (which mlx-rs binds) stays as it is
+/// and the wrapper passes no global scale.
+fn patch_gather_qmm(ops: &str) -> String {
+    let start = ops
+        .find("extern \"C\" int mlx_gather_qmm(")
+        .unwrap_or_else(|| fail("mlx-c ops.cpp: mlx_gather_qmm not found"));
+    let end = start
+        + ops[start..]
+            .find("\n}\n")
+            .unwrap_or_else(|| fail("mlx-c ops.cpp: end of mlx_gather_qmm not found"));
+    let body = &ops[start..end];
+    let from = "std::string(mode),\n            sorted_indices,";
+    if body.matches(from).count() != 1 {
+        fail("mlx-c ops.cpp: mlx_gather_qmm's call to gather_qmm is not the one this patch expects");
+    }
+    let body = body.replace(from, "std::string(mode),\n            std::nullopt,\n            sorted_indices,");
+    format!("{}{}{}", &ops[..start], body, &ops[end..])
+}
+
+fn copy_tree(src: &Path, dst: &Path) {
+    fs::create_dir_all(dst).unwrap();
+    for entry in fs::read_dir(src).unwrap_or_else(|e| fail(format!("read {}: {e}", src.display()))) {
+        let entry = entry.unwrap();
+        let to = dst.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &to);
+        } else {
+            write_if_changed(&to, &fs::read(entry.path()).unwrap());
+        }
+    }
+}
+
+fn write_if_changed(path: &Path, bytes: &[u8]) {
+    if fs::read(path).ok().as_deref() != Some(bytes) {
+        fs::write(path, bytes).unwrap_or_else(|e| fail(format!("write {}: {e}", path.display())));
+    }
+}
+
 fn main() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let shim_dir = manifest_dir.join("shim");
@@ -254,7 +308,7 @@ fn main() {
     let backend = backend();
     let prefix = mlx_prefix();
     let runtime = runtime_prefix(backend, &prefix);
-    let mlx_c = mlx_c_sources();
+    let mlx_c = patched_mlx_c(&mlx_c_sources());
     let target_os = env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
 
     // --- mlx-c (static) against the prebuilt libmlx ---

@@ -576,7 +576,7 @@ extern "C" int weft_gather_qmm(mlx_array* res, const mlx_array x, const mlx_arra
     const bool int_ids = ia.dtype() == mx::uint32 || ia.dtype() == mx::int32;
     if (!int_ids || !supported(xa, wa, sa, ba, group_size, bits, st, true)) {
       mlx_array_set_(*res, mx::gather_qmm(xa, wa, sa, ba, std::nullopt, ia, true, group_size, bits,
-                                          "affine", false, st));
+                                          "affine", /*global_scale=*/std::nullopt, false, st));
       return 0;
     }
     // As gather_qmm: x's batch dimensions broadcast against the indices' shape; each position
