@@ -633,7 +633,14 @@ fn slow_stream_parks_only_its_own_row() {
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&reply));
     let reply: serde_json::Value = serde_json::from_slice(&reply).unwrap();
     assert_eq!(reply["usage"]["completion_tokens"], 40);
-    let s = stats(&server);
+    // The engine publishes its stats after the step that ended the other request, which can
+    // come after the reply's last byte.
+    let settled = Instant::now() + Duration::from_secs(10);
+    let mut s = stats(&server);
+    while s["requests_finished"] == 0 && Instant::now() < settled {
+        std::thread::sleep(Duration::from_millis(20));
+        s = stats(&server);
+    }
     assert_eq!((s["paused_rows"].as_u64(), s["active_rows"].as_u64()), (Some(1), Some(0)), "{s}");
 
     // The slow client reads again: the stream resumes and ends normally.
