@@ -155,7 +155,9 @@ def main():
         threads = args.threads or None
         common = dict(model_path=str(args.model), n_ctx=4096, n_threads=threads, n_threads_batch=threads, verbose=False)
         llm = Llama(**common)
-        llm_spec = Llama(**common, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=args.drafts))
+        # logits_all: llama-cpp-python 0.3.36 sizes its score buffer from this argument, but
+        # a draft model turns logits_all on inside, overrunning a buffer sized for one batch.
+        llm_spec = Llama(**common, logits_all=True, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=args.drafts))
         settings += [("llama.cpp", lambda: llama_turn(llm, messages, args.max_tokens)),
                      (f"llama.cpp +{args.drafts} drafts", lambda: llama_turn(llm_spec, messages, args.max_tokens))]
     try:

@@ -255,13 +255,13 @@ impl<M: ModelHandle> Executor<M> {
     pub fn admit(&mut self, mut sub: Submission, projected_kv_bytes: u64) {
         let images = std::mem::take(&mut sub.images);
         let clips = std::mem::take(&mut sub.audio);
-        // Media reach rows only through `attach_images` / `attach_audio`; a caller of `prepare`
-        // alone (EngineCore users) must not have them dropped silently.
+        // Media reach rows only through `Preparer::prepare`; a submission built by hand
+        // (EngineCore users) must not have them dropped silently.
         let unprepared = (images.is_empty() && !sub.request.images.is_empty())
             || (clips.is_empty() && !sub.request.audio.is_empty());
         let mut row = Row::new(sub, self.tokenizer.as_ref(), projected_kv_bytes);
         if unprepared {
-            return self.fail_row(row, "media: the request's images or audio were not prepared (engine::attach_images / attach_audio)".into());
+            return self.fail_row(row, "media: the request's images or audio were not prepared (engine::Preparer::prepare)".into());
         }
         if !images.is_empty() {
             // The tower runs here, once per request, before the row's first chunk.
