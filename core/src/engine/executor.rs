@@ -867,10 +867,7 @@ impl<M: ModelHandle> Executor<M> {
                 let params = batch.rows[b].sampler.params().clone();
                 let probs: Vec<Vec<f32>> =
                     (0..=draft.len()).map(|i| speculative::target_probs(&row[i * vocab..(i + 1) * vocab], &params)).collect();
-                match &qs[b] {
-                    Some(q) => speculative::accept_sampled_q(&probs, q, draft, batch.rows[b].sampler.rng()),
-                    None => speculative::accept_sampled(&probs, draft, batch.rows[b].sampler.rng()),
-                }
+                speculative::accept_sampled(&probs, qs[b].as_deref(), draft, batch.rows[b].sampler.rng())
             } else {
                 let a = speculative::accept_greedy(&argmax[b * width..(b + 1) * width], draft);
                 (a, argmax[b * width + a])

@@ -194,16 +194,18 @@ impl Preparer {
         let config = EngineConfig { kv_budget_bytes: None, ..self.config.clone() };
         let limits = Limits { info: &info, config: &config };
         let checked = self.check_within(request, limits)?;
-        let mut sub = self.prepare_within(0, checked, Box::new(|_: &super::Event| false), limits, false)?;
-        // Never queued: its sink gets no events.
-        sub.sink.discard();
-        Ok(sub.prompt.len())
+        Ok(self.unqueued_prompt(checked, limits)?.len())
     }
 
     /// The token ids a checked request would prefill (rendered and tokenized as
     /// [`Preparer::prepare`] does, without chat-boundary checkpoints).
     pub fn prompt_ids(&self, checked: CheckedRequest) -> Result<Vec<u32>> {
-        let mut sub = self.prepare_within(0, checked, Box::new(|_: &super::Event| false), self.limits(), false)?;
+        self.unqueued_prompt(checked, self.limits())
+    }
+
+    /// The prompt of a submission prepared only to be looked at, without checkpoints.
+    fn unqueued_prompt(&self, checked: CheckedRequest, limits: Limits<'_>) -> Result<Vec<u32>> {
+        let mut sub = self.prepare_within(0, checked, Box::new(|_: &super::Event| false), limits, false)?;
         // Never queued: its sink gets no events.
         sub.sink.discard();
         Ok(std::mem::take(&mut sub.prompt))

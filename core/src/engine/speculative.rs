@@ -212,36 +212,23 @@ pub(super) fn target_probs(logprobs: &[f32], params: &SamplingParams) -> Vec<f32
     p
 }
 
-/// Rejection sampling of a deterministic draft (`q` one-hot): draft token `d` at position `i`
-/// is accepted with probability `min(1, p_i(d) / q_i(d)) = p_i(d)`; on the first rejection the
-/// next token comes from the residual `max(0, p_i - q_i)` normalized (p_i without `d`); with
-/// every draft token accepted, from `p_{len}` (the bonus). `probs[i]` is `p_i`, one more than
-/// `draft`. Returns (accepted draft tokens, next token).
-pub(super) fn accept_sampled(probs: &[Vec<f32>], draft: &[u32], rng: &mut impl Rng) -> (usize, u32) {
+/// Rejection sampling of a draft: token `d` at position `i` is accepted with probability
+/// `min(1, p_i(d) / q_i(d))`; on the first rejection the next token comes from the residual
+/// `max(0, p_i - q_i)` normalized; with every draft token accepted, from `p_{len}` (the bonus).
+/// `q` holds a draft model's distributions, one per draft token; `None` is a deterministic
+/// draft (prompt lookup: `q_i` all on `d`), whose acceptance is `p_i(d)` and whose residual is
+/// `p_i` without `d`. `probs[i]` is `p_i`, one more than `draft`. Returns (accepted draft
+/// tokens, next token).
+pub(super) fn accept_sampled(probs: &[Vec<f32>], q: Option<&[Vec<f32>]>, draft: &[u32], rng: &mut impl Rng) -> (usize, u32) {
     for (i, &d) in draft.iter().enumerate() {
         let p = &probs[i];
         let pd = p.get(d as usize).copied().unwrap_or(0.0);
-        if rng.random::<f32>() < pd {
-            continue;
-        }
-        return (i, draw(p, Some(d as usize), rng));
-    }
-    (draft.len(), draw(&probs[draft.len()], None, rng))
-}
-
-/// Rejection sampling of a draft drawn from `q` (a draft model's distributions, one per draft
-/// token): token `d` at position `i` is accepted with probability `min(1, p_i(d) / q_i(d))`;
-/// on the first rejection the next token comes from `max(0, p_i - q_i)` normalized; with every
-/// draft token accepted, from `p_{len}`. Returns (accepted draft tokens, next token).
-pub(super) fn accept_sampled_q(probs: &[Vec<f32>], q: &[Vec<f32>], draft: &[u32], rng: &mut impl Rng) -> (usize, u32) {
-    for (i, &d) in draft.iter().enumerate() {
-        let (p, q) = (&probs[i], &q[i]);
-        let pd = p.get(d as usize).copied().unwrap_or(0.0);
-        let qd = q.get(d as usize).copied().unwrap_or(0.0);
+        let qd = q.map_or(1.0, |q| q[i].get(d as usize).copied().unwrap_or(0.0));
         if qd > 0.0 && rng.random::<f32>() * qd < pd {
             continue;
         }
-        let residual: Vec<f32> = p.iter().zip(q).map(|(p, q)| (p - q).max(0.0)).collect();
+        let Some(q) = q else { return (i, draw(p, Some(d as usize), rng)) };
+        let residual: Vec<f32> = p.iter().zip(&q[i]).map(|(p, q)| (p - q).max(0.0)).collect();
         // p == q leaves no residual mass (then a rejection has probability 0 anyway).
         let next = if residual.iter().any(|&x| x > 0.0) { draw(&residual, None, rng) } else { draw(p, None, rng) };
         return (i, next);
@@ -321,7 +308,7 @@ mod tests {
             let mut counts1 = [0usize; 5];
             let mut seconds = 0;
             for _ in 0..n {
-                let (accepted, next) = accept_sampled(&probs, &draft, &mut rng);
+                let (accepted, next) = accept_sampled(&probs, None, &draft, &mut rng);
                 let emitted: Vec<u32> = draft[..accepted].iter().copied().chain([next]).collect();
                 counts0[emitted[0] as usize] += 1;
                 if let Some(&t) = emitted.get(1) {
@@ -361,7 +348,7 @@ mod tests {
             let mut accepted_all = 0;
             for _ in 0..n {
                 let draft = [draw(&q[0], None, &mut rng), draw(&q[1], None, &mut rng)];
-                let (accepted, next) = accept_sampled_q(&p, q, &draft, &mut rng);
+                let (accepted, next) = accept_sampled(&p, Some(q), &draft, &mut rng);
                 accepted_all += usize::from(accepted == 2);
                 let emitted: Vec<u32> = draft[..accepted].iter().copied().chain([next]).collect();
                 for (i, &t) in emitted.iter().take(2).enumerate() {
