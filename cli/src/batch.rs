@@ -42,7 +42,7 @@ pub struct Collector {
 impl Collector {
     pub fn new(model: LoadedModel, config: EngineConfig) -> Result<Self> {
         config.validate_for(model.model.info())?;
-        let drafter = weft::engine::Drafter::from_config(&config, model.model.info().vocab_size)?;
+        let drafter = weft::engine::Drafter::from_config(&config, &model)?;
         let preparer = Preparer::new(&model, config.clone());
         Ok(Collector { core: EngineCore::new(model, config).with_drafter(drafter), rows: Vec::new(), preparer, next_id: 1 })
     }

@@ -155,7 +155,7 @@ impl Engine {
         let (tx, rx) = mpsc::channel();
         let rx = Arc::new(Mutex::new(rx));
         let core_config = config.clone();
-        let drafter = speculative::Drafter::from_config(&config, model.model.info().vocab_size)?;
+        let drafter = speculative::Drafter::from_config(&config, &model)?;
         let preparer = Preparer::new(&model, config);
         let preparer = if lockstep { preparer.for_lockstep() } else { preparer };
         let (shared_stats, shared_health) = (Arc::clone(&stats), Arc::clone(&health));

@@ -22,6 +22,7 @@ use rand::Rng;
 
 use super::row::Row;
 use crate::cache::{self, KvCache};
+use crate::loading::{LoadOptions, LoadedModel};
 use crate::models::LanguageModel;
 use crate::prefill::as_f32_slice;
 use crate::sampling::{filter_logprobs, Sampler, SamplingParams};
@@ -33,17 +34,19 @@ pub struct Drafter {
 }
 
 impl Drafter {
-    /// Loads the draft model at `path`; refuses one whose vocabulary size differs from
-    /// `target_vocab` or whose caches cannot drop rejected positions.
-    pub fn load(path: &Path, target_vocab: i32) -> Result<Drafter> {
-        let loaded = crate::loading::load(path)?;
+    /// Loads the draft model at `path` with `options` (the target's: same kernels); refuses one
+    /// whose vocabulary size differs from `target_vocab` or whose caches cannot drop rejected
+    /// positions.
+    pub fn load(path: &Path, options: &LoadOptions, target_vocab: i32) -> Result<Drafter> {
+        let loaded = crate::loading::load_with(path, options)?;
         Drafter::new(loaded.model, target_vocab)
     }
 
-    /// The draft model `config` names (`EngineConfig::draft_model`), loaded for a model whose
-    /// vocabulary has `target_vocab` tokens.
-    pub fn from_config(config: &super::EngineConfig, target_vocab: i32) -> Result<Option<Drafter>> {
-        config.draft_model.as_deref().map(|p| Drafter::load(p, target_vocab)).transpose()
+    /// The draft model `config` names (`EngineConfig::draft_model`), loaded for `target` with
+    /// its load options.
+    pub fn from_config(config: &super::EngineConfig, target: &LoadedModel) -> Result<Option<Drafter>> {
+        let vocab = target.model.info().vocab_size;
+        config.draft_model.as_deref().map(|p| Drafter::load(p, &target.options, vocab)).transpose()
     }
 
     pub fn new(model: Box<dyn LanguageModel>, target_vocab: i32) -> Result<Drafter> {

@@ -117,6 +117,7 @@ pub fn load(path: &Path, weights: GgufWeights, layers: &LayerOptions) -> Result<
         defaults: GenerationDefaults::default(),
         source: path.to_path_buf(),
         numerics: String::new(),
+        options: Default::default(),
     })
 }
 

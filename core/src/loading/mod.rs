@@ -40,6 +40,9 @@ pub struct LoadedModel {
     pub source: PathBuf,
     /// The load options that change the numbers computed ([`crate::nn::LayerOptions::numerics`]).
     pub numerics: String,
+    /// The options it was loaded with, less the group split: a draft model loads with the same
+    /// kernels as the model it drafts for.
+    pub options: LoadOptions,
 }
 
 impl std::fmt::Debug for LoadedModel {
@@ -150,6 +153,7 @@ pub fn load_with(path: &Path, options: &LoadOptions) -> Result<LoadedModel> {
     };
     layers.check_parallel_taken()?;
     loaded.numerics = layers.numerics();
+    loaded.options = LoadOptions { parallel: None, ..options.clone() };
     Ok(loaded)
 }
 

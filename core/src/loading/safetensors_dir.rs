@@ -44,6 +44,7 @@ pub fn load(dir: &Path, layers: &LayerOptions) -> Result<LoadedModel> {
         defaults: generation.as_ref().map(defaults_from).unwrap_or_default(),
         source: dir.to_path_buf(),
         numerics: String::new(),
+        options: Default::default(),
     })
 }
 

@@ -54,6 +54,9 @@ public final class Engine: Sendable {
         /// Prompt-lookup speculative decoding for requests that name no `numDraftTokens`: draft
         /// up to this many tokens per step, 0 to 64 (0 = off).
         public var numDraftTokens: Int
+        /// A draft model (a local model directory or file sharing the tokenizer) drafts the
+        /// `numDraftTokens` (default 3 when 0) instead of prompt lookup; `nil` = prompt lookup.
+        public var draftModel: String?
 
         public init(
             model: String? = nil,
@@ -71,7 +74,8 @@ public final class Engine: Sendable {
             clearCacheEverySteps: Int? = nil,
             memoryLimitBytes: UInt64? = nil,
             wiredLimitBytes: UInt64? = nil,
-            numDraftTokens: Int = 0
+            numDraftTokens: Int = 0,
+            draftModel: String? = nil
         ) {
             self.model = model
             self.cpuKernels = cpuKernels
@@ -89,6 +93,7 @@ public final class Engine: Sendable {
             self.memoryLimitBytes = memoryLimitBytes
             self.wiredLimitBytes = wiredLimitBytes
             self.numDraftTokens = numDraftTokens
+            self.draftModel = draftModel
         }
 
         /// The options as the request contract's camelCase fields (checked on the Rust side).
@@ -102,6 +107,9 @@ public final class Engine: Sendable {
                 "numDraftTokens": numDraftTokens,
             ]
             o["model"] = model
+            o["draftModel"] = draftModel
+            // With a draft model, 0 leaves the engine's default (3 tokens a step).
+            if draftModel != nil && numDraftTokens == 0 { o["numDraftTokens"] = nil }
             o["cpuKernels"] = cpuKernels
             o["ggufWeights"] = ggufWeights
             o["kvBudgetBytes"] = kvBudgetBytes
@@ -253,7 +261,10 @@ public final class Engine: Sendable {
             promptCacheFilesRefused: Int(clamping: stat("promptCacheFilesRefused")),
             tokensGenerated: stat("tokensGenerated"),
             decodeSteps: stat("decodeSteps"),
-            requestsFinished: stat("requestsFinished")
+            requestsFinished: stat("requestsFinished"),
+            speculativeSteps: stat("speculativeSteps"),
+            draftTokens: stat("draftTokens"),
+            draftTokensAccepted: stat("draftTokensAccepted")
         )
     }
 

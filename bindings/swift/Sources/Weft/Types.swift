@@ -364,6 +364,10 @@ public struct EngineStats: Sendable, Equatable {
     public let tokensGenerated: UInt64
     public let decodeSteps: UInt64
     public let requestsFinished: UInt64
+    /// Speculative decoding: verification steps run, draft tokens proposed and accepted.
+    public let speculativeSteps: UInt64
+    public let draftTokens: UInt64
+    public let draftTokensAccepted: UInt64
 }
 
 /// A prompt-cache entry written by `Engine.savePromptCache` or read by `Engine.loadPromptCache`.

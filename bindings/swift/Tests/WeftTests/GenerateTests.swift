@@ -44,6 +44,25 @@ final class GenerateTests: XCTestCase {
         }
     }
 
+    /// A draft model (here the model drafting for itself) keeps greedy output on the goldens and
+    /// reports its drafts in the stats.
+    func testDraftModelKeepsGreedyGoldens() async throws {
+        let engine = try Engine(options: .init(model: modelDir, maxBatch: 4, draftModel: modelDir))
+        defer { engine.close() }
+        for g in Goldens.shared.singles.prefix(2) {
+            let c = try await engine.complete(promptIds: g.promptIds, options: greedy(g.tokens.count))
+            XCTAssertEqual(c.tokenIds, g.tokens)
+        }
+        try await waitIdle(engine)
+        let s = engine.stats()
+        XCTAssertGreaterThan(s.speculativeSteps, 0)
+        XCTAssertGreaterThan(s.draftTokens, 0)
+        XCTAssertLessThanOrEqual(s.draftTokensAccepted, s.draftTokens)
+        await assertWeftError(.invalidArgument) {
+            try Engine(options: .init(model: modelDir, draftModel: ""))
+        }
+    }
+
     func testCompleteEqualsGoldens() async throws {
         let engine = try Shared.get()
         let g = Goldens.shared.singles[2]

@@ -342,6 +342,9 @@ impl RustEngine {
             "tokensGenerated" => s.tokens_generated,
             "decodeSteps" => s.decode_steps,
             "requestsFinished" => s.requests_finished,
+            "speculativeSteps" => s.speculative_steps,
+            "draftTokens" => s.draft_tokens,
+            "draftTokensAccepted" => s.draft_tokens_accepted,
             _ => 0,
         }
     }
