@@ -86,6 +86,16 @@ BASES = {
                         "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
                         "vocab_size": 32000, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
                         "tie_word_embeddings": False, "max_position_embeddings": 32768},
+    # Qwen3-30B-A3B's layer shape (hidden 2048, 32 query / 4 KV heads of 128, 128 experts of
+    # width 768, 8 active, vocab 151936) with 24 of its 48 layers, so the bfloat16 weights made
+    # before quantizing (~30 GB) fit an 80 GB card.
+    "qwen3-moe-a3b": {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"],
+                      "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
+                      "num_hidden_layers": 24, "num_attention_heads": 32, "num_key_value_heads": 4,
+                      "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8,
+                      "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
+                      "vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+                      "tie_word_embeddings": False, "max_position_embeddings": 40960},
     # Qwen3.5-4B's published shape (hidden 2560, 32 layers, 16 query / 4 KV heads of 256,
     # vocab 248320); the DeltaNet head counts (16 key / 32 value heads of 128) and the MLP width
     # (9216) are Qwen3-Next's ratios, not read from the released config.
