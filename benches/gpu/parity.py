@@ -35,12 +35,27 @@ def mlx_lm_batch_tokens(model, prompts, n):
     return [out[u] for u in uids]
 
 
-def weft_tokens(a, path, prompts):
+def weft_run(a, path, prompts):
     cmd = [a.weft, "generate", "-m", path, "--max-tokens", str(a.tokens), "--no-eos", "--json"]
     for p in prompts:
         cmd += ["--prompt-ids", ",".join(map(str, p))]
-    out = json.loads(subprocess.check_output(cmd))
+    return json.loads(subprocess.check_output(cmd))
+
+
+def weft_tokens(a, path, prompts):
+    out = weft_run(a, path, prompts)
     return [r["tokens"] for r in out.get("rows", [out])]
+
+
+def first_step_gap(model, prompt, weft_logits):
+    """Max |difference| of the first step's leading logits (`weft generate --json` reports the
+    first few; Weft's single run vs mlx-lm's forward over the prompt), and mlx-lm's top-1 minus
+    top-2 logit: a token differing where that gap is about the size of the difference is a near
+    tie between kernels, not a wrong model."""
+    ref = model(mx.array(prompt)[None])[0, -1].astype(mx.float32)
+    got = mx.array(weft_logits, dtype=mx.float32)
+    top2 = mx.sort(ref)[-2:]
+    return mx.max(mx.abs(got - ref[: got.size])).item(), (top2[1] - top2[0]).item()
 
 
 def main():
@@ -58,7 +73,12 @@ def main():
         rng = random.Random(7)
         prompts = [[rng.randrange(1, vocab) for _ in range(rng.randrange(4, 40))] for _ in range(a.rows)]
         single_ref = [mlx_lm_tokens(model, p, a.tokens) for p in prompts]
-        single = [weft_tokens(a, path, [p])[0] for p in prompts]
+        runs = [weft_run(a, path, [p]) for p in prompts]
+        single = [r["tokens"] for r in runs]
+        gaps = [first_step_gap(model, p, r["first_logits"]) for p, r in zip(prompts, runs) if r.get("first_logits")]
+        if gaps:
+            print(f"{path} first step: max |dlogit| (leading) {max(g[0] for g in gaps):.3g}, "
+                  f"mlx-lm top1-top2 gaps {[round(g[1], 4) for g in gaps]}")
         batch_ref = mlx_lm_batch_tokens(model, prompts, a.tokens)
         batch = weft_tokens(a, path, prompts)
         for kind, got, ref in (("single", single, single_ref), ("batched", batch, batch_ref)):
