@@ -29,5 +29,12 @@ for spec in "mlx==0.32.4" "mlx-lm==0.32.2"; do
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_35_x86_64 -d "$OUT_DIR/bundle" "$spec"
 done
+# MLX's CUDA JIT includes the crt/ headers, a package of their own from CUDA 13 on: one per
+# minor version, unpack.sh picks the machine's.
+mkdir -p "$OUT_DIR/bundle/crt"
+for minor in 0 1 2 3 4 5; do
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux2014_x86_64 -d "$OUT_DIR/bundle/crt" "nvidia-cuda-crt==13.$minor.*"
+done
 xz -9 -T0 -c "$WEFT_BIN" > "$OUT_DIR/bundle/weft.xz"
 ls -la "$OUT_DIR"/part-* "$OUT_DIR/bundle"

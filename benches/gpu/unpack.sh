@@ -20,7 +20,19 @@ case "$1" in
     tar -C "$S/mlx" -xJf "$B/include.tar.xz"
     tar -C "$S" -xJf "$B/libs.tar.xz"
     NV="$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null)/nvidia"
-    ln -sfn "$NV" "$S/nvidia"
+    # $S/nvidia mirrors the machine's tree with links, plus the crt/ headers of its CUDA runtime
+    # version (the pip runtime of CUDA 13 lacks them; MLX's JIT kernels include them).
+    mkdir -p "$S/nvidia/cu13/include"
+    for e in "$NV"/*; do [ "$(basename "$e")" = cu13 ] || ln -sfn "$e" "$S/nvidia/"; done
+    for e in "$NV"/cu13/*; do [ "$(basename "$e")" = include ] || ln -sfn "$e" "$S/nvidia/cu13/"; done
+    for e in "$NV"/cu13/include/*; do ln -sfn "$e" "$S/nvidia/cu13/include/"; done
+    if [ ! -e "$S/nvidia/cu13/include/crt/mma.h" ]; then
+      minor=$(ls -d "$NV"/../nvidia_cuda_runtime*.dist-info 2>/dev/null | grep -o '13\.[0-9]*' | head -1)
+      crt=$(ls "$B"/crt/nvidia_cuda_crt-"${minor:-13.0}".*.whl 2>/dev/null | tail -1)
+      [ -n "$crt" ] || crt=$(ls "$B"/crt/*.whl | tail -1)
+      rm -f "$S/nvidia/cu13/include/crt"; T="$(mktemp -d)"; python3 -m zipfile -e "$crt" "$T"
+      cp -r "$T/nvidia/cu13/include/crt" "$S/nvidia/cu13/include/"; echo "crt headers from $(basename "$crt")"
+    fi
     xz -d -c "$B/weft.xz" > "$RT/weft"; chmod +x "$RT/weft"
     echo "assembled in $S (nvidia -> $NV)" ;;
   *) echo "usage: unpack.sh stash DIR | assemble BUNDLE" >&2; exit 2 ;;
