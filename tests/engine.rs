@@ -1296,10 +1296,16 @@ fn cached_entries_give_way_to_admitted_rows_under_the_kv_budget() {
 #[test]
 fn a_saved_prompt_cache_entry_serves_a_new_engine_exactly() {
     use weft::tokenizer::ChatMessage;
-    let config = EngineConfig { prompt_cache_bytes: 64 << 20, ..Default::default() };
-    let cold_config = EngineConfig { prompt_cache_bytes: 0, ..Default::default() };
-    // A hybrid model (recurrent state: only whole checkpoints are reusable) and full attention.
-    for tiny in ["qwen3_5", "llama-fp32"] {
+    let plain = EngineConfig { prompt_cache_bytes: 64 << 20, ..Default::default() };
+    let kv8 = EngineConfig { kv_bits: Some(8), kv_group_size: 32, ..plain.clone() };
+    // Quantized only from 10,000 positions: the entries hold full-precision KV under the policy.
+    let kv4_late = EngineConfig { kv_bits: Some(4), kv_group_size: 32, quantized_kv_start: 10_000, ..plain.clone() };
+    // A hybrid model (recurrent state: only whole checkpoints are reusable) and full attention,
+    // with full-precision and quantized KV.
+    for (tiny, config) in [("qwen3_5", plain.clone()), ("llama-fp32", plain), ("llama-fp32", kv8.clone()), ("qwen3_5", kv8), ("qwen3_5", kv4_late)] {
+        let cold_config = EngineConfig { prompt_cache_bytes: 0, ..config.clone() };
+        let tiny_name = format!("{tiny} kv_bits={:?}", config.kv_bits);
+        let tiny = tiny_name.as_str().split(' ').next().unwrap();
         let dir = tempfile::tempdir().unwrap();
         let model = chatml_model(tiny, dir.path());
         let files = tempfile::tempdir().unwrap();
@@ -1307,14 +1313,14 @@ fn a_saved_prompt_cache_entry_serves_a_new_engine_exactly() {
         let system = ChatMessage::new("system", &agent_system_prompt(1200));
         let first_turn = vec![system.clone(), ChatMessage::new("user", "List the files.")];
         let first = Engine::start(loading::load(&model).unwrap(), config.clone()).unwrap();
-        assert_eq!(first.save_prompt_cache_entry(None, &latest).unwrap(), None, "{tiny}: nothing cached yet");
+        assert_eq!(first.save_prompt_cache_entry(None, &latest).unwrap(), None, "{tiny_name}: nothing cached yet");
         chat_turn(&first, &first_turn, 6);
         // The preamble: what a request starting with the system message reuses.
         let preamble_prompt = Request::new(Input::Messages(vec![system.clone()]));
         let pre = first.save_prompt_cache_entry(Some(preamble_prompt), &preamble).unwrap().expect("an entry for the system prompt");
-        assert!(pre.tokens > 200 && pre.bytes > 0, "{tiny}: {pre:?}");
+        assert!(pre.tokens > 200 && pre.bytes > 0, "{tiny_name}: {pre:?}");
         let whole = first.save_prompt_cache_entry(None, &latest).unwrap().expect("the latest entry");
-        assert!(whole.tokens > pre.tokens, "{tiny}: {whole:?} {pre:?}");
+        assert!(whole.tokens > pre.tokens, "{tiny_name}: {whole:?} {pre:?}");
         first.shutdown();
 
         // A new engine loads the preamble: another conversation with that system prompt
@@ -1325,8 +1331,8 @@ fn a_saved_prompt_cache_entry_serves_a_new_engine_exactly() {
         let (warm, _) = chat_turn(&second, &other_turn, 6);
         let cold = Engine::start(loading::load(&model).unwrap(), cold_config.clone()).unwrap();
         let (want, _) = chat_turn(&cold, &other_turn, 6);
-        assert_eq!(warm.tokens, want.tokens, "{tiny}");
-        assert_eq!(warm.usage.cached_tokens, pre.tokens, "{tiny}: {:?}", warm.usage);
+        assert_eq!(warm.tokens, want.tokens, "{tiny_name}");
+        assert_eq!(warm.usage.cached_tokens, pre.tokens, "{tiny_name}: {:?}", warm.usage);
         let stats = settled_stats(&second, |s| s.prompt_cache_hits >= 1);
         assert!(stats.prompt_cache_files_refused.is_empty(), "{stats:?}");
         if tiny == "llama-fp32" {
@@ -1375,12 +1381,27 @@ fn prompt_cache_entry_files_are_refused_with_why() {
     let off = Engine::start(loading::load(&model).unwrap(), EngineConfig { prompt_cache_bytes: 0, ..Default::default() }).unwrap();
     assert!(matches!(off.load_prompt_cache_entry(&file).unwrap_err(), weft::Error::Unsupported(_)));
     assert!(matches!(off.save_prompt_cache_entry(None, &file).unwrap_err(), weft::Error::Unsupported(_)));
-    // Quantized KV is not saved (yet): refused, naming the layer.
+    // An entry of quantized KV names its settings: an engine with other KV quantization (or
+    // none) refuses it, and a quantized engine refuses a full-precision entry.
     let kv8 = EngineConfig { prompt_cache_bytes: 64 << 20, kv_bits: Some(8), kv_group_size: 32, ..Default::default() };
-    let quantized = Engine::start(loading::load(&model).unwrap(), kv8).unwrap();
+    let quantized = Engine::start(loading::load(&model).unwrap(), kv8.clone()).unwrap();
     chat_turn(&quantized, &[ChatMessage::new("user", &agent_system_prompt(300))], 4);
-    let err = quantized.save_prompt_cache_entry(None, &files.path().join("q.safetensors")).unwrap_err();
-    assert!(matches!(&err, weft::Error::Unsupported(m) if m.contains("layer 0")), "{err}");
+    let q_file = files.path().join("q.safetensors");
+    quantized.save_prompt_cache_entry(None, &q_file).unwrap().unwrap();
+    let err = engine.load_prompt_cache_entry(&q_file).unwrap_err().to_string();
+    assert!(err.contains("saved with KV quantization bits=8 group_size=32 start=0, this engine's is none"), "{err}");
+    let err = quantized.load_prompt_cache_entry(&file).unwrap_err().to_string();
+    assert!(err.contains("saved with KV quantization none, this engine's is bits=8 group_size=32 start=0"), "{err}");
+    let kv4 = Engine::start(loading::load(&model).unwrap(), EngineConfig { kv_bits: Some(4), ..kv8 }).unwrap();
+    let err = kv4.load_prompt_cache_entry(&q_file).unwrap_err().to_string();
+    assert!(err.contains("this engine's is bits=4 group_size=32 start=0"), "{err}");
+    // A file of the older format (no KV quantization named) is refused, saying so.
+    let mut old = bytes.clone();
+    let at = old.windows(19).position(|w| w == b"weft-prompt-cache/2").unwrap();
+    old[at + 18] = b'1';
+    std::fs::write(&bad, &old).unwrap();
+    let err = engine.load_prompt_cache_entry(&bad).unwrap_err().to_string();
+    assert!(err.contains("older Weft prompt-cache format"), "{err}");
     // The file is intact: a fresh engine still loads it.
     let fresh = Engine::start(loading::load(&model).unwrap(), EngineConfig { prompt_cache_bytes: 64 << 20, ..Default::default() }).unwrap();
     assert_eq!(fresh.load_prompt_cache_entry(&file).unwrap(), saved);

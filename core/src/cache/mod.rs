@@ -209,7 +209,7 @@ pub trait KvCache: Any + Send {
         false
     }
     /// A single-sequence cache's contents, to save to a file ([`import`] rebuilds it); `None`
-    /// for kinds that are not saved (batched and quantized caches).
+    /// for kinds that are not saved (batched caches).
     fn export(&self) -> Option<CacheParts> {
         None
     }
@@ -238,6 +238,16 @@ pub fn import(parts: CacheParts) -> Result<Box<dyn KvCache>> {
         "kv" => Box::new(KvCacheSingle::from_keys_values(array("keys").ok_or_else(bad)?, array("values").ok_or_else(bad)?)),
         "rotating" => Box::new(RotatingKvCache::from_saved(array("keys"), array("values"), int(0)?, int(1)?, int(2)?)),
         "recurrent" => Box::new(RecurrentCache::from_saved(array("conv"), array("ssm"), int(0)?)),
+        "quantized" => {
+            let q = KvQuantization { bits: int(0)?, group_size: int(1)?, start: 0 };
+            q.validate(None)?;
+            Box::new(QuantizedKvCache::from_saved(&arrays, q.group_size, q.bits).ok_or_else(bad)?)
+        }
+        "quantizing" => {
+            let q = KvQuantization { bits: int(0)?, group_size: int(1)?, start: int(2)? as usize };
+            q.validate(None)?;
+            Box::new(QuantizingKvCache::from_saved(q, int(3)? != 0, &arrays).ok_or_else(bad)?)
+        }
         other => return Err(Error::InvalidRequest(format!("a saved cache of unknown kind {other:?}"))),
     })
 }
