@@ -1149,6 +1149,52 @@ fn chat_checkpoints_are_prepared_only_for_models_that_take_them() {
     assert!(!on && checkpoints.is_empty(), "{checkpoints:?}");
 }
 
+/// An agent that retries its last message, or drops its last turns, shares with the previous
+/// request only a prefix ending at an earlier message: on caches that cannot be cut back
+/// (recurrent state, a wrapped sliding-window ring) the checkpoint at that message's end serves
+/// it, exactly.
+#[test]
+fn edited_or_dropped_last_messages_reuse_the_latest_earlier_message_checkpoint() {
+    use weft::tokenizer::ChatMessage;
+    let msg = |role: &str, text: &str| ChatMessage::new(role, text);
+    for tiny in ["qwen3_5", "gemma3-text"] {
+        let dir = tempfile::tempdir().unwrap();
+        let model = chatml_model(tiny, dir.path());
+        let cached = Engine::start(loading::load(&model).unwrap(), EngineConfig { prompt_cache_bytes: 64 << 20, ..Default::default() }).unwrap();
+        let cold = Engine::start(loading::load(&model).unwrap(), EngineConfig { prompt_cache_bytes: 0, ..Default::default() }).unwrap();
+        let loaded = loading::load(&model).unwrap();
+        let tok = loaded.tokenizer.as_ref().unwrap();
+        // Where the conversation up to message `k` ends, as the template renders it.
+        let end_of = |messages: &[ChatMessage], k: usize| {
+            tok.encode(&tok.chat_template().unwrap().render(&messages[..k], false).unwrap(), false).unwrap().len()
+        };
+        // A conversation sent whole (a client resuming it): its earlier messages are checkpointed.
+        let history = vec![
+            msg("system", &agent_system_prompt(600)),
+            msg("user", "List the files."),
+            msg("assistant", "README.md, src/main.rs and tests/run.rs."),
+            msg("user", "Read src/main.rs and summarize it in detail, function by function."),
+            msg("assistant", "It parses the arguments, reads the configuration file and starts the server loop."),
+            msg("user", "Now run the tests."),
+        ];
+        let turns: [(&str, Vec<ChatMessage>, usize); 3] = [
+            ("the first request", history.clone(), 0),
+            // The last message retried with other words: the end of the answer before it.
+            ("the last message edited", [&history[..5], &[msg("user", "Run only the fast tests.")]].concat(), 5),
+            // The last two turns dropped and another question asked: the end of the first answer.
+            ("the last turns dropped", [&history[..3], &[msg("user", "Which file is the largest?")]].concat(), 3),
+        ];
+        for (what, messages, shared) in turns {
+            let (warm, _) = chat_turn(&cached, &messages, 6);
+            let (want, _) = chat_turn(&cold, &messages, 6);
+            assert_eq!(warm.tokens, want.tokens, "{tiny}: {what}");
+            let expect = if shared == 0 { 0 } else { end_of(&messages, shared) };
+            assert!(expect < warm.usage.prompt_tokens, "{tiny}: {what}");
+            assert_eq!(warm.usage.cached_tokens, expect, "{tiny}: {what}: reused {:?}", warm.usage);
+        }
+    }
+}
+
 #[test]
 fn multi_turn_chats_with_real_templates_reuse_the_previous_turn() {
     // Gemma 4's own template over sliding-window layers (window 8) and KV-shared layers.
