@@ -101,6 +101,11 @@ pub trait BatchRows {
     fn filter_rows(&mut self, keep: &[usize]) -> Result<()>;
     /// Row `row` as a single-sequence cache.
     fn extract_row(&self, row: usize) -> Result<Box<dyn KvCache>>;
+    /// The only row of a one-row batch that is dropped next, as a single-sequence cache: kinds
+    /// that can hand their storage over whole (no copy of the history) do; the rest extract.
+    fn take_only_row(&mut self) -> Result<Box<dyn KvCache>> {
+        self.extract_row(0)
+    }
     /// Whether [`BatchRows::trim_rows`] works on this kind (speculative decoding needs it; a
     /// recurrent state or a ring cannot forget tokens, so those models do not speculate).
     fn trims_rows(&self) -> bool {
@@ -299,6 +304,12 @@ pub fn trim_rows(caches: &mut [Box<dyn KvCache>], n: &[usize]) -> Result<()> {
 /// batched ([`BatchRows::trim_rows`]).
 pub fn trims_rows(fresh: Vec<Box<dyn KvCache>>) -> bool {
     fresh.into_iter().all(|c| c.into_batched().ok().and_then(|b| b.batch_rows_ref().map(|r| r.trims_rows())).unwrap_or(false))
+}
+
+/// The only row of every layer's one-row batched cache, which is dropped next
+/// ([`BatchRows::take_only_row`]).
+pub fn take_only_row(caches: &mut [Box<dyn KvCache>]) -> Result<Vec<Box<dyn KvCache>>> {
+    caches.iter_mut().map(|c| batch_of(c.as_mut())?.take_only_row()).collect()
 }
 
 /// Row `row` of every layer's batched cache, as single-sequence caches.

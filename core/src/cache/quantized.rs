@@ -730,6 +730,15 @@ impl BatchRows for QuantizingKvCache {
         };
         Ok(Box::new(self.wrap(single)?))
     }
+
+    fn take_only_row(&mut self) -> Result<Box<dyn KvCache>> {
+        let single = match &mut self.form {
+            Form::FullBatch(c) => c.take_only_row()?,
+            Form::QuantizedBatch(c) => c.extract_row(0)?,
+            _ => return Err(Error::Unsupported("this cache is not batched (into_batched first)".into())),
+        };
+        Ok(Box::new(self.wrap(single)?))
+    }
 }
 
 impl KvCache for QuantizingKvCache {
