@@ -1240,7 +1240,11 @@ fn prompt_cache_entries_saved_to_disk_survive_a_restart_and_damaged_files_are_re
     use weft::tokenizer::ChatMessage;
     // A ring of sliding-window layers is saved in its storage order, and restored so.
     let gemma_dir = tempfile::tempdir().unwrap();
-    assert_restart_reuses(&chatml_model("gemma3-text", gemma_dir.path()));
+    assert_restart_reuses(&chatml_model("gemma3-text", gemma_dir.path()), EngineConfig::default());
+    // Quantized KV is saved as its packed triples, under the KV quantization it was made with.
+    let llama_dir = tempfile::tempdir().unwrap();
+    let kv8 = EngineConfig { kv_bits: Some(8), kv_group_size: 32, ..Default::default() };
+    assert_restart_reuses(&chatml_model("llama-fp32", llama_dir.path()), kv8);
     let model_dir = tempfile::tempdir().unwrap();
     let model = chatml_model("qwen3_5", model_dir.path());
     let files = tempfile::tempdir().unwrap();
@@ -1294,10 +1298,10 @@ fn prompt_cache_entries_saved_to_disk_survive_a_restart_and_damaged_files_are_re
 
 /// Turn 1 on an engine saving to a directory, turn 2 on a new engine loading it: turn 2 reuses
 /// over 90% of its prompt and equals a cold run.
-fn assert_restart_reuses(model: &std::path::Path) {
+fn assert_restart_reuses(model: &std::path::Path, base: EngineConfig) {
     use weft::tokenizer::ChatMessage;
     let files = tempfile::tempdir().unwrap();
-    let config = EngineConfig { prompt_cache_bytes: 64 << 20, prompt_cache_dir: Some(files.path().to_path_buf()), ..Default::default() };
+    let config = EngineConfig { prompt_cache_bytes: 64 << 20, prompt_cache_dir: Some(files.path().to_path_buf()), ..base.clone() };
     let mut messages = vec![ChatMessage::new("system", &agent_system_prompt(1200)), ChatMessage::new("user", "Go.")];
     let first = Engine::start(loading::load(model).unwrap(), config.clone()).unwrap();
     let (_, answer) = chat_turn(&first, &messages, 6);
@@ -1306,7 +1310,8 @@ fn assert_restart_reuses(model: &std::path::Path) {
     messages.push(ChatMessage::new("user", "Next."));
     let second = Engine::start(loading::load(model).unwrap(), config).unwrap();
     let (warm, _) = chat_turn(&second, &messages, 6);
-    let cold = Engine::start(loading::load(model).unwrap(), EngineConfig { prompt_cache_bytes: 0, ..Default::default() }).unwrap();
+    assert!(second.stats().prompt_cache_files_refused.is_empty(), "{:?}", second.stats().prompt_cache_files_refused);
+    let cold = Engine::start(loading::load(model).unwrap(), EngineConfig { prompt_cache_bytes: 0, ..base }).unwrap();
     let (want, _) = chat_turn(&cold, &messages, 6);
     assert_eq!(warm.tokens, want.tokens, "{}", model.display());
     assert!(warm.usage.cached_tokens * 10 >= warm.usage.prompt_tokens * 9, "{}: {:?}", model.display(), warm.usage);
