@@ -1121,18 +1121,19 @@ fn chat_checkpoints_are_prepared_only_for_models_that_take_them() {
     use weft::tokenizer::ChatMessage;
     let messages = vec![ChatMessage::new("system", &agent_system_prompt(300)), ChatMessage::new("user", "List the files.")];
     let cached = EngineConfig { prompt_cache_bytes: 64 << 20, ..Default::default() };
-    let prepared = |tiny: &str, config: &EngineConfig, lockstep: bool| {
+    let prepared_with = |tiny: &str, config: &EngineConfig, lockstep: bool, messages: &[ChatMessage]| {
         let dir = tempfile::tempdir().unwrap();
         let model = loading::load(&chatml_model(tiny, dir.path())).unwrap();
         let prep = Preparer::new(&model, config.clone());
         let prep = if lockstep { prep.for_lockstep() } else { prep };
-        let sub = prep.submission(1, Request::new(Input::Messages(messages.clone())), Box::new(|_: &Event| true)).unwrap();
+        let sub = prep.submission(1, Request::new(Input::Messages(messages.to_vec())), Box::new(|_: &Event| true)).unwrap();
         // Where the system prompt ends, as the template renders it alone.
         let tok = model.tokenizer.as_ref().unwrap();
         let system = tok.chat_template().unwrap().render(&messages[..1], false).unwrap();
         let system_end = tok.encode(&system, false).unwrap().len();
         (prep.checkpointing(), sub.checkpoints.clone(), system_end, sub.prompt.len())
     };
+    let prepared = |tiny: &str, config: &EngineConfig, lockstep: bool| prepared_with(tiny, config, lockstep, &messages);
     // Full attention: a finished row's entry is cut back to any shared prefix, no checkpoints.
     let (on, checkpoints, _, _) = prepared("llama-fp32", &cached, false);
     assert!(!on && checkpoints.is_empty(), "{checkpoints:?}");
@@ -1142,6 +1143,22 @@ fn chat_checkpoints_are_prepared_only_for_models_that_take_them() {
     assert_eq!(checkpoints.len(), 2, "{checkpoints:?}");
     assert_eq!(checkpoints[0], system_end);
     assert!(checkpoints[1] > system_end && checkpoints[1] < prompt_len, "{checkpoints:?} of {prompt_len}");
+    // A long conversation: the system prompt, the latest 4 earlier messages and the last one.
+    let mut long = messages.clone();
+    for i in 0..10 {
+        long.push(ChatMessage::new("assistant", &format!("Answer {i}.")));
+        long.push(ChatMessage::new("user", &format!("Question {i}?")));
+    }
+    let (_, checkpoints, system_end, prompt_len) = prepared_with("qwen3_5", &cached, false, &long);
+    assert_eq!(checkpoints.len(), 6, "{checkpoints:?}");
+    assert_eq!(checkpoints[0], system_end);
+    assert!(checkpoints.windows(2).all(|w| w[0] < w[1]) && checkpoints[5] < prompt_len, "{checkpoints:?}");
+    // The latest boundaries: nothing between the system prompt and the 4th-last earlier message.
+    let tok_dir = tempfile::tempdir().unwrap();
+    let model = loading::load(&chatml_model("qwen3_5", tok_dir.path())).unwrap();
+    let tok = model.tokenizer.as_ref().unwrap();
+    let end_of = |k: usize| tok.encode(&tok.chat_template().unwrap().render(&long[..k], false).unwrap(), false).unwrap().len();
+    assert_eq!(checkpoints[1..], [end_of(long.len() - 4), end_of(long.len() - 3), end_of(long.len() - 2), end_of(long.len() - 1), end_of(long.len())]);
     // The prompt cache off, or rank 0 of a rank group (followers never learn the boundaries).
     let off = EngineConfig { prompt_cache_bytes: 0, ..Default::default() };
     assert!(prepared("qwen3_5", &off, false).1.is_empty());
