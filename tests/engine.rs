@@ -1121,18 +1121,19 @@ fn chat_checkpoints_are_prepared_only_for_models_that_take_them() {
     use weft::tokenizer::ChatMessage;
     let messages = vec![ChatMessage::new("system", &agent_system_prompt(300)), ChatMessage::new("user", "List the files.")];
     let cached = EngineConfig { prompt_cache_bytes: 64 << 20, ..Default::default() };
-    let prepared = |tiny: &str, config: &EngineConfig, lockstep: bool| {
+    let prepared_with = |tiny: &str, config: &EngineConfig, lockstep: bool, messages: &[ChatMessage]| {
         let dir = tempfile::tempdir().unwrap();
         let model = loading::load(&chatml_model(tiny, dir.path())).unwrap();
         let prep = Preparer::new(&model, config.clone());
         let prep = if lockstep { prep.for_lockstep() } else { prep };
-        let sub = prep.submission(1, Request::new(Input::Messages(messages.clone())), Box::new(|_: &Event| true)).unwrap();
+        let sub = prep.submission(1, Request::new(Input::Messages(messages.to_vec())), Box::new(|_: &Event| true)).unwrap();
         // Where the system prompt ends, as the template renders it alone.
         let tok = model.tokenizer.as_ref().unwrap();
         let system = tok.chat_template().unwrap().render(&messages[..1], false).unwrap();
         let system_end = tok.encode(&system, false).unwrap().len();
         (prep.checkpointing(), sub.checkpoints.clone(), system_end, sub.prompt.len())
     };
+    let prepared = |tiny: &str, config: &EngineConfig, lockstep: bool| prepared_with(tiny, config, lockstep, &messages);
     // Full attention: a finished row's entry is cut back to any shared prefix, no checkpoints.
     let (on, checkpoints, _, _) = prepared("llama-fp32", &cached, false);
     assert!(!on && checkpoints.is_empty(), "{checkpoints:?}");
@@ -1142,11 +1143,73 @@ fn chat_checkpoints_are_prepared_only_for_models_that_take_them() {
     assert_eq!(checkpoints.len(), 2, "{checkpoints:?}");
     assert_eq!(checkpoints[0], system_end);
     assert!(checkpoints[1] > system_end && checkpoints[1] < prompt_len, "{checkpoints:?} of {prompt_len}");
+    // A long conversation: the system prompt, the latest 4 earlier messages and the last one.
+    let mut long = messages.clone();
+    for i in 0..10 {
+        long.push(ChatMessage::new("assistant", &format!("Answer {i}.")));
+        long.push(ChatMessage::new("user", &format!("Question {i}?")));
+    }
+    let (_, checkpoints, system_end, prompt_len) = prepared_with("qwen3_5", &cached, false, &long);
+    assert_eq!(checkpoints.len(), 6, "{checkpoints:?}");
+    assert_eq!(checkpoints[0], system_end);
+    assert!(checkpoints.windows(2).all(|w| w[0] < w[1]) && checkpoints[5] < prompt_len, "{checkpoints:?}");
+    // The latest boundaries: nothing between the system prompt and the 4th-last earlier message.
+    let tok_dir = tempfile::tempdir().unwrap();
+    let model = loading::load(&chatml_model("qwen3_5", tok_dir.path())).unwrap();
+    let tok = model.tokenizer.as_ref().unwrap();
+    let end_of = |k: usize| tok.encode(&tok.chat_template().unwrap().render(&long[..k], false).unwrap(), false).unwrap().len();
+    assert_eq!(checkpoints[1..], [end_of(long.len() - 4), end_of(long.len() - 3), end_of(long.len() - 2), end_of(long.len() - 1), end_of(long.len())]);
     // The prompt cache off, or rank 0 of a rank group (followers never learn the boundaries).
     let off = EngineConfig { prompt_cache_bytes: 0, ..Default::default() };
     assert!(prepared("qwen3_5", &off, false).1.is_empty());
     let (on, checkpoints, _, _) = prepared("qwen3_5", &cached, true);
     assert!(!on && checkpoints.is_empty(), "{checkpoints:?}");
+}
+
+/// An agent that retries its last message, or drops its last turns, shares with the previous
+/// request only a prefix ending at an earlier message: on caches that cannot be cut back
+/// (recurrent state, a wrapped sliding-window ring) the checkpoint at that message's end serves
+/// it, exactly.
+#[test]
+fn edited_or_dropped_last_messages_reuse_the_latest_earlier_message_checkpoint() {
+    use weft::tokenizer::ChatMessage;
+    let msg = |role: &str, text: &str| ChatMessage::new(role, text);
+    for tiny in ["qwen3_5", "gemma3-text"] {
+        let dir = tempfile::tempdir().unwrap();
+        let model = chatml_model(tiny, dir.path());
+        let cached = Engine::start(loading::load(&model).unwrap(), EngineConfig { prompt_cache_bytes: 64 << 20, ..Default::default() }).unwrap();
+        let cold = Engine::start(loading::load(&model).unwrap(), EngineConfig { prompt_cache_bytes: 0, ..Default::default() }).unwrap();
+        let loaded = loading::load(&model).unwrap();
+        let tok = loaded.tokenizer.as_ref().unwrap();
+        // Where the conversation up to message `k` ends, as the template renders it.
+        let end_of = |messages: &[ChatMessage], k: usize| {
+            tok.encode(&tok.chat_template().unwrap().render(&messages[..k], false).unwrap(), false).unwrap().len()
+        };
+        // A conversation sent whole (a client resuming it): its earlier messages are checkpointed.
+        let history = vec![
+            msg("system", &agent_system_prompt(600)),
+            msg("user", "List the files."),
+            msg("assistant", "README.md, src/main.rs and tests/run.rs."),
+            msg("user", "Read src/main.rs and summarize it in detail, function by function."),
+            msg("assistant", "It parses the arguments, reads the configuration file and starts the server loop."),
+            msg("user", "Now run the tests."),
+        ];
+        let turns: [(&str, Vec<ChatMessage>, usize); 3] = [
+            ("the first request", history.clone(), 0),
+            // The last message retried with other words: the end of the answer before it.
+            ("the last message edited", [&history[..5], &[msg("user", "Run only the fast tests.")]].concat(), 5),
+            // The last two turns dropped and another question asked: the end of the first answer.
+            ("the last turns dropped", [&history[..3], &[msg("user", "Which file is the largest?")]].concat(), 3),
+        ];
+        for (what, messages, shared) in turns {
+            let (warm, _) = chat_turn(&cached, &messages, 6);
+            let (want, _) = chat_turn(&cold, &messages, 6);
+            assert_eq!(warm.tokens, want.tokens, "{tiny}: {what}");
+            let expect = if shared == 0 { 0 } else { end_of(&messages, shared) };
+            assert!(expect < warm.usage.prompt_tokens, "{tiny}: {what}");
+            assert_eq!(warm.usage.cached_tokens, expect, "{tiny}: {what}: reused {:?}", warm.usage);
+        }
+    }
 }
 
 #[test]
@@ -1194,7 +1257,11 @@ fn prompt_cache_entries_saved_to_disk_survive_a_restart_and_damaged_files_are_re
     use weft::tokenizer::ChatMessage;
     // A ring of sliding-window layers is saved in its storage order, and restored so.
     let gemma_dir = tempfile::tempdir().unwrap();
-    assert_restart_reuses(&chatml_model("gemma3-text", gemma_dir.path()));
+    assert_restart_reuses(&chatml_model("gemma3-text", gemma_dir.path()), EngineConfig::default());
+    // Quantized KV is saved as its packed triples, under the KV quantization it was made with.
+    let llama_dir = tempfile::tempdir().unwrap();
+    let kv8 = EngineConfig { kv_bits: Some(8), kv_group_size: 32, ..Default::default() };
+    assert_restart_reuses(&chatml_model("llama-fp32", llama_dir.path()), kv8);
     let model_dir = tempfile::tempdir().unwrap();
     let model = chatml_model("qwen3_5", model_dir.path());
     let files = tempfile::tempdir().unwrap();
@@ -1248,10 +1315,10 @@ fn prompt_cache_entries_saved_to_disk_survive_a_restart_and_damaged_files_are_re
 
 /// Turn 1 on an engine saving to a directory, turn 2 on a new engine loading it: turn 2 reuses
 /// over 90% of its prompt and equals a cold run.
-fn assert_restart_reuses(model: &std::path::Path) {
+fn assert_restart_reuses(model: &std::path::Path, base: EngineConfig) {
     use weft::tokenizer::ChatMessage;
     let files = tempfile::tempdir().unwrap();
-    let config = EngineConfig { prompt_cache_bytes: 64 << 20, prompt_cache_dir: Some(files.path().to_path_buf()), ..Default::default() };
+    let config = EngineConfig { prompt_cache_bytes: 64 << 20, prompt_cache_dir: Some(files.path().to_path_buf()), ..base.clone() };
     let mut messages = vec![ChatMessage::new("system", &agent_system_prompt(1200)), ChatMessage::new("user", "Go.")];
     let first = Engine::start(loading::load(model).unwrap(), config.clone()).unwrap();
     let (_, answer) = chat_turn(&first, &messages, 6);
@@ -1260,7 +1327,8 @@ fn assert_restart_reuses(model: &std::path::Path) {
     messages.push(ChatMessage::new("user", "Next."));
     let second = Engine::start(loading::load(model).unwrap(), config).unwrap();
     let (warm, _) = chat_turn(&second, &messages, 6);
-    let cold = Engine::start(loading::load(model).unwrap(), EngineConfig { prompt_cache_bytes: 0, ..Default::default() }).unwrap();
+    assert!(second.stats().prompt_cache_files_refused.is_empty(), "{:?}", second.stats().prompt_cache_files_refused);
+    let cold = Engine::start(loading::load(model).unwrap(), EngineConfig { prompt_cache_bytes: 0, ..base }).unwrap();
     let (want, _) = chat_turn(&cold, &messages, 6);
     assert_eq!(warm.tokens, want.tokens, "{}", model.display());
     assert!(warm.usage.cached_tokens * 10 >= warm.usage.prompt_tokens * 9, "{}: {:?}", model.display(), warm.usage);
@@ -1296,10 +1364,16 @@ fn cached_entries_give_way_to_admitted_rows_under_the_kv_budget() {
 #[test]
 fn a_saved_prompt_cache_entry_serves_a_new_engine_exactly() {
     use weft::tokenizer::ChatMessage;
-    let config = EngineConfig { prompt_cache_bytes: 64 << 20, ..Default::default() };
-    let cold_config = EngineConfig { prompt_cache_bytes: 0, ..Default::default() };
-    // A hybrid model (recurrent state: only whole checkpoints are reusable) and full attention.
-    for tiny in ["qwen3_5", "llama-fp32"] {
+    let plain = EngineConfig { prompt_cache_bytes: 64 << 20, ..Default::default() };
+    let kv8 = EngineConfig { kv_bits: Some(8), kv_group_size: 32, ..plain.clone() };
+    // Quantized only from 10,000 positions: the entries hold full-precision KV under the policy.
+    let kv4_late = EngineConfig { kv_bits: Some(4), kv_group_size: 32, quantized_kv_start: 10_000, ..plain.clone() };
+    // A hybrid model (recurrent state: only whole checkpoints are reusable) and full attention,
+    // with full-precision and quantized KV.
+    for (tiny, config) in [("qwen3_5", plain.clone()), ("llama-fp32", plain), ("llama-fp32", kv8.clone()), ("qwen3_5", kv8), ("qwen3_5", kv4_late)] {
+        let cold_config = EngineConfig { prompt_cache_bytes: 0, ..config.clone() };
+        let tiny_name = format!("{tiny} kv_bits={:?}", config.kv_bits);
+        let tiny = tiny_name.as_str().split(' ').next().unwrap();
         let dir = tempfile::tempdir().unwrap();
         let model = chatml_model(tiny, dir.path());
         let files = tempfile::tempdir().unwrap();
@@ -1307,14 +1381,14 @@ fn a_saved_prompt_cache_entry_serves_a_new_engine_exactly() {
         let system = ChatMessage::new("system", &agent_system_prompt(1200));
         let first_turn = vec![system.clone(), ChatMessage::new("user", "List the files.")];
         let first = Engine::start(loading::load(&model).unwrap(), config.clone()).unwrap();
-        assert_eq!(first.save_prompt_cache_entry(None, &latest).unwrap(), None, "{tiny}: nothing cached yet");
+        assert_eq!(first.save_prompt_cache_entry(None, &latest).unwrap(), None, "{tiny_name}: nothing cached yet");
         chat_turn(&first, &first_turn, 6);
         // The preamble: what a request starting with the system message reuses.
         let preamble_prompt = Request::new(Input::Messages(vec![system.clone()]));
         let pre = first.save_prompt_cache_entry(Some(preamble_prompt), &preamble).unwrap().expect("an entry for the system prompt");
-        assert!(pre.tokens > 200 && pre.bytes > 0, "{tiny}: {pre:?}");
+        assert!(pre.tokens > 200 && pre.bytes > 0, "{tiny_name}: {pre:?}");
         let whole = first.save_prompt_cache_entry(None, &latest).unwrap().expect("the latest entry");
-        assert!(whole.tokens > pre.tokens, "{tiny}: {whole:?} {pre:?}");
+        assert!(whole.tokens > pre.tokens, "{tiny_name}: {whole:?} {pre:?}");
         first.shutdown();
 
         // A new engine loads the preamble: another conversation with that system prompt
@@ -1325,8 +1399,8 @@ fn a_saved_prompt_cache_entry_serves_a_new_engine_exactly() {
         let (warm, _) = chat_turn(&second, &other_turn, 6);
         let cold = Engine::start(loading::load(&model).unwrap(), cold_config.clone()).unwrap();
         let (want, _) = chat_turn(&cold, &other_turn, 6);
-        assert_eq!(warm.tokens, want.tokens, "{tiny}");
-        assert_eq!(warm.usage.cached_tokens, pre.tokens, "{tiny}: {:?}", warm.usage);
+        assert_eq!(warm.tokens, want.tokens, "{tiny_name}");
+        assert_eq!(warm.usage.cached_tokens, pre.tokens, "{tiny_name}: {:?}", warm.usage);
         let stats = settled_stats(&second, |s| s.prompt_cache_hits >= 1);
         assert!(stats.prompt_cache_files_refused.is_empty(), "{stats:?}");
         if tiny == "llama-fp32" {
@@ -1375,12 +1449,27 @@ fn prompt_cache_entry_files_are_refused_with_why() {
     let off = Engine::start(loading::load(&model).unwrap(), EngineConfig { prompt_cache_bytes: 0, ..Default::default() }).unwrap();
     assert!(matches!(off.load_prompt_cache_entry(&file).unwrap_err(), weft::Error::Unsupported(_)));
     assert!(matches!(off.save_prompt_cache_entry(None, &file).unwrap_err(), weft::Error::Unsupported(_)));
-    // Quantized KV is not saved (yet): refused, naming the layer.
+    // An entry of quantized KV names its settings: an engine with other KV quantization (or
+    // none) refuses it, and a quantized engine refuses a full-precision entry.
     let kv8 = EngineConfig { prompt_cache_bytes: 64 << 20, kv_bits: Some(8), kv_group_size: 32, ..Default::default() };
-    let quantized = Engine::start(loading::load(&model).unwrap(), kv8).unwrap();
+    let quantized = Engine::start(loading::load(&model).unwrap(), kv8.clone()).unwrap();
     chat_turn(&quantized, &[ChatMessage::new("user", &agent_system_prompt(300))], 4);
-    let err = quantized.save_prompt_cache_entry(None, &files.path().join("q.safetensors")).unwrap_err();
-    assert!(matches!(&err, weft::Error::Unsupported(m) if m.contains("layer 0")), "{err}");
+    let q_file = files.path().join("q.safetensors");
+    quantized.save_prompt_cache_entry(None, &q_file).unwrap().unwrap();
+    let err = engine.load_prompt_cache_entry(&q_file).unwrap_err().to_string();
+    assert!(err.contains("saved with KV quantization bits=8 group_size=32 start=0, this engine's is none"), "{err}");
+    let err = quantized.load_prompt_cache_entry(&file).unwrap_err().to_string();
+    assert!(err.contains("saved with KV quantization none, this engine's is bits=8 group_size=32 start=0"), "{err}");
+    let kv4 = Engine::start(loading::load(&model).unwrap(), EngineConfig { kv_bits: Some(4), ..kv8 }).unwrap();
+    let err = kv4.load_prompt_cache_entry(&q_file).unwrap_err().to_string();
+    assert!(err.contains("this engine's is bits=4 group_size=32 start=0"), "{err}");
+    // A file of the older format (no KV quantization named) is refused, saying so.
+    let mut old = bytes.clone();
+    let at = old.windows(19).position(|w| w == b"weft-prompt-cache/2").unwrap();
+    old[at + 18] = b'1';
+    std::fs::write(&bad, &old).unwrap();
+    let err = engine.load_prompt_cache_entry(&bad).unwrap_err().to_string();
+    assert!(err.contains("older Weft prompt-cache format"), "{err}");
     // The file is intact: a fresh engine still loads it.
     let fresh = Engine::start(loading::load(&model).unwrap(), EngineConfig { prompt_cache_bytes: 64 << 20, ..Default::default() }).unwrap();
     assert_eq!(fresh.load_prompt_cache_entry(&file).unwrap(), saved);

@@ -250,6 +250,17 @@ impl BatchRows for BatchKvCache {
         Ok(Box::new(KvCacheSingle::from_keys_values(k.contiguous()?, v.contiguous()?)))
     }
 
+    /// A lone row without left padding or holes hands its storage over (the history is not
+    /// copied; the spare capacity goes with it).
+    fn take_only_row(&mut self) -> Result<Box<dyn KvCache>> {
+        if self.rows() == 1 && self.left_padding[0] == 0 && self.holes[0].is_empty() {
+            if let (Some(k), Some(v)) = (self.keys.take(), self.values.take()) {
+                return Ok(Box::new(KvCacheSingle::from_storage(k, v, self.idx)));
+            }
+        }
+        self.extract_row(0)
+    }
+
     fn trims_rows(&self) -> bool {
         true
     }
@@ -432,5 +443,34 @@ mod tests {
         assert_eq!(*r1.last().unwrap(), (100 + 200 + 300 - 1 - COMPACT_HOLES) as f32);
         assert_eq!(offsets(&c), vec![305, 305 - COMPACT_HOLES]);
         assert_eq!(c.idx, 305);
+    }
+
+    /// A lone row leaving hands its storage over (no copy): the same positions as an
+    /// extraction, and the spare capacity goes along for the next write.
+    #[test]
+    fn a_lone_row_takes_the_storage_whole() {
+        let mut c = BatchKvCache::from_single(KvCacheSingle::new()).unwrap();
+        c.update_and_fetch(&cols(1, 0, 5), &cols(1, 0, 5)).unwrap();
+        let want = row(&c, 0);
+        let capacity = c.keys.as_ref().unwrap().dim(2);
+        assert!(capacity > 5);
+        let mut taken = c.take_only_row().unwrap().into_any().downcast::<KvCacheSingle>().unwrap();
+        assert_eq!(taken.len(), 5);
+        let (k, _) = taken.storage().unwrap();
+        assert_eq!(k.dim(2), capacity, "the storage itself, not a copy of its rows");
+        let (k, _) = taken.keys_values().unwrap();
+        k.eval().unwrap();
+        assert_eq!(k.as_slice::<f32>(), want);
+        taken.update_and_fetch(&cols(1, 5, 2), &cols(1, 5, 2)).unwrap();
+        let (k, _) = taken.keys_values().unwrap();
+        k.eval().unwrap();
+        assert_eq!(k.as_slice::<f32>(), [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        // Rows with left padding are extracted as before.
+        let mut two = BatchKvCache::from_single(KvCacheSingle::new()).unwrap();
+        two.extend_rows(Box::new(BatchKvCache::from_single(KvCacheSingle::new()).unwrap())).unwrap();
+        two.update_and_fetch(&cols(2, 0, 3), &cols(2, 0, 3)).unwrap();
+        two.filter_rows(&[1]).unwrap();
+        let taken = two.take_only_row().unwrap();
+        assert_eq!(taken.len(), 3);
     }
 }

@@ -30,6 +30,12 @@ impl KvCacheSingle {
         Some((self.keys.clone()?, self.values.clone()?))
     }
 
+    /// A cache whose first `offset` columns of this storage (capacity beyond them included)
+    /// are its keys and values: a batch's storage handed over whole, without a copy.
+    pub(crate) fn from_storage(keys: Array, values: Array, offset: i32) -> Self {
+        KvCacheSingle { keys: Some(keys), values: Some(values), offset }
+    }
+
     /// A cache holding exactly these `[B, H, len, D]` keys and values.
     pub fn from_keys_values(keys: Array, values: Array) -> Self {
         let offset = keys.dim(2);

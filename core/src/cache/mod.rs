@@ -101,6 +101,11 @@ pub trait BatchRows {
     fn filter_rows(&mut self, keep: &[usize]) -> Result<()>;
     /// Row `row` as a single-sequence cache.
     fn extract_row(&self, row: usize) -> Result<Box<dyn KvCache>>;
+    /// The only row of a one-row batch that is dropped next, as a single-sequence cache: kinds
+    /// that can hand their storage over whole (no copy of the history) do; the rest extract.
+    fn take_only_row(&mut self) -> Result<Box<dyn KvCache>> {
+        self.extract_row(0)
+    }
     /// Whether [`BatchRows::trim_rows`] works on this kind (speculative decoding needs it; a
     /// recurrent state or a ring cannot forget tokens, so those models do not speculate).
     fn trims_rows(&self) -> bool {
@@ -209,7 +214,7 @@ pub trait KvCache: Any + Send {
         false
     }
     /// A single-sequence cache's contents, to save to a file ([`import`] rebuilds it); `None`
-    /// for kinds that are not saved (batched and quantized caches).
+    /// for kinds that are not saved (batched caches).
     fn export(&self) -> Option<CacheParts> {
         None
     }
@@ -238,6 +243,16 @@ pub fn import(parts: CacheParts) -> Result<Box<dyn KvCache>> {
         "kv" => Box::new(KvCacheSingle::from_keys_values(array("keys").ok_or_else(bad)?, array("values").ok_or_else(bad)?)),
         "rotating" => Box::new(RotatingKvCache::from_saved(array("keys"), array("values"), int(0)?, int(1)?, int(2)?)),
         "recurrent" => Box::new(RecurrentCache::from_saved(array("conv"), array("ssm"), int(0)?)),
+        "quantized" => {
+            let q = KvQuantization { bits: int(0)?, group_size: int(1)?, start: 0 };
+            q.validate(None)?;
+            Box::new(QuantizedKvCache::from_saved(&arrays, q.group_size, q.bits).ok_or_else(bad)?)
+        }
+        "quantizing" => {
+            let q = KvQuantization { bits: int(0)?, group_size: int(1)?, start: int(2)? as usize };
+            q.validate(None)?;
+            Box::new(QuantizingKvCache::from_saved(q, int(3)? != 0, &arrays).ok_or_else(bad)?)
+        }
         other => return Err(Error::InvalidRequest(format!("a saved cache of unknown kind {other:?}"))),
     })
 }
@@ -289,6 +304,12 @@ pub fn trim_rows(caches: &mut [Box<dyn KvCache>], n: &[usize]) -> Result<()> {
 /// batched ([`BatchRows::trim_rows`]).
 pub fn trims_rows(fresh: Vec<Box<dyn KvCache>>) -> bool {
     fresh.into_iter().all(|c| c.into_batched().ok().and_then(|b| b.batch_rows_ref().map(|r| r.trims_rows())).unwrap_or(false))
+}
+
+/// The only row of every layer's one-row batched cache, which is dropped next
+/// ([`BatchRows::take_only_row`]).
+pub fn take_only_row(caches: &mut [Box<dyn KvCache>]) -> Result<Vec<Box<dyn KvCache>>> {
+    caches.iter_mut().map(|c| batch_of(c.as_mut())?.take_only_row()).collect()
 }
 
 /// Row `row` of every layer's batched cache, as single-sequence caches.

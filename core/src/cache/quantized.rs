@@ -215,6 +215,29 @@ impl QuantizedKvCache {
         self.offset += keys.dim(2);
         Ok((k, v))
     }
+
+    /// A cache holding exactly these `[1, H, len, *]` triples (as [`KvCache::export`] names
+    /// them: `{keys,values}.{weights,scales,biases}`); `None` when one is missing or their
+    /// lengths disagree.
+    pub(crate) fn from_saved(arrays: &[(String, Array)], group_size: i32, bits: i32) -> Option<Self> {
+        let triple = |what: &str| -> Option<Quantized> {
+            let part = |p: &str| arrays.iter().find(|(n, _)| *n == format!("{what}.{p}")).map(|(_, a)| a.clone());
+            let q = [part("weights")?, part("scales")?, part("biases")?];
+            (q.iter().all(|a| a.ndim() == 4 && a.dim(2) == q[0].dim(2))).then_some(q)
+        };
+        let (keys, values) = (triple("keys")?, triple("values")?);
+        let offset = keys[0].dim(2);
+        (values[0].dim(2) == offset).then_some(QuantizedKvCache { keys: Some(keys), values: Some(values), offset, group_size, bits })
+    }
+
+    fn export_arrays(&self) -> Option<Vec<(String, Array)>> {
+        let (k, v) = self.keys_values()?;
+        let named = |what: &str, q: Quantized| {
+            let [w, s, b] = q;
+            [(format!("{what}.weights"), w), (format!("{what}.scales"), s), (format!("{what}.biases"), b)]
+        };
+        Some(named("keys", k).into_iter().chain(named("values", v)).collect())
+    }
 }
 
 impl AttentionCache for QuantizedKvCache {
@@ -274,6 +297,11 @@ impl KvCache for QuantizedKvCache {
 
     fn always_trims(&self) -> bool {
         true
+    }
+
+    fn export(&self) -> Option<super::CacheParts> {
+        let ints = vec![self.bits as i64, self.group_size as i64];
+        Some(super::CacheParts { kind: "quantized".into(), arrays: self.export_arrays()?, ints })
     }
 
     fn duplicate(&self) -> Box<dyn KvCache> {
@@ -601,6 +629,23 @@ impl QuantizingKvCache {
         Ok(())
     }
 
+    /// A cache saved by [`KvCache::export`] under policy `q`: full precision (`keys`,
+    /// `values`) or quantized (as [`QuantizedKvCache`] names its triples); `None` when the
+    /// arrays do not make one.
+    pub(crate) fn from_saved(q: KvQuantization, quantized: bool, arrays: &[(String, Array)]) -> Option<Self> {
+        let form = if quantized {
+            Form::Quantized(QuantizedKvCache::from_saved(arrays, q.group_size, q.bits)?)
+        } else {
+            let array = |name: &str| arrays.iter().find(|(n, _)| n == name).map(|(_, a)| a.clone());
+            let (k, v) = (array("keys")?, array("values")?);
+            if k.ndim() != 4 || v.ndim() != 4 || k.dim(2) != v.dim(2) {
+                return None;
+            }
+            Form::Full(KvCacheSingle::from_keys_values(k, v))
+        };
+        Some(QuantizingKvCache { q, form })
+    }
+
     fn wrap(&self, cache: Box<dyn KvCache>) -> Result<Self> {
         let any = cache.into_any();
         let form = match any.downcast::<KvCacheSingle>() {
@@ -685,6 +730,15 @@ impl BatchRows for QuantizingKvCache {
         };
         Ok(Box::new(self.wrap(single)?))
     }
+
+    fn take_only_row(&mut self) -> Result<Box<dyn KvCache>> {
+        let single = match &mut self.form {
+            Form::FullBatch(c) => c.take_only_row()?,
+            Form::QuantizedBatch(c) => c.extract_row(0)?,
+            _ => return Err(Error::Unsupported("this cache is not batched (into_batched first)".into())),
+        };
+        Ok(Box::new(self.wrap(single)?))
+    }
 }
 
 impl KvCache for QuantizingKvCache {
@@ -721,6 +775,18 @@ impl KvCache for QuantizingKvCache {
             Form::Quantized(c) => c.trim(n),
             Form::QuantizedBatch(c) => c.trim(n),
         }
+    }
+
+    /// Kind `quantizing`: the policy (`bits`, `group_size`, `start`, whether converted yet) in
+    /// the integers, the full-precision or quantized arrays as the inner cache names them.
+    fn export(&self) -> Option<super::CacheParts> {
+        let (quantized, arrays) = match &self.form {
+            Form::Full(c) => (0, c.export()?.arrays),
+            Form::Quantized(c) => (1, c.export_arrays()?),
+            _ => return None,
+        };
+        let ints = vec![self.q.bits as i64, self.q.group_size as i64, self.q.start as i64, quantized];
+        Some(super::CacheParts { kind: "quantizing".into(), arrays, ints })
     }
 
     fn into_batched(self: Box<Self>) -> Result<Box<dyn KvCache>> {

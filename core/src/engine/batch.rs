@@ -109,15 +109,19 @@ impl RunningBatch {
             return Ok(Vec::new());
         }
         let keep: Vec<usize> = (0..self.rows.len()).filter(|&i| !removing[i]).collect();
-        let extracted: Vec<Option<Vec<Box<dyn KvCache>>>> = self
-            .rows
-            .iter()
-            .enumerate()
-            .map(|(i, r)| match (&self.caches, removing[i] && extract(r)) {
-                (Some(caches), true) => cache::extract_row(caches, i).ok(),
-                _ => None,
-            })
-            .collect();
+        let extracting: Vec<bool> = self.rows.iter().enumerate().map(|(i, r)| removing[i] && extract(r)).collect();
+        let extracted: Vec<Option<Vec<Box<dyn KvCache>>>> = match self.caches.as_mut() {
+            // A lone row leaving takes the batch's storage whole: the batch is dropped below.
+            Some(caches) if extracting == [true] => vec![cache::take_only_row(caches).ok()],
+            _ => extracting
+                .iter()
+                .enumerate()
+                .map(|(i, &x)| match (&self.caches, x) {
+                    (Some(caches), true) => cache::extract_row(caches, i).ok(),
+                    _ => None,
+                })
+                .collect(),
+        };
         if let Some(f) = self.in_flight.as_mut() {
             let kept: Vec<u32> = keep.iter().filter(|&&i| i < f.rows).map(|&i| i as u32).collect();
             if kept.is_empty() {

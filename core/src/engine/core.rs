@@ -30,8 +30,9 @@ pub struct EngineCore {
     prompt_cache_ceiling: Option<u64>,
     loaded_files: Vec<PathBuf>,
     refused_files: Vec<String>,
-    /// The model's source and numerics, which name the entries it saves ([`CacheIdentity::of`]).
-    identity_of: (PathBuf, String),
+    /// The model's source and numerics and the KV quantization, which name the entries it
+    /// saves ([`CacheIdentity::of`]).
+    identity_of: (PathBuf, String, Option<crate::cache::KvQuantization>),
 }
 
 impl EngineCore {
@@ -43,8 +44,12 @@ impl EngineCore {
         let faults = Faults::default();
         let constraints = model.constraints;
         let (prompt_cache_bytes, prompt_cache_ceiling) = super::memory::prompt_cache_capacity(&config);
-        let persist = config.prompt_cache_dir.clone().map(|dir| (dir, CacheIdentity::of(&model.source, &model.numerics)));
-        let identity_of = (model.source.clone(), model.numerics.clone());
+        let kv = config.kv_quantization();
+        let persist = config
+            .prompt_cache_dir
+            .clone()
+            .map(|dir| (dir, CacheIdentity::of(&model.source, &model.numerics).with_kv_quantization(kv.as_ref())));
+        let identity_of = (model.source.clone(), model.numerics.clone(), kv);
         let executor = Executor::new(model.model, model.tokenizer, config.prefill_step_size, prompt_cache_bytes)
             .with_kv_quantization(config.kv_quantization())
             .with_decode_mode(config.decode)
@@ -116,8 +121,7 @@ impl EngineCore {
         }
     }
 
-    /// Writes the prompt cache's entries to its directory (kinds that are not saved, such as
-    /// quantized KV, are left out) and removes the files of entries it loaded and since evicted.
+    /// Writes the prompt cache's entries to its directory and removes the files of entries it loaded and since evicted.
     pub fn save_prompt_cache(&mut self) {
         let Some((dir, id)) = &self.persist else { return };
         if std::fs::create_dir_all(dir).is_err() {
@@ -142,7 +146,7 @@ impl EngineCore {
     fn identity(&self) -> CacheIdentity {
         match &self.persist {
             Some((_, id)) => id.clone(),
-            None => CacheIdentity::of(&self.identity_of.0, &self.identity_of.1),
+            None => CacheIdentity::of(&self.identity_of.0, &self.identity_of.1).with_kv_quantization(self.identity_of.2.as_ref()),
         }
     }
 

@@ -3,8 +3,9 @@
 //! because chunked prefill is (mlx-lm's goldens show chunk boundaries don't change logits).
 //!
 //! Entries come from finished rows (their whole sequence) and from checkpoints taken while a
-//! row prefills ([`super::executor`]): at the chat boundaries the next turn shares (end of
-//! the system prompt, end of the last message) and at the end of the prefill. Caches that
+//! row prefills ([`super::executor`]): at the chat boundaries the next turns share (end of
+//! the system prompt, of the latest earlier messages and of the last message) and at the end
+//! of the prefill. Caches that
 //! cannot drop positions (recurrent state of linear-attention layers, a sliding-window ring
 //! that has wrapped) are reused only when the whole entry is a prefix of the new prompt, never
 //! trimmed to a shorter one: the checkpoints give such models entries that are.
@@ -201,13 +202,21 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
-/// Prompt positions a conversation's next turn shares with this one, where the prompt cache
-/// checkpoints the row while it prefills: the end of the system prompt (with its tools) and the
-/// end of the last message (before the generation prompt, which the next turn replaces with
-/// the answer as its template renders it: a thinking template that drops the reasoning from
-/// history still shares this much). Each is found by rendering the conversation up to that
-/// message without the generation prompt and keeping it only if its tokens are a prefix of
-/// `prompt` (a template that renders a shorter conversation differently gives none).
+/// Earlier messages (before the last) whose ends are checkpointed, the latest first: an agent
+/// that retries or edits its last turns resumes from one of these. Each checkpoint holds a copy
+/// of the row's caches and cuts a prefill chunk, so a long conversation sent whole gets only
+/// the latest few; all of them are entries under the prompt cache's one byte ceiling.
+pub(super) const EARLIER_MESSAGE_CHECKPOINTS: usize = 4;
+
+/// Prompt positions a conversation's next turns share with this one, where the prompt cache
+/// checkpoints the row while it prefills: the end of the system prompt (with its tools), the
+/// ends of the latest [`EARLIER_MESSAGE_CHECKPOINTS`] earlier messages (a next turn that edits
+/// or drops the last messages) and the end of the last message (before the generation prompt,
+/// which the next turn replaces with the answer as its template renders it: a thinking
+/// template that drops the reasoning from history still shares this much). Each is found by
+/// rendering the conversation up to that message without the generation prompt and keeping it
+/// only if its tokens are a prefix of `prompt` (a template that renders a shorter conversation
+/// differently gives none).
 pub(super) fn chat_checkpoints(
     template: &crate::tokenizer::ChatTemplate,
     messages: &[crate::tokenizer::ChatMessage],
@@ -225,8 +234,8 @@ pub(super) fn chat_checkpoints(
             _ => return Vec::new(),
         },
     };
-    let mut cuts = vec![messages.len()];
-    if messages.len() > 1 && matches!(messages[0].role.as_str(), "system" | "developer") {
+    let mut cuts: Vec<usize> = (1..=messages.len()).rev().take(EARLIER_MESSAGE_CHECKPOINTS + 1).collect();
+    if messages.len() > 1 && matches!(messages[0].role.as_str(), "system" | "developer") && !cuts.contains(&1) {
         cuts.push(1);
     }
     let mut found: Vec<usize> = cuts

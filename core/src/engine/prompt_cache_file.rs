@@ -16,17 +16,22 @@ use sha2::{Digest, Sha256};
 use crate::cache::{self, CacheParts, KvCache};
 use crate::{Error, Result};
 
-const FORMAT: &str = "weft-prompt-cache/1";
+const FORMAT: &str = "weft-prompt-cache/2";
+/// Format 1 had no `kv_quantization` field (it saved no quantized KV): refused, saying so.
+const OLD_FORMATS: &[&str] = &["weft-prompt-cache/1"];
 /// Written first, then overwritten in place with the data's checksum (same length).
 const PLACEHOLDER: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
 /// What a saved entry is valid for: fingerprints of the model's files, of its tokenizer's and
-/// of the load options that change its numbers.
+/// of the load options that change its numbers, and the engine's KV quantization (its caches'
+/// kind and contents depend on it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CacheIdentity {
     pub model: String,
     pub tokenizer: String,
     pub numerics: String,
+    /// `none`, or `bits=B group_size=G start=S` ([`CacheIdentity::with_kv_quantization`]).
+    pub kv_quantization: String,
 }
 
 impl CacheIdentity {
@@ -57,7 +62,21 @@ impl CacheIdentity {
             model.update(&id);
             tokenizer.update(&id);
         }
-        CacheIdentity { model: hex(&model.finalize()), tokenizer: hex(&tokenizer.finalize()), numerics: numerics.to_string() }
+        CacheIdentity {
+            model: hex(&model.finalize()),
+            tokenizer: hex(&tokenizer.finalize()),
+            numerics: numerics.to_string(),
+            kv_quantization: "none".into(),
+        }
+    }
+
+    /// This identity for an engine whose KV caches quantize as `kv` says (`None`: full precision).
+    pub fn with_kv_quantization(mut self, kv: Option<&crate::cache::KvQuantization>) -> CacheIdentity {
+        self.kv_quantization = match kv {
+            None => "none".into(),
+            Some(q) => format!("bits={} group_size={} start={}", q.bits, q.group_size, q.start),
+        };
+        self
     }
 }
 
@@ -87,6 +106,7 @@ pub fn save_entry(path: &Path, tokens: &[u32], caches: &[Box<dyn KvCache>], id: 
         ("model", id.model.clone()),
         ("tokenizer", id.tokenizer.clone()),
         ("numerics", id.numerics.clone()),
+        ("kv_quantization", id.kv_quantization.clone()),
         ("layers", serde_json::Value::Array(layers).to_string()),
         ("checksum", PLACEHOLDER.to_string()),
     ]
@@ -128,6 +148,9 @@ pub fn load_entry(path: &Path, id: &CacheIdentity) -> Result<SavedEntry> {
     let header: serde_json::Value = serde_json::from_slice(&bytes[8..data]).map_err(|e| io(path, format!("corrupt header: {e}")))?;
     let meta = &header["__metadata__"];
     let field = |k: &str| meta[k].as_str().unwrap_or("");
+    if OLD_FORMATS.contains(&field("format")) {
+        return Err(io(path, format!("an older Weft prompt-cache format ({}; this engine reads {FORMAT}): save the entry again", field("format"))));
+    }
     if field("format") != FORMAT {
         return Err(io(path, format!("not a Weft prompt-cache file (format {:?})", field("format"))));
     }
@@ -135,6 +158,12 @@ pub fn load_entry(path: &Path, id: &CacheIdentity) -> Result<SavedEntry> {
         if field(key) != ours.as_str() {
             return Err(io(path, format!("saved for another {key} ({}), this engine's is {ours}", field(key))));
         }
+    }
+    if field("kv_quantization") != id.kv_quantization {
+        return Err(io(
+            path,
+            format!("saved with KV quantization {}, this engine's is {}", field("kv_quantization"), id.kv_quantization),
+        ));
     }
     let end = header
         .as_object()
