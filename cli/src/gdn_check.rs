@@ -104,7 +104,7 @@ fn run(kernel: GatedDeltaKernel, x: &Inputs) -> Result<(Array, Array)> {
 
 fn max_abs_diff(a: &Array, b: &Array) -> Result<f32> {
     let d = a.as_dtype(Dtype::Float32)?.subtract(b.as_dtype(Dtype::Float32)?)?;
-    Ok(d.abs()?.max(None)?.try_item_cast::<f32>()?)
+    d.abs()?.max(None)?.try_item_cast::<f32>().map_err(|e| Error::Mlx(format!("reading a difference: {e}")))
 }
 
 fn median_ms(runs: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
