@@ -18,7 +18,7 @@ use crate::options::Options;
 
 #[derive(Args, Debug)]
 pub struct GdnCheckArgs {
-    /// The implementation checked against the ops path: `cuda` or `fused`.
+    /// The implementation checked against the ops path: `cuda`, `fused` or `cpu`.
     #[arg(long, default_value = "cuda")]
     pub kernel: String,
     /// Timed runs per shape (after one warm-up); the median is printed.

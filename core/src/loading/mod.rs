@@ -99,7 +99,8 @@ pub struct LoadOptions {
     /// on the CPU only.
     pub fuse_projections: Option<bool>,
     /// How gated DeltaNet layers run their recurrence; `None` is the device's default
-    /// ([`crate::nn::GatedDeltaKernel`]: MLX's fused op on Metal, the ops path elsewhere).
+    /// ([`crate::nn::GatedDeltaKernel`]: MLX's fused op on Metal, Weft's kernel on CUDA and in
+    /// the fast CPU mode, the ops path in the exact mode).
     pub gated_delta: Option<GatedDeltaKernel>,
     /// Load this rank's part of a model split over a group (tensor or pipeline parallel); an
     /// architecture without that split is refused rather than loaded whole.

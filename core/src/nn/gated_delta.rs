@@ -15,13 +15,14 @@ use crate::{Error, Result};
 /// Which implementation runs the gated delta recurrence ([`super::LayerOptions::gated_delta`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GatedDeltaKernel {
-    /// mlx-lm's ops path: ~10 MLX ops per token (the CPU and CUDA default; bit-exact with
-    /// mlx-lm on the CPU).
+    /// mlx-lm's ops path: ~10 MLX ops per token (the CPU default in the exact mode: bit-exact
+    /// with mlx-lm there).
     Ops,
     /// MLX's `fast::gated_delta_update`: its Metal kernel (the Metal default); elsewhere MLX's
     /// fallback graph, which rounds the decay to q's dtype (equal to the ops path for float32).
     Fused,
-    /// Weft's CUDA kernel: the whole recurrence in one launch (MLX's CUDA backend only).
+    /// Weft's CUDA kernel: the whole recurrence in one launch (MLX's CUDA backend only; its
+    /// default).
     Cuda,
     /// Weft's CPU primitive: the whole recurrence in one op, float32 sums in another order
     /// than MLX's (the CPU default in the fast kernel mode).

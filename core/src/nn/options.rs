@@ -47,12 +47,14 @@ impl Default for LayerOptions {
 }
 
 /// The gated delta recurrence by device: MLX's fused op where it has a kernel (Metal: a GPU on
-/// macOS), Weft's CPU primitive in the fast CPU mode, else mlx-lm's ops path (exact mode on
-/// the CPU; CUDA until Weft's kernel is verified there).
+/// macOS), Weft's CUDA kernel on MLX's CUDA backend (a GPU elsewhere), Weft's CPU primitive in
+/// the fast CPU mode, mlx-lm's ops path in the exact mode.
 fn default_gated_delta(gpu: bool, cpu_kernels: CpuKernels) -> GatedDeltaKernel {
     if gpu && cfg!(target_os = "macos") {
         GatedDeltaKernel::Fused
-    } else if !gpu && cpu_kernels == CpuKernels::Fast {
+    } else if gpu {
+        GatedDeltaKernel::Cuda
+    } else if cpu_kernels == CpuKernels::Fast {
         GatedDeltaKernel::Cpu
     } else {
         GatedDeltaKernel::Ops
