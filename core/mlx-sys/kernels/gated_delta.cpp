@@ -87,7 +87,9 @@ template <class T>
 float to_float(T x) { return static_cast<float>(x); }
 
 // Dot product with eight partial sums (one chain would wait on each add's latency).
-inline float decay_dot(float* s, const float* k, float g, int n) {
+#define WEFT_GDN_INLINE inline __attribute__((always_inline))
+
+WEFT_GDN_INLINE float decay_dot(float* s, const float* k, float g, int n) {
   float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int i = 0;
   for (; i + 8 <= n; i += 8)
@@ -102,7 +104,7 @@ inline float decay_dot(float* s, const float* k, float g, int n) {
   return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
 }
 
-inline float update_dot(float* s, const float* k, float delta, const float* q, int n) {
+WEFT_GDN_INLINE float update_dot(float* s, const float* k, float delta, const float* q, int n) {
   float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int i = 0;
   for (; i + 8 <= n; i += 8)
@@ -118,7 +120,7 @@ inline float update_dot(float* s, const float* k, float delta, const float* q, i
 }
 
 template <class InT>
-void cpu_item(const CpuArgs& a, int item) {
+WEFT_GDN_INLINE void cpu_item_body(const CpuArgs& a, int item) {
   const int n = item / a.row_blocks;  // b * Hv + hv
   const int r0 = (item % a.row_blocks) * kRowsPerItem;
   const int r1 = std::min(a.Dv, r0 + kRowsPerItem);
@@ -155,6 +157,28 @@ void cpu_item(const CpuArgs& a, int item) {
       yt[r] = InT(update_dot(s, kf, delta, qf, Dk));
     }
   }
+}
+
+// The body compiled twice: for the baseline and (x86-64) for AVX2 + FMA, picked at run time
+// under the kernels' instruction-set cap (weft_kernels::isa_level).
+template <class InT>
+void cpu_item(const CpuArgs& a, int item) {
+  cpu_item_body<InT>(a, item);
+}
+
+#if defined(__x86_64__)
+template <class InT>
+__attribute__((target("avx2,fma,f16c"))) void cpu_item_avx2(const CpuArgs& a, int item) {
+  cpu_item_body<InT>(a, item);
+}
+#endif
+
+template <class InT>
+void (*pick_item())(const CpuArgs&, int) {
+#if defined(__x86_64__)
+  if (weft_kernels::isa_level() <= 1) return cpu_item_avx2<InT>;
+#endif
+  return cpu_item<InT>;
 }
 
 struct CpuJob {
@@ -194,9 +218,9 @@ class GatedDeltaCpu : public mx::Primitive {
       a.Hv = inputs[2].shape(2), a.Dv = inputs[2].shape(3);
       a.row_blocks = (a.Dv + kRowsPerItem - 1) / kRowsPerItem;
       switch (q.dtype()) {
-        case mx::float32: job.item = cpu_item<float>; break;
-        case mx::bfloat16: job.item = cpu_item<mx::bfloat16_t>; break;
-        default: job.item = cpu_item<mx::float16_t>; break;
+        case mx::float32: job.item = pick_item<float>(); break;
+        case mx::bfloat16: job.item = pick_item<mx::bfloat16_t>(); break;
+        default: job.item = pick_item<mx::float16_t>(); break;
       }
       const int items = a.B * a.Hv * a.row_blocks;
       // Below ~2^16 multiply-adds the pool's hand-off costs more than it saves (decode of a
