@@ -12,17 +12,25 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use mlx_rs::Array;
 use serde_json::Value;
 use support::*;
 use weft::engine::{Engine, EngineConfig, EngineCore, EngineStats, Event, Preparer, Request};
 use weft::generate::{generate, FinishReason, GenerateOptions};
 use weft::loading::LoadedModel;
+use weft::nn::{gated_delta_recurrence, GatedDeltaKernel, LayerOptions};
 
 const GDN_MODELS: &[&str] =
     &["qwen3_next", "qwen3_5", "qwen3_5-bf16", "qwen3_5-4bit", "qwen3_5_moe", "qwen3_next-4bit", "qwen3_5_moe-4bit"];
 
 fn load(name: &str) -> LoadedModel {
     support::load_exact(&tiny_model_dir(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// [`load`] with the recurrence run by `kernel`.
+fn load_gdn(name: &str, kernel: GatedDeltaKernel) -> LoadedModel {
+    let options = weft::loading::LoadOptions { gated_delta: Some(kernel), ..exact_options() };
+    weft::loading::load_with(&tiny_model_dir(name), &options).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
 /// What Weft must produce for a batched golden row: mlx-lm's batched tokens where they equal
@@ -113,8 +121,14 @@ fn logprobs(logits: &[f32], dtype: mlx_rs::Dtype) -> Vec<f32> {
 
 #[test]
 fn bursts_of_different_lengths_prefill_together_exactly() {
+    assert_bursts_exact(GDN_MODELS, load);
+}
+
+/// Every burst golden of `models`, each loaded by `load`: mlx-lm's tokens, and first-step logits
+/// bit-equal to each row alone and to mlx-lm's batched logprobs.
+fn assert_bursts_exact(models: &[&str], load: impl Fn(&str) -> LoadedModel) {
     use weft::generate::{generate, GenerateOptions};
-    for name in GDN_MODELS {
+    for name in models {
         let g = golden(name);
         let single = load(name);
         let info = single.model.info().clone();
@@ -152,6 +166,234 @@ fn bursts_of_different_lengths_prefill_together_exactly() {
             }
         }
     }
+}
+
+/// The goldens whose activations are float32: there MLX's fused `gated_delta_update` (its
+/// fallback graph on the CPU) computes the ops path's numbers bit for bit. (In bfloat16 the
+/// fallback rounds the decay to bfloat16 first; see the recurrence test below.)
+const FLOAT32_GDN_MODELS: &[&str] =
+    &["qwen3_next", "qwen3_5", "qwen3_5-4bit", "qwen3_5_moe", "qwen3_next-4bit", "qwen3_5_moe-4bit"];
+
+/// The Metal path's wiring (MLX's fused op, run here through its CPU fallback): the models'
+/// single-sequence goldens and the padded bursts stay bit-exact with mlx-lm.
+#[test]
+fn fused_recurrence_keeps_the_goldens_exact() {
+    let fused = |name: &str| load_gdn(name, GatedDeltaKernel::Fused);
+    for name in FLOAT32_GDN_MODELS {
+        let loaded = fused(name);
+        assert_single_cases_exact(name, loaded.model.as_ref(), &golden(name));
+    }
+    assert_bursts_exact(FLOAT32_GDN_MODELS, fused);
+}
+
+/// Deterministic values in [lo, hi) (a 64-bit LCG; no RNG state shared with other tests).
+fn uniform(seed: u64, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            lo + (hi - lo) * ((x >> 40) as f32 / (1u64 << 24) as f32)
+        })
+        .collect()
+}
+
+struct RecurrenceCase {
+    b: i32,
+    t: i32,
+    hk: i32,
+    hv: i32,
+    dk: i32,
+    dv: i32,
+    /// Real tokens per row (right padding after), or no mask.
+    lengths: Option<Vec<i32>>,
+    initial_state: bool,
+}
+
+/// `(q, k, v, g, beta, state, mask)` for `c` in float32 (q and k L2-normalized per head as the
+/// layer feeds them, the decay in (0.5, 1)).
+fn recurrence_inputs(c: &RecurrenceCase, seed: u64) -> (Array, Array, Array, Array, Array, Option<Array>, Option<Array>) {
+    let qk_shape = [c.b, c.t, c.hk, c.dk];
+    let n_qk = (c.b * c.t * c.hk * c.dk) as usize;
+    let unit = |a: Array| {
+        let norm = a.square().unwrap().sum_axis(-1, true).unwrap().sqrt().unwrap();
+        a.divide(&norm).unwrap()
+    };
+    let q = unit(Array::from_slice(&uniform(seed, n_qk, -1.0, 1.0), &qk_shape));
+    let k = unit(Array::from_slice(&uniform(seed + 1, n_qk, -1.0, 1.0), &qk_shape));
+    let v = Array::from_slice(&uniform(seed + 2, (c.b * c.t * c.hv * c.dv) as usize, -1.0, 1.0), &[c.b, c.t, c.hv, c.dv]);
+    let gates = (c.b * c.t * c.hv) as usize;
+    let g = Array::from_slice(&uniform(seed + 3, gates, 0.5, 1.0), &[c.b, c.t, c.hv]);
+    let beta = Array::from_slice(&uniform(seed + 4, gates, 0.0, 1.0), &[c.b, c.t, c.hv]);
+    let state = c.initial_state.then(|| {
+        Array::from_slice(&uniform(seed + 5, (c.b * c.hv * c.dv * c.dk) as usize, -0.3, 0.3), &[c.b, c.hv, c.dv, c.dk])
+    });
+    let mask = c.lengths.as_ref().map(|lens| {
+        let m: Vec<bool> = lens.iter().flat_map(|&l| (0..c.t).map(move |t| t < l)).collect();
+        Array::from_slice(&m, &[c.b, c.t])
+    });
+    (q, k, v, g, beta, state, mask)
+}
+
+/// `y` with the masked steps zeroed (the paths differ only there: the fused op writes 0, the
+/// ops path mlx-lm's unmasked value; no caller reads them).
+fn masked_y(y: &Array, mask: Option<&Array>) -> Array {
+    match mask {
+        Some(m) => {
+            let keep = m.expand_dims_axes(&[2, 3]).unwrap();
+            mlx_rs::ops::select(&keep, y, &Array::from_f32(0.0).as_dtype(y.dtype()).unwrap()).unwrap()
+        }
+        None => y.clone(),
+    }
+}
+
+/// How many elements of `a` and `b` (same shape) differ in their bits (as float32, which holds
+/// bfloat16 values exactly).
+fn bits_differing(a: &Array, b: &Array) -> usize {
+    assert_eq!(a.shape(), b.shape());
+    let f = |x: &Array| {
+        let x = x.as_dtype(mlx_rs::Dtype::Float32).unwrap();
+        x.eval().unwrap();
+        x.as_slice::<f32>().to_vec()
+    };
+    bit_diffs(&f(a), &f(b))
+}
+
+fn max_abs_diff(a: &Array, b: &Array) -> f32 {
+    let d = a.as_dtype(mlx_rs::Dtype::Float32).unwrap().subtract(b.as_dtype(mlx_rs::Dtype::Float32).unwrap()).unwrap();
+    d.abs().unwrap().max(None).unwrap().item_cast::<f32>()
+}
+
+/// MLX's fused `gated_delta_update` (its CPU fallback) against Weft's ops path: the same
+/// conventions (decay in linear space, `[B,T,H,D]` inputs, value heads grouped over key heads
+/// as `hv / (Hv/Hk)`, state `[B,Hv,Dv,Dk]`, mask false = the state holds) for T = 1 and T > 1,
+/// batch > 1, Hv > Hk, padding masks, with and without an initial state. Float32: bit-equal.
+/// Bfloat16 q/k/v/beta: the fallback rounds the float32 decay to bfloat16 first, so it is
+/// bit-equal to the ops path given that rounded decay, and within 1e-2 of the unrounded one.
+#[test]
+fn fused_recurrence_equals_the_ops_path() {
+    use mlx_rs::Dtype;
+    let cases = [
+        RecurrenceCase { b: 1, t: 1, hk: 2, hv: 2, dk: 16, dv: 16, lengths: None, initial_state: true },
+        RecurrenceCase { b: 2, t: 1, hk: 1, hv: 3, dk: 32, dv: 8, lengths: Some(vec![1, 0]), initial_state: true },
+        RecurrenceCase { b: 3, t: 9, hk: 2, hv: 4, dk: 16, dv: 24, lengths: Some(vec![9, 4, 1]), initial_state: true },
+        RecurrenceCase { b: 2, t: 6, hk: 2, hv: 6, dk: 32, dv: 16, lengths: None, initial_state: false },
+        RecurrenceCase { b: 4, t: 5, hk: 4, hv: 4, dk: 64, dv: 32, lengths: Some(vec![5, 5, 2, 3]), initial_state: false },
+    ];
+    for (i, c) in cases.iter().enumerate() {
+        let what = format!("case {i} (B={} T={} Hk={} Hv={} Dk={} Dv={})", c.b, c.t, c.hk, c.hv, c.dk, c.dv);
+        let (q, k, v, g, beta, state, mask) = recurrence_inputs(c, 100 + i as u64);
+        let run = |kernel, q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array| {
+            let (y, s) = gated_delta_recurrence(kernel, q, k, v, g, beta, state.clone(), mask.as_ref()).unwrap();
+            let y = masked_y(&y, mask.as_ref());
+            mlx_rs::transforms::eval([&y, &s]).unwrap();
+            (y, s)
+        };
+        let (y_ops, s_ops) = run(GatedDeltaKernel::Ops, &q, &k, &v, &g, &beta);
+        let (y_fused, s_fused) = run(GatedDeltaKernel::Fused, &q, &k, &v, &g, &beta);
+        assert_eq!(y_fused.shape(), &[c.b, c.t, c.hv, c.dv], "{what}");
+        assert_eq!((s_fused.shape(), s_fused.dtype()), (&[c.b, c.hv, c.dv, c.dk][..], Dtype::Float32), "{what}");
+        assert_eq!(bits_differing(&y_fused, &y_ops), 0, "{what}: float32 y");
+        assert_eq!(bits_differing(&s_fused, &s_ops), 0, "{what}: float32 state");
+
+        let bf = |a: &Array| a.as_dtype(Dtype::Bfloat16).unwrap();
+        let (qb, kb, vb, betab) = (bf(&q), bf(&k), bf(&v), bf(&beta));
+        let (y_fused, s_fused) = run(GatedDeltaKernel::Fused, &qb, &kb, &vb, &g, &betab);
+        assert_eq!(y_fused.dtype(), Dtype::Bfloat16, "{what}");
+        let (y_rounded, s_rounded) = run(GatedDeltaKernel::Ops, &qb, &kb, &vb, &bf(&g), &betab);
+        assert_eq!(bits_differing(&y_fused, &y_rounded), 0, "{what}: bfloat16 y, decay rounded");
+        assert_eq!(bits_differing(&s_fused, &s_rounded), 0, "{what}: bfloat16 state, decay rounded");
+        let (y_ops, s_ops) = run(GatedDeltaKernel::Ops, &qb, &kb, &vb, &g, &betab);
+        assert!(max_abs_diff(&y_fused, &y_ops) < 1e-2, "{what}: bfloat16 y {}", max_abs_diff(&y_fused, &y_ops));
+        assert!(max_abs_diff(&s_fused, &s_ops) < 1e-2, "{what}: bfloat16 state {}", max_abs_diff(&s_fused, &s_ops));
+    }
+}
+
+/// Weft's CPU primitive (the fast mode's recurrence) against the ops path on the same random
+/// inputs: float32 within 1e-5 (the sums' order differs), bfloat16 y within one bfloat16 step.
+#[test]
+fn cpu_recurrence_matches_the_ops_path() {
+    use mlx_rs::Dtype;
+    let cases = [
+        RecurrenceCase { b: 1, t: 1, hk: 2, hv: 2, dk: 16, dv: 16, lengths: None, initial_state: true },
+        RecurrenceCase { b: 3, t: 9, hk: 2, hv: 4, dk: 16, dv: 24, lengths: Some(vec![9, 4, 0]), initial_state: true },
+        RecurrenceCase { b: 2, t: 33, hk: 2, hv: 6, dk: 36, dv: 40, lengths: None, initial_state: false },
+        RecurrenceCase { b: 2, t: 64, hk: 4, hv: 8, dk: 128, dv: 128, lengths: Some(vec![64, 17]), initial_state: true },
+    ];
+    for (i, c) in cases.iter().enumerate() {
+        let what = format!("case {i} (B={} T={} Hk={} Hv={} Dk={} Dv={})", c.b, c.t, c.hk, c.hv, c.dk, c.dv);
+        let (q, k, v, g, beta, state, mask) = recurrence_inputs(c, 200 + i as u64);
+        let run = |kernel, q: &Array, k: &Array, v: &Array, beta: &Array| {
+            let (y, s) = gated_delta_recurrence(kernel, q, k, v, &g, beta, state.clone(), mask.as_ref()).unwrap();
+            let y = masked_y(&y, mask.as_ref());
+            mlx_rs::transforms::eval([&y, &s]).unwrap();
+            (y, s)
+        };
+        for dtype in [Dtype::Float32, Dtype::Bfloat16] {
+            let cast = |a: &Array| a.as_dtype(dtype).unwrap();
+            let (q, k, v, beta) = (cast(&q), cast(&k), cast(&v), cast(&beta));
+            let (y_ops, s_ops) = run(GatedDeltaKernel::Ops, &q, &k, &v, &beta);
+            let (y_cpu, s_cpu) = run(GatedDeltaKernel::Cpu, &q, &k, &v, &beta);
+            assert_eq!((y_cpu.shape(), y_cpu.dtype()), (y_ops.shape(), dtype), "{what}");
+            assert_eq!((s_cpu.shape(), s_cpu.dtype()), (s_ops.shape(), Dtype::Float32), "{what}");
+            let (dy, ds) = (max_abs_diff(&y_cpu, &y_ops), max_abs_diff(&s_cpu, &s_ops));
+            let tol_y = if dtype == Dtype::Float32 { 1e-5 } else { 1.6e-2 };
+            assert!(dy <= tol_y && ds <= 1e-5, "{what} {dtype:?}: max |dy| {dy}, max |dstate| {ds}");
+        }
+    }
+}
+
+/// A model whose recurrence runs on the CPU primitive (every other kernel exact) keeps the
+/// goldens' greedy tokens, single and in padded bursts, with first logits within 1e-4.
+#[test]
+fn cpu_recurrence_keeps_the_goldens_tokens() {
+    for name in ["qwen3_5", "qwen3_next", "qwen3_5-4bit"] {
+        let g = golden(name);
+        let loaded = load_gdn(name, GatedDeltaKernel::Cpu);
+        let exact = load(name);
+        let vocab = loaded.model.info().vocab_size as usize;
+        for case in g["single"].as_array().unwrap() {
+            let prompt = ids(&case["prompt_ids"]);
+            let opts = GenerateOptions {
+                max_tokens: ids(&case["tokens"]).len(),
+                prefill_step_size: case["prefill_step_size"].as_u64().unwrap() as usize,
+                capture_first_logits: vocab,
+                ..GenerateOptions::default()
+            };
+            let got = generate(loaded.model.as_ref(), None, &prompt, &opts, |_| true).unwrap();
+            let want = generate(exact.model.as_ref(), None, &prompt, &opts, |_| true).unwrap();
+            assert_eq!(got.tokens, ids(&case["tokens"]), "{name}: {} prompt tokens", prompt.len());
+            let d = got.first_logits.iter().zip(&want.first_logits).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(d < 1e-4, "{name}: first logits differ by {d}");
+        }
+        let burst = &g["burst"];
+        let step = burst["prefill_step_size"].as_u64().unwrap() as usize;
+        let rows = burst["rows"].as_array().unwrap();
+        let config = EngineConfig { max_batch: 32, prompt_concurrency: 8, prefill_step_size: step, ..Default::default() };
+        let (outs, _) = run_burst(load_gdn(name, GatedDeltaKernel::Cpu), rows, config);
+        for (r, out) in rows.iter().zip(&outs) {
+            assert_eq!(out.tokens, expected(r), "{name}: burst row {}", r["id"]);
+        }
+    }
+}
+
+/// The recurrence's implementation is a load option: on the CPU Weft's primitive in the fast
+/// mode and the ops path in the exact mode by default; the CUDA kernel refused without a CUDA GPU.
+#[test]
+fn gated_delta_kernel_option_resolves_per_device() {
+    use weft::kernels::CpuKernels;
+    assert_eq!(LayerOptions::default().gated_delta(), GatedDeltaKernel::Cpu);
+    let exact = LayerOptions::new(CpuKernels::Exact, None, None, None).unwrap();
+    assert_eq!(exact.gated_delta(), GatedDeltaKernel::Ops);
+    let fused = exact.clone().with_gated_delta(Some(GatedDeltaKernel::Fused)).unwrap();
+    assert_eq!(fused.gated_delta(), GatedDeltaKernel::Fused);
+    let err = exact.with_gated_delta(Some(GatedDeltaKernel::Cuda)).err().expect("no CUDA GPU here");
+    assert!(err.to_string().contains("CUDA"), "{err}");
+    let cuda_load = weft::loading::LoadOptions { gated_delta: Some(GatedDeltaKernel::Cuda), ..exact_options() };
+    assert!(weft::loading::load_with(&tiny_model_dir("qwen3_5"), &cuda_load).is_err());
+    for k in [GatedDeltaKernel::Ops, GatedDeltaKernel::Fused, GatedDeltaKernel::Cuda, GatedDeltaKernel::Cpu] {
+        assert_eq!(k.as_str().parse::<GatedDeltaKernel>().unwrap(), k);
+    }
+    assert!("metal".parse::<GatedDeltaKernel>().is_err());
 }
 
 #[test]

@@ -12,6 +12,7 @@ mod bench;
 mod bench_media;
 mod chat;
 mod common;
+mod gdn_check;
 mod generate_cmd;
 mod models_cmd;
 mod options;
@@ -59,6 +60,9 @@ enum Command {
     Models(models_cmd::ModelsArgs),
     /// Serve the model over HTTP: OpenAI and Anthropic APIs, /health, /stats, /metrics.
     Serve(Box<serve::ServeArgs>),
+    /// Check a gated delta recurrence kernel against the ops path on this device.
+    #[command(hide = true)]
+    GdnCheck(gdn_check::GdnCheckArgs),
 }
 
 fn main() -> ExitCode {
@@ -77,6 +81,7 @@ fn main() -> ExitCode {
             Command::Pull(a) => common::pull(a).map(|p| println!("{}", p.display())),
             Command::Models(a) => models_cmd::run(a),
             Command::Serve(a) => serve::run(*a, &opts()?),
+            Command::GdnCheck(a) => gdn_check::run_check(a, &opts()?),
         }
     });
     match result {

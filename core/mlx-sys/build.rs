@@ -15,7 +15,8 @@
 //!    call patched (`patch_gather_qmm`: mlx-c 0.7.0 wraps MLX 0.32.2, and MLX 0.32.3 inserted
 //!    `gather_qmm`'s `global_scale` parameter). Compiled with cmake against (1).
 //! 3. Weft's CPU kernels (`kernels/`): custom MLX primitives (quantized matmul, RMSNorm, RoPE,
-//!    attention), compiled against the same wheel's C++ headers (C++20, libstdc++), their inner
+//!    attention) and the gated delta recurrence's entry points (MLX's fused op, a CUDA kernel
+//!    source for `fast::cuda_kernel`), compiled against the same wheel's C++ headers (C++20, libstdc++), their inner
 //!    loops once per instruction set (chosen at run time).
 //! 4. bindgen over `mlx/c/*.h` and `kernels/weft_kernels.h`, with `shim/weft_mlx_shim.h`
 //!    force-included to bridge the header gaps listed in that file.
@@ -354,6 +355,7 @@ fn main() {
         .collect();
     headers.sort();
     headers.push(manifest_dir.join("kernels/weft_kernels.h"));
+    headers.push(manifest_dir.join("kernels/gated_delta.h"));
     let builder = headers.iter().fold(
         bindgen::Builder::default()
             .rust_target("1.73.0".parse().expect("rust-version"))
@@ -383,6 +385,9 @@ fn build_kernels(dir: &Path, prefix: &Path, mlx_c: &Path, shim: &Path) {
         "attention.cpp",
         "thread_pool.h",
         "weft_kernels.h",
+        "gated_delta.h",
+        "gated_delta.cpp",
+        "gated_delta_cuda.h",
     ] {
         println!("cargo:rerun-if-changed={}", dir.join(file).display());
     }
@@ -423,6 +428,7 @@ fn build_kernels(dir: &Path, prefix: &Path, mlx_c: &Path, shim: &Path) {
     b.file(dir.join("qmm_primitive.cpp"))
         .file(dir.join("row_ops.cpp"))
         .file(dir.join("attention.cpp"))
+        .file(dir.join("gated_delta.cpp"))
         .include(prefix.join("include"))
         .include(mlx_c)
         .flag("-include")

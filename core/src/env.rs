@@ -12,6 +12,7 @@
 //! | `WEFT_GGUF_WEIGHTS` (`native`, `dequantize`) | [`LoadOptions::gguf_weights`] |
 //! | `WEFT_DEQUANTIZE_ROWS` (row count, `0` = never) | [`LoadOptions::dequantize_rows`] |
 //! | `WEFT_FUSE_PROJECTIONS` (`0`, `1`) | [`LoadOptions::fuse_projections`] |
+//! | `WEFT_GATED_DELTA` (`ops`, `fused`, `cuda`, `cpu`) | [`LoadOptions::gated_delta`] |
 //! | `WEFT_DECODE` (`sync`) | [`EngineConfig::decode`] |
 //! | `WEFT_FAULTS` (only with the `faults` cargo feature) | `EngineConfig::faults` |
 //! | `WEFT_DISTRIBUTED_BACKEND` | the backend of [`distributed_group`] |
@@ -29,6 +30,7 @@ pub const CPU_KERNELS: &str = "WEFT_CPU_KERNELS";
 pub const GGUF_WEIGHTS: &str = "WEFT_GGUF_WEIGHTS";
 pub const DEQUANTIZE_ROWS: &str = "WEFT_DEQUANTIZE_ROWS";
 pub const FUSE_PROJECTIONS: &str = "WEFT_FUSE_PROJECTIONS";
+pub const GATED_DELTA: &str = "WEFT_GATED_DELTA";
 pub const DECODE: &str = "WEFT_DECODE";
 pub const FAULTS: &str = "WEFT_FAULTS";
 pub const DISTRIBUTED_BACKEND: &str = "WEFT_DISTRIBUTED_BACKEND";
@@ -106,6 +108,7 @@ pub fn load_options(
             )))
         }
     }
+    o.gated_delta = parsed(GATED_DELTA, "\"ops\", \"fused\", \"cuda\" or \"cpu\"")?;
     Ok(o)
 }
 

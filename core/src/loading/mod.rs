@@ -13,7 +13,7 @@ use mlx_rs::{Array, Dtype};
 use crate::constrain::ConstraintFactoryCell;
 use crate::kernels::CpuKernels;
 use crate::models::{self, LanguageModel};
-use crate::nn::{LayerOptions, Parallel};
+use crate::nn::{GatedDeltaKernel, LayerOptions, Parallel};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 
@@ -101,6 +101,10 @@ pub struct LoadOptions {
     /// Fuse q/k/v and gate/up projections into one matmul; `None` fuses with the fast kernels
     /// on the CPU only.
     pub fuse_projections: Option<bool>,
+    /// How gated DeltaNet layers run their recurrence; `None` is the device's default
+    /// ([`crate::nn::GatedDeltaKernel`]: MLX's fused op on Metal, Weft's kernel on CUDA and in
+    /// the fast CPU mode, the ops path in the exact mode).
+    pub gated_delta: Option<GatedDeltaKernel>,
     /// Load this rank's part of a model split over a group (tensor or pipeline parallel); an
     /// architecture without that split is refused rather than loaded whole.
     pub parallel: Option<Parallel>,
@@ -126,7 +130,8 @@ impl LoadOptions {
 
     /// The layer options these resolve to on MLX's current device.
     pub fn layer_options(&self) -> Result<LayerOptions> {
-        LayerOptions::new(self.cpu_kernels, self.dequantize_rows, self.fuse_projections, self.parallel.clone())
+        LayerOptions::new(self.cpu_kernels, self.dequantize_rows, self.fuse_projections, self.parallel.clone())?
+            .with_gated_delta(self.gated_delta)
     }
 }
 

@@ -2,6 +2,7 @@
 //! `Qwen3NextGatedDeltaNet` / `qwen3_5.GatedDeltaNet` and `gated_delta.py`'s ops path (the
 //! path mlx-lm takes on CPU): projections → causal depthwise conv1d over a `K-1` window kept
 //! in the cache → SiLU → L2-normalized q/k → gated delta recurrence → gated RMSNorm → out_proj.
+//! The recurrence runs as [`GatedDeltaKernel`] says (chosen per device when the model loads).
 
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{concatenate, conv1d, exp, logaddexp, select, sigmoid, split_at_indices, stack, zeros_dtype};
@@ -10,6 +11,49 @@ use mlx_rs::{Array, Dtype};
 use super::{Linear, Weights};
 use crate::cache::RecurrentState;
 use crate::{Error, Result};
+
+/// Which implementation runs the gated delta recurrence ([`super::LayerOptions::gated_delta`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GatedDeltaKernel {
+    /// mlx-lm's ops path: ~10 MLX ops per token (the CPU default in the exact mode: bit-exact
+    /// with mlx-lm there).
+    Ops,
+    /// MLX's `fast::gated_delta_update`: its Metal kernel (the Metal default); elsewhere MLX's
+    /// fallback graph, which rounds the decay to q's dtype (equal to the ops path for float32).
+    Fused,
+    /// Weft's CUDA kernel: the whole recurrence in one launch (MLX's CUDA backend only; its
+    /// default).
+    Cuda,
+    /// Weft's CPU primitive: the whole recurrence in one op, float32 sums in another order
+    /// than MLX's (the CPU default in the fast kernel mode).
+    Cpu,
+}
+
+impl GatedDeltaKernel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GatedDeltaKernel::Ops => "ops",
+            GatedDeltaKernel::Fused => "fused",
+            GatedDeltaKernel::Cuda => "cuda",
+            GatedDeltaKernel::Cpu => "cpu",
+        }
+    }
+}
+
+impl std::str::FromStr for GatedDeltaKernel {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "ops" => Ok(GatedDeltaKernel::Ops),
+            "fused" => Ok(GatedDeltaKernel::Fused),
+            "cuda" => Ok(GatedDeltaKernel::Cuda),
+            "cpu" => Ok(GatedDeltaKernel::Cpu),
+            other => Err(Error::Unsupported(format!(
+                "gated delta kernel {other:?}: expected \"ops\", \"fused\", \"cuda\" or \"cpu\""
+            ))),
+        }
+    }
+}
 
 /// Shapes of a gated DeltaNet layer (config keys `linear_*`).
 #[derive(Debug, Clone)]
@@ -67,6 +111,7 @@ pub struct GatedDeltaNet {
     norm: RmsNormGated,
     out_proj: Linear,
     opts: GatedDeltaOptions,
+    kernel: GatedDeltaKernel,
     key_dim: i32,
     value_dim: i32,
     conv_dim: i32,
@@ -108,6 +153,7 @@ impl GatedDeltaNet {
             dt_bias: w.take(&p("dt_bias"), &[nv])?,
             norm: RmsNormGated::load(w, &p("norm"), dv, opts.rms_norm_eps)?,
             out_proj: Linear::load(w, &p("out_proj"), value_dim, h, false)?,
+            kernel: w.options().gated_delta(),
             key_dim,
             value_dim,
             conv_dim,
@@ -193,8 +239,18 @@ impl GatedDeltaNet {
         let v = parts[2].reshape(&[bsz, s, o.num_v_heads, o.head_v_dim])?;
         let (q, k) = normalize_qk(&q, &k, o.head_k_dim)?;
 
-        let (out, new_state) =
-            gated_delta_update(&q, &k, &v, &a, &b, &self.a_log, &self.dt_bias, state.ssm.clone(), mask)?;
+        let (out, new_state) = gated_delta_update(
+            &q,
+            &k,
+            &v,
+            &a,
+            &b,
+            &self.a_log,
+            &self.dt_bias,
+            state.ssm.clone(),
+            mask,
+            self.kernel,
+        )?;
         // The state changes only once the whole step is built.
         state.conv = Some(new_conv);
         state.ssm = Some(new_state);
@@ -228,7 +284,8 @@ fn compute_g(a_log: &Array, a: &Array, dt_bias: &Array) -> Result<Array> {
     Ok(exp(decay_rate.multiply(&softplus)?)?)
 }
 
-/// The gated delta rule over `T` steps (mlx-lm `gated_delta_update` → `gated_delta_ops`).
+/// The gated delta rule over `T` steps (mlx-lm `gated_delta_update`): beta and the decay from
+/// the projections, then [`gated_delta_recurrence`] by `kernel`.
 /// q, k: `[B,T,Hk,Dk]`; v: `[B,T,Hv,Dv]`; a, b: `[B,T,Hv]`; state `[B,Hv,Dv,Dk]` (float32,
 /// zeros if `None`); `mask` `[B,T]` bool (false: the row's state stays as it was over that
 /// step). Returns `y [B,T,Hv,Dv]` and the new state.
@@ -243,9 +300,104 @@ pub fn gated_delta_update(
     dt_bias: &Array,
     state: Option<Array>,
     mask: Option<&Array>,
+    kernel: GatedDeltaKernel,
 ) -> Result<(Array, Array)> {
     let beta = sigmoid(b)?;
     let g = compute_g(a_log, a, dt_bias)?;
+    gated_delta_recurrence(kernel, q, k, v, &g, &beta, state, mask)
+}
+
+/// The recurrence itself, given the decay `g` (linear space) and `beta` `[B,T,Hv]`, by
+/// `kernel`. Where the mask is false, y is 0 on the fused, CUDA and CPU paths and the ops path's
+/// unmasked value (mlx-lm's), which no caller reads: masked steps are a batch's padding.
+#[allow(clippy::too_many_arguments)]
+pub fn gated_delta_recurrence(
+    kernel: GatedDeltaKernel,
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    g: &Array,
+    beta: &Array,
+    state: Option<Array>,
+    mask: Option<&Array>,
+) -> Result<(Array, Array)> {
+    match kernel {
+        GatedDeltaKernel::Ops => gated_delta_ops(q, k, v, g, beta, state, mask),
+        GatedDeltaKernel::Fused => {
+            fused_call(mlx_sys::weft_gated_delta_fused, "gated_delta_update", q, k, v, g, beta, state.as_ref(), mask)
+        }
+        GatedDeltaKernel::Cuda => {
+            fused_call(mlx_sys::weft_gated_delta_cuda, "gated delta CUDA kernel", q, k, v, g, beta, state.as_ref(), mask)
+        }
+        GatedDeltaKernel::Cpu => {
+            fused_call(mlx_sys::weft_gated_delta_cpu, "gated delta CPU kernel", q, k, v, g, beta, state.as_ref(), mask)
+        }
+    }
+}
+
+/// The C signature of `kernels/gated_delta.h`'s entry points.
+type FusedEntry = unsafe extern "C" fn(
+    *mut mlx_sys::mlx_array,
+    *mut mlx_sys::mlx_array,
+    mlx_sys::mlx_array,
+    mlx_sys::mlx_array,
+    mlx_sys::mlx_array,
+    mlx_sys::mlx_array,
+    mlx_sys::mlx_array,
+    mlx_sys::mlx_array,
+    mlx_sys::mlx_array,
+    mlx_sys::mlx_stream,
+) -> std::os::raw::c_int;
+
+#[allow(clippy::too_many_arguments)]
+fn fused_call(
+    entry: FusedEntry,
+    what: &str,
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    g: &Array,
+    beta: &Array,
+    state: Option<&Array>,
+    mask: Option<&Array>,
+) -> Result<(Array, Array)> {
+    let stream = mlx_rs::Stream::thread_local_or_default();
+    unsafe {
+        let none = mlx_sys::mlx_array_new();
+        let mut y = mlx_sys::mlx_array_new();
+        let mut new_state = mlx_sys::mlx_array_new();
+        let status = entry(
+            &mut y,
+            &mut new_state,
+            q.as_ptr(),
+            k.as_ptr(),
+            v.as_ptr(),
+            g.as_ptr(),
+            beta.as_ptr(),
+            state.map_or(none, |s| s.as_ptr()),
+            mask.map_or(none, |m| m.as_ptr()),
+            stream.as_ptr(),
+        );
+        if status != 0 {
+            mlx_sys::mlx_array_free(y);
+            mlx_sys::mlx_array_free(new_state);
+            let msg = std::ffi::CStr::from_ptr(mlx_sys::weft_gated_delta_last_error()).to_string_lossy().into_owned();
+            return Err(Error::Mlx(format!("{what}: {msg}")));
+        }
+        Ok((Array::from_ptr(y), Array::from_ptr(new_state)))
+    }
+}
+
+/// mlx-lm's `gated_delta_ops`: one [`gated_delta_step`] per token.
+fn gated_delta_ops(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    g: &Array,
+    beta: &Array,
+    state: Option<Array>,
+    mask: Option<&Array>,
+) -> Result<(Array, Array)> {
     let (bsz, t, hk, dk) = (q.dim(0), q.dim(1), q.dim(2), q.dim(3));
     let (hv, dv) = (v.dim(2), v.dim(3));
     let mut state = match state {

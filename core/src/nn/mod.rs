@@ -20,7 +20,9 @@ mod weights;
 pub use attention::{Attention, AttentionOptions};
 pub use decoder::{DecoderScaling, DenseDecoder, DenseDecoderSpec};
 pub use gated_attention::{GatedAttention, GatedAttentionOptions};
-pub use gated_delta::{GatedDeltaNet, GatedDeltaOptions, ProjectionLayout, RmsNormGated};
+pub use gated_delta::{
+    gated_delta_recurrence, GatedDeltaKernel, GatedDeltaNet, GatedDeltaOptions, ProjectionLayout, RmsNormGated,
+};
 pub use hybrid::{FeedForwardSpec, HybridDecoder, HybridDecoderSpec};
 pub use moe_shared::{SharedExpertMoe, SharedExpertMoeOptions};
 pub use linear::{Embedding, Linear, QmmPath, RmsNorm};

@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use super::QmmPath;
+use super::{GatedDeltaKernel, QmmPath};
 use crate::distributed::Group;
 use crate::kernels::CpuKernels;
 use crate::{Error, Result};
@@ -31,6 +31,7 @@ pub struct LayerOptions {
     /// Rows of input from which quantized layers dequantize and multiply densely (0 = never).
     dequantize_rows: i32,
     fuse_projections: bool,
+    gated_delta: GatedDeltaKernel,
     parallel: Option<Parallel>,
     /// Set when an architecture's loader took `parallel`: a load no loader split is refused
     /// rather than silently left whole.
@@ -42,6 +43,21 @@ impl Default for LayerOptions {
     fn default() -> Self {
         LayerOptions::new(CpuKernels::Fast, None, None, None)
             .expect("the defaults are valid on every device")
+    }
+}
+
+/// The gated delta recurrence by device: MLX's fused op where it has a kernel (Metal: a GPU on
+/// macOS), Weft's CUDA kernel on MLX's CUDA backend (a GPU elsewhere), Weft's CPU primitive in
+/// the fast CPU mode, mlx-lm's ops path in the exact mode.
+fn default_gated_delta(gpu: bool, cpu_kernels: CpuKernels) -> GatedDeltaKernel {
+    if gpu && cfg!(target_os = "macos") {
+        GatedDeltaKernel::Fused
+    } else if gpu {
+        GatedDeltaKernel::Cuda
+    } else if cpu_kernels == CpuKernels::Fast {
+        GatedDeltaKernel::Cpu
+    } else {
+        GatedDeltaKernel::Ops
     }
 }
 
@@ -85,9 +101,33 @@ impl LayerOptions {
             gpu,
             dequantize_rows,
             fuse_projections,
+            gated_delta: default_gated_delta(gpu, cpu_kernels),
             parallel,
             parallel_taken: Arc::default(),
         })
+    }
+
+    /// These options with the gated delta recurrence's implementation `kernel` (`None`: the
+    /// device's default). The CUDA kernel is refused on other devices.
+    pub fn with_gated_delta(mut self, kernel: Option<GatedDeltaKernel>) -> Result<Self> {
+        self.gated_delta = match kernel {
+            Some(GatedDeltaKernel::Cuda) if !self.gpu || cfg!(target_os = "macos") => {
+                return Err(Error::Unsupported(
+                    "the gated delta CUDA kernel needs MLX's CUDA backend (a GPU on Linux)".into(),
+                ))
+            }
+            Some(GatedDeltaKernel::Cpu) if self.gpu => {
+                return Err(Error::Unsupported("the gated delta CPU kernel runs on the CPU only".into()))
+            }
+            Some(k) => k,
+            None => default_gated_delta(self.gpu, self.cpu_kernels),
+        };
+        Ok(self)
+    }
+
+    /// How gated DeltaNet layers run their recurrence.
+    pub fn gated_delta(&self) -> GatedDeltaKernel {
+        self.gated_delta
     }
 
     pub fn cpu_kernels(&self) -> CpuKernels {
@@ -97,7 +137,14 @@ impl LayerOptions {
     /// What in these options changes the numbers a layer computes (kernels, device, fused
     /// projections, dequantize rows): saved prompt-cache entries are only reused under the same.
     pub fn numerics(&self) -> String {
-        format!("{:?} gpu={} fuse={} dequantize_rows={}", self.cpu_kernels, self.gpu, self.fuse_projections, self.dequantize_rows)
+        format!(
+            "{:?} gpu={} fuse={} dequantize_rows={} gated_delta={}",
+            self.cpu_kernels,
+            self.gpu,
+            self.fuse_projections,
+            self.dequantize_rows,
+            self.gated_delta.as_str()
+        )
     }
 
     /// Whether Weft's CPU primitives (RMSNorm, RoPE, attention) replace MLX's ops: fast mode
