@@ -12,6 +12,7 @@
 //! | `WEFT_GGUF_WEIGHTS` (`native`, `dequantize`) | [`LoadOptions::gguf_weights`] |
 //! | `WEFT_DEQUANTIZE_ROWS` (row count, `0` = never) | [`LoadOptions::dequantize_rows`] |
 //! | `WEFT_FUSE_PROJECTIONS` (`0`, `1`) | [`LoadOptions::fuse_projections`] |
+//! | `WEFT_COMPILE` (`0`, `1`) | [`LoadOptions::compile`] |
 //! | `WEFT_DECODE` (`sync`) | [`EngineConfig::decode`] |
 //! | `WEFT_FAULTS` (only with the `faults` cargo feature) | `EngineConfig::faults` |
 //! | `WEFT_DISTRIBUTED_BACKEND` | the backend of [`distributed_group`] |
@@ -29,6 +30,7 @@ pub const CPU_KERNELS: &str = "WEFT_CPU_KERNELS";
 pub const GGUF_WEIGHTS: &str = "WEFT_GGUF_WEIGHTS";
 pub const DEQUANTIZE_ROWS: &str = "WEFT_DEQUANTIZE_ROWS";
 pub const FUSE_PROJECTIONS: &str = "WEFT_FUSE_PROJECTIONS";
+pub const COMPILE: &str = "WEFT_COMPILE";
 pub const DECODE: &str = "WEFT_DECODE";
 pub const FAULTS: &str = "WEFT_FAULTS";
 pub const DISTRIBUTED_BACKEND: &str = "WEFT_DISTRIBUTED_BACKEND";
@@ -105,6 +107,12 @@ pub fn load_options(
                 "{FUSE_PROJECTIONS}={v:?}: expected 0 or 1"
             )))
         }
+    }
+    match var(COMPILE)?.as_deref() {
+        None => {}
+        Some("1") => o.compile = Some(true),
+        Some("0") => o.compile = Some(false),
+        Some(v) => return Err(Error::Unsupported(format!("{COMPILE}={v:?}: expected 0 or 1"))),
     }
     Ok(o)
 }

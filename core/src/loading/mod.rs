@@ -98,6 +98,10 @@ pub struct LoadOptions {
     /// Fuse q/k/v and gate/up projections into one matmul; `None` fuses with the fast kernels
     /// on the CPU only.
     pub fuse_projections: Option<bool>,
+    /// Run the decode step's elementwise chains (SwiGLU, GeGLU) as MLX-compiled fused kernels;
+    /// `None` compiles on a GPU only (on the CPU MLX builds them with the system's C++ compiler
+    /// at run time). Outputs are the same either way.
+    pub compile: Option<bool>,
     /// Load this rank's part of a model split over a group (tensor or pipeline parallel); an
     /// architecture without that split is refused rather than loaded whole.
     pub parallel: Option<Parallel>,
@@ -123,7 +127,8 @@ impl LoadOptions {
 
     /// The layer options these resolve to on MLX's current device.
     pub fn layer_options(&self) -> Result<LayerOptions> {
-        LayerOptions::new(self.cpu_kernels, self.dequantize_rows, self.fuse_projections, self.parallel.clone())
+        Ok(LayerOptions::new(self.cpu_kernels, self.dequantize_rows, self.fuse_projections, self.parallel.clone())?
+            .with_compile(self.compile))
     }
 }
 

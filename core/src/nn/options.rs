@@ -31,6 +31,9 @@ pub struct LayerOptions {
     /// Rows of input from which quantized layers dequantize and multiply densely (0 = never).
     dequantize_rows: i32,
     fuse_projections: bool,
+    /// Elementwise chains (SwiGLU, GeGLU) run as MLX-compiled fused kernels
+    /// ([`super::compiled`]).
+    compile: bool,
     parallel: Option<Parallel>,
     /// Set when an architecture's loader took `parallel`: a load no loader split is refused
     /// rather than silently left whole.
@@ -85,9 +88,23 @@ impl LayerOptions {
             gpu,
             dequantize_rows,
             fuse_projections,
+            compile: gpu,
             parallel,
             parallel_taken: Arc::default(),
         })
+    }
+
+    /// These options with compiled elementwise chains on or off; `None` is the device's
+    /// default: on on a GPU, off on the CPU, where MLX builds compiled kernels at run time with
+    /// the system's C++ compiler, which a user's machine may lack.
+    pub fn with_compile(mut self, compile: Option<bool>) -> Self {
+        self.compile = compile.unwrap_or(self.gpu);
+        self
+    }
+
+    /// Whether elementwise chains run compiled ([`super::compiled`]).
+    pub fn compile(&self) -> bool {
+        self.compile
     }
 
     pub fn cpu_kernels(&self) -> CpuKernels {
@@ -97,7 +114,10 @@ impl LayerOptions {
     /// What in these options changes the numbers a layer computes (kernels, device, fused
     /// projections, dequantize rows): saved prompt-cache entries are only reused under the same.
     pub fn numerics(&self) -> String {
-        format!("{:?} gpu={} fuse={} dequantize_rows={}", self.cpu_kernels, self.gpu, self.fuse_projections, self.dequantize_rows)
+        format!(
+            "{:?} gpu={} fuse={} dequantize_rows={} compile={}",
+            self.cpu_kernels, self.gpu, self.fuse_projections, self.dequantize_rows, self.compile
+        )
     }
 
     /// Whether Weft's CPU primitives (RMSNorm, RoPE, attention) replace MLX's ops: fast mode
