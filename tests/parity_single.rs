@@ -34,6 +34,17 @@ fn tiny_models_match_mlx_lm_with_compiled_chains() {
 }
 
 #[test]
+fn batch_goldens_hold_through_the_engine_with_compiled_chains() {
+    // The engine's driver thread traces the compiled chains in its own compile cache.
+    for name in ["llama-bf16", "llama-4bit", "qwen3"] {
+        let load = || weft::loading::load_with(&tiny_model_dir(name), &compiled_exact_options()).unwrap();
+        let single = load();
+        let engine = weft::engine::Engine::start(load(), weft::engine::EngineConfig::default()).unwrap();
+        assert_batch_goldens(name, &engine, single.model.as_ref(), &golden(name), |r| ids(&r["tokens"]), 1e-5);
+    }
+}
+
+#[test]
 fn generation_stops_at_eos_from_generation_config() {
     // llama-fp32's generation_config.json lists eos [2, 5]; config.json says 2.
     let loaded = support::load_exact(&tiny_model_dir("llama-fp32")).unwrap();
