@@ -9,6 +9,11 @@ Needs only python3 with mlx + mlx-lm and a built `weft` binary (no cargo):
 
     python3 benches/warm_vs_mlx_lm.py --weft target/release/weft --model goldens/models/llama-bf16
     python3 benches/warm_vs_mlx_lm.py --weft ./weft --make-model llama-1b-4bit --batch 1,8,32,64
+    python3 benches/warm_vs_mlx_lm.py --weft ./weft --make-model llama-8b-4bit --batch 1 --weft-env WEFT_COMPILE=0
+
+`--weft-env KEY=VALUE` sets a variable for the weft process only (e.g. `WEFT_COMPILE=0|1`: the
+decode step's SwiGLU/GeGLU as MLX-compiled kernels, on by default on a GPU); it is recorded in
+the JSON.
 
 `--make-model SHAPE` writes a random-weight model of a real shape with mlx-lm's own classes
 (mlx_lm.utils._get_classes, a dtype cast as mlx_lm.convert does, quantize_model, save_model,
@@ -193,7 +198,7 @@ def mlx_lm_bench(model_dir, batches, prompt_len, gen, runs, seed, prefill_step_s
     return results
 
 
-def weft_bench(weft, model, batches, prompt_len, gen, runs, seed, prefill_step_size, temp=0.0, top_p=1.0):
+def weft_bench(weft, model, batches, prompt_len, gen, runs, seed, prefill_step_size, temp=0.0, top_p=1.0, env=None):
     cmd = [weft, "bench", "--model", str(model), "--batch", ",".join(map(str, batches)),
            "--prompt-len", str(prompt_len), "--gen", str(gen), "--runs", str(runs),
            "--seed", str(seed), "--prefill-step-size", str(prefill_step_size), "--json"]
@@ -204,10 +209,10 @@ def weft_bench(weft, model, batches, prompt_len, gen, runs, seed, prefill_step_s
             one = cmd[:]
             one[one.index("--batch") + 1] = str(b)
             one += ["--sampled", str(b), "--temp", str(temp), "--top-p", str(top_p)]
-            rows += json.loads(subprocess.run(one, check=True, capture_output=True, text=True).stdout)["results"]
+            rows += json.loads(subprocess.run(one, check=True, capture_output=True, text=True, env=env).stdout)["results"]
         cmd = cmd + ["--sampled", "B", "--temp", str(temp), "--top-p", str(top_p)]
     else:
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
         rows = json.loads(out)["results"]
     for r in rows:
         r["ttft_p50_ms"] = r.get("ttft_p50_ms", r["ttft_ms"])
@@ -236,8 +241,17 @@ def main():
     ap.add_argument("--temp", type=float, default=0.0,
                     help="sample every row at this temperature (0 = greedy); Weft needs `weft bench --sampled`")
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus threshold of sampled rows")
+    ap.add_argument("--weft-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="an environment variable for the weft process only (repeatable), e.g. WEFT_COMPILE=0 "
+                         "to turn compiled elementwise chains off (docs/building.md lists the variables)")
     ap.add_argument("--out", default="warm_vs_mlx_lm.json", help="JSON output file")
     a = ap.parse_args()
+    weft_env = dict(os.environ)
+    for kv in a.weft_env:
+        key, eq, value = kv.partition("=")
+        if not eq:
+            sys.exit(f"--weft-env {kv!r}: expected KEY=VALUE")
+        weft_env[key] = value
     if a.make_model:
         model_dir = make_model(a.make_model, a.model_dir or f"/tmp/weft-bench-models/{a.make_model}")
     elif a.model:
@@ -252,7 +266,7 @@ def main():
     rounds = []
     for i in range(max(a.rounds, 1)):
         run_weft = lambda: weft_bench(a.weft, a.weft_model or model_dir, batches, a.prompt_len, a.gen, a.runs,
-                                      a.seed, a.prefill_step_size, a.temp, a.top_p)
+                                      a.seed, a.prefill_step_size, a.temp, a.top_p, weft_env)
         run_mlx = lambda: mlx_lm_bench(model_dir, batches, a.prompt_len, a.gen, a.runs, a.seed, a.prefill_step_size,
                                        a.temp, a.top_p)
         if i % 2 == 0:
@@ -269,7 +283,7 @@ def main():
         rows.append({"batch": b, "weft": w, "mlx_lm": m, "ratio": ratio})
     doc = {"model": str(model_dir), "weft_model": str(a.weft_model or model_dir), "make_model": a.make_model,
            "prompt_len": a.prompt_len, "gen": a.gen, "runs": a.runs, "seed": a.seed,
-           "prefill_step_size": a.prefill_step_size, "temp": a.temp, "top_p": a.top_p, "weft_command": cmd, "argv": sys.argv,
+           "prefill_step_size": a.prefill_step_size, "temp": a.temp, "top_p": a.top_p, "weft_command": cmd, "weft_env": a.weft_env, "argv": sys.argv,
            "mlx_version": mx.__version__, "mlx_lm_version": mlx_lm.__version__,
            "machine": platform.platform(), "cpus": os.cpu_count(), "started": started,
            "loadavg_start": load_start, "loadavg_end": os.getloadavg(), "rows": rows, "rounds": rounds}

@@ -45,6 +45,16 @@ fn single_sequence_tokens_and_first_logits_are_exact() {
 }
 
 #[test]
+fn single_sequence_goldens_hold_with_compiled_chains() {
+    // SwiGLU / GeGLU (dense and the MoE experts') as MLX-compiled kernels: the same bits.
+    for name in ARCHS {
+        let opts = weft::loading::LoadOptions { compile: Some(true), ..support::exact_options() };
+        let loaded = weft::loading::load_with(&tiny_model_dir(name), &opts).unwrap();
+        assert_single_cases_exact(name, loaded.model.as_ref(), &golden(name));
+    }
+}
+
+#[test]
 fn batch_generate_goldens_match_through_the_engine() {
     for name in ARCHS {
         let g = golden(name);

@@ -17,6 +17,33 @@ fn tiny_models_match_mlx_lm_trajectories_and_first_logits() {
     }
 }
 
+/// The exact options with the decode step's elementwise chains compiled (SwiGLU / GeGLU as
+/// one MLX-compiled kernel each, `LoadOptions::compile`): the same bits as op by op.
+pub fn compiled_exact_options() -> weft::loading::LoadOptions {
+    weft::loading::LoadOptions { compile: Some(true), ..support::exact_options() }
+}
+
+#[test]
+fn tiny_models_match_mlx_lm_with_compiled_chains() {
+    for name in TINY_MODELS {
+        let g = golden(name);
+        let loaded = weft::loading::load_with(&tiny_model_dir(name), &compiled_exact_options()).unwrap();
+        assert!(loaded.numerics.contains("compile=true"), "{}", loaded.numerics);
+        assert_single_cases_exact(name, loaded.model.as_ref(), &g);
+    }
+}
+
+#[test]
+fn batch_goldens_hold_through_the_engine_with_compiled_chains() {
+    // The engine's driver thread traces the compiled chains in its own compile cache.
+    for name in ["llama-bf16", "llama-4bit", "qwen3"] {
+        let load = || weft::loading::load_with(&tiny_model_dir(name), &compiled_exact_options()).unwrap();
+        let single = load();
+        let engine = weft::engine::Engine::start(load(), weft::engine::EngineConfig::default()).unwrap();
+        assert_batch_goldens(name, &engine, single.model.as_ref(), &golden(name), |r| ids(&r["tokens"]), 1e-5);
+    }
+}
+
 #[test]
 fn generation_stops_at_eos_from_generation_config() {
     // llama-fp32's generation_config.json lists eos [2, 5]; config.json says 2.
@@ -56,7 +83,17 @@ fn cancelling_from_the_token_callback_stops_generation() {
 #[test]
 fn default_model_chats_match_mlx_lm() {
     let Some(path) = default_model() else { return };
-    let loaded = support::load_exact(&path).unwrap();
+    default_model_chats_match_mlx_lm_with(&support::exact_options(), &path);
+}
+
+#[test]
+fn default_model_chats_match_mlx_lm_with_compiled_chains() {
+    let Some(path) = default_model() else { return };
+    default_model_chats_match_mlx_lm_with(&compiled_exact_options(), &path);
+}
+
+fn default_model_chats_match_mlx_lm_with(options: &weft::loading::LoadOptions, path: &std::path::Path) {
+    let loaded = weft::loading::load_with(path, options).unwrap();
     let tok = loaded.tokenizer.as_ref().expect("the GGUF carries a tokenizer");
     let g = golden("smollm2");
     assert_eq!(loaded.eos_token_ids, vec![2]);

@@ -13,6 +13,7 @@
 //! | `WEFT_DEQUANTIZE_ROWS` (row count, `0` = never) | [`LoadOptions::dequantize_rows`] |
 //! | `WEFT_FUSE_PROJECTIONS` (`0`, `1`) | [`LoadOptions::fuse_projections`] |
 //! | `WEFT_GATED_DELTA` (`ops`, `fused`, `cuda`, `cpu`) | [`LoadOptions::gated_delta`] |
+//! | `WEFT_COMPILE` (`0`, `1`) | [`LoadOptions::compile`] |
 //! | `WEFT_DECODE` (`sync`) | [`EngineConfig::decode`] |
 //! | `WEFT_FAULTS` (only with the `faults` cargo feature) | `EngineConfig::faults` |
 //! | `WEFT_DISTRIBUTED_BACKEND` | the backend of [`distributed_group`] |
@@ -31,6 +32,7 @@ pub const GGUF_WEIGHTS: &str = "WEFT_GGUF_WEIGHTS";
 pub const DEQUANTIZE_ROWS: &str = "WEFT_DEQUANTIZE_ROWS";
 pub const FUSE_PROJECTIONS: &str = "WEFT_FUSE_PROJECTIONS";
 pub const GATED_DELTA: &str = "WEFT_GATED_DELTA";
+pub const COMPILE: &str = "WEFT_COMPILE";
 pub const DECODE: &str = "WEFT_DECODE";
 pub const FAULTS: &str = "WEFT_FAULTS";
 pub const DISTRIBUTED_BACKEND: &str = "WEFT_DISTRIBUTED_BACKEND";
@@ -109,6 +111,12 @@ pub fn load_options(
         }
     }
     o.gated_delta = parsed(GATED_DELTA, "\"ops\", \"fused\", \"cuda\" or \"cpu\"")?;
+    match var(COMPILE)?.as_deref() {
+        None => {}
+        Some("1") => o.compile = Some(true),
+        Some("0") => o.compile = Some(false),
+        Some(v) => return Err(Error::Unsupported(format!("{COMPILE}={v:?}: expected 0 or 1"))),
+    }
     Ok(o)
 }
 

@@ -150,6 +150,11 @@ impl AttentionCache for BatchKvCache {
     /// ∧ `j` outside row `b`'s holes. (A window would count hole columns: speculation is off
     /// for sliding-window models.)
     fn make_mask(&self, n: i32, window: Option<i32>) -> Result<AttentionMask> {
+        // A decode step of rows without padding or holes sees every column (as a single
+        // sequence's does): no mask to build and read.
+        if n == 1 && window.is_none() && self.left_padding.iter().all(|&p| p == 0) && self.holes.iter().all(Vec::is_empty) {
+            return Ok(AttentionMask::None);
+        }
         let mask = left_padded_mask(self.idx, &self.left_padding, n, window)?;
         if self.holes.iter().all(Vec::is_empty) {
             return Ok(AttentionMask::Array(mask));

@@ -356,7 +356,7 @@ pub(crate) fn write_columns(
     keys: &Array,
     values: &Array,
 ) -> Result<(Array, Array)> {
-    use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
+    use mlx_rs::ops::indexing::IndexOp;
     const STEP: i32 = 256;
     let new = keys.dim(2);
     let capacity = keys_buf.as_ref().map_or(0, |k| k.dim(2));
@@ -382,12 +382,42 @@ pub(crate) fn write_columns(
     }
     let end = at + new;
     let (k, v) = (keys_buf.as_mut().unwrap(), values_buf.as_mut().unwrap());
-    k.try_index_mut((.., .., at..end, ..), keys)?;
-    v.try_index_mut((.., .., at..end, ..), values)?;
+    *k = slice_update_columns(k, keys, at)?;
+    *v = slice_update_columns(v, values, at)?;
     if end < k.dim(2) {
         Ok((k.index((.., .., ..end, ..)), v.index((.., .., ..end, ..))))
     } else {
         Ok((k.clone(), v.clone()))
+    }
+}
+
+/// `buf` with columns `at..at + L` (axis 2) replaced by `update` (`[B, H, L, D]`): one
+/// `slice_update` (indexed assignment adds two reshapes of the update per call, on every layer
+/// of every decode step).
+fn slice_update_columns(buf: &Array, update: &Array, at: i32) -> Result<Array> {
+    let (b, h, l, d) = (update.dim(0), update.dim(1), update.dim(2), update.dim(3));
+    let (start, stop, strides) = ([0, 0, at, 0], [b, h, at + l, d], [1, 1, 1, 1]);
+    let stream = mlx_rs::Stream::thread_local_or_default();
+    // SAFETY: the handles are valid for the call; the result is owned by the returned array.
+    unsafe {
+        let mut res = mlx_sys::mlx_array_new();
+        let status = mlx_sys::mlx_slice_update(
+            &mut res,
+            buf.as_ptr(),
+            update.as_ptr(),
+            start.as_ptr(),
+            4,
+            stop.as_ptr(),
+            4,
+            strides.as_ptr(),
+            4,
+            stream.as_ptr(),
+        );
+        if status != 0 {
+            mlx_sys::mlx_array_free(res);
+            return Err(Error::Mlx("writing keys and values into the cache failed".into()));
+        }
+        Ok(Array::from_ptr(res))
     }
 }
 

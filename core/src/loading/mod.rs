@@ -105,6 +105,10 @@ pub struct LoadOptions {
     /// ([`crate::nn::GatedDeltaKernel`]: MLX's fused op on Metal, Weft's kernel on CUDA and in
     /// the fast CPU mode, the ops path in the exact mode).
     pub gated_delta: Option<GatedDeltaKernel>,
+    /// Run the decode step's elementwise chains (SwiGLU, GeGLU) as MLX-compiled fused kernels;
+    /// `None` compiles on a GPU only (on the CPU MLX builds them with the system's C++ compiler
+    /// at run time). Outputs are the same either way.
+    pub compile: Option<bool>,
     /// Load this rank's part of a model split over a group (tensor or pipeline parallel); an
     /// architecture without that split is refused rather than loaded whole.
     pub parallel: Option<Parallel>,
@@ -130,8 +134,9 @@ impl LoadOptions {
 
     /// The layer options these resolve to on MLX's current device.
     pub fn layer_options(&self) -> Result<LayerOptions> {
-        LayerOptions::new(self.cpu_kernels, self.dequantize_rows, self.fuse_projections, self.parallel.clone())?
-            .with_gated_delta(self.gated_delta)
+        Ok(LayerOptions::new(self.cpu_kernels, self.dequantize_rows, self.fuse_projections, self.parallel.clone())?
+            .with_gated_delta(self.gated_delta)?
+            .with_compile(self.compile))
     }
 }
 

@@ -128,13 +128,14 @@ impl Attention {
     /// `x`: `[B, L, hidden]` → `[B, L, hidden]`; appends this step's keys/values to `cache`.
     pub fn forward(&self, x: &Array, mask: &AttentionMask, cache: &mut dyn AttentionCache) -> Result<Array> {
         let (b, l) = (x.dim(0), x.dim(1));
+        // `[B, L, n*D]` → `[B, n, L, D]`; one position (a decode step) needs no transpose.
         let heads = |t: Array, n: i32, norm: &Option<RmsNorm>| -> Result<Array> {
-            let t = t.reshape(&[b, l, n, -1])?;
+            let t = if l == 1 { t.reshape(&[b, n, 1, -1])? } else { t.reshape(&[b, l, n, -1])? };
             let t = match norm {
                 Some(norm) => norm.forward(&t)?,
                 None => t,
             };
-            Ok(t.transpose_axes(&[0, 2, 1, 3])?)
+            Ok(if l == 1 { t } else { t.transpose_axes(&[0, 2, 1, 3])? })
         };
         let (q, k, v) = match &self.proj {
             Projections::Separate { q_proj, k_proj, v_proj } => (q_proj.forward(x)?, k_proj.forward(x)?, v_proj.forward(x)?),
@@ -164,7 +165,7 @@ impl Attention {
             // their packed keys/values.
             None => cache.update_and_attend(&q, &k, &v, self.scale, mask, self.fast)?,
         };
-        let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
+        let out = if l == 1 { out.reshape(&[b, 1, -1])? } else { out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])? };
         self.o_proj.forward(&out)
     }
 }

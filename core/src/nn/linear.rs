@@ -44,7 +44,8 @@ fn qmm(x: &Array, weight: &Array, scales: &Array, biases: &Array, spec: QuantSpe
             let w = dequantize(weight, scales, biases, spec.group_size, spec.bits)?;
             Ok(x.matmul(w.as_dtype(x.dtype())?.t())?)
         }
-        QmmPath::MlxFlat | QmmPath::DequantizeFrom { .. } if x.ndim() > 2 => {
+        // One leading batch (a B=1 decode step) is already one product: no reshapes.
+        QmmPath::MlxFlat | QmmPath::DequantizeFrom { .. } if x.ndim() > 2 && x.shape()[..x.ndim() - 2].iter().any(|&d| d != 1) => {
             let k = x.dim(-1);
             let mut shape = x.shape().to_vec();
             let y = quantized_matmul(&x.reshape(&[-1, k])?, weight, scales, biases, true, spec.group_size, spec.bits)?;

@@ -3,7 +3,7 @@
 
 use mlx_rs::Array;
 
-use super::{gelu_approx, swiglu, Linear, Weights};
+use super::{Linear, Weights};
 use crate::Result;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +24,20 @@ pub struct Mlp {
     gate_up: GateUp,
     down_proj: Linear,
     activation: MlpActivation,
+    /// The activation runs as one compiled kernel ([`super::compiled`]).
+    compile: bool,
+}
+
+impl MlpActivation {
+    /// `act(gate) * up`, as one compiled kernel when `compile` (same values).
+    pub fn gated(self, gate: &Array, up: &Array, compile: bool) -> Result<Array> {
+        match (self, compile) {
+            (MlpActivation::Silu, false) => super::swiglu(gate, up),
+            (MlpActivation::Silu, true) => super::compiled::swiglu(gate, up),
+            (MlpActivation::GeluApprox, false) => Ok(super::gelu_approx(gate)?.multiply(up)?),
+            (MlpActivation::GeluApprox, true) => super::compiled::geglu(gate, up),
+        }
+    }
 }
 
 impl Mlp {
@@ -56,6 +70,7 @@ impl Mlp {
             gate_up,
             down_proj: Linear::load(w, &format!("{prefix}.down_proj"), intermediate, hidden, bias)?,
             activation,
+            compile: w.options().compile(),
         })
     }
 
@@ -65,6 +80,7 @@ impl Mlp {
             gate_up: GateUp::Fused(Linear::load(w, &format!("{prefix}.gate_up_proj"), hidden, 2 * intermediate, false)?),
             down_proj: Linear::load(w, &format!("{prefix}.down_proj"), intermediate, hidden, false)?,
             activation: MlpActivation::Silu,
+            compile: w.options().compile(),
         })
     }
 
@@ -88,10 +104,7 @@ impl Mlp {
                 (halves.next().unwrap(), halves.next().unwrap())
             }
         };
-        let h = match self.activation {
-            MlpActivation::Silu => swiglu(&gate, &up)?,
-            MlpActivation::GeluApprox => gelu_approx(&gate)?.multiply(&up)?,
-        };
+        let h = self.activation.gated(&gate, &up, self.compile)?;
         self.down_proj.forward(&h)
     }
 }

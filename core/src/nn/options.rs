@@ -32,6 +32,9 @@ pub struct LayerOptions {
     dequantize_rows: i32,
     fuse_projections: bool,
     gated_delta: GatedDeltaKernel,
+    /// Elementwise chains (SwiGLU, GeGLU) run as MLX-compiled fused kernels
+    /// ([`super::compiled`]).
+    compile: bool,
     parallel: Option<Parallel>,
     /// Set when an architecture's loader took `parallel`: a load no loader split is refused
     /// rather than silently left whole.
@@ -102,6 +105,7 @@ impl LayerOptions {
             dequantize_rows,
             fuse_projections,
             gated_delta: default_gated_delta(gpu, cpu_kernels),
+            compile: gpu,
             parallel,
             parallel_taken: Arc::default(),
         })
@@ -130,6 +134,19 @@ impl LayerOptions {
         self.gated_delta
     }
 
+    /// These options with compiled elementwise chains on or off; `None` is the device's
+    /// default: on on a GPU, off on the CPU, where MLX builds compiled kernels at run time with
+    /// the system's C++ compiler, which a user's machine may lack.
+    pub fn with_compile(mut self, compile: Option<bool>) -> Self {
+        self.compile = compile.unwrap_or(self.gpu);
+        self
+    }
+
+    /// Whether elementwise chains run compiled ([`super::compiled`]).
+    pub fn compile(&self) -> bool {
+        self.compile
+    }
+
     pub fn cpu_kernels(&self) -> CpuKernels {
         self.cpu_kernels
     }
@@ -138,12 +155,13 @@ impl LayerOptions {
     /// projections, dequantize rows): saved prompt-cache entries are only reused under the same.
     pub fn numerics(&self) -> String {
         format!(
-            "{:?} gpu={} fuse={} dequantize_rows={} gated_delta={}",
+            "{:?} gpu={} fuse={} dequantize_rows={} gated_delta={} compile={}",
             self.cpu_kernels,
             self.gpu,
             self.fuse_projections,
             self.dequantize_rows,
-            self.gated_delta.as_str()
+            self.gated_delta.as_str(),
+            self.compile
         )
     }
 

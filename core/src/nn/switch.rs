@@ -7,7 +7,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{argpartition_axis, argsort, gather_mm, gather_qmm, softmax_axis, unflatten};
 use mlx_rs::Array;
 
-use super::{gelu_approx, swiglu, Linear, MlpActivation, QuantSpec, Weights};
+use super::{Linear, MlpActivation, QuantSpec, Weights};
 use crate::{Error, Result};
 
 /// `SwitchGLU` sorts the (token, expert) pairs by expert once this many pairs are routed.
@@ -70,6 +70,7 @@ pub struct SwitchGlu {
     up_proj: SwitchLinear,
     down_proj: SwitchLinear,
     activation: MlpActivation,
+    compile: bool,
 }
 
 impl SwitchGlu {
@@ -90,6 +91,7 @@ impl SwitchGlu {
             up_proj: SwitchLinear::load(w, &format!("{prefix}.up_proj"), experts, hidden, intermediate)?,
             down_proj: SwitchLinear::load(w, &format!("{prefix}.down_proj"), experts, intermediate, hidden)?,
             activation,
+            compile: w.options().compile(),
         })
     }
 
@@ -113,10 +115,7 @@ impl SwitchGlu {
         };
         let up = self.up_proj.forward(&x, &idx, sort)?;
         let gate = self.gate_proj.forward(&x, &idx, sort)?;
-        let h = match self.activation {
-            MlpActivation::Silu => swiglu(&gate, &up)?,
-            MlpActivation::GeluApprox => gelu_approx(&gate)?.multiply(&up)?,
-        };
+        let h = self.activation.gated(&gate, &up, self.compile)?;
         let mut y = self.down_proj.forward(&h, &idx, sort)?;
         if let Some(inv) = inv_order {
             y = unflatten(y.take_axis(&inv, 0)?, 0, indices.shape())?;
