@@ -301,8 +301,6 @@ void tile(const Args& a, const uint32_t* wrow, size_t words, const float* sc, co
 // Weight rows a pass for MT rows of x: accumulators (and their block partials) of NR * MT
 // chains plus NR packed vectors and MT activations stay in registers (16 vector registers on
 // AVX2 and SSE2, 32 on AVX-512 and NEON).
-constexpr int MAX_MULTI_ROW_BYTES = 512;
-
 template <int MT>
 constexpr int rows_per_pass() {
 #if WEFT_QMM_WIDTH >= 16 || defined(__aarch64__)
@@ -311,6 +309,9 @@ constexpr int rows_per_pass() {
   return MT == 1 ? 4 : MT == 2 ? 2 : 1;
 #endif
 }
+
+// Longest weight row (bytes) that runs in passes of several rows (see rows_impl).
+constexpr int MAX_MULTI_ROW_BYTES = 512;
 
 template <int BITS, int GS>
 void rows_impl(const Args& a, int n0, int n1) {
