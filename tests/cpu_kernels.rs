@@ -105,15 +105,25 @@ fn check_all_shapes() {
                 // M = 1 (decode); M = 7 (4 + 2 + 1-row tiles); 2 x 3 rows; M = 15 (8 + 4 + 2 + 1);
                 // from GEMM_MIN_ROWS (16) the GEMM path: M = 37 (register tiles of 8 or 6 rows
                 // plus remainders), N = 45 (a partial slice), K = 576 over several K chunks;
-                // 3 x 7 rows with K = 192.
+                // 3 x 7 rows with K = 192. Decode and speculation-verify shapes for the passes of
+                // several weight rows: M = 1, 2, 4, 5, 8 with K = 96 or 160 (part of K in the
+                // narrower blocks; 128 or 192 with groups of 64) and N = 38 or 39 (a 16-row block
+                // ending in 6 or 7 rows: passes of 4, 2 and 1).
                 for (m, k, n) in [
                     (vec![1], 576, 40),
+                    (vec![1], 96, 38),
+                    (vec![2], 160, 39),
+                    (vec![4], 96, 39),
+                    (vec![5], 160, 38),
+                    (vec![8], 576, 39),
                     (vec![7], 192, 70),
                     (vec![2, 3], 1536, 19),
                     (vec![15], 256, 33),
                     (vec![37], 576, 45),
                     (vec![3, 7], 192, 70),
                 ] {
+                    // K = 96 and 160 with groups of 64: 128 and 192.
+                    let k = k + k % group_size;
                     check(&m, k, n, bits, group_size, dtype, seed);
                     seed += 2;
                 }

@@ -54,6 +54,21 @@ namespace avx512 { extern const Kernel kernel; }
 // remainder of K that does not fill a block keeps its order. 5-bit weights (codes cross word
 // boundaries) are read as 4 codes per lane of at most 8 lanes: the same permutation with
 // 32 / bits replaced by 4 and width by min(width, 8) (blocks of 32 or 16 elements fill K).
+// The kernel reads field j of a word (or 5-bit window) by masking it in place, so its code
+// arrives multiplied by 2^(bits * j): x at field j is stored times x_field_scale(bits, j), a
+// power of two, which leaves every product exact and the same as with shifted codes. The top
+// field of a 4- or 8-bit word is shifted down instead (masked in place it would turn negative
+// as an int32), so its scale is 1, like field 0's.
 void permute_x(const float* x, float* xp, int M, int K, int bits, int width);
+
+inline float x_field_scale(int bits, int j) {
+  const int epu = bits == 5 ? 4 : 32 / bits;
+  if (j == 0 || (bits != 5 && j == epu - 1)) return 1.0f;
+  // 2^-(bits * j) built from its exponent bits (bits * j <= 24: a normal float).
+  const unsigned e = unsigned(127 - bits * j) << 23;
+  float f;
+  __builtin_memcpy(&f, &e, 4);
+  return f;
+}
 
 }  // namespace weft_qmm

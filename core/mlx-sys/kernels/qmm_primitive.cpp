@@ -47,7 +47,8 @@ void permute_x(const float* x, float* xp, int M, int K, int bits, int width) {
       const int block = L * epu;
       for (; k + block <= K; k += block)
         for (int lane = 0; lane < L; lane++)
-          for (int j = 0; j < epu; j++) dst[k + j * L + lane] = src[k + lane * epu + j];
+          for (int j = 0; j < epu; j++)
+            dst[k + j * L + lane] = src[k + lane * epu + j] * x_field_scale(bits, j);
     }
     for (; k < K; k++) dst[k] = src[k];
   }
@@ -175,16 +176,23 @@ int initial_cap() {
 
 std::atomic<int> isa_cap{initial_cap()};
 
-const Kernel& select_kernel(int K, int bits) {
+// `M`: rows of x; below GEMM_MIN_ROWS the per-row (decode) path runs.
+const Kernel& select_kernel(int K, int bits, size_t M = GEMM_MIN_ROWS) {
 #if defined(__x86_64__)
   const int level = weft_kernels::isa_level();
+  // AMD's Zen 4 runs 512-bit ops as two 256-bit halves: there the AVX-512 per-row kernel
+  // measured 1.4-2.1x slower than the AVX2 one on SmolLM2's decode shapes
+  // (kernels/tests/qmm_decode_bench.cpp), so AMD CPUs decode with AVX2.
+  static const bool amd = __builtin_cpu_is("amd");
+  const bool rows_on_avx2 = amd && M < size_t(GEMM_MIN_ROWS);
   // The 16-lane kernel only when a 16-lane block fits K at least once (5-bit weights are read
   // 8 lanes at a time by every x86 kernel; the AVX-512 build runs them with its registers).
-  if (level == 0 && K >= 16 * (bits == 5 ? 4 : 32 / bits)) return avx512::kernel;
+  if (level == 0 && !rows_on_avx2 && K >= 16 * (bits == 5 ? 4 : 32 / bits)) return avx512::kernel;
   if (level <= 1) return avx2::kernel;
 #else
   (void)K;
   (void)bits;
+  (void)M;
 #endif
   return generic::kernel;
 }
@@ -270,7 +278,7 @@ PreparedX prepare_x(const mx::array& x, size_t M, int K, int group_size, int bit
   } else {
     gather_x(x, xf.data(), M, K);
   }
-  const Kernel& kernel = select_kernel(K, bits);
+  const Kernel& kernel = select_kernel(K, bits, M);
   if (gemm_only) return {&kernel, nullptr, nullptr, xf.data()};
   xp.resize(M * K);
   xsum.resize(M * G);

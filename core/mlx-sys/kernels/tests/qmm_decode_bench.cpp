@@ -1,17 +1,20 @@
 // Kernel-only benchmark of the decode (M = 1) shapes of SmolLM2-135M (fused QKV 576 -> 960,
 // gate/up 576 -> 3072, down 1536 -> 576, o 576 -> 576, the 8-bit tied LM head 576 -> 49152),
-// float16 scales as GGUF keeps them, on one thread: GB/s of weights + scales against a plain
+// float16 scales as GGUF keeps them, on one thread, for M rows of x (argument; default 1: B=1
+// decode; 8: a B=8 step): GB/s of weights + scales against a plain
 // streaming read of the same weight bytes. Each shape cycles over ~200 MB of copies so the
 // weights come from DRAM, as in a decode step. Thread CPU time, so a loaded machine skews it
 // less. Not a test (no pass/fail); build and run:
 //
 //   cd core/mlx-sys/kernels && g++ -std=c++20 -O3 -ffp-contract=fast -mavx512f -mavx2 -mfma \
 //     -mf16c -DWEFT_QMM_ISA=avx512 -DWEFT_QMM_WIDTH=16 -I. qmm_kernel.cpp \
-//     tests/qmm_decode_bench.cpp -o /tmp/qmm-bench && taskset -c 1 /tmp/qmm-bench
+//     tests/qmm_decode_bench.cpp -o /tmp/qmm-bench && taskset -c 1 /tmp/qmm-bench [M [shape]]
 #include <time.h>
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "../qmm_kernel.h"
@@ -32,7 +35,8 @@ static double cpu_now() {
 
 #include "test_random.h"
 
-int main() {
+int main(int argc, char** argv) {
+  const int M = argc > 1 ? std::atoi(argv[1]) : 1;
   struct Shape {
     const char* name;
     int N, K, bits;
@@ -41,9 +45,11 @@ int main() {
                 {"lm head 576->49152 8-bit", 49152, 576, 8}};
   const int gs = 32;
   for (const auto& s : shapes) {
+    if (argc > 2 && !std::strstr(s.name, argv[2])) continue;
     const int G = s.K / gs;
     const size_t words = size_t(s.N) * s.K / 32 * s.bits;
-    const int copies = int(200e6 / (words * 4.0)) + 1;
+    // A third argument "hot": one copy, so the weights stay in cache (compute bound).
+    const int copies = argc > 3 && !std::strcmp(argv[3], "hot") ? 1 : int(200e6 / (words * 4.0)) + 1;
     std::vector<std::vector<uint32_t>> w(copies);
     std::vector<std::vector<uint16_t>> sc(copies), bs(copies);
     for (int c = 0; c < copies; c++) {
@@ -52,14 +58,14 @@ int main() {
       sc[c].assign(size_t(s.N) * G, 0x2c00);  // float16 1/16
       bs[c].assign(size_t(s.N) * G, 0xac00);
     }
-    std::vector<float> x(s.K, 0.5f), xsum(G, 16.0f), y(s.N);
+    std::vector<float> x(size_t(M) * s.K, 0.5f), xsum(size_t(M) * G, 16.0f), y(size_t(M) * s.N);
     const double bytes = words * 4.0 + 2.0 * s.N * G * 2;
     int iters = 0;
     double t0 = cpu_now(), t;
     do {
       const int c = iters++ % copies;
       Args a{x.data(), xsum.data(), w[c].data(), sc[c].data(), bs[c].data(), F16, y.data(),
-             1,        s.N,         s.K,         s.bits,       gs};
+             M,        s.N,         s.K,         s.bits,       gs};
       WEFT_QMM_ISA::kernel.rows(a, 0, s.N);
     } while ((t = cpu_now() - t0) < 1.0);
     const double kernel_gbs = bytes * iters / t / 1e9;
@@ -78,7 +84,7 @@ int main() {
       sink = a0 ^ a1 ^ a2 ^ a3;
     } while ((t = cpu_now() - t0) < 1.0);
     const double read_gbs = words * 4.0 * iters / t / 1e9;
-    printf("%-26s kernel %6.2f GB/s %8.1f us/call   read %6.2f GB/s\n", s.name, kernel_gbs,
+    printf("M=%d %-26s kernel %6.2f GB/s %8.1f us/call   read %6.2f GB/s\n", M, s.name, kernel_gbs,
            bytes / kernel_gbs / 1e3, read_gbs);
   }
   return 0;

@@ -83,7 +83,8 @@ static int check(int M, int N, int K, int bits, int gs, int sdtype) {
       if (bit % 32 + bits > 32) w[bit / 32 + 1] |= uint32_t(code >> (32 - bit % 32));
     }
   // qmm_kernel.h's layout: within each block of L * epu elements (L = width, width / 2, ... 4),
-  // element lane * epu + j goes to j * L + lane; a remainder keeps its order.
+  // element lane * epu + j goes to j * L + lane, times x_field_scale(bits, j); a remainder
+  // keeps its order.
   std::vector<float> xp(x.size()), xsum(size_t(M) * G, 0.0f);
   for (int m = 0; m < M; m++) {
     const float* src = &x[size_t(m) * K];
@@ -92,7 +93,8 @@ static int check(int M, int N, int K, int bits, int gs, int sdtype) {
     for (int L = width; L >= 4; L /= 2)
       for (; k + L * epu <= K; k += L * epu)
         for (int lane = 0; lane < L; lane++)
-          for (int j = 0; j < epu; j++) dst[k + j * L + lane] = src[k + lane * epu + j];
+          for (int j = 0; j < epu; j++)
+            dst[k + j * L + lane] = src[k + lane * epu + j] * x_field_scale(bits, j);
     for (; k < K; k++) dst[k] = src[k];
     for (int kk = 0; kk < K; kk++) xsum[size_t(m) * G + kk / gs] += src[kk];
   }
@@ -130,14 +132,18 @@ int main() {
   for (int bits : {4, 5, 8})
     for (int gs : {32, 64})
       for (int sdtype : {int(F32), int(F16), int(BF16)})
-        // 1 to 9 rows: the per-row path; 17 and 40: the GEMM path with remainder tiles (N = 37:
-        // a partial slice; K = 576 and 1024: several K chunks).
-        for (int M : {1, 3, 9, 17, 40})
-          for (int K : {64, 576, 1024}) {
-            if (K % gs) continue;
-            bad += check(M, 37, K, bits, gs, sdtype);
-            cases++;
-          }
+        // 1 to 9 rows: the per-row path (tiles of 8, 4, 2, 1 rows of x, each over passes of
+        // 4, 2 or 1 weight rows; N = 37 and 38 end a 16-row block with 5 and 6 rows); 17 and
+        // 40: the GEMM path with remainder tiles (N = 37: a partial slice; K = 576 and 1024:
+        // several K chunks). K = 96 and 160 leave a part of K to the narrower blocks; K = 1536
+        // (4-bit rows of 768 bytes) takes one weight row a pass.
+        for (int M : {1, 2, 3, 4, 5, 8, 9, 17, 40})
+          for (int K : {64, 96, 160, 576, 1024, 1536})
+            for (int N : {37, 38}) {
+              if (K % gs) continue;
+              bad += check(M, N, K, bits, gs, sdtype);
+              cases++;
+            }
   printf("qmm kernel %s (width %d): %d cases, %d mismatching outputs\n", WEFT_QMM_ISA::kernel.name,
          WEFT_QMM_ISA::kernel.width, cases, bad);
   return bad == 0 ? 0 : 1;
