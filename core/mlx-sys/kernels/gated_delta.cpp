@@ -244,21 +244,31 @@ class GatedDeltaCpu : public mx::Primitive {
 
 }  // namespace
 
-extern "C" int weft_gated_delta_fused(mlx_array* y, mlx_array* state_out, const mlx_array q,
-                                      const mlx_array k, const mlx_array v, const mlx_array g,
-                                      const mlx_array beta, const mlx_array state,
-                                      const mlx_array mask, const mlx_stream stream) {
+// The arguments of one recurrence as the three entry points below receive them, checked.
+struct Call {
+  const mx::array& q;
+  const mx::array& k;
+  const mx::array& v;
+  const mx::array& g;
+  const mx::array& beta;
+  std::optional<mx::array> state;
+  std::optional<mx::array> mask;
+  const mx::Stream& s;
+};
+
+// Runs `body` on the unwrapped, shape-checked arguments and stores its {y, state}; C++
+// exceptions become status 1 with the message in `last_error` (nothing crosses into Rust).
+template <class Body>
+int guarded(mlx_array* y, mlx_array* state_out, const mlx_array q, const mlx_array k,
+            const mlx_array v, const mlx_array g, const mlx_array beta, const mlx_array state,
+            const mlx_array mask, const mlx_stream stream, Body body) {
   try {
-    const auto& qa = mlx_array_get_(q);
-    const auto& ka = mlx_array_get_(k);
-    const auto& va = mlx_array_get_(v);
-    const auto& ga = mlx_array_get_(g);
-    const auto& ba = mlx_array_get_(beta);
-    auto st = optional_of(state);
-    auto m = optional_of(mask);
-    check_shapes(qa, ka, va, ga, ba, st, m);
-    auto out = mx::fast::gated_delta_update(qa, ka, va, ga, ba, st, m, mlx_stream_get_(stream));
-    if (out.size() != 2) throw std::runtime_error("fast::gated_delta_update returned " + std::to_string(out.size()) + " arrays");
+    Call c{mlx_array_get_(q),   mlx_array_get_(k),  mlx_array_get_(v),
+           mlx_array_get_(g),   mlx_array_get_(beta), optional_of(state),
+           optional_of(mask),   mlx_stream_get_(stream)};
+    check_shapes(c.q, c.k, c.v, c.g, c.beta, c.state, c.mask);
+    std::vector<mx::array> out = body(c);
+    if (out.size() != 2) throw std::runtime_error("gated delta: " + std::to_string(out.size()) + " outputs, not 2");
     mlx_array_set_(*y, out[0]);
     mlx_array_set_(*state_out, out[1]);
     return 0;
@@ -268,76 +278,54 @@ extern "C" int weft_gated_delta_fused(mlx_array* y, mlx_array* state_out, const 
   }
 }
 
-extern "C" int weft_gated_delta_cuda(mlx_array* y, mlx_array* state_out, const mlx_array q,
-                                     const mlx_array k, const mlx_array v, const mlx_array g,
-                                     const mlx_array beta, const mlx_array state,
-                                     const mlx_array mask, const mlx_stream stream) {
-  try {
-    const auto& qa = mlx_array_get_(q);
-    const auto& ka = mlx_array_get_(k);
-    const auto& va = mlx_array_get_(v);
-    const auto& ga = mlx_array_get_(g);
-    const auto& ba = mlx_array_get_(beta);
-    auto st = optional_of(state);
-    auto m = optional_of(mask);
-    check_shapes(qa, ka, va, ga, ba, st, m);
-    const auto& s = mlx_stream_get_(stream);
+#define WEFT_GATED_DELTA_ARGS                                                                 \
+  mlx_array *y, mlx_array *state_out, const mlx_array q, const mlx_array k, const mlx_array v, \
+      const mlx_array g, const mlx_array beta, const mlx_array state, const mlx_array mask,     \
+      const mlx_stream stream
+#define WEFT_GATED_DELTA_PASS y, state_out, q, k, v, g, beta, state, mask, stream
+
+extern "C" int weft_gated_delta_fused(WEFT_GATED_DELTA_ARGS) {
+  return guarded(WEFT_GATED_DELTA_PASS, [](const Call& c) {
+    return mx::fast::gated_delta_update(c.q, c.k, c.v, c.g, c.beta, c.state, c.mask, c.s);
+  });
+}
+
+extern "C" int weft_gated_delta_cuda(WEFT_GATED_DELTA_ARGS) {
+  return guarded(WEFT_GATED_DELTA_PASS, [](const Call& c) {
+    const auto& s = c.s;
     if (s.device.type != mx::Device::DeviceType::gpu) throw std::invalid_argument("gated delta CUDA kernel: not a GPU stream");
-    const int B = qa.shape(0), Hk = qa.shape(2), Dk = qa.shape(3), Hv = va.shape(2), Dv = va.shape(3);
-    const auto in_type = qa.dtype();
+    const int B = c.q.shape(0), Hk = c.q.shape(2), Dk = c.q.shape(3), Hv = c.v.shape(2), Dv = c.v.shape(3);
+    const auto in_type = c.q.dtype();
     // The kernel reads q, k, v as one type and keeps the state in float32.
-    auto kb = mx::astype(ka, in_type, s);
-    auto vb = mx::astype(va, in_type, s);
-    auto state_in = st ? mx::astype(*st, mx::float32, s) : mx::zeros({B, Hv, Dv, Dk}, mx::float32, s);
-    auto mask_in = m ? *m : mx::array(true);
-    auto out = cuda_kernel()(
-        {qa, kb, vb, ga, ba, state_in, mask_in}, {va.shape(), state_in.shape()}, {in_type, mx::float32},
+    auto kb = mx::astype(c.k, in_type, s);
+    auto vb = mx::astype(c.v, in_type, s);
+    auto state_in = c.state ? mx::astype(*c.state, mx::float32, s) : mx::zeros({B, Hv, Dv, Dk}, mx::float32, s);
+    auto mask_in = c.mask ? *c.mask : mx::array(true);
+    return cuda_kernel()(
+        {c.q, kb, vb, c.g, c.beta, state_in, mask_in}, {c.v.shape(), state_in.shape()}, {in_type, mx::float32},
         {32, Dv, B * Hv}, {32, 4, 1},
-        {{"InT", in_type}, {"GT", ga.dtype()}, {"BT", ba.dtype()}, {"Dk", Dk}, {"Dv", Dv}, {"Hk", Hk},
-         {"Hv", Hv}, {"HasMask", m.has_value()}},
+        {{"InT", in_type}, {"GT", c.g.dtype()}, {"BT", c.beta.dtype()}, {"Dk", Dk}, {"Dv", Dv}, {"Hk", Hk},
+         {"Hv", Hv}, {"HasMask", c.mask.has_value()}},
         std::nullopt, false, s);
-    mlx_array_set_(*y, out[0]);
-    mlx_array_set_(*state_out, out[1]);
-    return 0;
-  } catch (const std::exception& e) {
-    last_error = e.what();
-    return 1;
-  }
+  });
 }
 
-extern "C" int weft_gated_delta_cpu(mlx_array* y, mlx_array* state_out, const mlx_array q,
-                                    const mlx_array k, const mlx_array v, const mlx_array g,
-                                    const mlx_array beta, const mlx_array state,
-                                    const mlx_array mask, const mlx_stream stream) {
-  try {
-    const auto& qa = mlx_array_get_(q);
-    const auto& ka = mlx_array_get_(k);
-    const auto& va = mlx_array_get_(v);
-    const auto& ga = mlx_array_get_(g);
-    const auto& ba = mlx_array_get_(beta);
-    auto st = optional_of(state);
-    auto m = optional_of(mask);
-    check_shapes(qa, ka, va, ga, ba, st, m);
-    const auto& s = mlx_stream_get_(stream);
+extern "C" int weft_gated_delta_cpu(WEFT_GATED_DELTA_ARGS) {
+  return guarded(WEFT_GATED_DELTA_PASS, [](const Call& c) {
+    const auto& s = c.s;
     if (s.device.type != mx::Device::DeviceType::cpu) throw std::invalid_argument("gated delta CPU kernel: not a CPU stream");
-    const auto in_type = qa.dtype();
+    const auto in_type = c.q.dtype();
     if (in_type != mx::float32 && in_type != mx::bfloat16 && in_type != mx::float16)
       throw std::invalid_argument("gated delta CPU kernel: q must be float32, bfloat16 or float16");
-    const int B = qa.shape(0), Dk = qa.shape(3), Hv = va.shape(2), Dv = va.shape(3);
-    auto c = [&](const mx::array& a, mx::Dtype t) { return mx::contiguous(mx::astype(a, t, s), false, s); };
-    std::vector<mx::array> inputs{c(qa, in_type), c(ka, in_type), c(va, in_type), c(ga, mx::float32),
-                                  c(ba, mx::float32),
-                                  st ? c(*st, mx::float32) : mx::zeros({B, Hv, Dv, Dk}, mx::float32, s)};
-    if (m) inputs.push_back(c(*m, mx::bool_));
-    auto out = mx::array::make_arrays({va.shape(), {B, Hv, Dv, Dk}}, {in_type, mx::float32},
-                                      std::make_shared<GatedDeltaCpu>(s), std::move(inputs));
-    mlx_array_set_(*y, out[0]);
-    mlx_array_set_(*state_out, out[1]);
-    return 0;
-  } catch (const std::exception& e) {
-    last_error = e.what();
-    return 1;
-  }
+    const int B = c.q.shape(0), Dk = c.q.shape(3), Hv = c.v.shape(2), Dv = c.v.shape(3);
+    auto cont = [&](const mx::array& a, mx::Dtype t) { return mx::contiguous(mx::astype(a, t, s), false, s); };
+    std::vector<mx::array> inputs{cont(c.q, in_type), cont(c.k, in_type), cont(c.v, in_type),
+                                  cont(c.g, mx::float32), cont(c.beta, mx::float32),
+                                  c.state ? cont(*c.state, mx::float32) : mx::zeros({B, Hv, Dv, Dk}, mx::float32, s)};
+    if (c.mask) inputs.push_back(cont(*c.mask, mx::bool_));
+    return mx::array::make_arrays({c.v.shape(), {B, Hv, Dv, Dk}}, {in_type, mx::float32},
+                                  std::make_shared<GatedDeltaCpu>(s), std::move(inputs));
+  });
 }
 
 extern "C" const char* weft_gated_delta_last_error(void) { return last_error.c_str(); }
