@@ -35,11 +35,14 @@ pub struct BatchKvCache {
 }
 
 impl BatchKvCache {
-    /// A one-row batch holding a single sequence's cache.
+    /// A one-row batch holding a single sequence's cache. Its storage comes whole, spare
+    /// capacity included: the row's next tokens then fit in place, so extending a shared
+    /// prompt-cache entry copies the history contiguously once (MLX's slice update) instead of
+    /// a strided copy of its columns plus fresh capacity.
     pub fn from_single(single: KvCacheSingle) -> Result<Self> {
-        match single.keys_values() {
+        let idx = single.len() as i32;
+        match single.storage() {
             Some((k, v)) => {
-                let idx = k.dim(2);
                 Ok(BatchKvCache { keys: Some(k), values: Some(v), left_padding: vec![0], idx, right_padding: None, holes: vec![Vec::new()] })
             }
             None => Ok(BatchKvCache {
