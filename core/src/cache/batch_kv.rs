@@ -476,4 +476,26 @@ mod tests {
         let taken = two.take_only_row().unwrap();
         assert_eq!(taken.len(), 3);
     }
+
+    /// A cached entry (trimmed to a shared prefix) joins a batch with its storage whole: the
+    /// row's new tokens land in the spare capacity after the kept prefix, and the entry, which
+    /// shares that storage, still holds what it held.
+    #[test]
+    fn a_single_cache_joins_with_its_spare_capacity() {
+        let mut entry = KvCacheSingle::new();
+        entry.update_and_fetch(&cols(1, 0, 5), &cols(1, 0, 5)).unwrap();
+        let capacity = entry.storage().unwrap().0.dim(2);
+        let mut reused = entry.duplicate();
+        reused.trim(2);
+        let mut c = reused.into_batched().unwrap().into_any().downcast::<BatchKvCache>().unwrap();
+        assert_eq!((c.idx, c.keys.as_ref().unwrap().dim(2)), (3, capacity));
+        let (k, _) = c.update_and_fetch(&cols(1, 50, 2), &cols(1, 50, 2)).unwrap();
+        assert_eq!(c.keys.as_ref().unwrap().dim(2), capacity, "written in place, no new capacity");
+        k.eval().unwrap();
+        assert_eq!(k.as_slice::<f32>(), [0.0, 1.0, 2.0, 50.0, 51.0]);
+        assert_eq!(offsets(&c), vec![5]);
+        let (k, _) = entry.keys_values().unwrap();
+        k.eval().unwrap();
+        assert_eq!(k.as_slice::<f32>(), [0.0, 1.0, 2.0, 3.0, 4.0]);
+    }
 }
