@@ -447,6 +447,38 @@ fn sdpa_primitive_matches_mlx_sdpa() {
     eprintln!("attention kernels checked: {seen:?}");
 }
 
+/// A short chunk over a long history (a reused prompt's new tokens: 20 queries, 9 heads over 3
+/// kv heads, 3,800 keys, the batch cache's boolean mask) is split into more query blocks than
+/// kv heads so every pool thread gets work; each query row must come out exactly as when it
+/// attends alone (Lq = 1, its own mask row), on every instruction set this CPU has.
+#[test]
+fn sdpa_short_chunk_over_long_history_matches_rows_alone() {
+    use mlx_rs::ops::indexing::IndexOp;
+    use weft::cache::{sdpa, AttentionMask};
+    let _cap = hold_isa();
+    let c = SdpaCase { b: 1, hq: 9, hkv: 3, lq: 20, lk: 3800, d: 64, mask: "bool" };
+    let (q, k, v, mask) = sdpa_inputs(&c, 900);
+    let AttentionMask::Array(m) = &mask else { unreachable!() };
+    let scale = 0.125;
+    let mut seen = Vec::new();
+    for isa in ["avx512", "avx2", "generic"] {
+        kernels::limit_isa(isa).unwrap();
+        let got = kernels::sdpa_isa();
+        if seen.contains(&got) {
+            continue;
+        }
+        seen.push(got);
+        let chunk = sdpa(&q, &k, &v, scale, &mask, true).unwrap();
+        for i in 0..c.lq {
+            let qi = q.index((.., .., i..i + 1, ..));
+            let mi = AttentionMask::Array(m.index((.., .., i..i + 1, ..)));
+            let alone = to_vec(&sdpa(&qi, &k, &v, scale, &mi, true).unwrap());
+            assert_eq!(to_vec(&chunk.index((.., .., i..i + 1, ..)).contiguous().unwrap()), alone, "query {i} ({got})");
+        }
+    }
+    kernels::limit_isa("avx512").unwrap();
+}
+
 /// Outside the primitive's domain fast mode's `sdpa` is MLX's op, bit for bit (float16 inputs;
 /// a causal mask with more queries than keys), and inputs MLX rejects are an error, not a panic.
 #[test]

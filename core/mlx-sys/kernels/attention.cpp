@@ -77,6 +77,15 @@ void compute(const mx::array& q, const mx::array& k, const mx::array& v, const m
     strides_of(*mask, a.ms);
   }
   a.q_block = query_block(a.Hq / a.Hkv, a.Lq);
+  // A short chunk over a long history (a reused prompt's new tokens) makes one item per kv
+  // head, fewer than the pool's threads can share evenly (3 items on 2 threads take as long as
+  // 4): smaller query blocks give every thread two or more. Each query row's arithmetic does
+  // not depend on its block, so the result is the same.
+  const int threads = weft_kernels::pool_threads();
+  if (items(a) < 2 * threads && a.Lq > 1) {
+    const int per = a.B * a.Hkv, want = (2 * threads + per - 1) / per;
+    a.q_block = (a.Lq + want - 1) / want;
+  }
   const int n = items(a);
   // Multiply-adds of the whole call (causal: about half): below ~2^18 the pool's hand-off
   // costs more than it saves (a decode step over a short history).
