@@ -356,6 +356,7 @@ fn main() {
     headers.sort();
     headers.push(manifest_dir.join("kernels/weft_kernels.h"));
     headers.push(manifest_dir.join("kernels/gated_delta.h"));
+    headers.push(manifest_dir.join("kernels/qmv.h"));
     let builder = headers.iter().fold(
         bindgen::Builder::default()
             .rust_target("1.73.0".parse().expect("rust-version"))
@@ -388,6 +389,9 @@ fn build_kernels(dir: &Path, prefix: &Path, mlx_c: &Path, shim: &Path) {
         "gated_delta.h",
         "gated_delta.cpp",
         "gated_delta_cuda.h",
+        "qmv.h",
+        "qmv.cpp",
+        "qmv_cuda.h",
     ] {
         println!("cargo:rerun-if-changed={}", dir.join(file).display());
     }
@@ -429,6 +433,7 @@ fn build_kernels(dir: &Path, prefix: &Path, mlx_c: &Path, shim: &Path) {
         .file(dir.join("row_ops.cpp"))
         .file(dir.join("attention.cpp"))
         .file(dir.join("gated_delta.cpp"))
+        .file(dir.join("qmv.cpp"))
         .include(prefix.join("include"))
         .include(mlx_c)
         .flag("-include")

@@ -14,6 +14,7 @@
 //! | `WEFT_FUSE_PROJECTIONS` (`0`, `1`) | [`LoadOptions::fuse_projections`] |
 //! | `WEFT_GATED_DELTA` (`ops`, `fused`, `cuda`, `cpu`) | [`LoadOptions::gated_delta`] |
 //! | `WEFT_COMPILE` (`0`, `1`) | [`LoadOptions::compile`] |
+//! | `WEFT_CUDA_QMV` (`0`, `1`) | [`LoadOptions::cuda_qmv`] |
 //! | `WEFT_DECODE` (`sync`) | [`EngineConfig::decode`] |
 //! | `WEFT_FAULTS` (only with the `faults` cargo feature) | `EngineConfig::faults` |
 //! | `WEFT_DISTRIBUTED_BACKEND` | the backend of [`distributed_group`] |
@@ -33,6 +34,7 @@ pub const DEQUANTIZE_ROWS: &str = "WEFT_DEQUANTIZE_ROWS";
 pub const FUSE_PROJECTIONS: &str = "WEFT_FUSE_PROJECTIONS";
 pub const GATED_DELTA: &str = "WEFT_GATED_DELTA";
 pub const COMPILE: &str = "WEFT_COMPILE";
+pub const CUDA_QMV: &str = "WEFT_CUDA_QMV";
 pub const DECODE: &str = "WEFT_DECODE";
 pub const FAULTS: &str = "WEFT_FAULTS";
 pub const DISTRIBUTED_BACKEND: &str = "WEFT_DISTRIBUTED_BACKEND";
@@ -116,6 +118,12 @@ pub fn load_options(
         Some("1") => o.compile = Some(true),
         Some("0") => o.compile = Some(false),
         Some(v) => return Err(Error::Unsupported(format!("{COMPILE}={v:?}: expected 0 or 1"))),
+    }
+    match var(CUDA_QMV)?.as_deref() {
+        None => {}
+        Some("1") => o.cuda_qmv = Some(true),
+        Some("0") => o.cuda_qmv = Some(false),
+        Some(v) => return Err(Error::Unsupported(format!("{CUDA_QMV}={v:?}: expected 0 or 1"))),
     }
     Ok(o)
 }

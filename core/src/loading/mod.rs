@@ -109,6 +109,9 @@ pub struct LoadOptions {
     /// `None` compiles on a GPU only (on the CPU MLX builds them with the system's C++ compiler
     /// at run time). Outputs are the same either way.
     pub compile: Option<bool>,
+    /// Few-row quantized matmuls (decode steps) by Weft's CUDA kernel instead of MLX's;
+    /// `None` is on on MLX's CUDA backend (the only place it runs).
+    pub cuda_qmv: Option<bool>,
     /// Load this rank's part of a model split over a group (tensor or pipeline parallel); an
     /// architecture without that split is refused rather than loaded whole.
     pub parallel: Option<Parallel>,
@@ -136,7 +139,8 @@ impl LoadOptions {
     pub fn layer_options(&self) -> Result<LayerOptions> {
         Ok(LayerOptions::new(self.cpu_kernels, self.dequantize_rows, self.fuse_projections, self.parallel.clone())?
             .with_gated_delta(self.gated_delta)?
-            .with_compile(self.compile))
+            .with_compile(self.compile)
+            .with_cuda_qmv(self.cuda_qmv)?)
     }
 }
 

@@ -34,12 +34,25 @@ pub enum QmmPath {
     /// and multiplied densely (the GPU default from [`super::GPU_DEQUANTIZE_ROWS`] rows: prefill chunks, where a dequantize
     /// plus a tensor-core matmul was measured 2x faster than MLX's batched quantized matmul).
     DequantizeFrom { rows: i32 },
+    /// Weft's CUDA kernel ([`super::cuda_qmv`]) up to `max_rows` rows of `x` (a decode step),
+    /// where it supports the layer; otherwise [`QmmPath::DequantizeFrom`] `dequantize_rows`
+    /// (0: [`QmmPath::MlxFlat`]).
+    WeftCuda { max_rows: i32, dequantize_rows: i32 },
 }
 
 /// `x @ w^T` for an affine-quantized `w` along `path`.
 fn qmm(x: &Array, weight: &Array, scales: &Array, biases: &Array, spec: QuantSpec, path: QmmPath) -> Result<Array> {
     match path {
         QmmPath::WeftCpu => kernels::quantized_matmul(x, weight, scales, biases, spec.group_size, spec.bits),
+        QmmPath::WeftCuda { max_rows, .. }
+            if super::cuda_qmv::supports(x, spec, max_rows) && super::cuda_qmv::worth_it(weight.dim(0), x.dim(-1)) =>
+        {
+            super::cuda_qmv::quantized_matmul(x, weight, scales, biases, spec)
+        }
+        QmmPath::WeftCuda { dequantize_rows, .. } => {
+            let other = if dequantize_rows > 0 { QmmPath::DequantizeFrom { rows: dequantize_rows } } else { QmmPath::MlxFlat };
+            qmm(x, weight, scales, biases, spec, other)
+        }
         QmmPath::DequantizeFrom { rows } if x.size() as i64 / x.dim(-1) as i64 >= rows as i64 => {
             let w = dequantize(weight, scales, biases, spec.group_size, spec.bits)?;
             Ok(x.matmul(w.as_dtype(x.dtype())?.t())?)

@@ -2,6 +2,7 @@
 //! name op-for-op, because parity with mlx-lm is judged bit-for-bit on first-step logits.
 
 mod attention;
+pub mod cuda_qmv;
 pub mod compiled;
 mod decoder;
 mod gated_attention;

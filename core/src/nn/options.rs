@@ -35,6 +35,8 @@ pub struct LayerOptions {
     /// Elementwise chains (SwiGLU, GeGLU) run as MLX-compiled fused kernels
     /// ([`super::compiled`]).
     compile: bool,
+    /// Few-row quantized matmuls (decode) by Weft's CUDA kernel ([`super::cuda_qmv`]).
+    cuda_qmv: bool,
     parallel: Option<Parallel>,
     /// Set when an architecture's loader took `parallel`: a load no loader split is refused
     /// rather than silently left whole.
@@ -106,6 +108,7 @@ impl LayerOptions {
             fuse_projections,
             gated_delta: default_gated_delta(gpu, cpu_kernels),
             compile: gpu,
+            cuda_qmv: gpu && !cfg!(target_os = "macos"),
             parallel,
             parallel_taken: Arc::default(),
         })
@@ -142,6 +145,22 @@ impl LayerOptions {
         self
     }
 
+    /// These options with Weft's few-row CUDA quantized matmul on or off; `None` is the
+    /// device's default (on on MLX's CUDA backend). Refused where there is no CUDA backend.
+    pub fn with_cuda_qmv(mut self, on: Option<bool>) -> Result<Self> {
+        let cuda = self.gpu && !cfg!(target_os = "macos");
+        self.cuda_qmv = match on {
+            Some(true) if !cuda => {
+                return Err(Error::Unsupported(
+                    "the quantized matmul CUDA kernel needs MLX's CUDA backend (a GPU on Linux)".into(),
+                ))
+            }
+            Some(on) => on,
+            None => cuda,
+        };
+        Ok(self)
+    }
+
     /// Whether elementwise chains run compiled ([`super::compiled`]).
     pub fn compile(&self) -> bool {
         self.compile
@@ -155,13 +174,14 @@ impl LayerOptions {
     /// projections, dequantize rows): saved prompt-cache entries are only reused under the same.
     pub fn numerics(&self) -> String {
         format!(
-            "{:?} gpu={} fuse={} dequantize_rows={} gated_delta={} compile={}",
+            "{:?} gpu={} fuse={} dequantize_rows={} gated_delta={} compile={} cuda_qmv={}",
             self.cpu_kernels,
             self.gpu,
             self.fuse_projections,
             self.dequantize_rows,
             self.gated_delta.as_str(),
-            self.compile
+            self.compile,
+            self.cuda_qmv
         )
     }
 
@@ -175,7 +195,12 @@ impl LayerOptions {
     /// computes on the CPU; on a GPU MLX's kernel over rows flattened; either switching to
     /// dequantize + matmul from the dequantize row count.
     pub fn qmm_path(&self) -> QmmPath {
-        if self.dequantize_rows > 0 {
+        if self.cuda_qmv {
+            QmmPath::WeftCuda {
+                max_rows: super::cuda_qmv::DEFAULT_MAX_ROWS,
+                dequantize_rows: self.dequantize_rows,
+            }
+        } else if self.dequantize_rows > 0 {
             QmmPath::DequantizeFrom {
                 rows: self.dequantize_rows,
             }
