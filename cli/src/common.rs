@@ -129,9 +129,12 @@ pub fn draft_tokens(asked: usize, draft_model: Option<&Path>) -> usize {
 /// Hugging Face repo id fetched); a failure names the flag.
 pub fn resolve_draft_model(draft_model: Option<&Path>) -> Result<Option<PathBuf>> {
     let Some(path) = draft_model else { return Ok(None) };
-    resolve_model_path(Some(path))
-        .map(Some)
-        .map_err(|e| Error::field("draft_model", format!("--draft-model {}: {e}", path.display())))
+    let flag = |why: String| Error::field("draft_model", format!("--draft-model {}: {why}", path.display()));
+    let resolved = resolve_model_path(Some(path)).map_err(|e| flag(e.to_string()))?;
+    if !resolved.exists() {
+        return Err(flag("no such model directory or file".into()));
+    }
+    Ok(Some(resolved))
 }
 
 /// `--model`, else `$WEFT_MODEL`, else the default model, as a local path
