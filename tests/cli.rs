@@ -245,6 +245,114 @@ fn bench_reports_speculative_decoding() {
     }
 }
 
+/// `weft generate` with one prompt speculates through the engine: prompt lookup, a draft
+/// model drafting for itself and a sibling sharing the vocabulary all give mlx-lm's greedy
+/// tokens exactly, and the JSON carries the engine's speculation counters.
+#[test]
+fn generate_speculates_token_for_token_with_a_draft_model_or_prompt_lookup() {
+    let g = golden("qwen2");
+    let case = &g["single"][1];
+    let (qwen2, qwen3) = (tiny_model_dir("qwen2"), tiny_model_dir("qwen3"));
+    let prompt = id_list(&case["prompt_ids"]);
+    let base = ["generate", "-m", qwen2.to_str().unwrap(), "--prompt-ids", &prompt, "--max-tokens", "24", "--temp", "0", "--no-eos", "--json"];
+    let plain = json_of(&weft(&base));
+    assert_eq!(ids(&plain["tokens"]), ids(&case["tokens"]));
+    assert!(plain.get("speculation").is_none(), "{plain}");
+    for extra in [
+        vec!["--num-draft-tokens", "4"],
+        vec!["--draft-model", qwen2.to_str().unwrap()],
+        vec!["--draft-model", qwen2.to_str().unwrap(), "--num-draft-tokens", "2"],
+        vec!["--draft-model", qwen3.to_str().unwrap()],
+    ] {
+        let v = json_of(&weft(&[&base[..], &extra[..]].concat()));
+        assert_eq!(ids(&v["tokens"]), ids(&case["tokens"]), "{extra:?}");
+        assert_eq!((&v["first_logits"], &v["finish_reason"]), (&plain["first_logits"], &plain["finish_reason"]), "{extra:?}");
+        let s = &v["speculation"];
+        assert!(s["draft_tokens"].as_u64().unwrap() > 0 && s["speculative_steps"].as_u64().unwrap() > 0, "{extra:?}: {s}");
+        if extra[1] == qwen2.to_str().unwrap() {
+            // A model drafting for itself is accepted: several tokens per step.
+            assert!(s["draft_acceptance_rate"].as_f64().unwrap() > 0.9, "{extra:?}: {s}");
+            assert!(s["tokens_per_step"].as_f64().unwrap() > 1.5, "{extra:?}: {s}");
+        }
+    }
+    // The draft model's default length is mlx_lm.server's 3.
+    let draft = ["--draft-model", qwen2.to_str().unwrap()];
+    let default = json_of(&weft(&[&base[..], &draft].concat()));
+    let three = json_of(&weft(&[&base[..], &draft, &["--num-draft-tokens", "3"]].concat()));
+    assert_eq!(default["speculation"], three["speculation"]);
+}
+
+/// `weft OPTIONS...` with `input` on stdin.
+fn weft_stdin(args: &[&str], input: &str) -> Output {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run weft");
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// `weft generate PROMPT`, `weft run PROMPT` and `weft chat` (two turns on stdin) on the
+/// default model print the same greedy text with prompt lookup and with the model drafting for
+/// itself as without speculation; `--verbose` reports the drafts.
+#[test]
+fn generate_run_and_chat_speculate_token_for_token_on_the_default_model() {
+    let Some(model) = default_model() else { return };
+    let m = model.to_str().unwrap();
+    let ok = |out: Output| {
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        (String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap())
+    };
+    let speculating: [&[&str]; 2] = [&["--num-draft-tokens", "4"], &["--draft-model", m]];
+    let question = "Write a short poem about the sea.";
+    let cases: [(&[&str], &str); 3] = [
+        (&["generate", "-m", m, question, "--max-tokens", "24", "--temp", "0"], ""),
+        (&["run", "-m", m, question, "--max-tokens", "24", "--temp", "0", "-v"], ""),
+        (&["chat", "-m", m, "--max-tokens", "16", "--temp", "0", "-v"], "What is the capital of France?\nAnd of Italy?\n"),
+    ];
+    for (args, input) in cases {
+        let (want, _) = ok(weft_stdin(args, input));
+        assert!(!want.trim().is_empty(), "{args:?}");
+        for extra in speculating {
+            let (got, err) = ok(weft_stdin(&[args, extra].concat(), input));
+            assert_eq!(got, want, "{args:?} {extra:?}");
+            // The summary line of each reply: what was drafted and accepted.
+            assert!(err.contains(" drafted, ") && err.contains(" accepted (") && err.contains("tokens/step"), "{err}");
+            if extra[0] == "--draft-model" {
+                assert!(!err.contains(" 0 drafted"), "{err}");
+            }
+        }
+    }
+}
+
+/// A draft model that cannot draft (missing, another vocabulary, caches that cannot drop
+/// rejected positions) is one clear error naming `--draft-model`, exit 1, on every command.
+#[test]
+fn bad_draft_models_are_clean_errors() {
+    let (qwen2, mistral, qwen35) = (tiny_model_dir("qwen2"), tiny_model_dir("mistral-fp32"), tiny_model_dir("qwen3_5"));
+    let (qwen2, mistral, qwen35) = (qwen2.to_str().unwrap(), mistral.to_str().unwrap(), qwen35.to_str().unwrap());
+    for cmd in ["generate", "run", "chat"] {
+        let mut args = vec![cmd, "-m", qwen2, "--draft-model", "/no/such/draft"];
+        if cmd == "generate" {
+            args.extend(["--prompt-ids", "1,2,3"]);
+        }
+        if cmd == "run" {
+            args.push("hello");
+        }
+        assert_clean_error(&weft_stdin(&args, "hello\n"), 1, "--draft-model /no/such/draft");
+    }
+    let ids = ["--prompt-ids", "1,2,3"];
+    let out = weft(&[&["generate", "-m", qwen2, "--draft-model", mistral][..], &ids].concat());
+    assert_clean_error(&out, 1, "must share the tokenizer");
+    let out = weft(&[&["generate", "-m", mistral, "--draft-model", qwen35][..], &ids].concat());
+    assert_clean_error(&out, 1, "cannot drop rejected draft positions");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Models by Hugging Face repo id, against a local Hub (tests/support/hub.rs).
 

@@ -1,16 +1,17 @@
 //! `weft chat` (interactive, multi-turn) and `weft run` (one answer, or chat).
 
 use std::io::{BufRead, IsTerminal, Write};
+use std::path::PathBuf;
 
 use clap::Args;
-use weft::engine::EngineConfig;
-use weft::generate::{generate, GenerateOptions};
-use weft::loading::LoadedModel;
+use weft::engine::{EngineConfig, Input, Request};
+use weft::sampling::SamplingParams;
 use weft::tokenizer::ChatMessage;
-use weft::Result;
+use weft::{Error, Result};
 
+use crate::batch::{Collector, Speculation};
 use crate::options::Options;
-use crate::common::{load_model, require_tokenizer, ModelArgs, SamplingArgs};
+use crate::common::{draft_tokens, load_model, require_tokenizer, resolve_draft_model, ModelArgs, SamplingArgs};
 
 #[derive(Args, Debug)]
 pub struct ChatArgs {
@@ -25,6 +26,14 @@ pub struct ChatArgs {
     /// Prompt-lookup speculative decoding: draft up to this many tokens per step (0 = off).
     #[arg(long, default_value_t = 0)]
     pub num_draft_tokens: usize,
+    /// Speculative decoding with this draft model (sharing the tokenizer; a path, store name or
+    /// repo id as `--model`) instead of prompt lookup; `--num-draft-tokens` 0 means 3.
+    #[arg(long)]
+    pub draft_model: Option<PathBuf>,
+    /// After each reply, print its token counts, speed and finish reason (and with speculation,
+    /// the drafts and tokens per step) on stderr.
+    #[arg(long, short = 'v')]
+    pub verbose: bool,
     #[command(flatten)]
     pub sampling: SamplingArgs,
 }
@@ -41,21 +50,20 @@ pub fn run(args: RunArgs, opts: &Options) -> Result<()> {
     match args.prompt {
         None => chat(args.chat, opts),
         Some(prompt) => {
-            let loaded = load_model(&args.chat.model, opts)?;
+            let mut session = Session::start(&args.chat, opts)?;
             let mut messages = system_messages(&args.chat);
             messages.push(ChatMessage::new("user", prompt));
-            reply(&loaded, &args.chat, &messages, opts)?;
+            session.reply(&args.chat, &messages)?;
             Ok(())
         }
     }
 }
 
 pub fn chat(args: ChatArgs, opts: &Options) -> Result<()> {
-    let loaded = load_model(&args.model, opts)?;
-    require_tokenizer(&loaded)?;
+    let mut session = Session::start(&args, opts)?;
     let interactive = std::io::stdin().is_terminal();
     if interactive {
-        eprintln!("Chatting with {}. /reset clears the conversation, /exit or Ctrl-D quits.", loaded.source.display());
+        eprintln!("Chatting with {}. /reset clears the conversation, /exit or Ctrl-D quits.", session.source.display());
     }
     let mut messages = system_messages(&args);
     let stdin = std::io::stdin();
@@ -78,7 +86,7 @@ pub fn chat(args: ChatArgs, opts: &Options) -> Result<()> {
             _ => {}
         }
         messages.push(ChatMessage::new("user", line.to_string()));
-        let answer = reply(&loaded, &args, &messages, opts)?;
+        let answer = session.reply(&args, &messages)?;
         messages.push(ChatMessage::new("assistant", answer));
     }
     Ok(())
@@ -91,26 +99,69 @@ fn system_messages(args: &ChatArgs) -> Vec<ChatMessage> {
         .collect()
 }
 
-/// Streams the assistant's reply to stdout and returns its text.
-fn reply(loaded: &LoadedModel, args: &ChatArgs, messages: &[ChatMessage], options: &Options) -> Result<String> {
-    let tok = require_tokenizer(loaded)?;
-    let ids = tok.apply_chat_template(messages, true)?;
-    let opts = GenerateOptions {
-        max_tokens: args.max_tokens,
-        sampling: args.sampling.params(loaded),
-        stop_token_ids: loaded.eos_token_ids.clone(),
-        decode: options.engine_config(EngineConfig::default())?.decode,
-        num_draft_tokens: args.num_draft_tokens,
-        ..GenerateOptions::default()
-    };
-    let mut stdout = std::io::stdout();
-    let mut streamed = 0usize;
-    let g = generate(loaded.model.as_ref(), Some(tok), &ids, &opts, |ev| {
-        streamed += ev.text.len();
-        let _ = stdout.write_all(ev.text.as_bytes());
-        let _ = stdout.flush();
-        true
-    })?;
-    println!("{}", &g.text[streamed.min(g.text.len())..]);
-    Ok(g.text)
+/// The model behind one `run` / `chat`: an engine core every reply is submitted to as a
+/// request (speculation, stop ids and the row loop are the engine's), kept across turns.
+struct Session {
+    engine: Collector,
+    sampling: SamplingParams,
+    source: PathBuf,
+    speculating: bool,
+}
+
+impl Session {
+    fn start(args: &ChatArgs, opts: &Options) -> Result<Session> {
+        // Found before the model loads: a bad draft model fails at once.
+        let draft_model = resolve_draft_model(args.draft_model.as_deref())?;
+        let loaded = load_model(&args.model, opts)?;
+        require_tokenizer(&loaded)?;
+        let config = opts.engine_config(EngineConfig {
+            // Each turn prefills the whole conversation, as before; nothing is kept between turns.
+            prompt_cache_bytes: 0,
+            num_draft_tokens: draft_tokens(args.num_draft_tokens, draft_model.as_deref()),
+            draft_model,
+            ..EngineConfig::default()
+        })?;
+        let speculating = config.num_draft_tokens > 0;
+        let sampling = args.sampling.params(&loaded);
+        let source = loaded.source.clone();
+        let engine = Collector::new(loaded, config)?;
+        if speculating {
+            if let Some(why) = engine.speculation_off() {
+                eprintln!("weft: not speculating: {why}");
+            }
+        }
+        Ok(Session { engine, sampling, source, speculating })
+    }
+
+    /// Streams the assistant's reply to `messages` to stdout and returns its text.
+    fn reply(&mut self, args: &ChatArgs, messages: &[ChatMessage]) -> Result<String> {
+        let tok = self.engine.tokenizer().ok_or_else(|| Error::InvalidRequest("this model has no tokenizer".into()))?;
+        let ids = tok.apply_chat_template(messages, true)?;
+        let request = Request { max_tokens: args.max_tokens, sampling: self.sampling.clone(), ..Request::new(Input::Tokens(ids)) };
+        let id = self.engine.submit(request)?;
+        let before = Speculation::read(&self.engine.core);
+        let mut stdout = std::io::stdout();
+        let mut streamed = 0usize;
+        let r = self.engine.stream(id, |text| {
+            streamed += text.len();
+            let _ = stdout.write_all(text.as_bytes());
+            let _ = stdout.flush();
+        });
+        let speculation = Speculation::read(&self.engine.core).since(before);
+        if let Some(e) = r.error {
+            return Err(Error::Mlx(e));
+        }
+        println!("{}", &r.text[streamed.min(r.text.len())..]);
+        if args.verbose {
+            let spec = if self.speculating { format!(", speculation: {}", speculation.describe(r.tokens.len())) } else { String::new() };
+            eprintln!(
+                "[{} prompt tokens, {} generated, {:.1} tok/s, finish: {}{spec}]",
+                r.prompt_tokens,
+                r.tokens.len(),
+                r.tokens_per_second(),
+                r.finish_str()
+            );
+        }
+        Ok(r.text)
+    }
 }

@@ -125,6 +125,18 @@ pub fn draft_tokens(asked: usize, draft_model: Option<&Path>) -> usize {
     }
 }
 
+/// `--draft-model` as a local path, resolved as `--model` is (a store name is installed, a
+/// Hugging Face repo id fetched); a failure names the flag.
+pub fn resolve_draft_model(draft_model: Option<&Path>) -> Result<Option<PathBuf>> {
+    let Some(path) = draft_model else { return Ok(None) };
+    let flag = |why: String| Error::field("draft_model", format!("--draft-model {}: {why}", path.display()));
+    let resolved = resolve_model_path(Some(path)).map_err(|e| flag(e.to_string()))?;
+    if !resolved.exists() {
+        return Err(flag("no such model directory or file".into()));
+    }
+    Ok(Some(resolved))
+}
+
 /// `--model`, else `$WEFT_MODEL`, else the default model, as a local path
 /// ([`weft::model_store::resolve_model`]): a value that is not an existing path but names a
 /// model the store knows is installed by name; one shaped like a Hugging Face repo id
@@ -175,8 +187,8 @@ pub struct EngineArgs {
     /// Prompt-lookup speculative decoding: draft up to this many tokens per step (0 = off).
     #[arg(long, default_value_t = 0)]
     pub num_draft_tokens: usize,
-    /// Speculative decoding with this draft model (a local path sharing the tokenizer) instead
-    /// of prompt lookup; `--num-draft-tokens` 0 means 3. Engine runs (several `--prompt-ids`).
+    /// Speculative decoding with this draft model (sharing the tokenizer; a path, store name or
+    /// repo id as `--model`) instead of prompt lookup; `--num-draft-tokens` 0 means 3.
     #[arg(long)]
     pub draft_model: Option<PathBuf>,
 }

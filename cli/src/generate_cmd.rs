@@ -4,14 +4,14 @@ use std::io::Write;
 
 use clap::Args;
 use serde_json::json;
-use weft::engine::{EngineConfig, Input, Request};
-use weft::generate::{generate, GenerateOptions, Generation};
+use weft::engine::{Input, Request};
+use weft::loading::LoadedModel;
 use weft::tokenizer::ChatMessage;
 use weft::{Error, Result};
 
-use crate::batch::Collector;
+use crate::batch::{Collector, Speculation};
 use crate::options::Options;
-use crate::common::{load_model, require_tokenizer, EngineArgs, KvArgs, ModelArgs, SamplingArgs};
+use crate::common::{load_model, require_tokenizer, resolve_draft_model, EngineArgs, KvArgs, ModelArgs, SamplingArgs};
 
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
@@ -62,6 +62,10 @@ fn parse_ids(s: &str) -> std::result::Result<Vec<u32>, String> {
 /// Number of leading first-step logits the parity JSON reports.
 const FIRST_LOGITS: usize = 8;
 
+/// Every prompt runs through the engine core ([`Collector`]), as `weft serve` runs requests:
+/// one prompt streamed (text) or printed at its end (ids, `--json`), several `--prompt-ids`
+/// batched together. Speculative decoding (`--num-draft-tokens`, `--draft-model`) is the
+/// engine's; its counters come from the engine's stats.
 pub fn run(args: GenerateArgs, options: &Options) -> Result<()> {
     if args.prompt.is_some() == !args.prompt_ids.is_empty() {
         return Err(Error::InvalidRequest("give either a PROMPT or --prompt-ids".into()));
@@ -69,79 +73,90 @@ pub fn run(args: GenerateArgs, options: &Options) -> Result<()> {
     if args.max_tokens == 0 {
         return Err(Error::InvalidRequest("--max-tokens must be at least 1".into()));
     }
+    // Found before the model loads: a bad draft model fails at once.
+    let draft_model = resolve_draft_model(args.engine.draft_model.as_deref())?;
     let loaded = load_model(&args.model, options)?;
-    let opts = GenerateOptions {
+    let engine_args = EngineArgs { draft_model, ..args.engine.clone() };
+    let config = options.engine_config(args.kv.apply(engine_args.config(args.prefill_step_size.max(1))))?;
+    let sampling = args.sampling.params(&loaded);
+    let prompts = match &args.prompt {
+        Some(text) => vec![encode_prompt(&loaded, &args, text)?],
+        None => args.prompt_ids.clone(),
+    };
+    let speculating = config.num_draft_tokens > 0;
+    let mut engine = Collector::new(loaded, config)?;
+    if speculating {
+        if let Some(why) = engine.speculation_off() {
+            eprintln!("weft: not speculating: {why}");
+        }
+    }
+    let request = |ids: Vec<u32>, capture_first_logits: usize| Request {
         max_tokens: args.max_tokens,
-        sampling: args.sampling.params(&loaded),
-        stop_token_ids: if args.no_eos { Vec::new() } else { loaded.eos_token_ids.clone() },
-        stop_strings: args.stop.clone(),
-        prefill_step_size: args.prefill_step_size.max(1),
-        capture_first_logits: if args.json { FIRST_LOGITS } else { 0 },
-        kv_quantization: args.kv.quantization(),
-        decode: options.engine_config(EngineConfig::default())?.decode,
-        num_draft_tokens: args.engine.num_draft_tokens,
+        sampling: sampling.clone(),
+        stop: args.stop.clone(),
+        ignore_eos: args.no_eos,
+        capture_first_logits,
+        ..Request::new(Input::Tokens(ids))
     };
-    let model = loaded.model.as_ref();
-    let tokenizer = loaded.tokenizer.as_ref();
-
-    if args.prompt_ids.len() > 1 {
-        return run_rows(args, loaded, opts, options);
-    }
-    if args.engine.draft_model.is_some() {
-        return Err(Error::InvalidRequest("--draft-model runs in the engine: give several --prompt-ids, or use `weft serve` / `weft bench`".into()));
-    }
-    if let Some(ids) = args.prompt_ids.first() {
-        let g = generate(model, tokenizer, ids, &opts, |_| true)?;
-        if args.json {
-            println!(
-                "{}",
-                json!({"tokens": g.tokens, "first_logits": g.first_logits,
-                       "prompt_tokens": g.prompt_tokens, "finish_reason": g.finish_reason.as_str()})
-            );
-        } else {
-            print_plain(&g.tokens, g.finish_reason.as_str());
-        }
-        return Ok(());
+    if prompts.len() > 1 {
+        return run_rows(&args, engine, prompts.into_iter().map(|p| request(p, FIRST_LOGITS)).collect());
     }
 
-    let text = args.prompt.as_deref().unwrap_or_default();
-    let tok = require_tokenizer(&loaded)?;
-    let ids = if args.raw || tok.chat_template().is_none() {
-        tok.encode(text, true)?
-    } else {
-        let mut messages = Vec::new();
-        if let Some(s) = &args.system {
-            messages.push(ChatMessage::new("system", s.clone()));
-        }
-        messages.push(ChatMessage::new("user", text.to_string()));
-        tok.apply_chat_template(&messages, true)?
-    };
-    if args.json {
-        let g = generate(model, tokenizer, &ids, &opts, |_| true)?;
-        println!(
-            "{}",
-            json!({"text": g.text, "tokens": g.tokens, "first_logits": g.first_logits,
-                   "prompt_tokens": g.prompt_tokens, "finish_reason": g.finish_reason.as_str()})
-        );
-        return Ok(());
-    }
+    let id = engine.submit(request(prompts[0].clone(), if args.json { FIRST_LOGITS } else { 0 }))?;
+    let before = Speculation::read(&engine.core);
+    let streaming = args.prompt.is_some() && !args.json;
     let mut stdout = std::io::stdout();
     let mut streamed = 0usize;
-    let g = generate(model, tokenizer, &ids, &opts, |ev| {
-        streamed += ev.text.len();
-        let _ = stdout.write_all(ev.text.as_bytes());
-        let _ = stdout.flush();
-        true
-    })?;
-    println!("{}", &g.text[streamed.min(g.text.len())..]);
-    eprintln!(
-        "[{} prompt tokens, {} generated, {:.1} tok/s, finish: {}]",
-        g.prompt_tokens,
-        g.tokens.len(),
-        tokens_per_second(&g),
-        g.finish_reason.as_str()
-    );
+    let r = engine.stream(id, |text| {
+        if streaming {
+            streamed += text.len();
+            let _ = stdout.write_all(text.as_bytes());
+            let _ = stdout.flush();
+        }
+    });
+    let speculation = Speculation::read(&engine.core).since(before);
+    if let Some(e) = r.error {
+        return Err(Error::Mlx(e));
+    }
+    if args.json {
+        let mut v = json!({"tokens": r.tokens, "first_logits": r.first_logits,
+                           "prompt_tokens": r.prompt_tokens, "finish_reason": r.finish_str()});
+        if args.prompt.is_some() {
+            v["text"] = json!(r.text);
+        }
+        if speculating {
+            v["speculation"] = speculation.json(r.tokens.len());
+        }
+        println!("{v}");
+    } else if args.prompt.is_none() {
+        print_plain(&r.tokens, r.finish_str());
+    } else {
+        println!("{}", &r.text[streamed.min(r.text.len())..]);
+        let spec = if speculating { format!(", speculation: {}", speculation.describe(r.tokens.len())) } else { String::new() };
+        eprintln!(
+            "[{} prompt tokens, {} generated, {:.1} tok/s, finish: {}{spec}]",
+            r.prompt_tokens,
+            r.tokens.len(),
+            r.tokens_per_second(),
+            r.finish_str()
+        );
+    }
     Ok(())
+}
+
+/// The prompt text as token ids: through the chat template as a user message (after
+/// `--system`), unless `--raw` or the model has no template.
+fn encode_prompt(loaded: &LoadedModel, args: &GenerateArgs, text: &str) -> Result<Vec<u32>> {
+    let tok = require_tokenizer(loaded)?;
+    if args.raw || tok.chat_template().is_none() {
+        return tok.encode(text, true);
+    }
+    let mut messages = Vec::new();
+    if let Some(s) = &args.system {
+        messages.push(ChatMessage::new("system", s.clone()));
+    }
+    messages.push(ChatMessage::new("user", text.to_string()));
+    tok.apply_chat_template(&messages, true)
 }
 
 fn print_plain(tokens: &[u32], finish: &str) {
@@ -150,23 +165,9 @@ fn print_plain(tokens: &[u32], finish: &str) {
 }
 
 /// Several `--prompt-ids`: all submitted at once to the continuous-batching engine.
-fn run_rows(args: GenerateArgs, loaded: weft::loading::LoadedModel, opts: GenerateOptions, options: &Options) -> Result<()> {
-    let config = options.engine_config(args.kv.apply(args.engine.config(opts.prefill_step_size)))?;
-    let mut engine = Collector::new(loaded, config)?;
-    for ids in &args.prompt_ids {
-        engine.submit(Request {
-            input: Input::Tokens(ids.clone()),
-            max_tokens: opts.max_tokens,
-            sampling: opts.sampling.clone(),
-            stop: opts.stop_strings.clone(),
-            ignore_eos: args.no_eos,
-            capture_first_logits: FIRST_LOGITS,
-            logprobs: None,
-            tools: None,
-            constraint: None,
-            images: Vec::new(),
-            ..Request::new(Input::Tokens(Vec::new()))
-        })?;
+fn run_rows(args: &GenerateArgs, mut engine: Collector, requests: Vec<Request>) -> Result<()> {
+    for request in requests {
+        engine.submit(request)?;
     }
     engine.run_to_completion();
     let rows = engine.results();
@@ -186,12 +187,4 @@ fn run_rows(args: GenerateArgs, loaded: weft::loading::LoadedModel, opts: Genera
         }
     }
     Ok(())
-}
-
-pub fn tokens_per_second(g: &Generation) -> f64 {
-    if g.tokens.len() > 1 && g.decode_s > 0.0 {
-        (g.tokens.len() - 1) as f64 / g.decode_s
-    } else {
-        0.0
-    }
 }

@@ -250,7 +250,8 @@ unsafe fn take_result_with(
 }
 
 /// The instruction set the fast kernel uses for inner dimension `k` at `bits` (reported by
-/// benchmarks and tests): "avx512", "avx2" or "generic".
+/// benchmarks and tests): "avx512", "avx2" or "generic", or "avx512 (decode avx2)" where the
+/// per-row (decode, fewer than 16 rows) path runs AVX2 (AMD CPUs with AVX-512).
 pub fn isa(k: i32, bits: i32) -> &'static str {
     unsafe { CStr::from_ptr(mlx_sys::weft_kernels_isa(k, bits)).to_str().unwrap_or("?") }
 }

@@ -614,7 +614,9 @@ extern "C" int weft_gather_qmm(mlx_array* res, const mlx_array x, const mlx_arra
 extern "C" const char* weft_kernels_last_error(void) { return last_error.c_str(); }
 
 extern "C" const char* weft_kernels_isa(int k, int bits) {
-  return select_kernel(k, bits).name;
+  // Prefill's kernel, and decode's when it differs: the one pair that can (AMD, see select_kernel).
+  const char* prefill = select_kernel(k, bits).name;
+  return select_kernel(k, bits, 1).name == prefill ? prefill : "avx512 (decode avx2)";
 }
 
 extern "C" int weft_kernels_limit_isa(const char* isa) {
