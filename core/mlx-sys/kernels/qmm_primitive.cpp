@@ -72,7 +72,8 @@ void quantize_x_int8(const float* x, int8_t* xq, float* xd, float* xc, int M, in
         amax = a > amax ? a : amax;
       }
       const float d = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
-      const float id = finite && amax > 0.0f ? 1.0f / d : 0.0f;
+      // (A block of subnormals whose d underflows, or whose 1 / d overflows, rounds to zeros.)
+      const float id = finite && d > 0.0f && 1.0f / d <= std::numeric_limits<float>::max() ? 1.0f / d : 0.0f;
       int8_t q[32];
       int qsum = 0;
       for (int e = 0; e < 32; e++) {
