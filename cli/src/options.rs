@@ -3,7 +3,7 @@
 //! and the model loader take [`LoadOptions`] and [`EngineConfig`] values.
 
 use weft::engine::EngineConfig;
-use weft::kernels::CpuKernels;
+use weft::kernels::{CpuActivations, CpuKernels};
 use weft::loading::LoadOptions;
 use weft::Result;
 
@@ -17,11 +17,14 @@ pub struct Options {
 /// The options of this run: `--cpu-kernels` when given, else `WEFT_CPU_KERNELS`; the GGUF weight
 /// handling from `WEFT_GGUF_WEIGHTS`, the dequantize threshold from `WEFT_DEQUANTIZE_ROWS`, and
 /// projection fusion from `WEFT_FUSE_PROJECTIONS` (each variable documented in
-/// [`weft::env`] and docs/building.md). A bad value is an error naming the variable.
-pub fn options_from_env(cpu_kernels: Option<CpuKernels>) -> Result<Options> {
-    Ok(Options {
-        load: weft::env::load_options(cpu_kernels, None)?,
-    })
+/// [`weft::env`] and docs/building.md); `--cpu-activations` when given, else
+/// `WEFT_CPU_ACTIVATIONS`. A bad value is an error naming the variable.
+pub fn options_from_env(cpu_kernels: Option<CpuKernels>, cpu_activations: Option<CpuActivations>) -> Result<Options> {
+    let mut load = weft::env::load_options(cpu_kernels, None)?;
+    if cpu_activations.is_some() {
+        load.cpu_activations = cpu_activations;
+    }
+    Ok(Options { load })
 }
 
 impl Options {

@@ -379,6 +379,8 @@ fn build_kernels(dir: &Path, prefix: &Path, mlx_c: &Path, shim: &Path) {
     for file in [
         "qmm_kernel.h",
         "qmm_kernel.cpp",
+        "qmm_convert.h",
+        "qmm_int8.cpp",
         "qmm_primitive.cpp",
         "row_ops.cpp",
         "attention_kernel.h",
@@ -418,6 +420,7 @@ fn build_kernels(dir: &Path, prefix: &Path, mlx_c: &Path, shim: &Path) {
     for (isa, width, flags) in isas {
         let mut b = base();
         b.file(dir.join("qmm_kernel.cpp"))
+            .file(dir.join("qmm_int8.cpp"))
             .file(dir.join("attention_kernel.cpp"))
             .define("WEFT_QMM_ISA", isa)
             .define("WEFT_QMM_WIDTH", width);
@@ -427,6 +430,16 @@ fn build_kernels(dir: &Path, prefix: &Path, mlx_c: &Path, shim: &Path) {
         // Each ISA's objects get their own name (same source file).
         let objs = b.out_dir(PathBuf::from(env::var("OUT_DIR").unwrap()).join(format!("qmm-{isa}"))).compile_intermediates();
         objects.extend(objs);
+    }
+    if arch == "x86_64" {
+        // The int8-activation kernel with AVX-512 VNNI (vpdpbusd on 256-bit vectors), picked
+        // at run time where the CPU has it; only that file: the other kernels gain nothing.
+        let mut b = base();
+        b.file(dir.join("qmm_int8.cpp")).define("WEFT_QMM_ISA", "avx512vnni");
+        for f in ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx2", "-mfma", "-mf16c"] {
+            b.flag(f);
+        }
+        objects.extend(b.out_dir(PathBuf::from(env::var("OUT_DIR").unwrap()).join("qmm-avx512vnni")).compile_intermediates());
     }
     let mut b = base();
     b.file(dir.join("qmm_primitive.cpp"))

@@ -9,6 +9,7 @@
 //! | Variable | Option |
 //! |---|---|
 //! | `WEFT_CPU_KERNELS` (`fast`, `exact`) | [`LoadOptions::cpu_kernels`] |
+//! | `WEFT_CPU_ACTIVATIONS` (`float`, `int8`) | [`LoadOptions::cpu_activations`] |
 //! | `WEFT_GGUF_WEIGHTS` (`native`, `dequantize`) | [`LoadOptions::gguf_weights`] |
 //! | `WEFT_DEQUANTIZE_ROWS` (row count, `0` = never) | [`LoadOptions::dequantize_rows`] |
 //! | `WEFT_FUSE_PROJECTIONS` (`0`, `1`) | [`LoadOptions::fuse_projections`] |
@@ -29,6 +30,7 @@ use crate::loading::{GgufWeights, LoadOptions};
 use crate::{Error, Result};
 
 pub const CPU_KERNELS: &str = "WEFT_CPU_KERNELS";
+pub const CPU_ACTIVATIONS: &str = "WEFT_CPU_ACTIVATIONS";
 pub const GGUF_WEIGHTS: &str = "WEFT_GGUF_WEIGHTS";
 pub const DEQUANTIZE_ROWS: &str = "WEFT_DEQUANTIZE_ROWS";
 pub const FUSE_PROJECTIONS: &str = "WEFT_FUSE_PROJECTIONS";
@@ -113,6 +115,7 @@ pub fn load_options(
         }
     }
     o.gated_delta = parsed(GATED_DELTA, "\"ops\", \"fused\", \"cuda\" or \"cpu\"")?;
+    o.cpu_activations = parsed(CPU_ACTIVATIONS, "\"float\" or \"int8\"")?;
     match var(COMPILE)?.as_deref() {
         None => {}
         Some("1") => o.compile = Some(true),

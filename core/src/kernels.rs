@@ -50,8 +50,46 @@ impl std::str::FromStr for CpuKernels {
     }
 }
 
+/// What fast mode's quantized matmul multiplies the weights with below 16 rows of x (decode,
+/// batched decode, speculation's verify steps), on 4- and 8-bit weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CpuActivations {
+    /// x as float32: every code converted to float and multiplied.
+    #[default]
+    Float,
+    /// x quantized to int8 per block of 32 (one float scale per block), multiplied with the
+    /// codes in integer arithmetic, as llama.cpp's q8 activations: ~1.3-2x faster per row, at
+    /// the cost of the activations' rounding (next-token KL ~1e-3 nats against exact mode, where
+    /// float activations are ~1e-9; `tests/cpu_kernels.rs` gates both). Prefill (from 16 rows)
+    /// and 5-bit weights keep float activations.
+    Int8,
+}
+
+impl CpuActivations {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CpuActivations::Float => "float",
+            CpuActivations::Int8 => "int8",
+        }
+    }
+}
+
+impl std::str::FromStr for CpuActivations {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "float" => Ok(CpuActivations::Float),
+            "int8" => Ok(CpuActivations::Int8),
+            other => Err(Error::Unsupported(format!(
+                "CPU activations {other:?}: expected \"float\" or \"int8\""
+            ))),
+        }
+    }
+}
+
 /// `x @ w^T` for an affine-quantized `w`, as `mlx_rs::ops::quantized_matmul(.., transpose=true)`,
-/// through Weft's primitive on CPU streams (MLX's op elsewhere and for shapes it doesn't cover).
+/// through Weft's primitive on CPU streams (MLX's op elsewhere and for shapes it doesn't cover),
+/// with float32 activations ([`quantized_matmul_with`] chooses).
 pub fn quantized_matmul(
     x: &Array,
     w: &Array,
@@ -60,7 +98,20 @@ pub fn quantized_matmul(
     group_size: i32,
     bits: i32,
 ) -> Result<Array> {
-    call_qmm(mlx_sys::weft_quantized_matmul, "quantized_matmul", x, w, scales, biases, group_size, bits)
+    quantized_matmul_with(x, w, scales, biases, group_size, bits, CpuActivations::Float)
+}
+
+/// [`quantized_matmul`] with the activations `act`.
+pub fn quantized_matmul_with(
+    x: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: &Array,
+    group_size: i32,
+    bits: i32,
+    act: CpuActivations,
+) -> Result<Array> {
+    call_qmm(mlx_sys::weft_quantized_matmul, "quantized_matmul", x, w, scales, biases, group_size, bits, act)
 }
 
 /// The C signature the quantized-matmul entry points share (`weft_kernels.h`).
@@ -72,15 +123,17 @@ type QmmEntry = unsafe extern "C" fn(
     mlx_sys::mlx_array,
     std::os::raw::c_int,
     std::os::raw::c_int,
+    std::os::raw::c_int,
     mlx_sys::mlx_stream,
 ) -> std::os::raw::c_int;
 
 #[allow(clippy::too_many_arguments)]
-fn call_qmm(entry: QmmEntry, what: &str, x: &Array, w: &Array, scales: &Array, biases: &Array, group_size: i32, bits: i32) -> Result<Array> {
+fn call_qmm(entry: QmmEntry, what: &str, x: &Array, w: &Array, scales: &Array, biases: &Array, group_size: i32, bits: i32, act: CpuActivations) -> Result<Array> {
     let stream = Stream::thread_local_or_default();
+    let int8 = (act == CpuActivations::Int8) as i32;
     unsafe {
         let mut res = mlx_sys::mlx_array_new();
-        let status = entry(&mut res, x.as_ptr(), w.as_ptr(), scales.as_ptr(), biases.as_ptr(), group_size, bits, stream.as_ptr());
+        let status = entry(&mut res, x.as_ptr(), w.as_ptr(), scales.as_ptr(), biases.as_ptr(), group_size, bits, int8, stream.as_ptr());
         take_result(res, status, what)
     }
 }
@@ -96,7 +149,21 @@ pub fn swiglu_quantized_matmul(
     group_size: i32,
     bits: i32,
 ) -> Result<Array> {
-    call_qmm(mlx_sys::weft_swiglu_quantized_matmul, "swiglu_quantized_matmul", gate_up, w, scales, biases, group_size, bits)
+    swiglu_quantized_matmul_with(gate_up, w, scales, biases, group_size, bits, CpuActivations::Float)
+}
+
+/// [`swiglu_quantized_matmul`] with the activations `act` (the int8 kernel quantizes
+/// `silu(gate) * up`).
+pub fn swiglu_quantized_matmul_with(
+    gate_up: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: &Array,
+    group_size: i32,
+    bits: i32,
+    act: CpuActivations,
+) -> Result<Array> {
+    call_qmm(mlx_sys::weft_swiglu_quantized_matmul, "swiglu_quantized_matmul", gate_up, w, scales, biases, group_size, bits, act)
 }
 
 /// `gather_qmm(x, w, scales, biases, rhs_indices = indices, transpose = true)` for the stacked
@@ -254,6 +321,12 @@ unsafe fn take_result_with(
 /// per-row (decode, fewer than 16 rows) path runs AVX2 (AMD CPUs with AVX-512).
 pub fn isa(k: i32, bits: i32) -> &'static str {
     unsafe { CStr::from_ptr(mlx_sys::weft_kernels_isa(k, bits)).to_str().unwrap_or("?") }
+}
+
+/// The instruction set of the int8-activation kernel ([`CpuActivations::Int8`]) under the same
+/// cap: "avx512vnni-int8", "avx2-int8" or "generic-int8".
+pub fn int8_isa() -> &'static str {
+    unsafe { CStr::from_ptr(mlx_sys::weft_kernels_int8_isa()).to_str().unwrap_or("?") }
 }
 
 /// Caps the fast kernel's instruction set, process-wide: "avx512" (no cap), "avx2" or "generic"

@@ -23,6 +23,11 @@ struct Args {
   // The same activations in their own order, [M][K] float32, for the GEMM path (from
   // GEMM_MIN_ROWS rows); null keeps every M on the per-row path.
   const float* x;
+  // Int8 activations (the int8 kernels only, M < GEMM_MIN_ROWS, 4- or 8-bit weights; built by
+  // quantize_x_int8): x quantized per block of 32 elements, x ~= d * q with q in [-127, 127].
+  const int8_t* xq = nullptr;  // [M][K], in quantize_x_int8's order
+  const float* xd = nullptr;   // [M][K / 8]: each block's d, four times (one 4-lane quarter each)
+  const float* xc = nullptr;   // [M][K / group_size], 8-bit: 128 * sum over the group's blocks of d * sum(q)
 };
 
 // From this many rows of x (prefill) a kernel dequantizes a panel of weights once into a
@@ -47,6 +52,28 @@ namespace generic { extern const Kernel kernel; }
 namespace avx2 { extern const Kernel kernel; }
 namespace avx512 { extern const Kernel kernel; }
 #endif
+
+// The int8-activation per-row kernels (qmm_int8.cpp): y from Args::xq / xd / xc, 4- and 8-bit
+// weights, M < GEMM_MIN_ROWS. Per block of 32 elements the integer sum of q_w * q_x (exact in
+// int32) times d_w * d_x, plus the bias term b[n][g] * xsum[m][g] from the float x, as
+// llama.cpp's q4_1 x q8_1 dot. Every instruction set computes the same integer sums.
+namespace generic { extern const Kernel int8_kernel; }
+#if defined(__x86_64__)
+namespace avx2 { extern const Kernel int8_kernel; }       // vpmaddubsw + vpmaddwd
+namespace avx512vnni { extern const Kernel int8_kernel; } // vpdpbusd on 256-bit vectors
+#endif
+
+// x (float32, row-major [M][K]) quantized for the int8 kernels, per block of 32 elements:
+// d = max |x| / 127, q = round(x / d). 4-bit weights: within each chunk of C = min(64, K - k)
+// elements from k (k a multiple of 64), the even elements x[k], x[k + 2], ... go to
+// xq[k .. k + C / 2) and the odd ones to xq[k + C / 2 .. k + C): a 4-bit weight byte holds an
+// even element in its low nibble and the next odd one in its high nibble, so the low and high
+// nibbles of C / 2 bytes meet C / 2 contiguous activations each. 8-bit weights: xq in x's
+// order. xd: each block's d, four times. xc (8-bit only; may be null for 4-bit): per group,
+// 128 * sum over its blocks of d * sum(q) (the maddubs kernel multiplies q_w - 128). A block
+// with a NaN or infinite value gets d = NaN, so the outputs it touches are NaN.
+void quantize_x_int8(const float* x, int8_t* xq, float* xd, float* xc, int M, int K, int bits,
+                     int group_size);
 
 // x (float32, row-major [M][K]) into the layout a kernel of `width` lanes reads: within each
 // block of width * (32 / bits) elements, element lane * epu + j goes to j * width + lane, so one

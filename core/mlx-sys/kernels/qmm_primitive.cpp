@@ -54,6 +54,52 @@ void permute_x(const float* x, float* xp, int M, int K, int bits, int width) {
   }
 }
 
+void quantize_x_int8(const float* x, int8_t* xq, float* xd, float* xc, int M, int K, int bits,
+                     int group_size) {
+  const int G = K / group_size;
+  for (int m = 0; m < M; m++) {
+    const float* src = x + size_t(m) * K;
+    int8_t* dst = xq + size_t(m) * K;
+    float* d_row = xd + size_t(m) * (K / 8);
+    if (xc) std::fill(xc + size_t(m) * G, xc + size_t(m + 1) * G, 0.0f);
+    for (int b = 0; b < K / 32; b++) {
+      const float* p = src + b * 32;
+      float amax = 0.0f;
+      bool finite = true;
+      for (int e = 0; e < 32; e++) {
+        const float a = std::fabs(p[e]);
+        finite &= a <= std::numeric_limits<float>::max();
+        amax = a > amax ? a : amax;
+      }
+      const float d = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
+      // (A block of subnormals whose d underflows, or whose 1 / d overflows, rounds to zeros.)
+      const float id = finite && d > 0.0f && 1.0f / d <= std::numeric_limits<float>::max() ? 1.0f / d : 0.0f;
+      int8_t q[32];
+      int qsum = 0;
+      for (int e = 0; e < 32; e++) {
+        // Rounded half away from zero; |p| <= amax keeps it within [-127, 127].
+        const float v = p[e] * id;
+        const int r = int(v + (v >= 0.0f ? 0.5f : -0.5f));
+        q[e] = int8_t(r > 127 ? 127 : r < -127 ? -127 : r);
+        qsum += q[e];
+      }
+      const int k = b * 32;
+      if (bits == 4) {
+        // Evens then odds within the 64-element chunk (or the last 32 of K).
+        const int c0 = k / 64 * 64, C = std::min(64, K - c0), off = (k - c0) / 2;
+        for (int j = 0; j < 16; j++) {
+          dst[c0 + off + j] = q[2 * j];
+          dst[c0 + C / 2 + off + j] = q[2 * j + 1];
+        }
+      } else {
+        std::memcpy(dst + k, q, 32);
+      }
+      for (int i = 0; i < 4; i++) d_row[b * 4 + i] = d;
+      if (xc) xc[size_t(m) * G + k / group_size] += 128.0f * d * float(qsum);
+    }
+  }
+}
+
 namespace {
 
 // ---------------------------------------------------------------------------------------------
@@ -197,6 +243,25 @@ const Kernel& select_kernel(int K, int bits, size_t M = GEMM_MIN_ROWS) {
   return generic::kernel;
 }
 
+// The int8-activation kernel (qmm_int8.cpp) under the same cap: VNNI on 256-bit vectors where
+// the CPU has AVX-512 VNNI (+ VL, BW), else AVX2's vpmaddubsw, else the scalar baseline.
+// AVX-512 without VNNI runs the AVX2 kernel: 512-bit vectors would need K to be a multiple of
+// 128 elements (576 is not), and Zen 4 splits them in two 256-bit halves anyway.
+const Kernel& select_int8_kernel() {
+#if defined(__x86_64__)
+  const int level = weft_kernels::isa_level();
+  static const bool vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+                           __builtin_cpu_supports("avx512bw");
+  if (level == 0 && vnni) return avx512vnni::int8_kernel;
+  if (level <= 1) return avx2::int8_kernel;
+#endif
+  return generic::int8_kernel;
+}
+
+// Whether a call of M rows runs the int8 kernel when int8 activations are asked for: the
+// per-row path with 4- or 8-bit weights (5-bit codes and the GEMM path stay on float32 x).
+bool int8_applies(size_t M, int bits) { return M < size_t(GEMM_MIN_ROWS) && (bits == 4 || bits == 8); }
+
 int dtype_code(mx::Dtype d) {
   if (d == mx::float32) return F32;
   if (d == mx::float16) return F16;
@@ -252,14 +317,19 @@ struct PreparedX {
   const float* xp;
   const float* xsum;
   const float* x;  // row-major, the GEMM path's input
+  // The int8 kernel's input (quantize_x_int8), when it runs.
+  const int8_t* xq = nullptr;
+  const float* xd = nullptr;
+  const float* xc = nullptr;
 };
 
 // `swiglu`: x holds 2K columns, gate then up; the kernel reads silu(gate) * up (mlx-lm's
 // swiglu: gate * sigmoid(gate), then times up, each product rounded to float32).
 // `gemm_only`: every call takes the GEMM path (M >= GEMM_MIN_ROWS), which reads only the
-// row-major x: the lane order and group sums are not built.
+// row-major x: the lane order and group sums are not built. `int8`: the int8 kernel runs
+// (int8_applies): x is quantized for it instead of laid out for the float kernel.
 PreparedX prepare_x(const mx::array& x, size_t M, int K, int group_size, int bits,
-                    bool swiglu = false, bool gemm_only = false) {
+                    bool swiglu = false, bool gemm_only = false, bool int8 = false) {
   const int G = K / group_size;
   thread_local std::vector<float> xf, xp, xsum, gate_up;
   xf.resize(M * K);
@@ -278,9 +348,8 @@ PreparedX prepare_x(const mx::array& x, size_t M, int K, int group_size, int bit
   } else {
     gather_x(x, xf.data(), M, K);
   }
-  const Kernel& kernel = select_kernel(K, bits, M);
+  const Kernel& kernel = int8 ? select_int8_kernel() : select_kernel(K, bits, M);
   if (gemm_only) return {&kernel, nullptr, nullptr, xf.data()};
-  xp.resize(M * K);
   xsum.resize(M * G);
   for (size_t m = 0; m < M; m++)
     for (int g = 0; g < G; g++) {
@@ -289,6 +358,17 @@ PreparedX prepare_x(const mx::array& x, size_t M, int K, int group_size, int bit
       for (int k = 0; k < group_size; k++) s += p[k];
       xsum[m * G + g] = s;
     }
+  if (int8) {
+    thread_local std::vector<int8_t> xq;
+    thread_local std::vector<float> xd, xc;
+    xq.resize(M * K);
+    xd.resize(M * K / 8);
+    xc.resize(bits == 8 ? M * G : 0);
+    quantize_x_int8(xf.data(), xq.data(), xd.data(), bits == 8 ? xc.data() : nullptr, int(M), K, bits,
+                    group_size);
+    return {&kernel, nullptr, xsum.data(), xf.data(), xq.data(), xd.data(), bits == 8 ? xc.data() : nullptr};
+  }
+  xp.resize(M * K);
   permute_x(xf.data(), xp.data(), int(M), K, bits, kernel.width);
   return {&kernel, xp.data(), xsum.data(), xf.data()};
 }
@@ -319,17 +399,23 @@ int chunk_rows(size_t M, int N) {
   return M >= 4 ? 64 : std::max(16, N / (Pool::get().threads() * 8));
 }
 
+// `int8`: int8 activations where int8_applies.
 void compute(const mx::array& x, const mx::array& w, const mx::array& scales,
-             const mx::array& biases, mx::array& out, int group_size, int bits, bool swiglu) {
+             const mx::array& biases, mx::array& out, int group_size, int bits, bool swiglu,
+             bool int8) {
   const int K = x.shape().back() / (swiglu ? 2 : 1);
   const int N = w.shape(0);
   const size_t M = x.size() / size_t(x.shape().back());
-  const PreparedX px = prepare_x(x, M, K, group_size, bits, swiglu, M >= size_t(GEMM_MIN_ROWS));
+  int8 = int8 && int8_applies(M, bits);
+  const PreparedX px = prepare_x(x, M, K, group_size, bits, swiglu, M >= size_t(GEMM_MIN_ROWS), int8);
   float* y = output_f32(out, M * size_t(N));
   Job job;
   job.kernel = px.kernel;
   job.args = Args{px.xp, px.xsum, w.data<uint32_t>(), scales.data<void>(), biases.data<void>(),
                   dtype_code(scales.dtype()), y, int(M), N, K, bits, group_size, px.x};
+  job.args.xq = px.xq;
+  job.args.xd = px.xd;
+  job.args.xc = px.xc;
   const int rows = chunk_rows(M, N);
   job.rows_per_chunk = rows;
   Pool::get().run((N + rows - 1) / rows, run_chunk, &job);
@@ -395,9 +481,10 @@ void compute_gather(const mx::array& x, const mx::array& w, const mx::array& sca
 
 class QuantizedMatmul : public mx::Primitive {
  public:
-  // `swiglu`: the input is a gate/up pair and the matmul reads silu(gate) * up.
-  QuantizedMatmul(mx::Stream stream, int group_size, int bits, bool swiglu = false)
-      : mx::Primitive(stream), group_size_(group_size), bits_(bits), swiglu_(swiglu) {}
+  // `swiglu`: the input is a gate/up pair and the matmul reads silu(gate) * up. `int8`: int8
+  // activations (the int8 kernel) where they apply.
+  QuantizedMatmul(mx::Stream stream, int group_size, int bits, bool swiglu, bool int8)
+      : mx::Primitive(stream), group_size_(group_size), bits_(bits), swiglu_(swiglu), int8_(int8) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     auto& out = outputs[0];
@@ -405,7 +492,7 @@ class QuantizedMatmul : public mx::Primitive {
     auto& encoder = mx::cpu::get_command_encoder(stream());
     encoder.dispatch([x = inputs[0], w = inputs[1], s = inputs[2], b = inputs[3],
                       out = mx::array::unsafe_weak_copy(out), gs = group_size_, bits = bits_,
-                      swiglu = swiglu_]() mutable { compute(x, w, s, b, out, gs, bits, swiglu); });
+                      swiglu = swiglu_, int8 = int8_]() mutable { compute(x, w, s, b, out, gs, bits, swiglu, int8); });
   }
 
   void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
@@ -416,13 +503,14 @@ class QuantizedMatmul : public mx::Primitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     auto* o = dynamic_cast<const QuantizedMatmul*>(&other);
-    return o && o->group_size_ == group_size_ && o->bits_ == bits_ && o->swiglu_ == swiglu_;
+    return o && o->group_size_ == group_size_ && o->bits_ == bits_ && o->swiglu_ == swiglu_ && o->int8_ == int8_;
   }
 
  private:
   int group_size_;
   int bits_;
   bool swiglu_;
+  bool int8_;
 };
 
 class GatherQuantizedMatmul : public mx::Primitive {
@@ -513,7 +601,8 @@ using namespace weft_qmm;
 
 extern "C" int weft_quantized_matmul(mlx_array* res, const mlx_array x, const mlx_array w,
                                      const mlx_array scales, const mlx_array biases,
-                                     int group_size, int bits, const mlx_stream stream) {
+                                     int group_size, int bits, int int8_activations,
+                                     const mlx_stream stream) {
   try {
     const auto& xa = mlx_array_get_(x);
     const auto& wa = mlx_array_get_(w);
@@ -526,7 +615,7 @@ extern "C" int weft_quantized_matmul(mlx_array* res, const mlx_array x, const ml
     }
     auto shape = xa.shape();
     shape.back() = wa.shape(0);
-    auto prim = std::make_shared<QuantizedMatmul>(st, group_size, bits);
+    auto prim = std::make_shared<QuantizedMatmul>(st, group_size, bits, false, int8_activations != 0);
     mlx_array_set_(*res, mx::array(shape, xa.dtype(), prim,
                                    {xa, contiguous_rows(wa, st), contiguous_rows(sa, st),
                                     contiguous_rows(ba, st)}));
@@ -540,7 +629,7 @@ extern "C" int weft_quantized_matmul(mlx_array* res, const mlx_array x, const ml
 extern "C" int weft_swiglu_quantized_matmul(mlx_array* res, const mlx_array gate_up,
                                             const mlx_array w, const mlx_array scales,
                                             const mlx_array biases, int group_size, int bits,
-                                            const mlx_stream stream) {
+                                            int int8_activations, const mlx_stream stream) {
   try {
     const auto& xa = mlx_array_get_(gate_up);
     const auto& wa = mlx_array_get_(w);
@@ -559,7 +648,7 @@ extern "C" int weft_swiglu_quantized_matmul(mlx_array* res, const mlx_array gate
     }
     auto shape = xa.shape();
     shape.back() = wa.shape(0);
-    auto prim = std::make_shared<QuantizedMatmul>(st, group_size, bits, true);
+    auto prim = std::make_shared<QuantizedMatmul>(st, group_size, bits, true, int8_activations != 0);
     mlx_array_set_(*res, mx::array(shape, xa.dtype(), prim,
                                    {xa, contiguous_rows(wa, st), contiguous_rows(sa, st),
                                     contiguous_rows(ba, st)}));
@@ -618,6 +707,8 @@ extern "C" const char* weft_kernels_isa(int k, int bits) {
   const char* prefill = select_kernel(k, bits).name;
   return select_kernel(k, bits, 1).name == prefill ? prefill : "avx512 (decode avx2)";
 }
+
+extern "C" const char* weft_kernels_int8_isa(void) { return select_int8_kernel().name; }
 
 extern "C" int weft_kernels_limit_isa(const char* isa) {
   int cap = cap_of(isa);

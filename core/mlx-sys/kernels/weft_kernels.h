@@ -13,10 +13,12 @@ extern "C" {
 /* `x @ w^T` for affine-quantized `w` ([N, K*bits/32] uint32, scales/biases [N, K/group_size]),
  * as mlx's quantized_matmul(transpose=true). On a CPU stream with 4/5/8 bits, group 32/64 and
  * float32/float16/bfloat16 inputs it builds Weft's primitive; otherwise it returns MLX's op.
+ * `int8_activations` nonzero: below 16 rows of x with 4- or 8-bit weights, x is quantized to
+ * int8 per block of 32 (llama.cpp's q8 activations) and the int8 kernel runs.
  * On failure returns nonzero; weft_kernels_last_error() has the message (this thread). */
 int weft_quantized_matmul(mlx_array* res, const mlx_array x, const mlx_array w,
                           const mlx_array scales, const mlx_array biases, int group_size,
-                          int bits, const mlx_stream stream);
+                          int bits, int int8_activations, const mlx_stream stream);
 
 /* mlx's gather_qmm(x, w, scales, biases, rhs_indices = indices, transpose = true) for the
  * experts of a mixture-of-experts layer: `w` [E, N, K*bits/32], scales/biases [E, N, K/group_size],
@@ -32,6 +34,10 @@ const char* weft_kernels_last_error(void);
 /* The instruction set the kernel uses for inner dimension k at `bits` ("avx512", "avx2",
  * "generic"). */
 const char* weft_kernels_isa(int k, int bits);
+
+/* The int8-activation kernel's instruction set under the same cap ("avx512vnni-int8",
+ * "avx2-int8", "generic-int8"). */
+const char* weft_kernels_int8_isa(void);
 
 /* Caps the instruction set at "avx512" (no cap), "avx2" or "generic", process-wide (tests and
  * benchmarks compare the kernels this way; `WEFT_CPU_ISA` sets it at startup). Nonzero for an
@@ -62,7 +68,7 @@ const char* weft_row_ops_last_error(void);
  * otherwise. Errors through weft_kernels_last_error(). */
 int weft_swiglu_quantized_matmul(mlx_array* res, const mlx_array gate_up, const mlx_array w,
                                  const mlx_array scales, const mlx_array biases, int group_size,
-                                 int bits, const mlx_stream stream);
+                                 int bits, int int8_activations, const mlx_stream stream);
 
 /* kernels/attention.cpp: mlx's fast::scaled_dot_product_attention(q, k, v, scale, mask_mode,
  * mask) as one CPU primitive (MLX runs a graph of small ops there). q [B, Hq, Lq, D], k / v

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use mlx_rs::{Array, Dtype};
 
 use crate::constrain::ConstraintFactoryCell;
-use crate::kernels::CpuKernels;
+use crate::kernels::{CpuActivations, CpuKernels};
 use crate::models::{self, LanguageModel};
 use crate::nn::{GatedDeltaKernel, LayerOptions, Parallel};
 use crate::tokenizer::Tokenizer;
@@ -92,6 +92,9 @@ pub struct LoadOptions {
     /// Quantized matmuls and the CPU primitives: Weft's fast kernels (default) or MLX's own,
     /// bit for bit what mlx-lm computes ([`CpuKernels`]).
     pub cpu_kernels: CpuKernels,
+    /// The fast CPU kernel's activations below 16 rows of x (decode): float32 or int8
+    /// ([`CpuActivations`]); `None` is the default, float32. Exact mode ignores it.
+    pub cpu_activations: Option<CpuActivations>,
     /// GGUF block types MLX's reader lacks: kept quantized (default) or expanded to float32.
     pub gguf_weights: GgufWeights,
     /// Rows of input from which quantized layers dequantize and multiply densely; `None` is the
@@ -124,6 +127,12 @@ impl LoadOptions {
         self
     }
 
+    /// These options with `act` for the fast CPU kernel's activations.
+    pub fn with_cpu_activations(mut self, act: CpuActivations) -> Self {
+        self.cpu_activations = Some(act);
+        self
+    }
+
     /// The defaults with `gguf` for GGUF weight handling.
     pub fn with_gguf_weights(mut self, gguf: GgufWeights) -> Self {
         self.gguf_weights = gguf;
@@ -140,6 +149,7 @@ impl LoadOptions {
         Ok(LayerOptions::new(self.cpu_kernels, self.dequantize_rows, self.fuse_projections, self.parallel.clone())?
             .with_gated_delta(self.gated_delta)?
             .with_compile(self.compile)
+            .with_cpu_activations(self.cpu_activations)
             .with_cuda_qmv(self.cuda_qmv)?)
     }
 }

@@ -28,8 +28,8 @@ pub enum QmmPath {
     /// the whole weight, so its cost grows linearly with B; as `[B, K]` it is one B-row product
     /// with bit-identical outputs, 5-25x faster from 8 rows on (benches/gpu/flat_rows.py).
     MlxFlat,
-    /// Weft's fast CPU kernel ([`kernels`]).
-    WeftCpu,
+    /// Weft's fast CPU kernel ([`kernels`]), with float32 or int8 activations.
+    WeftCpu(kernels::CpuActivations),
     /// [`QmmPath::MlxFlat`] below `rows` rows of `x`; from there on the weight is dequantized
     /// and multiplied densely (the GPU default from [`super::GPU_DEQUANTIZE_ROWS`] rows: prefill chunks, where a dequantize
     /// plus a tensor-core matmul was measured 2x faster than MLX's batched quantized matmul).
@@ -43,7 +43,7 @@ pub enum QmmPath {
 /// `x @ w^T` for an affine-quantized `w` along `path`.
 fn qmm(x: &Array, weight: &Array, scales: &Array, biases: &Array, spec: QuantSpec, path: QmmPath) -> Result<Array> {
     match path {
-        QmmPath::WeftCpu => kernels::quantized_matmul(x, weight, scales, biases, spec.group_size, spec.bits),
+        QmmPath::WeftCpu(act) => kernels::quantized_matmul_with(x, weight, scales, biases, spec.group_size, spec.bits, act),
         QmmPath::WeftCuda { max_rows, .. }
             if super::cuda_qmv::supports(x, spec, max_rows) && super::cuda_qmv::worth_it(weight.dim(0), x.dim(-1)) =>
         {
@@ -164,8 +164,8 @@ impl Linear {
     /// elsewhere (the caller applies the activation itself).
     pub fn forward_swiglu(&self, gate_up: &Array) -> Result<Option<Array>> {
         Ok(match self {
-            Linear::Quantized { weight, scales, biases, bias: None, spec, path: QmmPath::WeftCpu } => {
-                Some(kernels::swiglu_quantized_matmul(gate_up, weight, scales, biases, spec.group_size, spec.bits)?)
+            Linear::Quantized { weight, scales, biases, bias: None, spec, path: QmmPath::WeftCpu(act) } => {
+                Some(kernels::swiglu_quantized_matmul_with(gate_up, weight, scales, biases, spec.group_size, spec.bits, *act)?)
             }
             _ => None,
         })

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::{GatedDeltaKernel, QmmPath};
 use crate::distributed::Group;
-use crate::kernels::CpuKernels;
+use crate::kernels::{CpuActivations, CpuKernels};
 use crate::{Error, Result};
 
 /// Rows from which a GPU layer dequantizes by default (batched decode stays below it).
@@ -27,6 +27,8 @@ pub enum Parallel {
 #[derive(Debug, Clone)]
 pub struct LayerOptions {
     cpu_kernels: CpuKernels,
+    /// The fast CPU kernel's activations below 16 rows ([`CpuActivations`]).
+    cpu_activations: CpuActivations,
     gpu: bool,
     /// Rows of input from which quantized layers dequantize and multiply densely (0 = never).
     dequantize_rows: i32,
@@ -103,6 +105,7 @@ impl LayerOptions {
         };
         Ok(LayerOptions {
             cpu_kernels,
+            cpu_activations: CpuActivations::default(),
             gpu,
             dequantize_rows,
             fuse_projections,
@@ -130,6 +133,13 @@ impl LayerOptions {
             None => default_gated_delta(self.gpu, self.cpu_kernels),
         };
         Ok(self)
+    }
+
+    /// These options with the fast CPU kernel's activations `act` (`None`: the default,
+    /// [`CpuActivations::default`]). Only the fast kernels on the CPU read them.
+    pub fn with_cpu_activations(mut self, act: Option<CpuActivations>) -> Self {
+        self.cpu_activations = act.unwrap_or_default();
+        self
     }
 
     /// How gated DeltaNet layers run their recurrence.
@@ -174,8 +184,9 @@ impl LayerOptions {
     /// projections, dequantize rows): saved prompt-cache entries are only reused under the same.
     pub fn numerics(&self) -> String {
         format!(
-            "{:?} gpu={} fuse={} dequantize_rows={} gated_delta={} compile={} cuda_qmv={}",
+            "{:?} act={} gpu={} fuse={} dequantize_rows={} gated_delta={} compile={} cuda_qmv={}",
             self.cpu_kernels,
+            self.cpu_activations.as_str(),
             self.gpu,
             self.fuse_projections,
             self.dequantize_rows,
@@ -207,7 +218,7 @@ impl LayerOptions {
         } else if self.gpu {
             QmmPath::MlxFlat
         } else if self.cpu_kernels == CpuKernels::Fast {
-            QmmPath::WeftCpu
+            QmmPath::WeftCpu(self.cpu_activations)
         } else {
             QmmPath::Mlx
         }
@@ -217,7 +228,7 @@ impl LayerOptions {
     /// reads them at full speed (and exactly: it widens them to float32); MLX's CPU kernel is
     /// far slower with them, and the dequantize path would round `s * q + b` in float16.
     pub fn keeps_half_scales(&self) -> bool {
-        self.qmm_path() == QmmPath::WeftCpu
+        matches!(self.qmm_path(), QmmPath::WeftCpu(_))
     }
 
     /// Whether layers fuse the projections that read one input (q/k/v, gate/up) into one matmul.

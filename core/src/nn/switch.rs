@@ -34,7 +34,7 @@ impl SwitchLinear {
                 let groups = in_dim / spec.group_size;
                 let scales = w.take(&format!("{prefix}.scales"), &[experts, out_dim, groups])?;
                 let biases = w.take(&format!("{prefix}.biases"), &[experts, out_dim, groups])?;
-                let fast = w.options().qmm_path() == super::QmmPath::WeftCpu;
+                let fast = matches!(w.options().qmm_path(), super::QmmPath::WeftCpu(_));
                 SwitchLinear::Quantized { weight, scales, biases, spec, fast }
             }
             None => SwitchLinear::Dense { weight: w.take(&format!("{prefix}.weight"), &[experts, out_dim, in_dim])? },

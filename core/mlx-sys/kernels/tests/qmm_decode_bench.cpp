@@ -4,11 +4,20 @@
 // decode; 8: a B=8 step): GB/s of weights + scales against a plain
 // streaming read of the same weight bytes. Each shape cycles over ~200 MB of copies so the
 // weights come from DRAM, as in a decode step. Thread CPU time, so a loaded machine skews it
-// less. Not a test (no pass/fail); build and run:
+// less. A fourth argument "int8" runs the int8-activation kernel (qmm_int8.cpp) instead, on x
+// quantized as quantize_x_int8 describes (the quantization itself is not timed: the primitive
+// does it once per call, for every output row). Not a test (no pass/fail); build and run:
 //
 //   cd core/mlx-sys/kernels && g++ -std=c++20 -O3 -ffp-contract=fast -mavx512f -mavx2 -mfma \
 //     -mf16c -DWEFT_QMM_ISA=avx512 -DWEFT_QMM_WIDTH=16 -I. qmm_kernel.cpp \
-//     tests/qmm_decode_bench.cpp -o /tmp/qmm-bench && taskset -c 1 /tmp/qmm-bench [M [shape]]
+//     tests/qmm_decode_bench.cpp -o /tmp/qmm-bench && taskset -c 1 /tmp/qmm-bench [M [shape [hot|dram [int8]]]]
+//
+// With the int8 kernel of another instruction set (avx2, or avx512vnni: add -mavx512bw
+// -mavx512vl -mavx512vnni), compile its qmm_int8.cpp separately and name it:
+//
+//   g++ -std=c++20 -O3 -ffp-contract=fast -mavx2 -mfma -mf16c -DWEFT_QMM_ISA=avx2 -I. -c \
+//     qmm_int8.cpp -o /tmp/qmm-int8.o && g++ ... -DWEFT_QMM_INT8_ISA=avx2 qmm_kernel.cpp \
+//     tests/qmm_decode_bench.cpp /tmp/qmm-int8.o -o /tmp/qmm-bench
 #include <time.h>
 
 #include <cstdint>
@@ -22,6 +31,12 @@
 namespace weft_qmm {
 namespace WEFT_QMM_ISA {
 extern const Kernel kernel;
+}
+#ifndef WEFT_QMM_INT8_ISA
+#define WEFT_QMM_INT8_ISA WEFT_QMM_ISA
+#endif
+namespace WEFT_QMM_INT8_ISA {
+extern const Kernel int8_kernel;
 }
 }  // namespace weft_qmm
 
@@ -59,6 +74,11 @@ int main(int argc, char** argv) {
       bs[c].assign(size_t(s.N) * G, 0xac00);
     }
     std::vector<float> x(size_t(M) * s.K, 0.5f), xsum(size_t(M) * G, 16.0f), y(size_t(M) * s.N);
+    const bool int8 = argc > 4 && !std::strcmp(argv[4], "int8");
+    std::vector<int8_t> xq(size_t(M) * s.K);
+    std::vector<float> xd(size_t(M) * s.K / 8, 0.5f / 127), xc(size_t(M) * G, 0.0f);
+    for (auto& v : xq) v = int8_t(int(next_u32() % 255) - 127);
+    const Kernel& kernel = int8 ? WEFT_QMM_INT8_ISA::int8_kernel : WEFT_QMM_ISA::kernel;
     const double bytes = words * 4.0 + 2.0 * s.N * G * 2;
     int iters = 0;
     double t0 = cpu_now(), t;
@@ -66,7 +86,10 @@ int main(int argc, char** argv) {
       const int c = iters++ % copies;
       Args a{x.data(), xsum.data(), w[c].data(), sc[c].data(), bs[c].data(), F16, y.data(),
              M,        s.N,         s.K,         s.bits,       gs};
-      WEFT_QMM_ISA::kernel.rows(a, 0, s.N);
+      a.xq = xq.data();
+      a.xd = xd.data();
+      a.xc = xc.data();
+      kernel.rows(a, 0, s.N);
     } while ((t = cpu_now() - t0) < 1.0);
     const double kernel_gbs = bytes * iters / t / 1e9;
     volatile uint64_t sink = 0;
@@ -84,7 +107,7 @@ int main(int argc, char** argv) {
       sink = a0 ^ a1 ^ a2 ^ a3;
     } while ((t = cpu_now() - t0) < 1.0);
     const double read_gbs = words * 4.0 * iters / t / 1e9;
-    printf("M=%d %-26s kernel %6.2f GB/s %8.1f us/call   read %6.2f GB/s\n", M, s.name, kernel_gbs,
+    printf("M=%d %-26s %-16s kernel %6.2f GB/s %8.1f us/call   read %6.2f GB/s\n", M, s.name, kernel.name, kernel_gbs,
            bytes / kernel_gbs / 1e3, read_gbs);
   }
   return 0;
