@@ -131,6 +131,19 @@ pub fn gather_qmm(
     }
 }
 
+/// `x - logsumexp(x, -1, keepdims)`, the log-probabilities the samplers take: one primitive
+/// with a vectorized exp for float32 `x` on CPU streams (MLX's logsumexp there computes a
+/// scalar exp per element), MLX's ops otherwise. exp and the sum round differently from
+/// MLX's: fast mode only.
+pub fn log_softmax(x: &Array) -> Result<Array> {
+    let stream = Stream::thread_local_or_default();
+    unsafe {
+        let mut res = mlx_sys::mlx_array_new();
+        let status = mlx_sys::weft_log_softmax(&mut res, x.as_ptr(), stream.as_ptr());
+        take_result_with(res, status, "log_softmax", mlx_sys::weft_row_ops_last_error)
+    }
+}
+
 /// `mlx fast::rms_norm(x, weight, eps)`: one primitive for float32 `x` on CPU streams (MLX runs
 /// its fallback graph of ~6 ops there), MLX's op otherwise. Sums in another order than MLX's:
 /// fast mode only.

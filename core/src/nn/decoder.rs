@@ -203,6 +203,10 @@ impl LanguageModel for DenseDecoder {
         &self.info
     }
 
+    fn fast_cpu_kernels(&self) -> bool {
+        self.norm.is_fast()
+    }
+
     fn batched_prefill(&self) -> bool {
         !self.layers.iter().any(|l| l.self_attn.rope().depends_on_chunk_length())
     }

@@ -239,6 +239,11 @@ impl RmsNorm {
         Ok(RmsNorm { weight, eps, fast: w.options().fast_on_cpu() })
     }
 
+    /// Whether this norm runs Weft's CPU primitive (fast mode on the CPU).
+    pub fn is_fast(&self) -> bool {
+        self.fast
+    }
+
     pub fn forward(&self, x: &Array) -> Result<Array> {
         if self.fast {
             return kernels::rms_norm(x, &self.weight, self.eps);
