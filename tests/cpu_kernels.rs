@@ -555,6 +555,39 @@ fn two_engines_in_one_process_keep_their_kernel_modes() {
 }
 
 
+/// Weft's residual-add + RMSNorm primitive (fast mode's decoder layers) gives what MLX's add
+/// followed by Weft's RMSNorm primitive gives, bit for bit, on contiguous inputs, a strided
+/// residual, a batch of decode rows and rows with a tail past the sum's eight lanes; and stays
+/// within RMSNorm's bound of `mx.fast.rms_norm`. Outside its domain (float16) it is MLX's ops.
+#[test]
+fn add_rms_norm_primitive_is_the_add_then_the_norm() {
+    let w = random(&[576], 90).add(Array::from_f32(1.0)).unwrap();
+    let w7 = random(&[583], 91);
+    let cases = [
+        (random(&[1, 1, 576], 92), random(&[1, 1, 576], 93), &w, "decode row"),
+        (random(&[8, 1, 576], 94).multiply(Array::from_f32(4.0)).unwrap(), random(&[8, 1, 576], 95), &w, "8 decode rows"),
+        (random(&[2, 3, 576], 96), random(&[2, 576, 3], 97).swap_axes(1, 2).unwrap(), &w, "strided residual"),
+        (random(&[4, 583], 98), random(&[4, 583], 99), &w7, "rows of 583"),
+    ];
+    for (x, r, w, what) in cases {
+        let (sum, normed) = kernels::add_rms_norm(&x, &r, w, 1e-5).unwrap();
+        let want_sum = x.add(&r).unwrap();
+        let want = kernels::rms_norm(&want_sum, w, 1e-5).unwrap();
+        assert_eq!(sum.shape(), want_sum.shape(), "{what}");
+        assert_eq!(bit_diffs(&to_vec(&sum), &to_vec(&want_sum)), 0, "{what}: sum");
+        assert_eq!(bit_diffs(&to_vec(&normed), &to_vec(&want)), 0, "{what}: norm");
+        let mlx = to_vec(&mlx_rs::fast::rms_norm(&want_sum, Some(w), 1e-5).unwrap());
+        let worst = to_vec(&normed).iter().zip(&mlx).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+        let scale = mlx.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+        assert!(worst <= 1e-5 * scale, "{what}: vs mx.fast.rms_norm |error| {worst:e}");
+    }
+    let (x, r) = (random(&[2, 576], 100).as_dtype(Dtype::Float16).unwrap(), random(&[2, 576], 101).as_dtype(Dtype::Float16).unwrap());
+    let (sum, normed) = kernels::add_rms_norm(&x, &r, &w, 1e-5).unwrap();
+    let want_sum = x.add(&r).unwrap();
+    assert_eq!(to_vec(&sum), to_vec(&want_sum), "float16 fallback: sum");
+    assert_eq!(to_vec(&normed), to_vec(&mlx_rs::fast::rms_norm(&want_sum, Some(&w), 1e-5).unwrap()), "float16 fallback: norm");
+}
+
 /// Weft's log-softmax primitive (fast mode's sampling tail) against MLX's `x - logsumexp(x)`:
 /// a vocabulary-sized row and batches, rows whose length is no multiple of the vector width, a
 /// last-position view of `[B, L, V]` logits, a transposed (strided) view, -inf entries (masked

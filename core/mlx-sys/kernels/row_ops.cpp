@@ -108,6 +108,74 @@ class RmsNorm : public mx::Primitive {
 };
 
 // ---------------------------------------------------------------------------------------------
+// The residual add and the next RMSNorm in one pass (a decoder layer's `h = x + r` and
+// `norm(h)`): outputs h (the float32 sum, as MLX's add gives it) and the RMSNorm of h, with
+// rms_norm's arithmetic, so both are bit for bit the separate ops' results. Saves the add's op
+// (its dispatch and a pass over the rows) twice per layer.
+
+// Offset of row `r` (row-major over all axes but the last) of an array with these strides.
+int64_t row_offset(const mx::array& a, size_t r) {
+  int64_t off = 0;
+  const auto& shape = a.shape();
+  for (int d = int(shape.size()) - 2; d >= 0; d--) {
+    const size_t n = size_t(shape[size_t(d)]);
+    off += int64_t(r % n) * a.strides()[size_t(d)];
+    r /= n;
+  }
+  return off;
+}
+
+void add_rms_norm(const mx::array& x, const mx::array& res, const mx::array& w, float eps, mx::array& sum,
+                  mx::array& out) {
+  const int D = x.shape().back();
+  const size_t rows = x.size() / size_t(D);
+  const int64_t xs = x.strides().back(), rs = res.strides().back();
+  const float* wp = w.data<float>();
+  float* sp = sum.data<float>();
+  float* o = out.data<float>();
+  for (size_t r = 0; r < rows; r++) {
+    const float* xr = x.data<float>() + row_offset(x, r);
+    const float* rr = res.data<float>() + row_offset(res, r);
+    float* h = sp + r * size_t(D);
+    for (int i = 0; i < D; i++) h[i] = xr[i * xs] + rr[i * rs];
+    float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int k = 0;
+    for (; k + 8 <= D; k += 8)
+      for (int j = 0; j < 8; j++) part[j] += h[k + j] * h[k + j];
+    for (; k < D; k++) part[k % 8] += h[k] * h[k];
+    float ss = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+    const float inv = 1.0f / std::sqrt(ss * (1.0f / float(D)) + eps);
+    float* y = o + r * size_t(D);
+    for (int i = 0; i < D; i++) y[i] = (h[i] * inv) * wp[i];
+  }
+}
+
+class AddRmsNorm : public mx::Primitive {
+ public:
+  AddRmsNorm(mx::Stream s, float eps) : mx::Primitive(s), eps_(eps) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    for (auto& o : outputs) o.set_data(mx::allocator::malloc(o.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    encoder.dispatch([x = inputs[0], r = inputs[1], w = inputs[2], sum = mx::array::unsafe_weak_copy(outputs[0]),
+                      out = mx::array::unsafe_weak_copy(outputs[1]), eps = eps_]() mutable {
+      add_rms_norm(x, r, w, eps, sum, out);
+    });
+  }
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("weft AddRmsNorm runs on the CPU");
+  }
+  const char* name() const override { return "WeftAddRmsNorm"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const AddRmsNorm*>(&other);
+    return o && o->eps_ == eps_;
+  }
+
+ private:
+  float eps_;
+};
+
+// ---------------------------------------------------------------------------------------------
 // RoPE over the first `dims` features of x [..., L, D] at positions (offset + l) * scale, with
 // inverse frequencies base^(-i / (dims / 2)) (as the fallback: exp(-i * log(base) / half)) or
 // 1 / freqs[i]. Per-row offsets: one per index of x's first axis.
@@ -385,6 +453,33 @@ extern "C" int weft_rope(mlx_array* res, const mlx_array x, int dims, int tradit
     if (fa) inputs.push_back(contiguous_input(*fa, st));
     auto prim = std::make_shared<Rope>(st, RopeParams{dims, traditional != 0, base, scale});
     mlx_array_set_(*res, mx::array(xa.shape(), mx::float32, prim, inputs));
+    return 0;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return 1;
+  }
+}
+
+extern "C" int weft_add_rms_norm(mlx_array* sum, mlx_array* res, const mlx_array x, const mlx_array residual,
+                                 const mlx_array weight, float eps, const mlx_stream stream) {
+  try {
+    const auto& xa = mlx_array_get_(x);
+    const auto& ra = mlx_array_get_(residual);
+    const auto& wa = mlx_array_get_(weight);
+    const auto& st = mlx_stream_get_(stream);
+    const int D = xa.ndim() ? xa.shape().back() : 0;
+    const bool ok = on_cpu(st) && xa.dtype() == mx::float32 && ra.dtype() == mx::float32 && xa.shape() == ra.shape() &&
+                    D > 0 && wa.dtype() == mx::float32 && wa.ndim() == 1 && wa.shape(0) == D;
+    if (!ok) {
+      auto h = mx::add(xa, ra, st);
+      mlx_array_set_(*res, mx::fast::rms_norm(h, wa, eps, st));
+      mlx_array_set_(*sum, h);
+      return 0;
+    }
+    auto outs = mx::array::make_arrays({xa.shape(), xa.shape()}, {mx::float32, mx::float32},
+                                       std::make_shared<AddRmsNorm>(st, eps), {xa, ra, contiguous_input(wa, st)});
+    mlx_array_set_(*sum, outs[0]);
+    mlx_array_set_(*res, outs[1]);
     return 0;
   } catch (const std::exception& e) {
     last_error = e.what();
