@@ -652,8 +652,7 @@ fn log_softmax_primitive_matches_mlx_logsumexp() {
 
 /// The engine's token choice in fast mode goes through the log-softmax primitive; the
 /// single-sequence path (`generate`) keeps MLX's ops. Greedy tokens agree over whole trajectories
-/// (tiny model goldens and the default model), one request at a time (a batch's matmuls would
-/// round differently from one row's, which is not what this checks).
+/// (tiny model goldens and the default model), one request at a time and then all together.
 #[test]
 fn fast_engine_tail_chooses_the_tokens_of_mlx_ops() {
     use weft::engine::{Engine, EngineConfig};
@@ -673,6 +672,12 @@ fn fast_engine_tail_chooses_the_tokens_of_mlx_ops() {
         for (want, p) in alone.iter().zip(&prompts) {
             let rx = engine.submit_channel(greedy(p.clone(), 16)).unwrap().1;
             assert_eq!(&collect(&rx).tokens, want, "{name}: {}-token prompt", p.len());
+        }
+        // Together: a batch's decode rows are strided views of the fused projection's output
+        // (the heads split without a copy); each row's greedy tokens are its tokens alone.
+        let streams: Vec<_> = prompts.iter().map(|p| engine.submit_channel(greedy(p.clone(), 16)).unwrap().1).collect();
+        for ((rx, want), p) in streams.iter().zip(&alone).zip(&prompts) {
+            assert_eq!(&collect(rx).tokens, want, "{name}: {}-token prompt in a batch of {}", p.len(), prompts.len());
         }
     }
 }
