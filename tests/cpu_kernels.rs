@@ -656,8 +656,12 @@ fn log_softmax_primitive_matches_mlx_logsumexp() {
 #[test]
 fn fast_engine_tail_chooses_the_tokens_of_mlx_ops() {
     use weft::engine::{Engine, EngineConfig};
-    let mut models: Vec<(String, std::path::PathBuf, Vec<Vec<u32>>)> =
-        vec![("llama-4bit".into(), tiny_model_dir("llama-4bit"), golden_cases("llama-4bit").into_iter().map(|(p, _)| p).collect())];
+    let tiny = |model: &str, golden: &str| -> (String, std::path::PathBuf, Vec<Vec<u32>>) {
+        (model.into(), tiny_model_dir(model), golden_cases(golden).into_iter().map(|(p, _)| p).collect())
+    };
+    // The dense decoder, Gemma 3, the hybrid (gated DeltaNet) decoder and MoE.
+    let mut models =
+        vec![tiny("llama-4bit", "llama-4bit"), tiny("gemma3-text", "gemma3"), tiny("qwen3_5-4bit", "qwen3_5-4bit"), tiny("qwen3_moe-4bit", "qwen3_moe-4bit")];
     if let Some(p) = default_model() {
         let g = golden("smollm2");
         let prompts = g["chats"].as_array().unwrap().iter().map(|c| ids(&c["prompt_ids"])).take(3).collect();
