@@ -8,6 +8,9 @@
 //! - The gather form (MoE experts) against `mlx gather_qmm`, decode and sorted-prefill shapes.
 //! - The attention primitive against `mx.fast.scaled_dot_product_attention`: decode and prefill,
 //!   GQA, every mask kind, strided inputs; MLX's op outside its domain.
+//! - The row primitives of a decode step: RMSNorm, RoPE, residual add + RMSNorm (bit for bit the
+//!   separate ops), and the sampling tail's log-softmax (against MLX's and a float64
+//!   reference); the engine's fast tail chooses `generate`'s greedy tokens, alone and batched.
 //! - Whole models: the next-token distribution of fast mode against exact mode (KL divergence)
 //!   on the tiny quantized models and the default model, and greedy agreement over the goldens'
 //!   trajectories (printed; the KL bound is the gate).
