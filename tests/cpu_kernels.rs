@@ -8,6 +8,9 @@
 //! - The gather form (MoE experts) against `mlx gather_qmm`, decode and sorted-prefill shapes.
 //! - The attention primitive against `mx.fast.scaled_dot_product_attention`: decode and prefill,
 //!   GQA, every mask kind, strided inputs; MLX's op outside its domain.
+//! - The row primitives of a decode step: RMSNorm, RoPE, residual add + RMSNorm (bit for bit the
+//!   separate ops), and the sampling tail's log-softmax (against MLX's and a float64
+//!   reference); the engine's fast tail chooses `generate`'s greedy tokens, alone and batched.
 //! - Whole models: the next-token distribution of fast mode against exact mode (KL divergence)
 //!   on the tiny quantized models and the default model, and greedy agreement over the goldens'
 //!   trajectories (printed; the KL bound is the gate).
@@ -554,6 +557,137 @@ fn two_engines_in_one_process_keep_their_kernel_modes() {
     assert!(fast_differs, "the fast engine computed exactly what the exact one did: its kernels did not run");
 }
 
+
+/// Weft's residual-add + RMSNorm primitive (fast mode's decoder layers) gives what MLX's add
+/// followed by Weft's RMSNorm primitive gives, bit for bit, on contiguous inputs, a strided
+/// residual, a batch of decode rows and rows with a tail past the sum's eight lanes; and stays
+/// within RMSNorm's bound of `mx.fast.rms_norm`. Outside its domain (float16) it is MLX's ops.
+#[test]
+fn add_rms_norm_primitive_is_the_add_then_the_norm() {
+    let w = random(&[576], 90).add(Array::from_f32(1.0)).unwrap();
+    let w7 = random(&[583], 91);
+    let cases = [
+        (random(&[1, 1, 576], 92), random(&[1, 1, 576], 93), &w, "decode row"),
+        (random(&[8, 1, 576], 94).multiply(Array::from_f32(4.0)).unwrap(), random(&[8, 1, 576], 95), &w, "8 decode rows"),
+        (random(&[2, 3, 576], 96), random(&[2, 576, 3], 97).swap_axes(1, 2).unwrap(), &w, "strided residual"),
+        (random(&[4, 583], 98), random(&[4, 583], 99), &w7, "rows of 583"),
+    ];
+    for (x, r, w, what) in cases {
+        let (sum, normed) = kernels::add_rms_norm(&x, &r, w, 1e-5).unwrap();
+        let want_sum = x.add(&r).unwrap();
+        let want = kernels::rms_norm(&want_sum, w, 1e-5).unwrap();
+        assert_eq!(sum.shape(), want_sum.shape(), "{what}");
+        assert_eq!(bit_diffs(&to_vec(&sum), &to_vec(&want_sum)), 0, "{what}: sum");
+        assert_eq!(bit_diffs(&to_vec(&normed), &to_vec(&want)), 0, "{what}: norm");
+        let mlx = to_vec(&mlx_rs::fast::rms_norm(&want_sum, Some(w), 1e-5).unwrap());
+        let worst = to_vec(&normed).iter().zip(&mlx).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+        let scale = mlx.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+        assert!(worst <= 1e-5 * scale, "{what}: vs mx.fast.rms_norm |error| {worst:e}");
+    }
+    let (x, r) = (random(&[2, 576], 100).as_dtype(Dtype::Float16).unwrap(), random(&[2, 576], 101).as_dtype(Dtype::Float16).unwrap());
+    let (sum, normed) = kernels::add_rms_norm(&x, &r, &w, 1e-5).unwrap();
+    let want_sum = x.add(&r).unwrap();
+    assert_eq!(to_vec(&sum), to_vec(&want_sum), "float16 fallback: sum");
+    assert_eq!(to_vec(&normed), to_vec(&mlx_rs::fast::rms_norm(&want_sum, Some(&w), 1e-5).unwrap()), "float16 fallback: norm");
+}
+
+/// Weft's log-softmax primitive (fast mode's sampling tail) against MLX's `x - logsumexp(x)`:
+/// a vocabulary-sized row and batches, rows whose length is no multiple of the vector width, a
+/// last-position view of `[B, L, V]` logits, a transposed (strided) view, -inf entries (masked
+/// tokens) and a row of -inf only. Both sum tens of thousands of float32 exps, in different
+/// orders and with different exp roundings, so each is held to a float64 reference: the
+/// primitive's error may not exceed twice MLX's own (or 8 ulps of the magnitude, when MLX's is
+/// smaller), and the greedy choice is MLX's token.
+#[test]
+fn log_softmax_primitive_matches_mlx_logsumexp() {
+    use mlx_rs::ops::indexing::IndexOp;
+    let want_of = |x: &Array| x.subtract(x.logsumexp_axis(-1, true).unwrap()).unwrap();
+    let check = |x: &Array, what: &str| {
+        let got = kernels::log_softmax(x).unwrap();
+        let want = want_of(x);
+        assert_eq!(got.shape(), want.shape(), "{what}");
+        let (g, w, xs) = (to_vec(&got), to_vec(&want), to_vec(&x.reshape(&[-1]).unwrap()));
+        let width = *x.shape().last().unwrap() as usize;
+        for (r, ((gr, wr), xr)) in g.chunks(width).zip(w.chunks(width)).zip(xs.chunks(width)).enumerate() {
+            let max = xr.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
+            let lse = max + xr.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln();
+            let scale = wr.iter().filter(|v| v.is_finite()).fold(1.0f32, |m, v| m.max(v.abs())) as f64;
+            let (mut ours, mut mlx) = (0.0f64, 0.0f64);
+            for ((&a, &b), &v) in gr.iter().zip(wr).zip(xr) {
+                if b.is_finite() {
+                    let exact = v as f64 - lse;
+                    ours = ours.max((a as f64 - exact).abs());
+                    mlx = mlx.max((b as f64 - exact).abs());
+                } else {
+                    assert!(a == b || (a.is_nan() && b.is_nan()), "{what} row {r}: {a} where MLX gives {b}");
+                }
+            }
+            let bound = 2.0 * mlx.max(8.0 * f32::EPSILON as f64 * scale);
+            assert!(ours <= bound, "{what} row {r}: |error| {ours:e} vs MLX's {mlx:e} (magnitude {scale})");
+            if r == 0 {
+                eprintln!("{what}: |error| vs float64 {ours:.2e}, MLX's {mlx:.2e} (magnitude {scale:.1})");
+            }
+        }
+        let (ga, wa) = (mlx_rs::ops::indexing::argmax_axis(&got, -1, None).unwrap(), mlx_rs::ops::indexing::argmax_axis(&want, -1, None).unwrap());
+        assert_eq!(ga.as_dtype(Dtype::Int32).unwrap().as_slice::<i32>(), wa.as_dtype(Dtype::Int32).unwrap().as_slice::<i32>(), "{what}: argmax");
+    };
+    let logits = random(&[1, 49152], 80).multiply(Array::from_f32(6.0)).unwrap();
+    check(&logits, "one vocabulary row");
+    check(&random(&[8, 49152], 81).multiply(Array::from_f32(4.0)).unwrap().add(Array::from_f32(20.0)).unwrap(), "8 rows, offset +20");
+    check(&random(&[3, 1003], 82).multiply(Array::from_f32(30.0)).unwrap(), "3 rows of 1003");
+    check(&random(&[2, 5], 83), "rows shorter than a vector");
+    let seq = random(&[2, 3, 1000], 84).multiply(Array::from_f32(5.0)).unwrap();
+    check(&seq.index((.., -1, ..)), "last position of [2, 3, 1000]");
+    check(&random(&[777, 3], 85).t(), "transposed [3, 777]");
+    // Masked tokens (-inf) and a row with nothing left.
+    let mut m = to_vec(&random(&[2, 100], 86));
+    for v in m.iter_mut().step_by(3) {
+        *v = f32::NEG_INFINITY;
+    }
+    for v in &mut m[100..] {
+        *v = f32::NEG_INFINITY;
+    }
+    check(&Array::from_slice(&m, &[2, 100]), "-inf entries and an all -inf row");
+    // Outside the primitive's domain (float16): MLX's ops.
+    let half = logits.as_dtype(Dtype::Float16).unwrap();
+    assert_eq!(to_vec(&kernels::log_softmax(&half).unwrap()), to_vec(&want_of(&half)), "float16 fallback");
+}
+
+/// The engine's token choice in fast mode goes through the log-softmax primitive; the
+/// single-sequence path (`generate`) keeps MLX's ops. Greedy tokens agree over whole trajectories
+/// (tiny model goldens and the default model), one request at a time and then all together.
+#[test]
+fn fast_engine_tail_chooses_the_tokens_of_mlx_ops() {
+    use weft::engine::{Engine, EngineConfig};
+    let tiny = |model: &str, golden: &str| -> (String, std::path::PathBuf, Vec<Vec<u32>>) {
+        (model.into(), tiny_model_dir(model), golden_cases(golden).into_iter().map(|(p, _)| p).collect())
+    };
+    // The dense decoder, Gemma 3, the hybrid (gated DeltaNet) decoder and MoE.
+    let mut models =
+        vec![tiny("llama-4bit", "llama-4bit"), tiny("gemma3-text", "gemma3"), tiny("qwen3_5-4bit", "qwen3_5-4bit"), tiny("qwen3_moe-4bit", "qwen3_moe-4bit")];
+    if let Some(p) = default_model() {
+        let g = golden("smollm2");
+        let prompts = g["chats"].as_array().unwrap().iter().map(|c| ids(&c["prompt_ids"])).take(3).collect();
+        models.push(("smollm2 (Q4_1 GGUF)".into(), p, prompts));
+    }
+    for (name, path, prompts) in models {
+        let loaded = loading::load_with(&path, &LoadOptions::default().with_cpu_kernels(CpuKernels::Fast)).unwrap();
+        assert!(loaded.model.fast_cpu_kernels(), "{name}: fast mode on the CPU");
+        let opts = GenerateOptions { max_tokens: 16, ..GenerateOptions::default() };
+        let alone: Vec<Vec<u32>> = prompts.iter().map(|p| generate(loaded.model.as_ref(), None, p, &opts, |_| true).unwrap().tokens).collect();
+        let engine = Engine::start(loaded, EngineConfig::default()).unwrap();
+        for (want, p) in alone.iter().zip(&prompts) {
+            let rx = engine.submit_channel(greedy(p.clone(), 16)).unwrap().1;
+            assert_eq!(&collect(&rx).tokens, want, "{name}: {}-token prompt", p.len());
+        }
+        // Together: a batch's decode rows are strided views of the fused projection's output
+        // (the heads split without a copy); each row's greedy tokens are its tokens alone.
+        let streams: Vec<_> = prompts.iter().map(|p| engine.submit_channel(greedy(p.clone(), 16)).unwrap().1).collect();
+        for ((rx, want), p) in streams.iter().zip(&alone).zip(&prompts) {
+            assert_eq!(&collect(rx).tokens, want, "{name}: {}-token prompt in a batch of {}", p.len(), prompts.len());
+        }
+    }
+}
 
 /// Bound on the next-token KL divergence of fast vs exact mode. Both compute the same float32
 /// sums in different orders; observed values are ~1e-9 and below, and 1e-4 nats is far below

@@ -198,6 +198,33 @@ pub fn gather_qmm(
     }
 }
 
+/// `(x + residual, rms_norm(x + residual, weight, eps))`: a decoder layer's residual add and the
+/// next norm as one primitive with two outputs for float32 `x` on CPU streams, bit for bit
+/// MLX's add followed by [`rms_norm`] (one op fewer); MLX's ops otherwise.
+pub fn add_rms_norm(x: &Array, residual: &Array, weight: &Array, eps: f32) -> Result<(Array, Array)> {
+    let stream = Stream::thread_local_or_default();
+    unsafe {
+        let mut sum = mlx_sys::mlx_array_new();
+        let mut res = mlx_sys::mlx_array_new();
+        let status = mlx_sys::weft_add_rms_norm(&mut sum, &mut res, x.as_ptr(), residual.as_ptr(), weight.as_ptr(), eps, stream.as_ptr());
+        let sum = take_result_with(sum, status, "add_rms_norm", mlx_sys::weft_row_ops_last_error)?;
+        Ok((sum, take_result_with(res, status, "add_rms_norm", mlx_sys::weft_row_ops_last_error)?))
+    }
+}
+
+/// `x - logsumexp(x, -1, keepdims)`, the log-probabilities the samplers take: one primitive
+/// with a vectorized exp for float32 `x` on CPU streams (MLX's logsumexp there computes a
+/// scalar exp per element), MLX's ops otherwise. exp and the sum round differently from
+/// MLX's: fast mode only.
+pub fn log_softmax(x: &Array) -> Result<Array> {
+    let stream = Stream::thread_local_or_default();
+    unsafe {
+        let mut res = mlx_sys::mlx_array_new();
+        let status = mlx_sys::weft_log_softmax(&mut res, x.as_ptr(), stream.as_ptr());
+        take_result_with(res, status, "log_softmax", mlx_sys::weft_row_ops_last_error)
+    }
+}
+
 /// `mlx fast::rms_norm(x, weight, eps)`: one primitive for float32 `x` on CPU streams (MLX runs
 /// its fallback graph of ~6 ops there), MLX's op otherwise. Sums in another order than MLX's:
 /// fast mode only.

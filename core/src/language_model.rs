@@ -104,6 +104,12 @@ pub trait LanguageModel: Send {
     fn batched_prefill(&self) -> bool {
         true
     }
+    /// Whether the model runs Weft's fast CPU kernels (fast mode on the CPU): the engine's
+    /// token choice then takes the same licence ([`crate::kernels::log_softmax`]). False keeps
+    /// MLX's ops, bit-exact with mlx-lm.
+    fn fast_cpu_kernels(&self) -> bool {
+        false
+    }
     /// The vision tower, for a model that takes images.
     fn vision(&self) -> Option<&dyn VisionTower> {
         None

@@ -225,6 +225,15 @@ impl Sampler {
         Ok(logits.subtract(logits.logsumexp_axis(-1, true)?)?)
     }
 
+    /// [`Sampler::logprobs`], through Weft's CPU primitive when `fast` (the model runs fast
+    /// mode on the CPU: [`crate::language_model::LanguageModel::fast_cpu_kernels`]).
+    pub fn logprobs_with(logits: &Array, fast: bool) -> Result<Array> {
+        if fast {
+            return crate::kernels::log_softmax(logits);
+        }
+        Self::logprobs(logits)
+    }
+
     /// Device-side greedy choice over `[B, V]` logprobs → `[B]` int32.
     pub fn argmax(logprobs: &Array) -> Result<Array> {
         Ok(argmax_axis(logprobs, -1, None)?)

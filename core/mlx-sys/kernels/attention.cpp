@@ -5,6 +5,7 @@
 // long prefill, the Lq x Lk scores written and read several times. Here it is one pass per
 // block of queries over the keys (attention_kernel.cpp) on the kernels' thread pool. Its sums
 // and exp round differently from MLX's: fast mode only, bounded by tests/cpu_kernels.rs.
+#include <algorithm>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -86,6 +87,12 @@ void compute(const mx::array& q, const mx::array& k, const mx::array& v, const m
     const int per = a.B * a.Hkv, want = (2 * threads + per - 1) / per;
     a.q_block = (a.Lq + want - 1) / want;
   }
+#if defined(__x86_64__)
+  // A decode step's item holds rep query rows (3 on SmolLM2) and S^T is padded to the vector
+  // width: 16 lanes would be 13 of padding, 8 lanes waste 5. Each lane's arithmetic is the same
+  // in both kernels, so the result is too.
+  if (job.kernel == &avx512::kernel && std::min(a.q_block, a.Lq) * (a.Hq / a.Hkv) <= 8) job.kernel = &avx2::kernel;
+#endif
   const int n = items(a);
   // Multiply-adds of the whole call (causal: about half): below ~2^18 the pool's hand-off
   // costs more than it saves (a decode step over a short history).

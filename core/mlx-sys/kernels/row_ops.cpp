@@ -3,8 +3,12 @@
 // RoPE ~20: aranges, exp, cos, sin, slices, products, a concatenate), so a decode step of a
 // 30-layer model spends ~1,500 op dispatches on them. Here each is one pass over the rows, in
 // float32, with the fallback's formulas (sums and the cos/sin implementation differ in the last
-// bits: fast mode only, bounded by tests/cpu_kernels.rs).
+// bits: fast mode only, bounded by tests/cpu_kernels.rs). Also the sampling tail's log-softmax
+// (`x - logsumexp(x)`): MLX's CPU logsumexp calls a scalar exp (with a libm fma) per element,
+// ~0.8 ms a step over a 49,152-token vocabulary; here it is vectorized.
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -19,6 +23,7 @@
 #include "mlx/c/private/array.h"
 #include "mlx/c/private/stream.h"
 
+#include "thread_pool.h"
 #include "weft_kernels.h"
 
 namespace mx = mlx::core;
@@ -95,6 +100,74 @@ class RmsNorm : public mx::Primitive {
   const char* name() const override { return "WeftRmsNorm"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     auto* o = dynamic_cast<const RmsNorm*>(&other);
+    return o && o->eps_ == eps_;
+  }
+
+ private:
+  float eps_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The residual add and the next RMSNorm in one pass (a decoder layer's `h = x + r` and
+// `norm(h)`): outputs h (the float32 sum, as MLX's add gives it) and the RMSNorm of h, with
+// rms_norm's arithmetic, so both are bit for bit the separate ops' results. Saves the add's op
+// (its dispatch and a pass over the rows) twice per layer.
+
+// Offset of row `r` (row-major over all axes but the last) of an array with these strides.
+int64_t row_offset(const mx::array& a, size_t r) {
+  int64_t off = 0;
+  const auto& shape = a.shape();
+  for (int d = int(shape.size()) - 2; d >= 0; d--) {
+    const size_t n = size_t(shape[size_t(d)]);
+    off += int64_t(r % n) * a.strides()[size_t(d)];
+    r /= n;
+  }
+  return off;
+}
+
+void add_rms_norm(const mx::array& x, const mx::array& res, const mx::array& w, float eps, mx::array& sum,
+                  mx::array& out) {
+  const int D = x.shape().back();
+  const size_t rows = x.size() / size_t(D);
+  const int64_t xs = x.strides().back(), rs = res.strides().back();
+  const float* wp = w.data<float>();
+  float* sp = sum.data<float>();
+  float* o = out.data<float>();
+  for (size_t r = 0; r < rows; r++) {
+    const float* xr = x.data<float>() + row_offset(x, r);
+    const float* rr = res.data<float>() + row_offset(res, r);
+    float* h = sp + r * size_t(D);
+    for (int i = 0; i < D; i++) h[i] = xr[i * xs] + rr[i * rs];
+    float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int k = 0;
+    for (; k + 8 <= D; k += 8)
+      for (int j = 0; j < 8; j++) part[j] += h[k + j] * h[k + j];
+    for (; k < D; k++) part[k % 8] += h[k] * h[k];
+    float ss = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+    const float inv = 1.0f / std::sqrt(ss * (1.0f / float(D)) + eps);
+    float* y = o + r * size_t(D);
+    for (int i = 0; i < D; i++) y[i] = (h[i] * inv) * wp[i];
+  }
+}
+
+class AddRmsNorm : public mx::Primitive {
+ public:
+  AddRmsNorm(mx::Stream s, float eps) : mx::Primitive(s), eps_(eps) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    for (auto& o : outputs) o.set_data(mx::allocator::malloc(o.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    encoder.dispatch([x = inputs[0], r = inputs[1], w = inputs[2], sum = mx::array::unsafe_weak_copy(outputs[0]),
+                      out = mx::array::unsafe_weak_copy(outputs[1]), eps = eps_]() mutable {
+      add_rms_norm(x, r, w, eps, sum, out);
+    });
+  }
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("weft AddRmsNorm runs on the CPU");
+  }
+  const char* name() const override { return "WeftAddRmsNorm"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const AddRmsNorm*>(&other);
     return o && o->eps_ == eps_;
   }
 
@@ -196,6 +269,129 @@ class Rope : public mx::Primitive {
   RopeParams p_;
 };
 
+// ---------------------------------------------------------------------------------------------
+// Log-softmax over the last axis: y = x - (max + log(sum exp(x - max))), logsumexp's formula
+// (an infinite max is the logsumexp itself). exp is Cephes' single-precision polynomial (a
+// couple of ulps), four lanes at a time in GCC vector types (one SSE2 / NEON register on the
+// baseline build), so the only difference from MLX is that rounding and the order of the sum.
+
+typedef float vf4 __attribute__((vector_size(16)));
+typedef int32_t vi4 __attribute__((vector_size(16)));
+
+static inline __attribute__((always_inline)) vf4 splat(float v) { return vf4{v, v, v, v}; }
+
+static inline __attribute__((always_inline)) vf4 exp4(vf4 x) {
+  x = x < splat(-87.3f) ? splat(-87.3f) : x;  // exp(-87.3) is still a normal float
+  x = x > splat(88.3f) ? splat(88.3f) : x;
+  vf4 fx = x * splat(1.44269504088896341f) + splat(0.5f);
+  vi4 n = __builtin_convertvector(fx, vi4);
+  n = __builtin_convertvector(n, vf4) > fx ? n - 1 : n;  // floor
+  const vf4 t = __builtin_convertvector(n, vf4);
+  x = x - t * splat(0.693359375f) - t * splat(-2.12194440e-4f);
+  vf4 y = splat(1.9875691500e-4f);
+  y = y * x + splat(1.3981999507e-3f);
+  y = y * x + splat(8.3334519073e-3f);
+  y = y * x + splat(4.1665795894e-2f);
+  y = y * x + splat(1.6666665459e-1f);
+  y = y * x + splat(5.0000001201e-1f);
+  y = y * (x * x) + x + splat(1.0f);
+  vi4 e = (n + 127) << 23;
+  vf4 p;
+  std::memcpy(&p, &e, sizeof p);
+  return y * p;
+}
+
+static inline __attribute__((always_inline)) vf4 load4(const float* p) {
+  vf4 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// One contiguous row of D floats into y.
+void log_softmax_row(const float* x, float* y, int D) {
+  const float inf = std::numeric_limits<float>::infinity();
+  int k = 0;
+  float mx = -inf;
+  if (D >= 8) {
+    vf4 m0 = load4(x), m1 = load4(x + 4);
+    for (k = 8; k + 8 <= D; k += 8) {
+      const vf4 a = load4(x + k), b = load4(x + k + 4);
+      m0 = a > m0 ? a : m0;
+      m1 = b > m1 ? b : m1;
+    }
+    m0 = m1 > m0 ? m1 : m0;
+    mx = std::max(std::max(m0[0], m0[1]), std::max(m0[2], m0[3]));
+  }
+  for (; k < D; k++) mx = std::max(mx, x[k]);
+  float lse = mx;
+  if (std::isfinite(mx)) {
+    // Two accumulators: the exps are independent, the adds would chain.
+    vf4 a0 = splat(0.0f), a1 = splat(0.0f);
+    const vf4 vm = splat(mx);
+    for (k = 0; k + 8 <= D; k += 8) {
+      a0 += exp4(load4(x + k) - vm);
+      a1 += exp4(load4(x + k + 4) - vm);
+    }
+    const vf4 acc = a0 + a1;
+    float sum = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    for (; k < D; k++) sum += std::exp(x[k] - mx);
+    lse = mx + std::log(sum);
+  }
+  for (int i = 0; i < D; i++) y[i] = x[i] - lse;
+}
+
+struct LogSoftmaxJob {
+  const float* x;
+  float* y;
+  int D;
+};
+
+void log_softmax_rows(void* ctx, int r) {
+  auto* j = static_cast<LogSoftmaxJob*>(ctx);
+  log_softmax_row(j->x + size_t(r) * j->D, j->y + size_t(r) * j->D, j->D);
+}
+
+class LogSoftmax : public mx::Primitive {
+ public:
+  explicit LogSoftmax(mx::Stream s) : mx::Primitive(s) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    auto& out = outputs[0];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    encoder.dispatch([x = inputs[0], out = mx::array::unsafe_weak_copy(out)]() mutable {
+      const int D = x.shape().back();
+      const int rows = int(x.size() / size_t(D));
+      float* o = out.data<float>();
+      if (!x.flags().row_contiguous) {
+        // A view (the last position of [B, L, V] logits): rows wherever they are.
+        std::vector<float> tmp(x.strides().back() == 1 ? 0 : size_t(D));
+        for_each_row(x, [&](size_t r, const float* row, const std::vector<int>&) {
+          if (!tmp.empty()) {
+            for (int i = 0; i < D; i++) tmp[size_t(i)] = row[int64_t(i) * x.strides().back()];
+            row = tmp.data();
+          }
+          log_softmax_row(row, o + r * size_t(D), D);
+        });
+        return;
+      }
+      LogSoftmaxJob job{x.data<float>(), o, D};
+      // One row (a B=1 step: ~50 us) runs here; a batch's rows go over the pool.
+      if (rows == 1)
+        log_softmax_rows(&job, 0);
+      else
+        weft_kernels::parallel_for(rows, log_softmax_rows, &job);
+    });
+  }
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("weft LogSoftmax runs on the CPU");
+  }
+  const char* name() const override { return "WeftLogSoftmax"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return dynamic_cast<const LogSoftmax*>(&other) != nullptr;
+  }
+};
+
 bool on_cpu(const mx::Stream& s) { return s.device.type == mx::Device::DeviceType::cpu; }
 
 // Weights, offsets and frequencies are normally evaluated and contiguous already: no extra op.
@@ -257,6 +453,50 @@ extern "C" int weft_rope(mlx_array* res, const mlx_array x, int dims, int tradit
     if (fa) inputs.push_back(contiguous_input(*fa, st));
     auto prim = std::make_shared<Rope>(st, RopeParams{dims, traditional != 0, base, scale});
     mlx_array_set_(*res, mx::array(xa.shape(), mx::float32, prim, inputs));
+    return 0;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return 1;
+  }
+}
+
+extern "C" int weft_add_rms_norm(mlx_array* sum, mlx_array* res, const mlx_array x, const mlx_array residual,
+                                 const mlx_array weight, float eps, const mlx_stream stream) {
+  try {
+    const auto& xa = mlx_array_get_(x);
+    const auto& ra = mlx_array_get_(residual);
+    const auto& wa = mlx_array_get_(weight);
+    const auto& st = mlx_stream_get_(stream);
+    const int D = xa.ndim() ? xa.shape().back() : 0;
+    const bool ok = on_cpu(st) && xa.dtype() == mx::float32 && ra.dtype() == mx::float32 && xa.shape() == ra.shape() &&
+                    D > 0 && wa.dtype() == mx::float32 && wa.ndim() == 1 && wa.shape(0) == D;
+    if (!ok) {
+      auto h = mx::add(xa, ra, st);
+      mlx_array_set_(*res, mx::fast::rms_norm(h, wa, eps, st));
+      mlx_array_set_(*sum, h);
+      return 0;
+    }
+    auto outs = mx::array::make_arrays({xa.shape(), xa.shape()}, {mx::float32, mx::float32},
+                                       std::make_shared<AddRmsNorm>(st, eps), {xa, ra, contiguous_input(wa, st)});
+    mlx_array_set_(*sum, outs[0]);
+    mlx_array_set_(*res, outs[1]);
+    return 0;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return 1;
+  }
+}
+
+extern "C" int weft_log_softmax(mlx_array* res, const mlx_array x, const mlx_stream stream) {
+  try {
+    const auto& xa = mlx_array_get_(x);
+    const auto& st = mlx_stream_get_(stream);
+    const bool ok = on_cpu(st) && xa.dtype() == mx::float32 && xa.ndim() >= 1 && xa.shape().back() > 0;
+    if (!ok) {
+      mlx_array_set_(*res, mx::subtract(xa, mx::logsumexp(xa, -1, true, st), st));
+      return 0;
+    }
+    mlx_array_set_(*res, mx::array(xa.shape(), mx::float32, std::make_shared<LogSoftmax>(st), {xa}));
     return 0;
   } catch (const std::exception& e) {
     last_error = e.what();

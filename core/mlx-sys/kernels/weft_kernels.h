@@ -59,6 +59,17 @@ int weft_rms_norm(mlx_array* res, const mlx_array x, const mlx_array weight, flo
 int weft_rope(mlx_array* res, const mlx_array x, int dims, int traditional, float base,
               float scale, const mlx_array offset, const mlx_array freqs, const mlx_stream stream);
 
+/* The residual add and RMSNorm of a decoder layer in one CPU primitive with two outputs:
+ * `sum` = x + residual, `res` = rms_norm(sum, weight, eps), bit for bit weft_rms_norm of MLX's
+ * add. Float32 x and residual of one shape on a CPU stream; MLX's ops otherwise. */
+int weft_add_rms_norm(mlx_array* sum, mlx_array* res, const mlx_array x, const mlx_array residual,
+                      const mlx_array weight, float eps, const mlx_stream stream);
+
+/* `x - logsumexp(x, -1, keepdims)` (the sampling tail's log-probabilities) as one CPU
+ * primitive with a vectorized exp, rows over the kernels' pool; float32 on a CPU stream, MLX's
+ * ops otherwise. Fast mode only (exp and the sum round differently). */
+int weft_log_softmax(mlx_array* res, const mlx_array x, const mlx_stream stream);
+
 const char* weft_row_ops_last_error(void);
 
 /* weft_quantized_matmul of silu(gate) * up for `gate_up` [..., 2K] holding the gate then the up

@@ -625,7 +625,7 @@ impl<M: ModelHandle> Executor<M> {
             } else {
                 last_position(&self.model.get().forward(&input, caches)?)?
             };
-            let (tokens, logprobs) = choose(&mut joining.rows, &logits, None)?;
+            let (tokens, logprobs) = choose(&mut joining.rows, &logits, None, self.model.get().fast_cpu_kernels())?;
             eval(std::iter::once(&tokens).chain(logprobs.iter().flatten()))?;
             let tokens = tokens.try_as_slice::<u32>().map_err(|e| Error::Mlx(format!("reading tokens: {e}")))?.to_vec();
             let logprobs = logprobs
@@ -745,7 +745,7 @@ impl<M: ModelHandle> Executor<M> {
             self.timing.mask_wait += join.elapsed();
             off_build = submit.elapsed();
         }
-        let (tokens, logprobs) = choose(&mut self.batch.rows, &logits, previous.as_ref())?;
+        let (tokens, logprobs) = choose(&mut self.batch.rows, &logits, previous.as_ref(), self.model.get().fast_cpu_kernels())?;
         self.timing.graph_build += started.elapsed().saturating_sub(off_build);
         let submit = Instant::now();
         async_eval(std::iter::once(&tokens).chain(logprobs.iter().flatten()))?;
@@ -832,7 +832,7 @@ impl<M: ModelHandle> Executor<M> {
         if let Some(masks) = masks {
             self.timing.mask_compute += masks.join(&mut self.batch.rows)?;
         }
-        let (tokens, logprobs) = choose(&mut self.batch.rows, &logits.index((.., 0, ..)), None)?;
+        let (tokens, logprobs) = choose(&mut self.batch.rows, &logits.index((.., 0, ..)), None, self.model.get().fast_cpu_kernels())?;
         let argmax = Sampler::argmax(&logits)?.as_dtype(Dtype::Uint32)?;
         let sampled: Vec<usize> =
             (0..rows).filter(|&b| !drafts[b].is_empty() && self.batch.rows[b].sampler.params().temperature > 0.0).collect();
@@ -1057,7 +1057,7 @@ impl<M: ModelHandle> Executor<M> {
 /// one `[B, V]` mask bias (zeros leave unconstrained rows bit-identical), mlx-lm's processors
 /// row by row for the rows that have them, one logprobs and argmax over the batch, one
 /// [`draw_rows`] over the sampled rows. Rows already finished get a throwaway argmax.
-fn choose(rows: &mut [Row], logits: &Array, pending: Option<&InFlight>) -> Result<(Array, Vec<Option<Array>>)> {
+fn choose(rows: &mut [Row], logits: &Array, pending: Option<&InFlight>, fast: bool) -> Result<(Array, Vec<Option<Array>>)> {
     let live = |r: &Row| r.finish.is_none();
     let mut logits = logits.clone();
     if rows.iter().any(|r| live(r) && r.needs_host_choice()) {
@@ -1075,7 +1075,7 @@ fn choose(rows: &mut [Row], logits: &Array, pending: Option<&InFlight>) -> Resul
             .collect::<Result<_>>()?;
         logits = replace_rows(&logits, &processed, &concatenate(&new_rows, 0)?)?;
     }
-    let lp = Sampler::logprobs(&logits)?;
+    let lp = Sampler::logprobs_with(&logits, fast)?;
     let mut tokens = Sampler::argmax(&lp)?;
     let sampled: Vec<usize> = (0..rows.len()).filter(|&b| live(&rows[b]) && rows[b].sampler.params().temperature > 0.0).collect();
     if !sampled.is_empty() {

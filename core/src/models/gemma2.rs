@@ -137,6 +137,10 @@ impl LanguageModel for Gemma2 {
         (0..self.layers.len()).map(|_| Box::new(KvCacheSingle::new()) as Box<dyn KvCache>).collect()
     }
 
+    fn fast_cpu_kernels(&self) -> bool {
+        self.norm.is_fast()
+    }
+
     fn info(&self) -> &ModelInfo {
         &self.info
     }

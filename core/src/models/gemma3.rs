@@ -335,6 +335,10 @@ impl LanguageModel for Gemma3 {
             .collect()
     }
 
+    fn fast_cpu_kernels(&self) -> bool {
+        self.norm.is_fast()
+    }
+
     fn info(&self) -> &ModelInfo {
         &self.info
     }

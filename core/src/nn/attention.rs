@@ -138,16 +138,31 @@ impl Attention {
             Ok(if l == 1 { t } else { t.transpose_axes(&[0, 2, 1, 3])? })
         };
         let (q, k, v) = match &self.proj {
-            Projections::Separate { q_proj, k_proj, v_proj } => (q_proj.forward(x)?, k_proj.forward(x)?, v_proj.forward(x)?),
+            // Fast mode on the CPU, one position: the fused output viewed as heads `[B, q + 2kv
+            // heads, 1, D]` and split by head: two view ops instead of a split and three
+            // reshapes, and no copy of a batch's strided rows (Weft's primitives take any
+            // strides). The same values; the GPU keeps the graph below.
+            Projections::Fused { qkv_proj, q, kv } if self.fast && l == 1 => {
+                let hd = self.opts.head_dim;
+                let t = qkv_proj.forward(x)?.reshape(&[b, -1, 1, hd])?;
+                let mut parts = split_at_indices(&t, &[q / hd, (q + kv) / hd], 1)?.into_iter();
+                let (q, k, v) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
+                let norm = |t: Array, norm: &Option<RmsNorm>| match norm {
+                    Some(norm) => norm.forward(&t),
+                    None => Ok(t),
+                };
+                (norm(q, &self.q_norm)?, norm(k, &self.k_norm)?, v)
+            }
+            Projections::Separate { q_proj, k_proj, v_proj } => {
+                let (q, k, v) = (q_proj.forward(x)?, k_proj.forward(x)?, v_proj.forward(x)?);
+                (heads(q, self.opts.heads, &self.q_norm)?, heads(k, self.opts.kv_heads, &self.k_norm)?, heads(v, self.opts.kv_heads, &None)?)
+            }
             Projections::Fused { qkv_proj, q, kv } => {
                 let mut parts = split_at_indices(&qkv_proj.forward(x)?, &[*q, q + kv], -1)?.into_iter();
-                let (q, k, v) = (parts.next(), parts.next(), parts.next());
-                (q.unwrap(), k.unwrap(), v.unwrap())
+                let (q, k, v) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
+                (heads(q, self.opts.heads, &self.q_norm)?, heads(k, self.opts.kv_heads, &self.k_norm)?, heads(v, self.opts.kv_heads, &None)?)
             }
         };
-        let q = heads(q, self.opts.heads, &self.q_norm)?;
-        let k = heads(k, self.opts.kv_heads, &self.k_norm)?;
-        let v = heads(v, self.opts.kv_heads, &None)?;
 
         let offset = cache.rope_offset();
         let q = self.opts.rope.apply(&q, &offset)?;

@@ -178,16 +178,31 @@ impl LanguageModel for DenseDecoder {
         if let Some(stage) = &self.stage {
             h = stage.receive(h)?;
         }
-        for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
-            let r = layer.self_attn.forward(&layer.input_layernorm.forward(&h)?, &mask, cache::attention(cache.as_mut())?)?;
-            let h1 = h.add(&times(&r, sc.residual)?)?;
-            let r = layer.mlp.forward(&layer.post_attention_layernorm.forward(&h1)?)?;
-            h = h1.add(&times(&r, sc.residual)?)?;
+        // Each residual add goes with the norm after it (the next layer's input norm, the
+        // final norm after the last): one op in fast mode on the CPU, the same two otherwise.
+        // A pipeline stage hands the stream on before the final norm, so it adds alone there.
+        let mut normed = match self.layers.first() {
+            Some(first) => Some(first.input_layernorm.forward(&h)?),
+            None => None,
+        };
+        for (i, (layer, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
+            let x = normed.take().expect("the norm of this layer's input");
+            let r = layer.self_attn.forward(&x, &mask, cache::attention(cache.as_mut())?)?;
+            let (h1, x) = layer.post_attention_layernorm.forward_after_add(&h, &times(&r, sc.residual)?)?;
+            let r = times(&layer.mlp.forward(&x)?, sc.residual)?;
+            match (self.layers.get(i + 1), &self.stage) {
+                (Some(next), _) => (h, normed) = next.input_layernorm.forward_after_add(&h1, &r).map(|(h, x)| (h, Some(x)))?,
+                (None, None) => (h, normed) = self.norm.forward_after_add(&h1, &r).map(|(h, x)| (h, Some(x)))?,
+                _ => h = h1.add(&r)?,
+            }
         }
         if let Some(stage) = &self.stage {
             h = stage.hand_on(h)?;
         }
-        let h = self.norm.forward(&h)?;
+        let h = match normed {
+            Some(x) => x,
+            None => self.norm.forward(&h)?,
+        };
         let logits = match &self.lm_head {
             Some(head) => head.forward(&divided(&h, sc.head_input_divisor)?)?,
             None => self.embed_tokens.as_linear(&divided(&h, sc.head_input_divisor)?)?,
@@ -201,6 +216,10 @@ impl LanguageModel for DenseDecoder {
 
     fn info(&self) -> &ModelInfo {
         &self.info
+    }
+
+    fn fast_cpu_kernels(&self) -> bool {
+        self.norm.is_fast()
     }
 
     fn batched_prefill(&self) -> bool {

@@ -198,6 +198,10 @@ impl LanguageModel for HybridDecoder {
             .collect()
     }
 
+    fn fast_cpu_kernels(&self) -> bool {
+        self.norm.is_fast()
+    }
+
     fn info(&self) -> &ModelInfo {
         &self.info
     }

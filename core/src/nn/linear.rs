@@ -252,6 +252,22 @@ impl RmsNorm {
         Ok(RmsNorm { weight, eps, fast: w.options().fast_on_cpu() })
     }
 
+    /// Whether this norm runs Weft's CPU primitive (fast mode on the CPU).
+    pub fn is_fast(&self) -> bool {
+        self.fast
+    }
+
+    /// `h = x + residual` and this norm of `h`: Weft's one primitive in fast mode on the CPU,
+    /// MLX's add and [`RmsNorm::forward`] otherwise (the same ops as calling them in turn).
+    pub fn forward_after_add(&self, x: &Array, residual: &Array) -> Result<(Array, Array)> {
+        if self.fast {
+            return kernels::add_rms_norm(x, residual, &self.weight, self.eps);
+        }
+        let h = x.add(residual)?;
+        let normed = self.forward(&h)?;
+        Ok((h, normed))
+    }
+
     pub fn forward(&self, x: &Array) -> Result<Array> {
         if self.fast {
             return kernels::rms_norm(x, &self.weight, self.eps);
