@@ -56,6 +56,8 @@ def template(xdt, sdt, M, K, bits, gs, rows):
 
 def nvrtc_main(a):
     import ctypes
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    from gdn_nvrtc_check import compile_one  # NVRTC with MLX's custom-kernel options
     lib = ctypes.CDLL(a.nvrtc)
     lib.nvrtcGetErrorString.restype = ctypes.c_char_p
     bad = 0
@@ -72,22 +74,13 @@ def nvrtc_main(a):
                    "namespace mlx::core::cu {\n\nnamespace cg = cooperative_groups;\n\n"
                    "__global__ void custom_kernel_weft_qmv(\n" + ",\n".join(params) + ") {\n"
                    + "\n".join(consts) + "\n\n" + source() + "\n}\n\n} // namespace mlx::core::cu\n")
-            prog = ctypes.c_void_p()
-            lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"qmv.cu", 0, None, None)
-            opts = ["--device-as-default-execution-space", f"--gpu-architecture={a.arch}"] + [f"--include-path={i}" for i in a.includes]
-            arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
-            res = lib.nvrtcCompileProgram(prog, len(opts), arr)
-            size = ctypes.c_size_t()
-            lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-            log = ctypes.create_string_buffer(size.value)
-            lib.nvrtcGetProgramLog(prog, log)
-            lib.nvrtcDestroyProgram(ctypes.byref(prog))
+            res, log = compile_one(lib, src, a.includes, a.arch)
             what = f"{xdt} M={M} K={K} N={N} bits={bits} gs={gs} rows={rows}"
             if res != 0:
                 bad += 1
-                print(f"FAIL {what}\n{log.value.decode(errors='replace')}")
+                print(f"FAIL {what}\n{log}")
             else:
-                print(f"ok   {what}" + (f" (log: {log.value.decode().strip()})" if log.value.strip() else ""))
+                print(f"ok   {what}" + (f" (log: {log.strip()})" if log.strip() else ""))
     sys.exit(1 if bad else 0)
 
 
