@@ -36,6 +36,19 @@ impl RowResult {
         }
     }
 
+    /// The stderr summary line `weft generate`, `run` and `chat` print after a reply, with the
+    /// speculation counters when the engine speculated.
+    pub fn summary(&self, speculation: Option<&Speculation>) -> String {
+        let spec = speculation.map(|s| format!(", speculation: {}", s.describe(self.tokens.len()))).unwrap_or_default();
+        format!(
+            "[{} prompt tokens, {} generated, {:.1} tok/s, finish: {}{spec}]",
+            self.prompt_tokens,
+            self.tokens.len(),
+            self.tokens_per_second(),
+            self.finish_str()
+        )
+    }
+
     /// Decode speed: the tokens after the first over the time from the first to the end.
     pub fn tokens_per_second(&self) -> f64 {
         match (self.ttft_s, self.done_s) {

@@ -153,14 +153,7 @@ impl Session {
         }
         println!("{}", &r.text[streamed.min(r.text.len())..]);
         if args.verbose {
-            let spec = if self.speculating { format!(", speculation: {}", speculation.describe(r.tokens.len())) } else { String::new() };
-            eprintln!(
-                "[{} prompt tokens, {} generated, {:.1} tok/s, finish: {}{spec}]",
-                r.prompt_tokens,
-                r.tokens.len(),
-                r.tokens_per_second(),
-                r.finish_str()
-            );
+            eprintln!("{}", r.summary(self.speculating.then_some(&speculation)));
         }
         Ok(r.text)
     }

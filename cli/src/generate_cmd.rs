@@ -132,14 +132,7 @@ pub fn run(args: GenerateArgs, options: &Options) -> Result<()> {
         print_plain(&r.tokens, r.finish_str());
     } else {
         println!("{}", &r.text[streamed.min(r.text.len())..]);
-        let spec = if speculating { format!(", speculation: {}", speculation.describe(r.tokens.len())) } else { String::new() };
-        eprintln!(
-            "[{} prompt tokens, {} generated, {:.1} tok/s, finish: {}{spec}]",
-            r.prompt_tokens,
-            r.tokens.len(),
-            r.tokens_per_second(),
-            r.finish_str()
-        );
+        eprintln!("{}", r.summary(speculating.then_some(&speculation)));
     }
     Ok(())
 }
