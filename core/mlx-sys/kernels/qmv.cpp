@@ -1,10 +1,11 @@
 // The few-row quantized matmul CUDA kernel's entry point (source in qmv_cuda.h): checks the
 // arguments, flattens x to [M, K], launches through MLX's fast::cuda_kernel and shapes y back.
+#include <array>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
-#include <memory>
 #include <vector>
 
 #include "mlx/fast.h"
@@ -32,10 +33,12 @@ const mx::fast::CustomKernelFunction& kernel() {
 // and a decode step makes a few hundred: the primitive it makes for one configuration (template
 // arguments, grid, stream) is kept and shared by later calls' outputs, as mx.compile's replay
 // shares primitives between calls. `make` runs once per key.
+using Key = std::array<int, 9>;  // x and scale dtypes, MB, K, N, bits, group, rows, stream
+
 template <class Make>
-std::shared_ptr<mx::Primitive> primitive_for(const std::string& key, Make make) {
+std::shared_ptr<mx::Primitive> primitive_for(const Key& key, Make make) {
   static std::mutex mu;
-  static std::map<std::string, std::shared_ptr<mx::Primitive>> cache;
+  static std::map<Key, std::shared_ptr<mx::Primitive>> cache;
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, make()).first;
@@ -85,9 +88,7 @@ mx::array qmv(const mx::array& x, const mx::array& w, const mx::array& scales, c
   if (rows != 1 && rows != 2 && rows != 4) fail("rows per warp must be 1, 2 or 4");
   auto x2 = mx::reshape(x, {M, K}, s);
   const int mb = row_bucket(M);
-  const std::string key = std::to_string(int(x.dtype().val())) + "," + std::to_string(int(scales.dtype().val())) + "," +
-                          std::to_string(mb) + "," + std::to_string(K) + "," + std::to_string(N) + "," + std::to_string(bits) +
-                          "," + std::to_string(group_size) + "," + std::to_string(rows) + "," + std::to_string(s.index);
+  const Key key{int(x.dtype().val()), int(scales.dtype().val()), mb, K, N, bits, group_size, rows, s.index};
   auto prim = primitive_for(key, [&] {
     auto first = kernel()(
         {x2, w, scales, biases}, {{M, N}}, {x.dtype()}, {32, (N + rows - 1) / rows, 1}, {32, 4, 1},
