@@ -383,6 +383,7 @@ fn build_kernels(dir: &Path, prefix: &Path, mlx_c: &Path, shim: &Path) {
         "qmm_int8.cpp",
         "qmm_primitive.cpp",
         "row_ops.cpp",
+        "vec_exp.h",
         "attention_kernel.h",
         "attention_kernel.cpp",
         "attention.cpp",

@@ -25,8 +25,23 @@ namespace {
 constexpr int W = WEFT_QMM_WIDTH;
 // Rows of x that share one dequantized weight vector (batched decode; from GEMM_MIN_ROWS rows
 // the GEMM path below): the accumulators of all rows stay in registers (AVX2 has 16 vector
-// registers, AVX-512 32).
+// registers, AVX-512 32). AVX2 takes 8 rows only in the prescaled form (see `prescaled`).
+#if defined(__AVX2__)
+constexpr int MAX_MT = 8;
+#else
 constexpr int MAX_MT = W >= 16 ? 8 : 4;
+#endif
+// From this many rows of x a block of N_BLOCK_PREFILL weight rows shares one scale conversion.
+constexpr int BLOCK_ROWS_MIN = W >= 16 ? 8 : 4;
+
+// Whether a tile multiplies each code vector by its scale before the FMAs (one multiply per
+// code vector, one accumulator per row of x) instead of scaling a block's partial sums into a
+// total (two accumulators per row): 8 rows of x fit AVX2's 16 registers only this way, and one
+// 8-row tile converts each weight once where two 4-row tiles convert it twice.
+template <int NR, int MT>
+constexpr bool prescaled() {
+  return W < 16 && MT > 4;
+}
 // Output rows whose scales are converted together and whose weights stay in cache while every
 // tile of x passes over them.
 constexpr int N_BLOCK = 16;
@@ -87,6 +102,51 @@ inline void segment(const uint32_t* const* wrows, const float* const* xrows,
   typedef typename V<L>::f vf;
   typedef typename V<L>::i vi;
   typedef typename V<L>::u vu;
+  auto block_scale = [&](int r, int k) {
+    vf s;
+    if constexpr (BLOCK <= GS) {
+      s = vf{} + sc[r][k / GS];  // a broadcast (a lane-by-lane fill compiles to inserts)
+    } else {
+      // A block spans several groups: GS / EPU lanes each.
+      constexpr int LPG = GS / EPU;
+#if defined(__AVX2__)
+      if constexpr (L == 8 && LPG == 4) {
+        // Two groups: one 8-byte load and a lane permute (a lane-by-lane fill is 8 inserts).
+        const __m128 two = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(sc[r] + k / GS)));
+        const __m256 v = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(two),
+                                                  _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+        __builtin_memcpy(&s, &v, sizeof s);
+        return s;
+      }
+#endif
+      for (int i = 0; i < L; i++) s[i] = sc[r][k / GS + i / LPG];
+    }
+    return s;
+  };
+  if constexpr (prescaled<NR, MT>()) {
+    vf acc[NR][MT];
+    for (int r = 0; r < NR; r++)
+      for (int m = 0; m < MT; m++) acc[r][m] = vf{};
+    for (int k = k0; k < k1; k += BLOCK) {
+      vu v[NR];
+      vf s[NR];
+      for (int r = 0; r < NR; r++) {
+        v[r] = load_u<L>(wrows[r] + k / EPU);
+        s[r] = block_scale(r, k);
+      }
+#pragma GCC unroll 8
+      for (int j = 0; j < EPU; j++) {
+        for (int r = 0; r < NR; r++) {
+          const vu c = j == EPU - 1 ? v[r] >> (BITS * j) : v[r] & (MASK << (BITS * j));
+          const vf q = __builtin_convertvector((vi)c, vf) * s[r];
+          for (int m = 0; m < MT; m++) acc[r][m] += q * load_f<L>(xrows[m] + k + j * L);
+        }
+      }
+    }
+    for (int r = 0; r < NR; r++)
+      for (int m = 0; m < MT; m++) res[r][m] += hsum<L>(acc[r][m]);
+    return;
+  }
   vf tot[NR][MT];
   for (int r = 0; r < NR; r++)
     for (int m = 0; m < MT; m++) tot[r][m] = vf{};
@@ -108,14 +168,7 @@ inline void segment(const uint32_t* const* wrows, const float* const* xrows,
       }
     }
     for (int r = 0; r < NR; r++) {
-      vf s;
-      if constexpr (BLOCK <= GS) {
-        s = vf{} + sc[r][k / GS];  // a broadcast (a lane-by-lane fill compiles to inserts)
-      } else {
-        // A block spans several groups: GS / EPU lanes each.
-        constexpr int LPG = GS / EPU;
-        for (int i = 0; i < L; i++) s[i] = sc[r][k / GS + i / LPG];
-      }
+      const vf s = block_scale(r, k);
       for (int m = 0; m < MT; m++) tot[r][m] += acc[r][m] * s;
     }
   }
@@ -181,6 +234,31 @@ inline void segments5(const uint32_t* const* wrows, const float* const* xrows,
   typedef typename V<L>::f vf;
   typedef typename V<L>::i vi;
   typedef typename V<L>::u vu;
+  if constexpr (prescaled<NR, MT>()) {
+    vf acc[NR][MT];
+    for (int r = 0; r < NR; r++)
+      for (int m = 0; m < MT; m++) acc[r][m] = vf{};
+    for (int k = 0; k < K; k += 32) {
+      vu win[NR][NV];
+      vf s[NR];
+      for (int r = 0; r < NR; r++) {
+        windows5(reinterpret_cast<const uint8_t*>(wrows[r]) + k / 32 * 20, win[r]);
+        s[r] = vf{} + sc[r][k / GS];
+      }
+      for (int h = 0; h < NV; h++) {
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+          for (int r = 0; r < NR; r++) {
+            const vf q = __builtin_convertvector((vi)(win[r][h] & (31u << (5 * j))), vf) * s[r];
+            for (int m = 0; m < MT; m++) acc[r][m] += q * load_f<L>(xrows[m] + k + h * 4 * L + j * L);
+          }
+        }
+      }
+    }
+    for (int r = 0; r < NR; r++)
+      for (int m = 0; m < MT; m++) res[r][m] += hsum<L>(acc[r][m]);
+    return;
+  }
   vf tot[NR][MT];
   for (int r = 0; r < NR; r++)
     for (int m = 0; m < MT; m++) tot[r][m] = vf{};
@@ -268,7 +346,7 @@ void rows_impl(const Args& a, int n0, int n1) {
   const int ssize = a.sdtype == F32 ? 4 : 2;
   // Scales and biases of a block of rows as float32. Prefill converts more rows at once so
   // that the weights of the block stay in cache while every tile of x passes over them.
-  const int nb = a.M >= MAX_MT ? N_BLOCK_PREFILL : N_BLOCK;
+  const int nb = a.M >= BLOCK_ROWS_MIN ? N_BLOCK_PREFILL : N_BLOCK;
   // A buffer per thread, grown as needed (no allocation per call).
   thread_local float* buf = nullptr;
   thread_local size_t buf_len = 0;
@@ -287,14 +365,14 @@ void rows_impl(const Args& a, int n0, int n1) {
       // Already float32: read in place.
       scp = const_cast<float*>(static_cast<const float*>(a.scales)) + size_t(nb0) * G;
       bsp = const_cast<float*>(static_cast<const float*>(a.biases)) + size_t(nb0) * G;
-    } else if (nb == N_BLOCK) {
+    } else if (a.M < GEMM_MIN_ROWS) {
       // Decode: the block's rows are contiguous, so one conversion each for scales and biases
       // (row by row, G values leave a scalar tail every row: G = 18 for K = 576).
       auto off = size_t(nb0) * G * ssize;
       to_f32(static_cast<const char*>(a.scales) + off, a.sdtype, (nb1 - nb0) * G, sc_buf);
       to_f32(static_cast<const char*>(a.biases) + off, a.sdtype, (nb1 - nb0) * G, bs_buf);
     } else {
-      // Prefill and batched decode (M >= MAX_MT): row by row, as measured fastest there.
+      // Prefill without the GEMM path: row by row, as measured fastest there.
       for (int n = nb0; n < nb1; n++) {
         auto off = size_t(n) * G * ssize;
         to_f32(static_cast<const char*>(a.scales) + off, a.sdtype, G, sc_buf + (n - nb0) * G);

@@ -275,37 +275,7 @@ class Rope : public mx::Primitive {
 // couple of ulps), four lanes at a time in GCC vector types (one SSE2 / NEON register on the
 // baseline build), so the only difference from MLX is that rounding and the order of the sum.
 
-typedef float vf4 __attribute__((vector_size(16)));
-typedef int32_t vi4 __attribute__((vector_size(16)));
-
-static inline __attribute__((always_inline)) vf4 splat(float v) { return vf4{v, v, v, v}; }
-
-static inline __attribute__((always_inline)) vf4 exp4(vf4 x) {
-  x = x < splat(-87.3f) ? splat(-87.3f) : x;  // exp(-87.3) is still a normal float
-  x = x > splat(88.3f) ? splat(88.3f) : x;
-  vf4 fx = x * splat(1.44269504088896341f) + splat(0.5f);
-  vi4 n = __builtin_convertvector(fx, vi4);
-  n = __builtin_convertvector(n, vf4) > fx ? n - 1 : n;  // floor
-  const vf4 t = __builtin_convertvector(n, vf4);
-  x = x - t * splat(0.693359375f) - t * splat(-2.12194440e-4f);
-  vf4 y = splat(1.9875691500e-4f);
-  y = y * x + splat(1.3981999507e-3f);
-  y = y * x + splat(8.3334519073e-3f);
-  y = y * x + splat(4.1665795894e-2f);
-  y = y * x + splat(1.6666665459e-1f);
-  y = y * x + splat(5.0000001201e-1f);
-  y = y * (x * x) + x + splat(1.0f);
-  vi4 e = (n + 127) << 23;
-  vf4 p;
-  std::memcpy(&p, &e, sizeof p);
-  return y * p;
-}
-
-static inline __attribute__((always_inline)) vf4 load4(const float* p) {
-  vf4 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
+#include "vec_exp.h"
 
 // One contiguous row of D floats into y.
 void log_softmax_row(const float* x, float* y, int D) {
