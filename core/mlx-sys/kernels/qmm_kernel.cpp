@@ -93,9 +93,15 @@ inline float hsum(typename V<L>::f v) {
 // packed words in [k0, k1) (elements). `sc[r]` holds weight row r's scales as float32. Each
 // load of x serves the NR weight rows, and the NR * MT accumulators are independent chains of
 // FMAs (one row alone is one chain, bound by the FMA latency rather than by memory).
+// Full-width vector accumulators of a prescaled tile (see `tile`): where given, the W-lane
+// segment leaves its sums here unreduced.
+template <int MT>
+using VSink = typename V<W>::f (*)[MT];
+
 template <int L, int NR, int MT, int BITS, int GS>
 inline void segment(const uint32_t* const* wrows, const float* const* xrows,
-                    const float* const* sc, int k0, int k1, float (*res)[MT]) {
+                    const float* const* sc, int k0, int k1, float (*res)[MT],
+                    VSink<MT> sink = nullptr) {
   constexpr int EPU = 32 / BITS;
   constexpr int BLOCK = L * EPU;
   constexpr uint32_t MASK = (1u << BITS) - 1;
@@ -143,6 +149,13 @@ inline void segment(const uint32_t* const* wrows, const float* const* xrows,
         }
       }
     }
+    if constexpr (L == W) {
+      if (sink) {
+        for (int r = 0; r < NR; r++)
+          for (int m = 0; m < MT; m++) sink[r][m] += acc[r][m];
+        return;
+      }
+    }
     for (int r = 0; r < NR; r++)
       for (int m = 0; m < MT; m++) res[r][m] += hsum<L>(acc[r][m]);
     return;
@@ -180,10 +193,11 @@ inline void segment(const uint32_t* const* wrows, const float* const* xrows,
 // multiple of 32, so 4-lane blocks, 16 or 32 elements, always finish it).
 template <int L, int NR, int MT, int BITS, int GS>
 inline void segments(const uint32_t* const* wrows, const float* const* xrows,
-                     const float* const* sc, int k, int K, float (*res)[MT]) {
+                     const float* const* sc, int k, int K, float (*res)[MT],
+                     VSink<MT> sink = nullptr) {
   constexpr int BLOCK = L * (32 / BITS);
   int k1 = k + (K - k) / BLOCK * BLOCK;
-  if (k1 > k) segment<L, NR, MT, BITS, GS>(wrows, xrows, sc, k, k1, res);
+  if (k1 > k) segment<L, NR, MT, BITS, GS>(wrows, xrows, sc, k, k1, res, sink);
   if constexpr (L > 4) segments<L / 2, NR, MT, BITS, GS>(wrows, xrows, sc, k1, K, res);
 }
 
@@ -228,7 +242,7 @@ inline void windows5(const uint8_t* g, typename V<L5>::u* out) {
 // permute_x lays x out for L5 lanes with 4 elements each), NR weight rows a pass.
 template <int NR, int MT, int GS>
 inline void segments5(const uint32_t* const* wrows, const float* const* xrows,
-                      const float* const* sc, int K, float (*res)[MT]) {
+                      const float* const* sc, int K, float (*res)[MT], VSink<MT> sink = nullptr) {
   constexpr int L = L5;
   constexpr int NV = 8 / L;  // vectors per 32-element group
   typedef typename V<L>::f vf;
@@ -253,6 +267,13 @@ inline void segments5(const uint32_t* const* wrows, const float* const* xrows,
             for (int m = 0; m < MT; m++) acc[r][m] += q * load_f<L>(xrows[m] + k + h * 4 * L + j * L);
           }
         }
+      }
+    }
+    if constexpr (L == W) {
+      if (sink) {
+        for (int r = 0; r < NR; r++)
+          for (int m = 0; m < MT; m++) sink[r][m] += acc[r][m];
+        return;
       }
     }
     for (int r = 0; r < NR; r++)
@@ -302,9 +323,10 @@ inline float dot(const float* a, const float* b, int n) {
 
 // y[m0 .. m0 + MT)[n .. n + NR): weight rows n.. at wrow, wrow + words, ...; their float32
 // scales and biases G apart from sc and bs.
+// `xst`: the prescaled 8-row tile's group sums of x transposed, [G][8] (see rows_impl).
 template <int NR, int MT, int BITS, int GS>
 void tile(const Args& a, const uint32_t* wrow, size_t words, const float* sc, const float* bs,
-          int m0, int n) {
+          int m0, int n, const float* xst = nullptr) {
   const int K = a.K;
   const int G = K / GS;
   const float* xrows[MT];
@@ -317,6 +339,39 @@ void tile(const Args& a, const uint32_t* wrow, size_t words, const float* sc, co
     scs[r] = sc + r * G;
     for (int m = 0; m < MT; m++) res[r][m] = 0.0f;
   }
+#if defined(__AVX2__)
+  if constexpr (prescaled<NR, MT>() && W == 8 && MT == 8) {
+    // The 8 rows' sums reduced together (a horizontal-add tree, one vector of 8 results) and
+    // their bias terms as one vector FMA per group: per weight row, ~40 ops where 8 separate
+    // horizontal sums and group dots took ~200 (a fifth of the row's work at K = 576).
+    typename V<W>::f sink[NR][MT];
+    for (int r = 0; r < NR; r++)
+      for (int m = 0; m < MT; m++) sink[r][m] = typename V<W>::f{};
+    if constexpr (BITS == 5) segments5<NR, MT, GS>(wrows, xrows, scs, K, res, sink);
+    else segments<W, NR, MT, BITS, GS>(wrows, xrows, scs, 0, K, res, sink);
+    for (int r = 0; r < NR; r++) {
+      __m256 v[8];
+      __builtin_memcpy(v, sink[r], sizeof v);
+      const __m256 t0 = _mm256_hadd_ps(v[0], v[1]), t1 = _mm256_hadd_ps(v[2], v[3]);
+      const __m256 t2 = _mm256_hadd_ps(v[4], v[5]), t3 = _mm256_hadd_ps(v[6], v[7]);
+      const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+      __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+      const float* b = bs + r * G;
+      __m256 bias0 = _mm256_setzero_ps(), bias1 = _mm256_setzero_ps();
+      int g = 0;
+      for (; g + 2 <= G; g += 2) {
+        bias0 = _mm256_fmadd_ps(_mm256_set1_ps(b[g]), _mm256_loadu_ps(xst + g * 8), bias0);
+        bias1 = _mm256_fmadd_ps(_mm256_set1_ps(b[g + 1]), _mm256_loadu_ps(xst + (g + 1) * 8), bias1);
+      }
+      if (g < G) bias0 = _mm256_fmadd_ps(_mm256_set1_ps(b[g]), _mm256_loadu_ps(xst + g * 8), bias0);
+      sum = _mm256_add_ps(_mm256_add_ps(sum, _mm256_loadu_ps(res[r])), _mm256_add_ps(bias0, bias1));
+      float out[8];
+      _mm256_storeu_ps(out, sum);
+      for (int m = 0; m < 8; m++) a.y[size_t(m0 + m) * a.N + n + r] = out[m];
+    }
+    return;
+  }
+#endif
   if constexpr (BITS == 5) segments5<NR, MT, GS>(wrows, xrows, scs, K, res);
   else segments<W, NR, MT, BITS, GS>(wrows, xrows, scs, 0, K, res);
   for (int r = 0; r < NR; r++)
@@ -359,6 +414,16 @@ void rows_impl(const Args& a, int n0, int n1) {
   float* bsp = scp ? scp + size_t(nb) * G : nullptr;
   float* const sc_buf = scp;
   float* const bs_buf = bsp;
+  // The prescaled 8-row tile's group sums of x, [G][8] (transposed: one vector per group).
+  thread_local float* xst = nullptr;
+  thread_local size_t xst_len = 0;
+  if (prescaled<1, MAX_MT>() && MAX_MT == 8 && a.M >= 8) {
+    if (xst_len < size_t(G) * 8) {
+      delete[] xst;
+      xst_len = size_t(G) * 8;
+      xst = new float[xst_len];
+    }
+  }
   for (int nb0 = n0; nb0 < n1; nb0 += nb) {
     int nb1 = nb0 + nb < n1 ? nb0 + nb : n1;
     if (a.sdtype == F32) {
@@ -384,6 +449,12 @@ void rows_impl(const Args& a, int n0, int n1) {
       constexpr int MT = decltype(mt)::value;
       constexpr int NR = rows_per_pass<MT>();
       for (; m + MT <= a.M; m += MT) {
+        const float* xs = nullptr;
+        if constexpr (prescaled<NR, MT>() && MT == 8) {
+          for (int g = 0; g < G; g++)
+            for (int i = 0; i < 8; i++) xst[g * 8 + i] = a.xsum[size_t(m + i) * G + g];
+          xs = xst;
+        }
         int n = nb0;
         // Several weight rows a pass only while they are short: NR interleaved streams of
         // longer rows (down 1536 -> 576: 768 bytes; the 8-bit head: 576) measured up to 2x
@@ -391,14 +462,14 @@ void rows_impl(const Args& a, int n0, int n1) {
         if (NR == 1 || words * 4 <= MAX_MULTI_ROW_BYTES)
           for (; n + NR <= nb1; n += NR)
           tile<NR, MT, BITS, GS>(a, a.w + size_t(n) * words, words, scp + (n - nb0) * G,
-                                 bsp + (n - nb0) * G, m, n);
+                                 bsp + (n - nb0) * G, m, n, xs);
         if (NR > 2 && words * 4 <= MAX_MULTI_ROW_BYTES)
           for (; n + 2 <= nb1; n += 2)
             tile<2, MT, BITS, GS>(a, a.w + size_t(n) * words, words, scp + (n - nb0) * G,
-                                  bsp + (n - nb0) * G, m, n);
+                                  bsp + (n - nb0) * G, m, n, xs);
         for (; n < nb1; n++)
           tile<1, MT, BITS, GS>(a, a.w + size_t(n) * words, words, scp + (n - nb0) * G,
-                                bsp + (n - nb0) * G, m, n);
+                                bsp + (n - nb0) * G, m, n, xs);
       }
     };
     tiles(Int<MAX_MT>{});

@@ -20,6 +20,10 @@
 
 #include <sched.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "mlx/allocator.h"
 #include "mlx/array.h"
 #include "mlx/backend/cpu/encoder.h"
@@ -36,6 +40,55 @@ namespace mx = mlx::core;
 
 namespace weft_qmm {
 
+#if defined(__x86_64__)
+// permute_x's 8-lane blocks of one row for 4- and 8-bit codes as register transposes (8 x 8
+// and 8 x 4): the element-by-element loop was a few microseconds of every B=8 matmul, on the
+// stream thread while the pool waits. Returns where the 8-lane blocks end.
+__attribute__((target("avx2,fma"))) static int permute_row8_avx2(const float* src, float* dst,
+                                                                 int K, int bits) {
+  const int epu = 32 / bits, block = 8 * epu;
+  __m256 fs[8];
+  for (int j = 0; j < epu; j++) fs[j] = _mm256_set1_ps(x_field_scale(bits, j));
+  int k = 0;
+  for (; k + block <= K; k += block) {
+    const float* s = src + k;
+    float* d = dst + k;
+    if (bits == 4) {
+      __m256 r[8], t[8], u[8];
+      for (int l = 0; l < 8; l++) r[l] = _mm256_loadu_ps(s + l * 8);
+      for (int l = 0; l < 8; l += 2) {
+        t[l] = _mm256_unpacklo_ps(r[l], r[l + 1]);
+        t[l + 1] = _mm256_unpackhi_ps(r[l], r[l + 1]);
+      }
+      for (int h = 0; h < 8; h += 4) {
+        u[h] = _mm256_shuffle_ps(t[h], t[h + 2], 0x44);
+        u[h + 1] = _mm256_shuffle_ps(t[h], t[h + 2], 0xee);
+        u[h + 2] = _mm256_shuffle_ps(t[h + 1], t[h + 3], 0x44);
+        u[h + 3] = _mm256_shuffle_ps(t[h + 1], t[h + 3], 0xee);
+      }
+      // u[j] (u[j + 4]): element j of rows 0-3 (4-7) in the low half, element j + 4 in the high.
+      for (int j = 0; j < 4; j++) {
+        _mm256_storeu_ps(d + j * 8, _mm256_mul_ps(_mm256_permute2f128_ps(u[j], u[j + 4], 0x20), fs[j]));
+        _mm256_storeu_ps(d + (j + 4) * 8, _mm256_mul_ps(_mm256_permute2f128_ps(u[j], u[j + 4], 0x31), fs[j + 4]));
+      }
+    } else {
+      __m256 a[4], t[4];
+      for (int l = 0; l < 4; l++)
+        a[l] = _mm256_set_m128(_mm_loadu_ps(s + (l + 4) * 4), _mm_loadu_ps(s + l * 4));
+      t[0] = _mm256_unpacklo_ps(a[0], a[1]);
+      t[1] = _mm256_unpackhi_ps(a[0], a[1]);
+      t[2] = _mm256_unpacklo_ps(a[2], a[3]);
+      t[3] = _mm256_unpackhi_ps(a[2], a[3]);
+      _mm256_storeu_ps(d, _mm256_mul_ps(_mm256_shuffle_ps(t[0], t[2], 0x44), fs[0]));
+      _mm256_storeu_ps(d + 8, _mm256_mul_ps(_mm256_shuffle_ps(t[0], t[2], 0xee), fs[1]));
+      _mm256_storeu_ps(d + 16, _mm256_mul_ps(_mm256_shuffle_ps(t[1], t[3], 0x44), fs[2]));
+      _mm256_storeu_ps(d + 24, _mm256_mul_ps(_mm256_shuffle_ps(t[1], t[3], 0xee), fs[3]));
+    }
+  }
+  return k;
+}
+#endif
+
 void permute_x(const float* x, float* xp, int M, int K, int bits, int width) {
   const int epu = bits == 5 ? 4 : 32 / bits;
   if (bits == 5) width = std::min(width, 8);
@@ -43,6 +96,9 @@ void permute_x(const float* x, float* xp, int M, int K, int bits, int width) {
     const float* src = x + size_t(m) * K;
     float* dst = xp + size_t(m) * K;
     int k = 0;
+#if defined(__x86_64__)
+    if (width == 8 && bits != 5 && weft_kernels::isa_level() <= 1) k = permute_row8_avx2(src, dst, K, bits);
+#endif
     for (int L = width; L >= 4; L /= 2) {
       const int block = L * epu;
       for (; k + block <= K; k += block)
@@ -345,6 +401,28 @@ __attribute__((target("avx2,fma"))) void swiglu_row_avx2(const float* g, const f
 }
 #endif
 
+#if defined(__x86_64__)
+// Per-group sums of x (group_size a multiple of 16) eight lanes at a time.
+__attribute__((target("avx2,fma"))) void group_sums_avx2(const float* x, float* xsum, size_t M, int K,
+                                                         int group_size) {
+  const int G = K / group_size;
+  for (size_t m = 0; m < M; m++)
+    for (int g = 0; g < G; g++) {
+      const float* p = x + m * K + size_t(g) * group_size;
+      __m256 a = _mm256_loadu_ps(p), b = _mm256_loadu_ps(p + 8);
+      for (int k = 16; k < group_size; k += 16) {
+        a = _mm256_add_ps(a, _mm256_loadu_ps(p + k));
+        b = _mm256_add_ps(b, _mm256_loadu_ps(p + k + 8));
+      }
+      a = _mm256_add_ps(a, b);
+      __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+      h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+      h = _mm_add_ss(h, _mm_movehdup_ps(h));
+      xsum[m * G + g] = _mm_cvtss_f32(h);
+    }
+}
+#endif
+
 void swiglu_row(const float* g, const float* u, float* dst, int K) {
 #if defined(__x86_64__)
   if (weft_kernels::isa_level() <= 1) return swiglu_row_avx2(g, u, dst, K);
@@ -389,6 +467,10 @@ PreparedX prepare_x(const mx::array& x, size_t M, int K, int group_size, int bit
   const Kernel& kernel = int8 ? select_int8_kernel() : select_kernel(K, bits, M);
   if (gemm_only) return {&kernel, nullptr, nullptr, xf.data()};
   xsum.resize(M * G);
+#if defined(__x86_64__)
+  if (group_size % 16 == 0 && weft_kernels::isa_level() <= 1) group_sums_avx2(xf.data(), xsum.data(), M, K, group_size);
+  else
+#endif
   for (size_t m = 0; m < M; m++)
     for (int g = 0; g < G; g++) {
       float s = 0;
@@ -434,7 +516,9 @@ void store_output(mx::array& out, const float* y, size_t n) {
 // setup.
 int chunk_rows(size_t M, int N) {
   if (M >= size_t(GEMM_MIN_ROWS)) return GEMM_CHUNK_ROWS;
-  return M >= 4 ? 64 : std::max(16, N / (Pool::get().threads() * 8));
+  // From 4 rows: 32-row chunks (a few us each at 8 rows), so the pool's last chunk leaves
+  // little idle (64 made N = 576 nine chunks over two threads).
+  return M >= 4 ? 32 : std::max(16, N / (Pool::get().threads() * 8));
 }
 
 // `int8`: int8 activations where int8_applies.
