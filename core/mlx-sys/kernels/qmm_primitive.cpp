@@ -357,13 +357,37 @@ struct Job {
   const Kernel* kernel;
   Args args;
   int rows_per_chunk;
+  // Chunks of rows_per_chunk rows, then (when tail_rows > 0) the rest in chunks of tail_rows.
+  int full_chunks = 0;
+  int tail_rows = 0;
 };
 
 void run_chunk(void* ctx, int c) {
   auto* job = static_cast<Job*>(ctx);
-  int n0 = c * job->rows_per_chunk;
-  int n1 = std::min(job->args.N, n0 + job->rows_per_chunk);
+  int n0 = c * job->rows_per_chunk, size = job->rows_per_chunk;
+  if (job->tail_rows > 0 && c >= job->full_chunks) {
+    n0 = job->full_chunks * job->rows_per_chunk + (c - job->full_chunks) * job->tail_rows;
+    size = job->tail_rows;
+  }
+  int n1 = std::min(job->args.N, n0 + size);
   job->kernel->rows(job->args, n0, n1);
+}
+
+// Pool chunks of a job: the per-row path from 4 rows of x ends in chunks of TAIL_ROWS rows, so
+// the thread that takes the last one keeps the other waiting for less (at 8 rows a 32-row chunk
+// is several microseconds, and the stream thread waited out the worker's last one on each of
+// a step's ~120 matmuls).
+constexpr int TAIL_ROWS = 8;
+
+int job_chunks(Job& job, size_t M) {
+  const int N = job.args.N, rows = job.rows_per_chunk;
+  if (M >= 4 && M < size_t(GEMM_MIN_ROWS) && N > rows) {
+    job.full_chunks = (N - 1) / rows;
+    job.tail_rows = TAIL_ROWS;
+    const int rest = N - job.full_chunks * rows;
+    return job.full_chunks + (rest + TAIL_ROWS - 1) / TAIL_ROWS;
+  }
+  return (N + rows - 1) / rows;
 }
 
 // exp_lanes on 32-byte vectors is only ever inlined into swiglu_row_avx2: GCC's note on their
@@ -538,9 +562,8 @@ void compute(const mx::array& x, const mx::array& w, const mx::array& scales,
   job.args.xq = px.xq;
   job.args.xd = px.xd;
   job.args.xc = px.xc;
-  const int rows = chunk_rows(M, N);
-  job.rows_per_chunk = rows;
-  Pool::get().run((N + rows - 1) / rows, run_chunk, &job);
+  job.rows_per_chunk = chunk_rows(M, N);
+  Pool::get().run(job_chunks(job, M), run_chunk, &job);
   store_output(out, y, M * size_t(N));
 }
 
