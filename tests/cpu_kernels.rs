@@ -111,9 +111,13 @@ fn check_all_shapes() {
                 // 3 x 7 rows with K = 192. Decode and speculation-verify shapes for the passes of
                 // several weight rows: M = 1, 2, 4, 5, 8 with K = 96 or 160 (part of K in the
                 // narrower blocks; 128 or 192 with groups of 64) and N = 38 or 39 (a 16-row block
-                // ending in 6 or 7 rows: passes of 4, 2 and 1).
+                // ending in 6 or 7 rows: passes of 4, 2 and 1). M = 9: an 8-row tile (AVX2:
+                // codes times scale, one vector epilogue) with part of K in 4-lane blocks, then
+                // a 1-row tile; M = 8 with K = 1536: past L1 for 8 rows (AVX2: 4-row tiles).
                 for (m, k, n) in [
                     (vec![1], 576, 40),
+                    (vec![9], 96, 38),
+                    (vec![8], 1536, 19),
                     (vec![1], 96, 38),
                     (vec![2], 160, 39),
                     (vec![4], 96, 39),
@@ -686,6 +690,40 @@ fn fast_engine_tail_chooses_the_tokens_of_mlx_ops() {
         for ((rx, want), p) in streams.iter().zip(&alone).zip(&prompts) {
             assert_eq!(&collect(rx).tokens, want, "{name}: {}-token prompt in a batch of {}", p.len(), prompts.len());
         }
+    }
+}
+
+/// A batch of 8 decode rows in fast mode (on AVX2 the per-row kernel's 8-row tile: codes times
+/// scale, one vector epilogue for the 8 rows; the down projection's batched SwiGLU read) chooses,
+/// row by row, the greedy tokens exact mode (MLX's ops) chooses for each prompt alone: tiny
+/// 4-bit llama and the default model, golden prompts repeated to fill the batch.
+#[test]
+fn fast_engine_batch_of_eight_chooses_the_tokens_of_exact_mode() {
+    use weft::engine::{Engine, EngineConfig};
+    let _cap = hold_isa();
+    let mut models = vec![("llama-4bit".to_string(), tiny_model_dir("llama-4bit"), golden_cases("llama-4bit"))];
+    if let Some(p) = default_model() {
+        let g = golden("smollm2");
+        let cases = g["chats"].as_array().unwrap().iter().map(|c| (ids(&c["prompt_ids"]), ids(&c["tokens"]))).collect();
+        models.push(("smollm2 (Q4_1 GGUF)".into(), p, cases));
+    }
+    for (name, path, mut cases) in models {
+        // The shortest prompts (exact mode's prefill is the slow part), cycled to 8 rows.
+        cases.sort_by_key(|(p, _)| p.len());
+        cases.truncate(3);
+        let prompts: Vec<Vec<u32>> = (0..8).map(|i| cases[i % cases.len()].0.clone()).collect();
+        let max_tokens = 8;
+        let exact = loading::load_with(&path, &LoadOptions::default().with_cpu_kernels(CpuKernels::Exact)).unwrap();
+        let opts = GenerateOptions { max_tokens, ..GenerateOptions::default() };
+        let want: Vec<Vec<u32>> = cases.iter().map(|(p, _)| generate(exact.model.as_ref(), None, p, &opts, |_| true).unwrap().tokens).collect();
+        drop(exact);
+        let fast = loading::load_with(&path, &LoadOptions::default().with_cpu_kernels(CpuKernels::Fast)).unwrap();
+        let engine = Engine::start(fast, EngineConfig::default()).unwrap();
+        let streams: Vec<_> = prompts.iter().map(|p| engine.submit_channel(greedy(p.clone(), max_tokens)).unwrap().1).collect();
+        for (i, rx) in streams.iter().enumerate() {
+            assert_eq!(collect(rx).tokens, want[i % cases.len()], "{name}: row {i} of 8 ({}-token prompt)", prompts[i].len());
+        }
+        eprintln!("{name}: 8 rows in fast mode chose exact mode's {max_tokens} greedy tokens each");
     }
 }
 
