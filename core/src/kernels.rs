@@ -61,7 +61,7 @@ pub enum CpuActivations {
     Float,
     /// x quantized to int8 per block of 32 (one float scale per block), multiplied with the
     /// codes in integer arithmetic, as llama.cpp's q8 activations: ~1.3-2x faster per row, at
-    /// the cost of the activations' rounding (next-token KL ~5e-3 nats against exact mode, as
+    /// the cost of the activations' rounding (next-token KL ~4e-3 nats against exact mode, as
     /// llama.cpp's; `tests/cpu_kernels.rs` gates both). Prefill (from 16 rows) and 5-bit
     /// weights keep float activations.
     #[default]
