@@ -1193,7 +1193,7 @@ const DEFAULT_FAST_GATE: (f64, f64, f64) = (1e-2, 1e-1, 0.9);
 /// llama.cpp's own on the same GGUF). On the default model, every position of the goldens'
 /// chats one token a step (as decode runs): the default fast mode stays within
 /// [`DEFAULT_FAST_GATE`] of exact mode, float activations within [`KL_BOUND`], and exact mode
-/// ignores the activations (bit for bit whichever is set).
+/// ignores the activations (bit for bit whichever is set, and the same numerics).
 #[test]
 fn default_fast_mode_is_int8_and_stays_within_its_bound_of_exact_on_the_default_model() {
     use kernels::CpuActivations;
@@ -1234,5 +1234,8 @@ fn default_fast_mode_is_int8_and_stays_within_its_bound_of_exact_on_the_default_
         let m = load(LoadOptions::default().with_cpu_kernels(CpuKernels::Exact).with_cpu_activations(act));
         let got = stepped_logits(m.model.as_ref(), seq);
         assert!(got.iter().zip(&want).all(|(a, b)| bit_diffs(a, b) == 0), "exact mode with {act:?} activations");
+        // Its numerics (the prompt-cache files' identity) name float activations, as before.
+        assert_eq!(m.numerics, exact.numerics);
+        assert!(exact.numerics.contains("act=float"), "{}", exact.numerics);
     }
 }
