@@ -351,6 +351,12 @@ export interface LoadOptions {
    */
   cpuKernels?: 'fast' | 'exact'
   /**
+   * What fast mode's quantized matmul multiplies the weights with below 16 rows (decode):
+   * `'float'` or `'int8'` (llama.cpp-style activations, faster, KL-gated against exact mode).
+   * Omitted: `WEFT_CPU_ACTIVATIONS` if set, else float.
+   */
+  cpuActivations?: 'float' | 'int8'
+  /**
    * GGUF block types MLX's reader lacks: `'native'` (kept quantized) or `'dequantize'` (all
    * float32). Omitted: `WEFT_GGUF_WEIGHTS` if set, else native.
    */

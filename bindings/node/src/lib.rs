@@ -47,6 +47,11 @@ pub struct LoadOptions {
     /// mlx-lm). Omitted: `WEFT_CPU_KERNELS` if set, else fast. Engines in one process may differ.
     #[napi(ts_type = "'fast' | 'exact'")]
     pub cpu_kernels: Option<String>,
+    /// What fast mode's quantized matmul multiplies the weights with below 16 rows (decode):
+    /// `'float'` or `'int8'` (llama.cpp-style activations, faster, KL-gated against exact mode).
+    /// Omitted: `WEFT_CPU_ACTIVATIONS` if set, else float.
+    #[napi(ts_type = "'float' | 'int8'")]
+    pub cpu_activations: Option<String>,
     /// GGUF block types MLX's reader lacks: `'native'` (kept quantized) or `'dequantize'` (all
     /// float32). Omitted: `WEFT_GGUF_WEIGHTS` if set, else native.
     #[napi(ts_type = "'native' | 'dequantize'")]
