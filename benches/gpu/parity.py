@@ -5,7 +5,9 @@ compared two ways: single (mlx-lm's generate_step vs `weft generate` with one ro
 kernels for a batch of B rows differ from B=1, so only like is compared with like). Prints one
 line per model and exits 1 on any mismatch.
 
-Usage: python3 parity.py --weft BIN MODEL_DIR...
+Usage: python3 parity.py --weft BIN [--min-len 4 --max-len 40] MODEL_DIR...
+(prompts of 256 tokens or more take MLX's cuDNN decode attention on CUDA, shorter ones its vector
+kernel: run both ranges.)
 """
 import argparse, json, random, subprocess, sys
 
@@ -63,6 +65,8 @@ def main():
     ap.add_argument("--weft", required=True)
     ap.add_argument("--rows", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=24)
+    ap.add_argument("--min-len", type=int, default=4, help="shortest prompt (tokens)")
+    ap.add_argument("--max-len", type=int, default=40, help="longest prompt (tokens, exclusive)")
     ap.add_argument("models", nargs="+")
     a = ap.parse_args()
     print(f"mlx default device: {mx.default_device()}")
@@ -71,7 +75,7 @@ def main():
         model, config = load_model(__import__("pathlib").Path(path))
         vocab = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size")
         rng = random.Random(7)
-        prompts = [[rng.randrange(1, vocab) for _ in range(rng.randrange(4, 40))] for _ in range(a.rows)]
+        prompts = [[rng.randrange(1, vocab) for _ in range(rng.randrange(a.min_len, a.max_len))] for _ in range(a.rows)]
         single_ref = [mlx_lm_tokens(model, p, a.tokens) for p in prompts]
         runs = [weft_run(a, path, [p]) for p in prompts]
         single = [r["tokens"] for r in runs]

@@ -351,6 +351,12 @@ export interface LoadOptions {
    */
   cpuKernels?: 'fast' | 'exact'
   /**
+   * What fast mode's quantized matmul multiplies the weights with below 16 rows (decode):
+   * `'int8'` (llama.cpp-style activations, as close to exact mode as llama.cpp) or `'float'`
+   * (slower, closer). Omitted: `WEFT_CPU_ACTIVATIONS` if set, else int8.
+   */
+  cpuActivations?: 'float' | 'int8'
+  /**
    * GGUF block types MLX's reader lacks: `'native'` (kept quantized) or `'dequantize'` (all
    * float32). Omitted: `WEFT_GGUF_WEIGHTS` if set, else native.
    */

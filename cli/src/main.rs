@@ -31,9 +31,9 @@ struct Cli {
     /// `exact` (MLX's own, bit-for-bit mlx-lm). Overrides WEFT_CPU_KERNELS.
     #[arg(long, global = true, value_parser = parse_cpu_kernels)]
     cpu_kernels: Option<weft::kernels::CpuKernels>,
-    /// Activations of the fast CPU kernel below 16 rows (decode): `float` (the default) or
-    /// `int8` (quantized per block of 32, as llama.cpp; faster, next-token KL ~1e-3 nats).
-    /// Overrides WEFT_CPU_ACTIVATIONS.
+    /// Activations of the fast CPU kernel below 16 rows (decode): `int8` (the default:
+    /// quantized per block of 32, as llama.cpp; next-token KL vs exact ~4e-3 nats, as
+    /// llama.cpp's) or `float` (slower, KL ~1e-10). Overrides WEFT_CPU_ACTIVATIONS.
     #[arg(long, global = true, value_parser = parse_cpu_activations)]
     cpu_activations: Option<weft::kernels::CpuActivations>,
     #[command(subcommand)]

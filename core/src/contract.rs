@@ -21,7 +21,7 @@ use once_cell::sync::Lazy;
 use serde_json::{Map, Value};
 
 use crate::engine::{Constraint, EngineConfig, Input, Request};
-use crate::kernels::CpuKernels;
+use crate::kernels::{CpuActivations, CpuKernels};
 use crate::loading::{GgufWeights, LoadOptions};
 use crate::tokenizer::ChatMessage;
 use crate::vision::source::LocalMedia;
@@ -70,6 +70,9 @@ pub struct EngineOptions {
     /// `cpu_kernels`: `"fast"` (Weft's kernels) or `"exact"` (MLX's, bit for bit mlx-lm);
     /// `None` leaves it to [`EngineOptions::load_options`].
     pub cpu_kernels: Option<CpuKernels>,
+    /// `cpu_activations`: `"float"` or `"int8"`, what fast mode's quantized matmul multiplies
+    /// the weights with below 16 rows (see [`CpuActivations`]); `None` as above.
+    pub cpu_activations: Option<CpuActivations>,
     /// `gguf_weights`: `"native"` or `"dequantize"` (see [`GgufWeights`]); `None` as above.
     pub gguf_weights: Option<GgufWeights>,
     pub config: EngineConfig,
@@ -81,7 +84,11 @@ impl EngineOptions {
     /// `WEFT_GGUF_WEIGHTS`, ...) or else its default. The library faces (C, Node, Swift) call
     /// this and [`EngineOptions::engine_config`]; it is their one read of the environment.
     pub fn load_options(&self) -> Result<LoadOptions> {
-        crate::env::load_options(self.cpu_kernels, self.gguf_weights)
+        let mut load = crate::env::load_options(self.cpu_kernels, self.gguf_weights)?;
+        if self.cpu_activations.is_some() {
+            load.cpu_activations = self.cpu_activations;
+        }
+        Ok(load)
     }
 
     /// The local path of the model these options name, fetching it first if needed
@@ -131,6 +138,7 @@ pub static REQUEST_FIELDS: Lazy<Vec<&'static str>> = Lazy::new(|| {
 pub const ENGINE_OPTION_FIELDS: &[&str] = &[
     "model",
     "cpu_kernels",
+    "cpu_activations",
     "gguf_weights",
     "max_batch",
     "prompt_concurrency",
@@ -821,6 +829,7 @@ pub fn parse_engine_options(v: &Value, spelling: Spelling) -> Result<EngineOptio
     };
     // Both parse infallibly once `choice` admitted the spelling.
     let cpu_kernels = choice("cpu_kernels", &["fast", "exact"])?.map(str::parse).transpose()?;
+    let cpu_activations = choice("cpu_activations", &["float", "int8"])?.map(str::parse).transpose()?;
     let gguf_weights = choice("gguf_weights", &["native", "dequantize"])?.map(str::parse).transpose()?;
     if let Some(n) = f.usize("max_batch", 1, 4096)? {
         config.max_batch = n;
@@ -873,7 +882,7 @@ pub fn parse_engine_options(v: &Value, spelling: Spelling) -> Result<EngineOptio
     if let Some(v) = f.get("local_media") {
         config.local_media = LocalMedia::from_json(v, &f.name("local_media"))?;
     }
-    Ok(EngineOptions { model, cpu_kernels, gguf_weights, config })
+    Ok(EngineOptions { model, cpu_kernels, cpu_activations, gguf_weights, config })
 }
 
 #[cfg(test)]
@@ -1164,7 +1173,7 @@ mod tests {
     #[test]
     fn every_engine_option_is_read() {
         let o = parse_engine_options(
-            &json!({"model": "m", "cpu_kernels": "exact", "gguf_weights": "dequantize", "max_batch": 2, "prompt_concurrency": 3, "prefill_step_size": 64,
+            &json!({"model": "m", "cpu_kernels": "exact", "cpu_activations": "int8", "gguf_weights": "dequantize", "max_batch": 2, "prompt_concurrency": 3, "prefill_step_size": 64,
                     "kv_budget_bytes": 1000, "prompt_cache_bytes": 5, "kv_bits": 4, "kv_group_size": 32,
                     "quantized_kv_start": 100, "cache_limit_bytes": 0, "clear_cache_every_steps": 16,
                     "memory_limit_bytes": 1000000, "wired_limit_bytes": 7}),
@@ -1175,6 +1184,7 @@ mod tests {
         assert_eq!((o.cpu_kernels, o.gguf_weights), (Some(CpuKernels::Exact), Some(GgufWeights::Dequantize)));
         let load = o.load_options().unwrap();
         assert_eq!((load.cpu_kernels, load.gguf_weights), (CpuKernels::Exact, GgufWeights::Dequantize));
+        assert_eq!((o.cpu_activations, load.cpu_activations), (Some(CpuActivations::Int8), Some(CpuActivations::Int8)));
         let c = &o.config;
         assert_eq!((c.max_batch, c.prompt_concurrency, c.prefill_step_size), (2, 3, 64));
         assert_eq!((c.kv_budget_bytes, c.prompt_cache_bytes), (Some(1000), 5));
@@ -1185,7 +1195,7 @@ mod tests {
 
         let d = parse_engine_options(&json!({"model": null, "kv_budget_bytes": null}), Snake).unwrap();
         let base = EngineConfig::default();
-        assert!(d.model.is_none() && d.cpu_kernels.is_none() && d.gguf_weights.is_none());
+        assert!(d.model.is_none() && d.cpu_kernels.is_none() && d.cpu_activations.is_none() && d.gguf_weights.is_none());
         assert_eq!((d.config.max_batch, d.config.kv_budget_bytes, d.config.kv_bits), (base.max_batch, None, None));
         assert_eq!(d.config.memory, base.memory);
 
@@ -1193,8 +1203,9 @@ mod tests {
             .unwrap()
             .config;
         assert_eq!((c.max_batch, c.memory.clear_cache_every_steps, c.memory.wired_limit_bytes), (5, 0, Some(9)));
-        let o = parse_engine_options(&json!({"cpuKernels": "fast", "ggufWeights": "native"}), Camel).unwrap();
+        let o = parse_engine_options(&json!({"cpuKernels": "fast", "cpuActivations": "float", "ggufWeights": "native"}), Camel).unwrap();
         assert_eq!((o.cpu_kernels, o.gguf_weights), (Some(CpuKernels::Fast), Some(GgufWeights::Native)));
+        assert_eq!(o.cpu_activations, Some(CpuActivations::Float));
     }
 
     #[test]
@@ -1231,6 +1242,7 @@ mod tests {
             (json!({"cpu_kernels": "slow"}), "cpu_kernels must be one of \"fast\", \"exact\", got \"slow\""),
             (json!({"cpu_kernels": 1}), "cpu_kernels must be one of \"fast\", \"exact\", got 1"),
             (json!({"gguf_weights": "f32"}), "gguf_weights must be one of \"native\", \"dequantize\", got \"f32\""),
+            (json!({"cpu_activations": "int4"}), "cpu_activations must be one of \"float\", \"int8\", got \"int4\""),
             (json!({"max_batch": 0}), "max_batch must be an integer in [1, 4096], got 0"),
             (json!({"max_batch": "4"}), "max_batch must be an integer in [1, 4096], got \"4\""),
             (json!({"prompt_concurrency": 4097}), "prompt_concurrency must be an integer in [1, 4096], got 4097"),

@@ -52,16 +52,19 @@ impl std::str::FromStr for CpuKernels {
 
 /// What fast mode's quantized matmul multiplies the weights with below 16 rows of x (decode,
 /// batched decode, speculation's verify steps), on 4- and 8-bit weights.
+/// The default is int8: its next-token KL against exact mode is llama.cpp's own on the same
+/// GGUF (docs/benchmarks.md, `benches/int8_kl.py`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CpuActivations {
-    /// x as float32: every code converted to float and multiplied.
-    #[default]
+    /// x as float32: every code converted to float and multiplied (next-token KL against exact
+    /// mode ~1e-10: the same sums in another order).
     Float,
     /// x quantized to int8 per block of 32 (one float scale per block), multiplied with the
     /// codes in integer arithmetic, as llama.cpp's q8 activations: ~1.3-2x faster per row, at
-    /// the cost of the activations' rounding (next-token KL ~1e-3 nats against exact mode, where
-    /// float activations are ~1e-9; `tests/cpu_kernels.rs` gates both). Prefill (from 16 rows)
-    /// and 5-bit weights keep float activations.
+    /// the cost of the activations' rounding (next-token KL ~4e-3 nats against exact mode, as
+    /// llama.cpp's; `tests/cpu_kernels.rs` gates both). Prefill (from 16 rows) and 5-bit
+    /// weights keep float activations.
+    #[default]
     Int8,
 }
 

@@ -47,6 +47,11 @@ pub struct LoadOptions {
     /// mlx-lm). Omitted: `WEFT_CPU_KERNELS` if set, else fast. Engines in one process may differ.
     #[napi(ts_type = "'fast' | 'exact'")]
     pub cpu_kernels: Option<String>,
+    /// What fast mode's quantized matmul multiplies the weights with below 16 rows (decode):
+    /// `'int8'` (llama.cpp-style activations, as close to exact mode as llama.cpp) or `'float'`
+    /// (slower, closer). Omitted: `WEFT_CPU_ACTIVATIONS` if set, else int8.
+    #[napi(ts_type = "'float' | 'int8'")]
+    pub cpu_activations: Option<String>,
     /// GGUF block types MLX's reader lacks: `'native'` (kept quantized) or `'dequantize'` (all
     /// float32). Omitted: `WEFT_GGUF_WEIGHTS` if set, else native.
     #[napi(ts_type = "'native' | 'dequantize'")]

@@ -55,8 +55,9 @@ namespace avx512 { extern const Kernel kernel; }
 
 // The int8-activation per-row kernels (qmm_int8.cpp): y from Args::xq / xd / xc, 4- and 8-bit
 // weights, M < GEMM_MIN_ROWS. Per block of 32 elements the integer sum of q_w * q_x (exact in
-// int32) times d_w * d_x, plus the bias term b[n][g] * xsum[m][g] from the float x, as
-// llama.cpp's q4_1 x q8_1 dot. Every instruction set computes the same integer sums.
+// int32) times d_w * d_x, plus the bias term b[n][g] * xsum[m][g] (the caller passes the
+// quantized x's sums, sum of d * sum(q), as llama.cpp's q4_1 x q8_1 dot). Every instruction
+// set computes the same integer sums.
 namespace generic { extern const Kernel int8_kernel; }
 #if defined(__x86_64__)
 namespace avx2 { extern const Kernel int8_kernel; }       // vpmaddubsw + vpmaddwd
@@ -69,8 +70,8 @@ namespace avx512vnni { extern const Kernel int8_kernel; } // vpdpbusd on 256-bit
 // xq[k .. k + C / 2) and the odd ones to xq[k + C / 2 .. k + C): a 4-bit weight byte holds an
 // even element in its low nibble and the next odd one in its high nibble, so the low and high
 // nibbles of C / 2 bytes meet C / 2 contiguous activations each. 8-bit weights: xq in x's
-// order. xd: each block's d, four times. xc (8-bit only; may be null for 4-bit): per group,
-// 128 * sum over its blocks of d * sum(q) (the maddubs kernel multiplies q_w - 128). A block
+// order. xd: each block's d, four times. xc (may be null): per group, 128 * sum over its blocks
+// of d * sum(q) (the maddubs kernel multiplies q_w - 128; / 128 it is the bias term's sum). A block
 // with a NaN or infinite value gets d = NaN, so the outputs it touches are NaN.
 void quantize_x_int8(const float* x, int8_t* xq, float* xd, float* xc, int M, int K, int bits,
                      int group_size);

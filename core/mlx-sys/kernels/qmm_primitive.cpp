@@ -491,6 +491,20 @@ PreparedX prepare_x(const mx::array& x, size_t M, int K, int group_size, int bit
   const Kernel& kernel = int8 ? select_int8_kernel() : select_kernel(K, bits, M);
   if (gemm_only) return {&kernel, nullptr, nullptr, xf.data()};
   xsum.resize(M * G);
+  if (int8) {
+    thread_local std::vector<int8_t> xq;
+    thread_local std::vector<float> xd, xc;
+    xq.resize(M * K);
+    xd.resize(M * K / 8);
+    xc.resize(M * G);
+    quantize_x_int8(xf.data(), xq.data(), xd.data(), xc.data(), int(M), K, bits, group_size);
+    // The bias term sums the quantized x (xc / 128, exact), as llama.cpp's q8_1 sum: then y is
+    // the dequantized weights times the quantized x, whose rounding error sum_k w_k e_k stays
+    // centred. With the float sum it is sum_k (w_k - b) e_k, b the group's minimum: ~6x the
+    // next-token KL on SmolLM2 (docs/benchmarks.md).
+    for (size_t i = 0; i < M * G; i++) xsum[i] = xc[i] * (1.0f / 128.0f);
+    return {&kernel, nullptr, xsum.data(), xf.data(), xq.data(), xd.data(), bits == 8 ? xc.data() : nullptr};
+  }
 #if defined(__x86_64__)
   if (group_size % 16 == 0 && weft_kernels::isa_level() <= 1) group_sums_avx2(xf.data(), xsum.data(), M, K, group_size);
   else
@@ -502,16 +516,6 @@ PreparedX prepare_x(const mx::array& x, size_t M, int K, int group_size, int bit
       for (int k = 0; k < group_size; k++) s += p[k];
       xsum[m * G + g] = s;
     }
-  if (int8) {
-    thread_local std::vector<int8_t> xq;
-    thread_local std::vector<float> xd, xc;
-    xq.resize(M * K);
-    xd.resize(M * K / 8);
-    xc.resize(bits == 8 ? M * G : 0);
-    quantize_x_int8(xf.data(), xq.data(), xd.data(), bits == 8 ? xc.data() : nullptr, int(M), K, bits,
-                    group_size);
-    return {&kernel, nullptr, xsum.data(), xf.data(), xq.data(), xd.data(), bits == 8 ? xc.data() : nullptr};
-  }
   xp.resize(M * K);
   permute_x(xf.data(), xp.data(), int(M), K, bits, kernel.width);
   return {&kernel, xp.data(), xsum.data(), xf.data()};

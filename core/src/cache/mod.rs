@@ -348,7 +348,10 @@ pub fn finalize_padding(caches: &mut [Box<dyn KvCache>]) -> Result<()> {
 
 /// Writes `[B, H, L, D]` keys/values into growable storage at column `at` and returns the
 /// filled columns `..at + L`. Storage grows in 256-column steps and is written in place, as
-/// mlx-lm's caches do, so a decode step copies one column, not the history.
+/// mlx-lm's caches do, so a decode step copies one column, not the history. Grown storage is
+/// always a whole number of steps wide (mlx-lm's is whenever its first allocation was): MLX's
+/// CUDA backend attends a decode step with cuDNN only over such a buffer, and with a slower
+/// kernel otherwise.
 pub(crate) fn write_columns(
     keys_buf: &mut Option<Array>,
     values_buf: &mut Option<Array>,
@@ -362,12 +365,12 @@ pub(crate) fn write_columns(
     let capacity = keys_buf.as_ref().map_or(0, |k| k.dim(2));
     if keys_buf.is_none() || at + new > capacity {
         let (b, h, dk, dv) = (keys.dim(0), keys.dim(1), keys.dim(3), values.dim(3));
-        let n_steps = (STEP + new - 1) / STEP;
-        let new_k = mlx_rs::ops::zeros_dtype(&[b, h, n_steps * STEP, dk], keys.dtype())?;
-        let new_v = mlx_rs::ops::zeros_dtype(&[b, h, n_steps * STEP, dv], values.dtype())?;
+        let width = (at + new + STEP - 1) / STEP * STEP - at;
+        let new_k = mlx_rs::ops::zeros_dtype(&[b, h, width, dk], keys.dtype())?;
+        let new_v = mlx_rs::ops::zeros_dtype(&[b, h, width, dv], values.dtype())?;
         match (keys_buf.take(), values_buf.take()) {
-            (Some(mut k), Some(mut v)) => {
-                if at % STEP != 0 {
+            (Some(mut k), Some(mut v)) if at > 0 => {
+                if capacity > at {
                     k = k.index((.., .., ..at, ..));
                     v = v.index((.., .., ..at, ..));
                 }

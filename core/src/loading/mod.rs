@@ -93,7 +93,7 @@ pub struct LoadOptions {
     /// bit for bit what mlx-lm computes ([`CpuKernels`]).
     pub cpu_kernels: CpuKernels,
     /// The fast CPU kernel's activations below 16 rows of x (decode): float32 or int8
-    /// ([`CpuActivations`]); `None` is the default, float32. Exact mode ignores it.
+    /// ([`CpuActivations`]); `None` is the default, int8. Exact mode ignores it.
     pub cpu_activations: Option<CpuActivations>,
     /// GGUF block types MLX's reader lacks: kept quantized (default) or expanded to float32.
     pub gguf_weights: GgufWeights,

@@ -183,10 +183,16 @@ impl LayerOptions {
     /// What in these options changes the numbers a layer computes (kernels, device, fused
     /// projections, dequantize rows): saved prompt-cache entries are only reused under the same.
     pub fn numerics(&self) -> String {
+        // The activations quantized layers compute with: float outside Weft's CPU kernel (exact
+        // mode keeps its identity whatever the setting, or its default, is).
+        let act = match self.qmm_path() {
+            QmmPath::WeftCpu(a) => a,
+            _ => CpuActivations::Float,
+        };
         format!(
             "{:?} act={} gpu={} fuse={} dequantize_rows={} gated_delta={} compile={} cuda_qmv={}",
             self.cpu_kernels,
-            self.cpu_activations.as_str(),
+            act.as_str(),
             self.gpu,
             self.fuse_projections,
             self.dequantize_rows,

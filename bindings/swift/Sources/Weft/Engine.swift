@@ -21,6 +21,10 @@ public final class Engine: Sendable {
         /// mlx-lm); `nil` = `WEFT_CPU_KERNELS` if set, else fast. This engine's alone: another
         /// engine in the process may use the other mode.
         public var cpuKernels: String?
+        /// What fast mode's quantized matmul multiplies the weights with below 16 rows (decode):
+        /// `"int8"` (llama.cpp-style activations, as close to exact mode as llama.cpp) or
+        /// `"float"` (slower, closer); `nil` = `WEFT_CPU_ACTIVATIONS` if set, else int8.
+        public var cpuActivations: String?
         /// GGUF block types MLX's reader lacks: `"native"` (kept quantized, the default) or
         /// `"dequantize"` (all float32); `nil` = `WEFT_GGUF_WEIGHTS` if set, else native.
         public var ggufWeights: String?
@@ -61,6 +65,7 @@ public final class Engine: Sendable {
         public init(
             model: String? = nil,
             cpuKernels: String? = nil,
+            cpuActivations: String? = nil,
             ggufWeights: String? = nil,
             maxBatch: Int = 8,
             promptConcurrency: Int = 8,
@@ -79,6 +84,7 @@ public final class Engine: Sendable {
         ) {
             self.model = model
             self.cpuKernels = cpuKernels
+            self.cpuActivations = cpuActivations
             self.ggufWeights = ggufWeights
             self.maxBatch = maxBatch
             self.promptConcurrency = promptConcurrency
@@ -111,6 +117,7 @@ public final class Engine: Sendable {
             // With a draft model, 0 leaves the engine's default (3 tokens a step).
             if draftModel != nil && numDraftTokens == 0 { o["numDraftTokens"] = nil }
             o["cpuKernels"] = cpuKernels
+            o["cpuActivations"] = cpuActivations
             o["ggufWeights"] = ggufWeights
             o["kvBudgetBytes"] = kvBudgetBytes
             o["promptCacheBytes"] = promptCacheBytes

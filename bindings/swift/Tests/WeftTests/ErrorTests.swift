@@ -12,6 +12,8 @@ final class ErrorTests: XCTestCase {
         let z = await assertWeftError(.invalidArgument) { try Engine(options: .init(model: modelDir, memoryLimitBytes: 0)) }
         XCTAssertTrue(z?.message.contains("memoryLimitBytes must be an integer >= 1, got 0") ?? false, z?.message ?? "")
         await assertWeftError(.invalidArgument) { try Engine(options: .init(model: modelDir, kvBits: 7)) }
+        let a = await assertWeftError(.invalidArgument) { try Engine(options: .init(model: modelDir, cpuActivations: "int4")) }
+        XCTAssertTrue(a?.message.contains("cpuActivations must be one of \"float\", \"int8\", got \"int4\"") ?? false, a?.message ?? "")
         // The tiny model's head size is 32: the default KV group of 64 cannot quantize it.
         let g = await assertWeftError(.invalidArgument) { try Engine(options: .init(model: modelDir, kvBits: 4)) }
         XCTAssertTrue(g?.message.contains("head_dim") ?? false, g?.message ?? "")
