@@ -697,8 +697,9 @@ fn fast_engine_tail_chooses_the_tokens_of_mlx_ops() {
     }
 }
 
-/// A batch of 8 decode rows in fast mode (on AVX2 the per-row kernel's 8-row tile: codes times
-/// scale, one vector epilogue for the 8 rows; the down projection's batched SwiGLU read) chooses,
+/// A batch of 8 decode rows in fast mode with float activations (on AVX2 the per-row kernel's
+/// 8-row tile: codes times scale, one vector epilogue for the 8 rows; the down projection's
+/// SwiGLU read with the vector exp) chooses,
 /// row by row, the greedy tokens exact mode (MLX's ops) chooses for each prompt alone: tiny
 /// 4-bit llama and the default model, golden prompts repeated to fill the batch.
 #[test]
@@ -721,7 +722,8 @@ fn fast_engine_batch_of_eight_chooses_the_tokens_of_exact_mode() {
         let opts = GenerateOptions { max_tokens, ..GenerateOptions::default() };
         let want: Vec<Vec<u32>> = cases.iter().map(|(p, _)| generate(exact.model.as_ref(), None, p, &opts, |_| true).unwrap().tokens).collect();
         drop(exact);
-        let fast = loading::load_with(&path, &LoadOptions::default().with_cpu_kernels(CpuKernels::Fast)).unwrap();
+        let float = LoadOptions::default().with_cpu_kernels(CpuKernels::Fast).with_cpu_activations(kernels::CpuActivations::Float);
+        let fast = loading::load_with(&path, &float).unwrap();
         let engine = Engine::start(fast, EngineConfig::default()).unwrap();
         let streams: Vec<_> = prompts.iter().map(|p| engine.submit_channel(greedy(p.clone(), max_tokens)).unwrap().1).collect();
         for (i, rx) in streams.iter().enumerate() {

@@ -447,7 +447,17 @@ __attribute__((target("avx2,fma"))) void group_sums_avx2(const float* x, float* 
 }
 #endif
 
-void swiglu_row(const float* g, const float* u, float* dst, int K) {
+// `lanes`: the vector exp; without it libm's exp per element. Int8 activations keep libm's
+// (at every row count): their next-token bounds and greedy checks against exact mode were
+// fitted with it, and a last-bit change of silu moves some of their roundings and near ties.
+void swiglu_row(const float* g, const float* u, float* dst, int K, bool lanes) {
+  if (!lanes) {
+    for (int k = 0; k < K; k++) {
+      const float silu = g[k] * (1.0f / (1.0f + std::exp(-g[k])));
+      dst[k] = silu * u[k];
+    }
+    return;
+  }
 #if defined(__x86_64__)
   if (weft_kernels::isa_level() <= 1) return swiglu_row_avx2(g, u, dst, K);
 #endif
@@ -473,7 +483,8 @@ struct PreparedX {
 // row-major x: the lane order and group sums are not built. `int8`: the int8 kernel runs
 // (int8_applies): x is quantized for it instead of laid out for the float kernel.
 PreparedX prepare_x(const mx::array& x, size_t M, int K, int group_size, int bits,
-                    bool swiglu = false, bool gemm_only = false, bool int8 = false) {
+                    bool swiglu = false, bool gemm_only = false, bool int8 = false,
+                    bool swiglu_lanes = true) {
   const int G = K / group_size;
   thread_local std::vector<float> xf, xp, xsum, gate_up;
   xf.resize(M * K);
@@ -483,7 +494,7 @@ PreparedX prepare_x(const mx::array& x, size_t M, int K, int group_size, int bit
     for (size_t m = 0; m < M; m++) {
       const float* g = gate_up.data() + m * 2 * K;
       const float* u = g + K;
-      swiglu_row(g, u, xf.data() + m * K, K);
+      swiglu_row(g, u, xf.data() + m * K, K, swiglu_lanes);
     }
   } else {
     gather_x(x, xf.data(), M, K);
@@ -556,8 +567,11 @@ void compute(const mx::array& x, const mx::array& w, const mx::array& scales,
   const int K = x.shape().back() / (swiglu ? 2 : 1);
   const int N = w.shape(0);
   const size_t M = x.size() / size_t(x.shape().back());
+  // Int8 activations asked (every row count, prefill too) keep libm's exp in SwiGLU.
+  const bool swiglu_lanes = !int8;
   int8 = int8 && int8_applies(M, bits);
-  const PreparedX px = prepare_x(x, M, K, group_size, bits, swiglu, M >= size_t(GEMM_MIN_ROWS), int8);
+  const PreparedX px =
+      prepare_x(x, M, K, group_size, bits, swiglu, M >= size_t(GEMM_MIN_ROWS), int8, swiglu_lanes);
   float* y = output_f32(out, M * size_t(N));
   Job job;
   job.kernel = px.kernel;
