@@ -14,7 +14,7 @@ use support::*;
 use weft::engine::{Engine, EngineConfig, Event, Input, Request};
 use weft::generate::{generate, GenerateOptions};
 use weft::gguf::GgufHeader;
-use weft::kernels::CpuKernels;
+use weft::kernels::{CpuActivations, CpuKernels};
 use weft::loading::{self, GgufWeights, LoadOptions};
 use weft::sampling::SamplingParams;
 use weft::tokenizer::Tokenizer;
@@ -109,7 +109,13 @@ fn native_quantized_weights_stay_close_to_the_exact_mode() {
     let base = active();
     let exact = loading::load_with(&path, &LoadOptions::exact()).unwrap();
     let exact_bytes = active() - base;
-    let native = loading::load_with(&path, &LoadOptions::default().with_cpu_kernels(CpuKernels::Fast).with_gguf_weights(GgufWeights::Native)).unwrap();
+    // Float activations: this gates the native weight format, not int8 activations (those have
+    // their own gates in tests/cpu_kernels.rs).
+    let native_options = LoadOptions::default()
+        .with_cpu_kernels(CpuKernels::Fast)
+        .with_cpu_activations(CpuActivations::Float)
+        .with_gguf_weights(GgufWeights::Native);
+    let native = loading::load_with(&path, &native_options).unwrap();
     let native_bytes = active() - base - exact_bytes;
     assert!(
         native_bytes * 3.0 <= exact_bytes,
