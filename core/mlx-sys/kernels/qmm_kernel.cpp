@@ -98,6 +98,21 @@ inline float hsum(typename V<L>::f v) {
 template <int MT>
 using VSink = typename V<W>::f (*)[MT];
 
+// A prescaled pass's accumulators: left unreduced in `sink` (full-width segments only), else
+// reduced into `res`.
+template <int L, int NR, int MT>
+inline void finish_prescaled(typename V<L>::f (&acc)[NR][MT], float (*res)[MT], VSink<MT> sink) {
+  if constexpr (L == W) {
+    if (sink) {
+      for (int r = 0; r < NR; r++)
+        for (int m = 0; m < MT; m++) sink[r][m] += acc[r][m];
+      return;
+    }
+  }
+  for (int r = 0; r < NR; r++)
+    for (int m = 0; m < MT; m++) res[r][m] += hsum<L>(acc[r][m]);
+}
+
 template <int L, int NR, int MT, int BITS, int GS>
 inline void segment(const uint32_t* const* wrows, const float* const* xrows,
                     const float* const* sc, int k0, int k1, float (*res)[MT],
@@ -149,15 +164,7 @@ inline void segment(const uint32_t* const* wrows, const float* const* xrows,
         }
       }
     }
-    if constexpr (L == W) {
-      if (sink) {
-        for (int r = 0; r < NR; r++)
-          for (int m = 0; m < MT; m++) sink[r][m] += acc[r][m];
-        return;
-      }
-    }
-    for (int r = 0; r < NR; r++)
-      for (int m = 0; m < MT; m++) res[r][m] += hsum<L>(acc[r][m]);
+    finish_prescaled<L, NR, MT>(acc, res, sink);
     return;
   }
   vf tot[NR][MT];
@@ -269,15 +276,7 @@ inline void segments5(const uint32_t* const* wrows, const float* const* xrows,
         }
       }
     }
-    if constexpr (L == W) {
-      if (sink) {
-        for (int r = 0; r < NR; r++)
-          for (int m = 0; m < MT; m++) sink[r][m] += acc[r][m];
-        return;
-      }
-    }
-    for (int r = 0; r < NR; r++)
-      for (int m = 0; m < MT; m++) res[r][m] += hsum<L>(acc[r][m]);
+    finish_prescaled<L, NR, MT>(acc, res, sink);
     return;
   }
   vf tot[NR][MT];
