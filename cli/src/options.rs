@@ -20,10 +20,7 @@ pub struct Options {
 /// [`weft::env`] and docs/building.md); `--cpu-activations` when given, else
 /// `WEFT_CPU_ACTIVATIONS`. A bad value is an error naming the variable.
 pub fn options_from_env(cpu_kernels: Option<CpuKernels>, cpu_activations: Option<CpuActivations>) -> Result<Options> {
-    let mut load = weft::env::load_options(cpu_kernels, None)?;
-    if cpu_activations.is_some() {
-        load.cpu_activations = cpu_activations;
-    }
+    let load = weft::env::load_options(cpu_kernels, cpu_activations, None)?;
     Ok(Options { load })
 }
 

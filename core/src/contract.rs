@@ -84,11 +84,7 @@ impl EngineOptions {
     /// `WEFT_GGUF_WEIGHTS`, ...) or else its default. The library faces (C, Node, Swift) call
     /// this and [`EngineOptions::engine_config`]; it is their one read of the environment.
     pub fn load_options(&self) -> Result<LoadOptions> {
-        let mut load = crate::env::load_options(self.cpu_kernels, self.gguf_weights)?;
-        if self.cpu_activations.is_some() {
-            load.cpu_activations = self.cpu_activations;
-        }
-        Ok(load)
+        crate::env::load_options(self.cpu_kernels, self.cpu_activations, self.gguf_weights)
     }
 
     /// The local path of the model these options name, fetching it first if needed

@@ -25,7 +25,7 @@
 use std::ffi::OsString;
 
 use crate::engine::{DecodeMode, EngineConfig};
-use crate::kernels::CpuKernels;
+use crate::kernels::{CpuActivations, CpuKernels};
 use crate::loading::{GgufWeights, LoadOptions};
 use crate::{Error, Result};
 
@@ -74,11 +74,12 @@ fn parsed<T: std::str::FromStr>(key: &str, expected: &str) -> Result<Option<T>> 
         .transpose()
 }
 
-/// Load options: `cpu_kernels` and `gguf_weights` as given, each one not given (`None`) and
+/// Load options: `cpu_kernels`, `cpu_activations` and `gguf_weights` as given, each one not given (`None`) and
 /// every other option as the environment sets it, else the default. A variable whose option
 /// was given is not read (so a bad value there does not matter).
 pub fn load_options(
     cpu_kernels: Option<CpuKernels>,
+    cpu_activations: Option<CpuActivations>,
     gguf_weights: Option<GgufWeights>,
 ) -> Result<LoadOptions> {
     let mut o = LoadOptions::default();
@@ -115,7 +116,10 @@ pub fn load_options(
         }
     }
     o.gated_delta = parsed(GATED_DELTA, "\"ops\", \"fused\", \"cuda\" or \"cpu\"")?;
-    o.cpu_activations = parsed(CPU_ACTIVATIONS, "\"float\" or \"int8\"")?;
+    o.cpu_activations = match cpu_activations {
+        Some(act) => Some(act),
+        None => parsed(CPU_ACTIVATIONS, "\"float\" or \"int8\"")?,
+    };
     match var(COMPILE)?.as_deref() {
         None => {}
         Some("1") => o.compile = Some(true),

@@ -65,7 +65,7 @@ fn parse() -> Result<Args, String> {
 fn run(args: Args) -> weft::Result<()> {
     let group = weft::env::distributed_group()?;
     let parallel = if args.pipeline { Parallel::Pipeline(group.clone()) } else { Parallel::Tensor(group.clone()) };
-    let loaded = weft::loading::load_with(&args.model, &LoadOptions { parallel: Some(parallel), ..weft::env::load_options(None, None)? })?;
+    let loaded = weft::loading::load_with(&args.model, &LoadOptions { parallel: Some(parallel), ..weft::env::load_options(None, None, None)? })?;
     let opts = GenerateOptions {
         max_tokens: args.max_tokens,
         prefill_step_size: args.prefill_step,
